@@ -1,0 +1,163 @@
+"""Input validation shared by the public entry points.
+
+Validation happens once, where the user hands data to the package. Every
+message says what was wrong and what to pass instead.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "as_tensor",
+    "check_data",
+    "check_mask",
+    "check_positive_int",
+    "check_rate",
+    "check_size",
+    "make_generator",
+]
+
+
+def as_tensor(value: Any, name: str, dtype: torch.dtype | None = None,
+              device: torch.device | str | None = None) -> torch.Tensor:
+    """Convert arrays, lists and tensors to a floating tensor.
+
+    Float32/float64 inputs keep their dtype unless ``dtype`` is given; integer,
+    boolean and Python inputs become float64.
+    """
+    if isinstance(value, torch.Tensor):
+        t = value
+    elif isinstance(value, np.ndarray | list | tuple | numbers.Number):
+        arr = np.asarray(value)
+        if arr.dtype == object:
+            raise TypeError(f"{name} must be numeric; got an object array. Pass a float array.")
+        t = torch.from_numpy(np.array(arr, copy=True))
+    else:
+        raise TypeError(
+            f"{name} must be a torch.Tensor or numpy array, got {type(value).__name__}."
+        )
+    if dtype is None:
+        dtype = t.dtype if t.dtype in (torch.float32, torch.float64) else torch.float64
+    return t.to(dtype=dtype, device=device)
+
+
+def check_data(x: Any, num_tokens: int | None = None, *, dtype: torch.dtype | None = None,
+               device: torch.device | str | None = None, name: str = "x") -> torch.Tensor:
+    """Validate a data matrix of shape ``(N, D)`` and return it as a tensor.
+
+    Raises
+    ------
+    ValueError
+        If ``x`` is not 2-D, is empty, holds NaN/inf, or its D does not match
+        ``num_tokens``.
+    """
+    t = as_tensor(x, name, dtype=dtype, device=device)
+    if t.ndim == 1 and num_tokens is not None and t.shape[0] == num_tokens:
+        raise ValueError(
+            f"{name} must be 2-D with shape (N, D); got a 1-D array of length {t.shape[0]}. "
+            f"For a single observation pass {name}[None, :] (shape (1, {num_tokens}))."
+        )
+    if t.ndim != 2:
+        raise ValueError(
+            f"{name} must be 2-D with shape (N, D) (one observation per row); "
+            f"got shape {tuple(t.shape)}."
+        )
+    if t.shape[0] == 0:
+        raise ValueError(f"{name} has no rows (N=0); pass at least one observation.")
+    if num_tokens is not None and t.shape[1] != num_tokens:
+        raise ValueError(
+            f"{name} has D={t.shape[1]} columns but the model has D={num_tokens} tokens; "
+            f"pass data with {num_tokens} columns."
+        )
+    if not torch.isfinite(t).all():
+        bad = int((~torch.isfinite(t)).sum())
+        raise ValueError(
+            f"{name} contains {bad} NaN or infinite value(s); remove or impute them first."
+        )
+    return t
+
+
+def check_mask(mask: Any, num_tokens: int, num_data: int | None = None,
+               device: torch.device | str | None = None) -> torch.Tensor:
+    """Validate a boolean mask of shape ``(D,)``, ``(B, D)`` or ``(B, N, D)``.
+
+    True marks a masked (predicted) token. A ``(B, N, D)`` mask gives every
+    datum its own masks; its N must match the data.
+    """
+    if not isinstance(mask, torch.Tensor):
+        if isinstance(mask, np.ndarray):
+            mask = torch.from_numpy(mask)
+        else:
+            raise TypeError(
+                f"mask must be a bool torch.Tensor, got {type(mask).__name__}."
+            )
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"mask must have dtype torch.bool (True = masked), got {mask.dtype}; "
+            "use mask.bool() or (mask != 0)."
+        )
+    if mask.ndim not in (1, 2, 3) or mask.shape[-1] != num_tokens:
+        raise ValueError(
+            f"mask must have shape (D,), (B, D) or (B, N, D) with D={num_tokens}; "
+            f"got {tuple(mask.shape)}."
+        )
+    if mask.ndim == 3 and num_data is not None and mask.shape[1] != num_data:
+        raise ValueError(
+            f"a 3-D mask must have shape (B, N, D) with N={num_data} (one mask per datum); "
+            f"got {tuple(mask.shape)}. Use a (B, D) mask to share masks across data."
+        )
+    return mask.to(device=device)
+
+
+def check_positive_int(value: Any, name: str) -> int:
+    """Return ``value`` as an int after checking it is a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive integer, got {value!r}.")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive integer (>= 1), got {value}.")
+    return int(value)
+
+
+def check_rate(rate: Any, name: str = "rate") -> float:
+    """Check a masking rate lies strictly inside (0, 1)."""
+    if rate is None:
+        raise ValueError(f"{name} is required, e.g. {name}=0.15 for BERT's 15% masking.")
+    if isinstance(rate, bool) or not isinstance(rate, numbers.Real):
+        raise TypeError(f"{name} must be a float in (0, 1), got {rate!r}.")
+    if not 0.0 < float(rate) < 1.0:
+        raise ValueError(
+            f"{name} must lie strictly between 0 and 1 (a fraction of tokens), got {rate}. "
+            "For 15% masking pass 0.15."
+        )
+    return float(rate)
+
+
+def check_size(m: Any, num_tokens: int, name: str = "M") -> int:
+    """Check a mask size satisfies ``1 <= M <= D``."""
+    if isinstance(m, bool) or not isinstance(m, numbers.Integral):
+        raise TypeError(f"{name} must be an integer mask size, got {m!r}.")
+    if not 1 <= int(m) <= num_tokens:
+        raise ValueError(
+            f"mask size {name}={m} is out of range: it must satisfy 1 <= {name} <= D={num_tokens} "
+            "(M=0 masks nothing and scores nothing)."
+        )
+    return int(m)
+
+
+def make_generator(seed: int | torch.Generator | None) -> torch.Generator:
+    """Return a CPU ``torch.Generator`` from a seed, a generator, or None (fresh entropy)."""
+    if isinstance(seed, torch.Generator):
+        return seed
+    g = torch.Generator()
+    if seed is None:
+        g.seed()
+    else:
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"seed must be an int, a torch.Generator or None, got {seed!r}.")
+        g.manual_seed(int(seed))
+    return g

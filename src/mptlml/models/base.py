@@ -1,0 +1,143 @@
+"""The model protocol: what an estimator may ask of a model.
+
+A model over D-token observations exposes its masked self-predictive
+conditionals
+
+    log p(x_j | x_R),   j in M,  R = {1..D} minus M,
+
+through :meth:`MaskedModel.log_conditionals`, and optionally its exact
+log-marginal likelihood log p(x) through :meth:`MaskedModel.log_marginal`.
+Estimators (``mptlml.estimators``) and objectives (``mptlml.objectives``)
+use nothing else, so they work for any model family.
+
+Shapes
+------
+``x`` is ``(N, D)``. ``mask`` is bool, True = masked, of shape
+
+- ``(D,)``: one mask for every datum, result ``(N, D)``;
+- ``(B, D)``: B masks shared across the data, result ``(B, N, D)``;
+- ``(B, N, D)``: B masks per datum, result ``(B, N, D)``.
+
+The result holds log p(x_j | x_R) at masked positions and 0 elsewhere. A
+fully masked row (R empty) gives the marginals log p(x_j).
+
+Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
+Marginal Likelihood", NeurIPS 2023, Proposition 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._validation import check_data, check_mask
+
+__all__ = ["MaskedModel"]
+
+
+class MaskedModel(nn.Module):
+    """Base class of every model in :mod:`mptlml.models`.
+
+    Subclasses implement :meth:`_log_conditionals` (inputs already validated)
+    and, when they can, :meth:`_log_marginal`. They may override
+    :meth:`_masked_log_prob` with a faster reduction.
+
+    Attributes
+    ----------
+    num_tokens : int
+        D, the number of tokens of one observation.
+    stochastic : bool
+        True when the conditionals are Monte Carlo estimates (then they are
+        reproducible from the ``generator`` argument).
+    """
+
+    num_tokens: int
+    stochastic: bool = False
+
+    # ------------------------------------------------------------------ dtype/device
+    def _first_tensor(self) -> torch.Tensor | None:
+        for t in self.parameters():
+            return t
+        for t in self.buffers():
+            return t
+        return None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Floating dtype of the model's parameters (float64 when it has none)."""
+        t = self._first_tensor()
+        return t.dtype if t is not None else torch.float64
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the model's parameters."""
+        t = self._first_tensor()
+        return t.device if t is not None else torch.device("cpu")
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def has_log_marginal(self) -> bool:
+        """Whether :meth:`log_marginal` is available (exact or a consistent estimate)."""
+        return type(self)._log_marginal is not MaskedModel._log_marginal
+
+    def validate_data(self, x: Any) -> torch.Tensor:
+        """Check ``x`` is a finite ``(N, D)`` array and move it to the model's dtype/device."""
+        return check_data(x, self.num_tokens, dtype=self.dtype, device=self.device)
+
+    def validate_mask(self, mask: Any, num_data: int) -> torch.Tensor:
+        """Check a mask's dtype and shape against this model and ``num_data``."""
+        return check_mask(mask, self.num_tokens, num_data, device=self.device)
+
+    def log_conditionals(self, x: Any, mask: Any, *,
+                         generator: torch.Generator | None = None) -> torch.Tensor:
+        """Masked self-predictive conditionals log p(x_j | x_R).
+
+        Parameters
+        ----------
+        x : array-like of shape (N, D)
+        mask : bool tensor of shape (D,), (B, D) or (B, N, D)
+            True marks the masked set M; R is its complement.
+        generator : torch.Generator, optional
+            Randomness for stochastic (Monte Carlo) conditionals.
+
+        Returns
+        -------
+        torch.Tensor
+            ``(N, D)`` for a 1-D mask, else ``(B, N, D)``; log p(x_j | x_R) at
+            masked positions, 0 elsewhere.
+        """
+        xt = self.validate_data(x)
+        m = self.validate_mask(mask, xt.shape[0])
+        squeeze = m.ndim == 1
+        if squeeze:
+            m = m[None]
+        out = self._log_conditionals(xt, m, generator)
+        return out[0] if squeeze else out
+
+    def log_marginal(self, x: Any) -> torch.Tensor:
+        """Log-marginal likelihood log p(x_n) of each row, shape ``(N,)``."""
+        if not self.has_log_marginal:
+            raise NotImplementedError(
+                f"{type(self).__name__} has no log_marginal; estimate the LML with "
+                "mptlml.estimate_lml(model, x, estimator='cumulative') instead."
+            )
+        return self._log_marginal(self.validate_data(x))
+
+    # ------------------------------------------------------------------ to implement
+    def _log_conditionals(self, x: torch.Tensor, mask: torch.Tensor,
+                          generator: torch.Generator | None) -> torch.Tensor:
+        """Unvalidated conditionals; ``mask`` is ``(B, D)`` or ``(B, N, D)``, result ``(B, N, D)``."""
+        raise NotImplementedError
+
+    def _log_marginal(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
+                         generator: torch.Generator | None) -> torch.Tensor:
+        """Sum of log p(x_j | x_R) over the masked positions of each mask: ``(B, N)``."""
+        return self._log_conditionals(x, mask, generator).sum(dim=-1)
+
+    def forward(self, x: Any, mask: Any) -> torch.Tensor:  # pragma: no cover - alias
+        return self.log_conditionals(x, mask)
