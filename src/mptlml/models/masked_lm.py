@@ -1,0 +1,499 @@
+"""Adapter from any Hugging Face masked language model to the model protocol.
+
+A sequence's *tokens* are its non-special tokens x_1..x_D (never [CLS], [SEP]
+or [PAD]). For a mask M (a set of content positions) the adapter builds the
+model input by replacing exactly the positions in M by the mask token (pure
+[MASK]; BERT's 80/10/10 corruption as an option) and returns
+
+    log p(x_j | x_R) = log_softmax(head(h_j))[x_j],   j in M,
+
+with h the encoder's last hidden states. The LM head runs only at the masked
+positions (encoder, gather, head), not over every position.
+
+Sequences have different lengths D_i, so besides the fixed-D tensor protocol
+of :class:`~mptlml.models.base.MaskedModel` the adapter has a ragged API:
+:meth:`MaskedLM.encode` turns texts into lists of content token ids and
+:meth:`MaskedLM.score_positions` scores many (sequence, mask) pairs in padded
+sub-batches.
+
+Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
+Marginal Likelihood", NeurIPS 2023, Sec. 4 (Table 2, Fig. 5 right).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._validation import make_generator
+from .base import MaskedModel
+
+__all__ = ["CORRUPTIONS", "MaskedLM", "hub_reachable"]
+
+CORRUPTIONS = ("mask", "bert")
+_AMINO_ACIDS = set("ACDEFGHIKLMNPQRSTVWY")
+_HEAD_NAMES = ("cls", "lm_head", "predictions")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers (False when ``HF_HUB_OFFLINE`` is set)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _space_residues(seq: str) -> str:
+    """AntiBERTy input: upper-case residues separated by single spaces."""
+    s = re.sub(r"\s+", "", str(seq)).upper()
+    bad = sorted(set(s) - _AMINO_ACIDS)
+    if bad:
+        raise ValueError(
+            f"antibody sequence contains non-amino-acid characters {bad}; pass sequences "
+            "of the 20 standard one-letter residues (e.g. 'EVQLVESGG...')."
+        )
+    return " ".join(s)
+
+
+class MaskedLM(MaskedModel):
+    """A Hugging Face masked LM plus its tokenizer, scored on masked content tokens.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        An ``AutoModelForMaskedLM`` model (e.g. ``BertForMaskedLM``).
+    tokenizer : transformers tokenizer
+        Its tokenizer. ``len(tokenizer)`` must equal ``model.config.vocab_size``
+        (on transformers 5, ``BertTokenizer(vocab_file=...)`` silently ignores
+        the file and yields a 5-token vocabulary; that is an error here).
+    corruption : {"mask", "bert"}
+        ``"mask"`` replaces every masked position by [MASK]; ``"bert"`` uses
+        BERT's 80/10/10 rule (80% [MASK], 10% a random non-special token, 10%
+        unchanged), as a data collator does in pre-training.
+    truncate : bool
+        Cut sequences longer than the model's maximum length instead of raising.
+    preprocess : callable, optional
+        Applied to each text before tokenisation (AntiBERTy: space residues).
+    name : str, optional
+        Label used in results (defaults to the model's ``name_or_path``).
+    """
+
+    num_tokens = None  # ragged: D_i varies by sequence
+
+    def __init__(self, model: nn.Module, tokenizer: Any, *, corruption: str = "mask",
+                 truncate: bool = False, preprocess: Callable[[str], str] | None = None,
+                 name: str | None = None) -> None:
+        super().__init__()
+        if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+            raise TypeError(
+                f"model must be a transformers masked-LM model, got {type(model).__name__}; "
+                "load one with transformers.AutoModelForMaskedLM.from_pretrained(...)."
+            )
+        if corruption not in CORRUPTIONS:
+            raise ValueError(f"corruption must be one of {CORRUPTIONS}, got {corruption!r}.")
+        vocab = int(model.config.vocab_size)
+        n_tok = len(tokenizer)
+        if n_tok != vocab:
+            raise ValueError(
+                f"tokenizer/model vocabulary mismatch: the tokenizer has {n_tok} tokens but the "
+                f"model's vocabulary has {vocab}. Pass the tokenizer saved with this model. "
+                "(On transformers 5, BertTokenizer(vocab_file=PATH) ignores the file; pass the "
+                "path positionally, BertTokenizer(PATH, do_lower_case=False).)"
+            )
+        if tokenizer.mask_token_id is None:
+            raise ValueError("the tokenizer has no mask token; pass a masked-LM tokenizer.")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.corruption = corruption
+        self.truncate = bool(truncate)
+        self.preprocess = preprocess
+        self.name = name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
+        self.vocab_size = vocab
+        self.mask_token_id = int(tokenizer.mask_token_id)
+        self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                                else 0)
+        self.special_ids = sorted({int(i) for i in tokenizer.all_special_ids})
+        self.prefix, self.suffix = self._special_frame()
+        tmax = getattr(tokenizer, "model_max_length", None)
+        pmax = getattr(model.config, "max_position_embeddings", None)
+        if tmax is not None and tmax < 1_000_000:
+            self.max_length = int(tmax)
+        elif pmax is not None:
+            self.max_length = int(pmax)
+        else:
+            self.max_length = 512
+        base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+        head = next((getattr(model, n) for n in _HEAD_NAMES
+                     if isinstance(getattr(model, n, None), nn.Module)), None)
+        self._split = base is not None and head is not None and base is not model
+        self._base, self._head = (base, head) if self._split else (None, None)
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_pretrained(cls, name_or_dir: str | os.PathLike, *, random_init: bool = False,
+                        init_seed: int = 0, **kwargs: Any) -> MaskedLM:
+        """Load a masked LM and its tokenizer by hub name or local directory.
+
+        Parameters
+        ----------
+        name_or_dir : str or path
+            A Hugging Face model id (needs the hub or its local cache) or a
+            directory holding ``config.json``, weights and tokenizer files.
+        random_init : bool
+            Keep the architecture and tokenizer but initialise the weights at
+            random (``AutoModelForMaskedLM.from_config``), seeded by ``init_seed``.
+        **kwargs
+            Passed to :class:`MaskedLM` (``corruption``, ``truncate``, ...).
+        """
+        from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+
+        src = str(name_or_dir)
+        local = Path(src).is_dir()
+        offline = not local and not hub_reachable()
+        load_kw = {"local_files_only": True} if offline else {}
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(src, **load_kw)
+            if random_init:
+                config = AutoConfig.from_pretrained(src, **load_kw)
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(init_seed)
+                    model = AutoModelForMaskedLM.from_config(config)
+            else:
+                model = AutoModelForMaskedLM.from_pretrained(src, **load_kw)
+        except (OSError, ValueError) as exc:
+            where = ("the Hugging Face hub is not reachable and it is not in the local cache"
+                     if offline else "it is neither a local directory nor a loadable hub model")
+            raise ValueError(
+                f"could not load masked LM {src!r}: {where} ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}). To use a local model, pass "
+                "the path of a directory saved with model.save_pretrained(DIR) and "
+                "tokenizer.save_pretrained(DIR) (config.json, weights, tokenizer files)."
+            ) from exc
+        label = src + (" (random init)" if random_init else "")
+        return cls(model, tokenizer, name=kwargs.pop("name", label), **kwargs)
+
+    @classmethod
+    def antiberty(cls, *, random_init: bool = False, init_seed: int = 0,
+                  **kwargs: Any) -> MaskedLM:
+        """AntiBERTy (``antiberty==0.1.3``): an offline, pre-trained antibody BERT.
+
+        8 layers, hidden size 512, vocabulary of 25 (20 residues + 5 specials).
+        Inputs are amino-acid strings; residues are spaced automatically
+        (unspaced residues would tokenize to a single [UNK]).
+        """
+        try:
+            import antiberty
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "MaskedLM.antiberty() needs the antiberty package: "
+                "pip install 'mptlml[antibody]' (antiberty==0.1.3)."
+            ) from exc
+        from transformers import BertConfig, BertForMaskedLM, BertTokenizer
+        from transformers.utils import logging as hf_logging
+
+        root = Path(antiberty.__file__).parent / "trained_models"
+        tokenizer = BertTokenizer(str(root / "vocab.txt"), do_lower_case=False)
+        if len(tokenizer) != 25:
+            raise RuntimeError(
+                f"AntiBERTy tokenizer has {len(tokenizer)} tokens, expected 25; the vocabulary "
+                f"file {root / 'vocab.txt'} was not read."
+            )
+        mdir = root / "AntiBERTy_md_smooth"
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            if random_init:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(init_seed)
+                    model = BertForMaskedLM(BertConfig.from_pretrained(mdir))
+            else:
+                model, info = BertForMaskedLM.from_pretrained(mdir, output_loading_info=True)
+                if info.get("missing_keys"):
+                    raise RuntimeError(f"AntiBERTy weights miss keys {info['missing_keys']}.")
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        name = "AntiBERTy" + (" (random init)" if random_init else "")
+        return cls(model, tokenizer, preprocess=_space_residues,
+                   name=kwargs.pop("name", name), **kwargs)
+
+    # ------------------------------------------------------------------ tokens
+    def _special_frame(self) -> tuple[list[int], list[int]]:
+        """Special tokens the tokenizer puts before/after the content tokens."""
+        tok = self.tokenizer
+        for probe in ("a", "A", "the", "1"):
+            content = tok(probe, add_special_tokens=False)["input_ids"]
+            full = tok(probe, add_special_tokens=True)["input_ids"]
+            if not content or self.mask_token_id in content or (
+                    tok.unk_token_id is not None and tok.unk_token_id in content):
+                continue
+            for i in range(len(full) - len(content) + 1):
+                if full[i:i + len(content)] == content:
+                    return list(full[:i]), list(full[i + len(content):])
+        pre = [tok.cls_token_id] if tok.cls_token_id is not None else (
+            [tok.bos_token_id] if tok.bos_token_id is not None else [])
+        suf = [tok.sep_token_id] if tok.sep_token_id is not None else (
+            [tok.eos_token_id] if tok.eos_token_id is not None else [])
+        return pre, suf
+
+    @property
+    def max_content_length(self) -> int:
+        """Largest D a sequence may have (model maximum minus special tokens)."""
+        return self.max_length - len(self.prefix) - len(self.suffix)
+
+    def encode(self, sequences: Sequence[str] | Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Content token ids (no special tokens) of each sequence.
+
+        Parameters
+        ----------
+        sequences : list of str, or list of token-id sequences
+            Texts are tokenized without special tokens; token-id sequences are
+            taken as content ids and must hold no special token.
+
+        Returns
+        -------
+        list of LongTensor
+            One ``(D_i,)`` tensor per sequence.
+
+        Raises
+        ------
+        ValueError
+            On an empty sequence, a sequence longer than the model's maximum
+            (unless ``truncate=True``), or out-of-vocabulary/special ids.
+        """
+        if isinstance(sequences, str | bytes):
+            raise TypeError("pass a list of texts (or token-id lists), not a single string; "
+                            "wrap it: [text].")
+        if isinstance(sequences, torch.Tensor):
+            sequences = [row for row in sequences]
+        seqs = list(sequences)
+        if not seqs:
+            raise ValueError("no sequences given; pass at least one text.")
+        if all(isinstance(s, str) for s in seqs):
+            texts = [self.preprocess(s) if self.preprocess else s for s in seqs]
+            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            out = [torch.as_tensor(i, dtype=torch.long) for i in ids]
+        elif any(isinstance(s, str) for s in seqs):
+            raise TypeError("sequences mix texts and token ids; pass one kind.")
+        else:
+            out = []
+            specials = torch.tensor(self.special_ids, dtype=torch.long)
+            for i, s in enumerate(seqs):
+                t = torch.as_tensor(s).long().flatten().cpu()
+                if t.numel() and (int(t.min()) < 0 or int(t.max()) >= self.vocab_size):
+                    raise ValueError(f"sequence {i} has token ids outside [0, "
+                                     f"{self.vocab_size}); pass ids of this model's vocabulary.")
+                if torch.isin(t, specials).any():
+                    raise ValueError(
+                        f"sequence {i} contains special token ids {self.special_ids}; pass "
+                        "content ids only (the adapter adds [CLS]/[SEP] itself)."
+                    )
+                out.append(t)
+        limit = self.max_content_length
+        unk = self.tokenizer.unk_token_id
+        n_unk = 0
+        for i, t in enumerate(out):
+            if t.numel() == 0:
+                raise ValueError(f"sequence {i} is empty (no tokens); remove it from the data.")
+            if t.numel() > limit:
+                if not self.truncate:
+                    raise ValueError(
+                        f"sequence {i} has {t.numel()} tokens, more than the model's maximum of "
+                        f"{limit} (+{len(self.prefix) + len(self.suffix)} special tokens). "
+                        "Shorten it, or pass truncate=True (--truncate) to cut it."
+                    )
+                out[i] = t[:limit]
+            if unk is not None:
+                n_unk += int((t == unk).sum())
+        if n_unk:
+            warnings.warn(f"{n_unk} token(s) map to the unknown token {self.tokenizer.unk_token};"
+                          " they are scored as such.", stacklevel=2)
+        return out
+
+    # ------------------------------------------------------------------ inputs
+    def corrupt(self, ids: torch.Tensor, masks: torch.Tensor,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+        """Model inputs ``(Q, T)`` for content ids ``(D,)`` and masks ``(Q, D)``.
+
+        Masked positions become [MASK] (``corruption="mask"``) or follow the
+        80/10/10 rule (``"bert"``, drawn from ``generator``); special tokens
+        frame every row.
+        """
+        q = masks.shape[0]
+        x = ids.unsqueeze(0).expand(q, -1).clone()
+        if self.corruption == "mask":
+            x[masks] = self.mask_token_id
+        else:
+            g = make_generator(generator)
+            u = torch.rand(masks.shape, generator=g)
+            specials = set(self.special_ids)
+            allowed = torch.tensor([i for i in range(self.vocab_size) if i not in specials],
+                                   dtype=torch.long)
+            rnd = allowed[torch.randint(len(allowed), masks.shape, generator=g)]
+            x = torch.where(masks & (u < 0.8), self.mask_token_id, x)
+            x = torch.where(masks & (u >= 0.8) & (u < 0.9), rnd, x)
+        pre = torch.tensor(self.prefix, dtype=torch.long).expand(q, -1)
+        suf = torch.tensor(self.suffix, dtype=torch.long).expand(q, -1)
+        return torch.cat([pre, x, suf], dim=1)
+
+    # ------------------------------------------------------------------ forward
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        dev = self.device
+        if dev.type == "cuda":
+            dt = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.autocast("cuda", dtype=dt)
+        return contextlib.nullcontext()
+
+    def masked_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         rows: torch.Tensor, cols: torch.Tensor,
+                         targets: torch.Tensor) -> torch.Tensor:
+        """log p(targets | input) at positions ``(rows, cols)`` of a padded batch.
+
+        Runs the encoder, gathers the hidden states at the given positions and
+        applies the LM head there only; log-softmax in float32. Returns ``(n,)``.
+        """
+        dev = self.device
+        input_ids = input_ids.to(dev)
+        attention_mask = attention_mask.to(dev)
+        rows, cols, targets = rows.to(dev), cols.to(dev), targets.to(dev)
+        with torch.inference_mode(), self._autocast():
+            if self._split:
+                hidden = self._base(input_ids=input_ids, attention_mask=attention_mask)[0]
+                logits = self._head(hidden[rows, cols])
+            else:
+                logits = self.model(input_ids=input_ids,
+                                    attention_mask=attention_mask).logits[rows, cols]
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            return logp.gather(1, targets[:, None]).squeeze(1)
+
+    def score_positions(self, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
+                        targets: Sequence[torch.Tensor], *, token_budget: int = 8192,
+                        progress: Any = None) -> list[torch.Tensor]:
+        """Score many ragged model inputs in length-bucketed, token-budgeted sub-batches.
+
+        Parameters
+        ----------
+        inputs : list of LongTensor ``(T_k,)``
+            Full model inputs (special tokens included, masks applied).
+        positions, targets : list of LongTensor ``(m_k,)``
+            Input positions to score and the true token ids there.
+        token_budget : int
+            Upper bound on ``batch_size * padded_length`` of one forward pass.
+        progress : tqdm-like, optional
+            ``progress.update(n)`` is called with the pairs finished.
+
+        Returns
+        -------
+        list of float64 tensors ``(m_k,)``: log p(target | input) per position.
+        """
+        n = len(inputs)
+        lengths = torch.tensor([len(t) for t in inputs])
+        order = torch.argsort(lengths, stable=True).tolist()
+        out: list[torch.Tensor | None] = [None] * n
+        i = 0
+        while i < n:
+            j = i + 1
+            while j < n and (j - i + 1) * int(lengths[order[j]]) <= token_budget:
+                j += 1
+            tmax = int(lengths[order[j - 1]])  # ascending order: the last is the longest
+            idx = order[i:j]
+            b = len(idx)
+            ids = torch.full((b, tmax), self.pad_token_id, dtype=torch.long)
+            att = torch.zeros((b, tmax), dtype=torch.long)
+            rs, cs, ts = [], [], []
+            for r, k in enumerate(idx):
+                t = inputs[k]
+                ids[r, :len(t)] = t
+                att[r, :len(t)] = 1
+                rs.append(torch.full((len(positions[k]),), r, dtype=torch.long))
+                cs.append(positions[k])
+                ts.append(targets[k])
+            lp = self.masked_log_probs(ids, att, torch.cat(rs), torch.cat(cs), torch.cat(ts))
+            lp = lp.double().cpu().split([len(positions[k]) for k in idx])
+            for k, v in zip(idx, lp, strict=True):
+                out[k] = v
+            if progress is not None:
+                progress.update(b)
+            i = j
+        return out  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ protocol
+    def log_conditionals(self, x: Any, mask: Any, *,
+                         generator: torch.Generator | None = None,
+                         token_budget: int = 8192) -> Any:
+        """log p(x_j | x_R) at masked content positions, 0 elsewhere.
+
+        Two forms:
+
+        - ``x`` a LongTensor ``(N, D)`` of content ids (equal lengths) and
+          ``mask`` bool ``(D,)``, ``(B, D)`` or ``(B, N, D)``, as in
+          :class:`~mptlml.models.base.MaskedModel`; returns ``(N, D)`` or ``(B, N, D)``.
+        - ``x`` a list of texts / id sequences (ragged) and ``mask`` a list of
+          bool tensors ``(D_i,)`` or ``(Q_i, D_i)``; returns a list of float64
+          tensors of the same shapes.
+        """
+        if isinstance(x, torch.Tensor) and x.ndim == 2:
+            if x.dtype.is_floating_point:
+                raise TypeError("x must hold integer token ids (a LongTensor), not floats.")
+            n, d = x.shape
+            m = mask if isinstance(mask, torch.Tensor) else torch.as_tensor(mask)
+            if m.dtype != torch.bool or m.ndim not in (1, 2, 3) or m.shape[-1] != d:
+                raise ValueError(f"mask must be bool of shape (D,), (B, D) or (B, N, D) with "
+                                 f"D={d}; got {m.dtype} {tuple(m.shape)}.")
+            squeeze = m.ndim == 1
+            m3 = (m[None] if squeeze else m)
+            if m3.ndim == 2:
+                m3 = m3[:, None, :].expand(-1, n, -1)
+            if m3.shape[1] != n:
+                raise ValueError(f"a (B, N, D) mask needs N={n}; got {tuple(m3.shape)}.")
+            ids = self.encode(x)
+            res = self._ragged(ids, [m3[:, i, :] for i in range(n)], generator, token_budget)
+            out = torch.stack(res, dim=1)  # (B, N, D)
+            return out[0] if squeeze else out
+        ids = self.encode(x)
+        if not isinstance(mask, list | tuple) or len(mask) != len(ids):
+            raise ValueError(f"for ragged sequences pass a list of {len(ids)} bool masks, one per "
+                             "sequence, each of shape (D_i,) or (Q_i, D_i).")
+        masks, flat = [], []
+        for i, (t, m) in enumerate(zip(ids, mask, strict=True)):
+            m = torch.as_tensor(m)
+            if m.dtype != torch.bool or m.shape[-1] != len(t) or m.ndim not in (1, 2):
+                raise ValueError(f"mask {i} must be bool of shape (D_i,) or (Q_i, D_i) with "
+                                 f"D_i={len(t)}; got {m.dtype} {tuple(m.shape)}.")
+            flat.append(m.ndim == 1)
+            masks.append(m[None] if m.ndim == 1 else m)
+        res = self._ragged(ids, masks, generator, token_budget)
+        return [r[0] if f else r for r, f in zip(res, flat, strict=True)]
+
+    def _ragged(self, ids: list[torch.Tensor], masks: list[torch.Tensor],
+                generator: torch.Generator | None, token_budget: int) -> list[torch.Tensor]:
+        inputs, pos, tgt, owner = [], [], [], []
+        off = len(self.prefix)
+        for i, (t, m) in enumerate(zip(ids, masks, strict=True)):
+            x = self.corrupt(t, m, generator)
+            for q in range(m.shape[0]):
+                p = m[q].nonzero().flatten()
+                inputs.append(x[q])
+                pos.append(p + off)
+                tgt.append(t[p])
+                owner.append((i, q, p))
+        lp = self.score_positions(inputs, pos, tgt, token_budget=token_budget)
+        out = [torch.zeros(m.shape, dtype=torch.float64) for m in masks]
+        for (i, q, p), v in zip(owner, lp, strict=True):
+            out[i][q, p] = v
+        return out
+
+    def forward(self, x: Any, mask: Any) -> Any:  # pragma: no cover - alias
+        return self.log_conditionals(x, mask)
