@@ -6,6 +6,8 @@
 (Moreno-Munoz, Recasens, Hauberg, NeurIPS 2023, Proposition 1.)
 """
 
+from .estimators import ESTIMATORS, LMLEstimate, MPTCurve, estimate_lml, mpt_curve
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["ESTIMATORS", "LMLEstimate", "MPTCurve", "__version__", "estimate_lml", "mpt_curve"]
