@@ -189,7 +189,8 @@ def test_float32_accuracy_ill_conditioned():
     assert torch.isfinite(out32).all()
     assert (out32.double() - out64).abs().max() < 1e-4
     shared = masks[:, 0]
-    diff = m32.log_conditionals(x.float(), shared).detach().double() - m64.log_conditionals(x, shared).detach()
+    diff = (m32.log_conditionals(x.float(), shared).detach().double()
+            - m64.log_conditionals(x, shared).detach())
     assert diff.abs().max() < 1e-4
 
 

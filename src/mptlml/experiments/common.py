@@ -203,7 +203,8 @@ class RunDir:
         self._track(name)
         return p
 
-    def save_figure(self, fig: Any, stem: str, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
+    def save_figure(self, fig: Any, stem: str,
+                    formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
         """Save a matplotlib figure as PNG and PDF (atomically) and close it."""
         import matplotlib.pyplot as plt
 
