@@ -6,6 +6,20 @@
 (Moreno-Munoz, Recasens, Hauberg, NeurIPS 2023, Proposition 1.)
 """
 
+from .estimators import ESTIMATORS, LMLEstimate, MPTCurve, estimate_lml, mpt_curve
+from .sequences import MLMCurveResult, mlm_curve, mpt_area, pll
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "ESTIMATORS",
+    "LMLEstimate",
+    "MLMCurveResult",
+    "MPTCurve",
+    "__version__",
+    "estimate_lml",
+    "mlm_curve",
+    "mpt_area",
+    "mpt_curve",
+    "pll",
+]

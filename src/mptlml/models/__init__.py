@@ -2,5 +2,6 @@
 
 from .base import MaskedModel
 from .masked_lm import MaskedLM
+from .ppca import PPCA
 
-__all__ = ["MaskedLM", "MaskedModel"]
+__all__ = ["PPCA", "MaskedLM", "MaskedModel"]

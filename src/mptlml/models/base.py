@@ -128,7 +128,7 @@ class MaskedModel(nn.Module):
     # ------------------------------------------------------------------ to implement
     def _log_conditionals(self, x: torch.Tensor, mask: torch.Tensor,
                           generator: torch.Generator | None) -> torch.Tensor:
-        """Unvalidated conditionals; ``mask`` is ``(B, D)`` or ``(B, N, D)``, result ``(B, N, D)``."""
+        """Unvalidated conditionals; mask ``(B, D)`` or ``(B, N, D)``, result ``(B, N, D)``."""
         raise NotImplementedError
 
     def _log_marginal(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,262 @@
+"""Probabilistic PCA with closed-form masked conditionals.
+
+Model (Tipping & Bishop, 1999)::
+
+    z ~ N(0, I_K),   x | z ~ N(W z + mu, sigma2 I_D),   so  x ~ N(mu, W W^T + sigma2 I).
+
+Masked conditionals go through the K-dimensional latent posterior given the
+observed tokens R (Woodbury), never through a D x D inverse::
+
+    A_R   = I_K + W_R^T W_R / sigma2
+    m_R   = A_R^{-1} W_R^T (x_R - mu_R) / sigma2
+    x_j | x_R ~ N(mu_j + w_j^T m_R,  sigma2 + w_j^T A_R^{-1} w_j).
+
+For accuracy in float32 the data are re-centred on z* (the posterior mean
+given all D tokens) with residuals e = x - mu - W z*; then
+x_j - E[x_j | x_R] = e_j - w_j^T A_R^{-1}(W_R^T e_R / sigma2 - z*), and
+W_R^T W_R is summed over the observed dimensions only.
+
+Cost per block of T masks: two GEMMs against the T x D observed-indicator
+matrix (about 4 T D N K flops) plus T (or T N) K x K inverses.
+
+References
+----------
+Tipping & Bishop (1999), "Probabilistic principal component analysis", JRSS-B.
+Moreno-Munoz, Recasens, Hauberg (2023), "On Masked Pre-training and the
+Marginal Likelihood", NeurIPS, Sec. 3.1 and App. B (see the errata in
+``shared/paper/NOTES.md``: the conditional variance has a minus sign).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from .._validation import as_tensor, check_data, check_positive_int, make_generator
+from .base import MaskedModel
+
+__all__ = ["PPCA"]
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def _spd_inverse(a: torch.Tensor) -> torch.Tensor:
+    """Inverse of a batch of small symmetric positive-definite matrices ``(..., K, K)``.
+
+    Closed forms for K = 1 and 2 (batched LAPACK on tiny matrices is ~40x
+    slower), a Cholesky inverse otherwise.
+    """
+    k = a.shape[-1]
+    if k == 1:
+        return 1.0 / a
+    if k == 2:
+        p, q, s = a[..., 0, 0], a[..., 0, 1], a[..., 1, 1]
+        det = p * s - q * q
+        row0 = torch.stack([s, -q], dim=-1)
+        row1 = torch.stack([-q, p], dim=-1)
+        return torch.stack([row0, row1], dim=-2) / det[..., None, None]
+    return torch.cholesky_inverse(torch.linalg.cholesky(a))
+
+
+class PPCA(MaskedModel):
+    """Probabilistic PCA: x ~ N(mu, W W^T + sigma2 I), with exact masked conditionals.
+
+    Parameters
+    ----------
+    W : array-like of shape (D, K)
+        Loading matrix. Its dtype (float32 or float64) is kept; other inputs
+        become float64. Always a trainable ``nn.Parameter``.
+    mu : array-like of shape (D,), optional
+        Mean (zeros by default).
+    sigma2 : float
+        Isotropic noise variance, > 0 (stored as its log, so it stays positive
+        under training).
+    learn_mu, learn_sigma2 : bool
+        Make ``mu`` / ``sigma2`` trainable parameters (buffers otherwise).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mptlml.models import PPCA
+    >>> model = PPCA(torch.randn(10, 2, dtype=torch.float64), sigma2=0.2)
+    >>> x = model.sample(5, generator=0)
+    >>> model.log_conditionals(x, torch.tensor([True] * 3 + [False] * 7)).shape
+    torch.Size([5, 10])
+    """
+
+    def __init__(self, W: Any, mu: Any = None, sigma2: Any = 1.0, *, learn_mu: bool = False,
+                 learn_sigma2: bool = False, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        w = as_tensor(W, "W", dtype=dtype)
+        if w.ndim != 2 or w.shape[0] < 1 or w.shape[1] < 1:
+            raise ValueError(f"W must have shape (D, K) with D, K >= 1; got {tuple(w.shape)}.")
+        if not torch.isfinite(w).all():
+            raise ValueError("W contains NaN or infinite values.")
+        d = w.shape[0]
+        m = torch.zeros(d, dtype=w.dtype) if mu is None else as_tensor(mu, "mu", dtype=w.dtype)
+        if m.shape != (d,):
+            raise ValueError(f"mu must have shape (D,) = ({d},), got {tuple(m.shape)}.")
+        if not torch.isfinite(m).all():
+            raise ValueError("mu contains NaN or infinite values.")
+        s2 = as_tensor(sigma2, "sigma2", dtype=w.dtype).reshape(())
+        if not bool(torch.isfinite(s2)) or float(s2) <= 0:
+            raise ValueError(f"sigma2 must be a finite positive variance, got {float(s2)}.")
+        self.num_tokens = d
+        self.latent_dim = w.shape[1]
+        self.W = nn.Parameter(w)
+        if learn_mu:
+            self.mu = nn.Parameter(m)
+        else:
+            self.register_buffer("mu", m)
+        if learn_sigma2:
+            self.log_sigma2 = nn.Parameter(torch.log(s2))
+        else:
+            self.register_buffer("log_sigma2", torch.log(s2))
+
+    # ------------------------------------------------------------------ constructors
+    @property
+    def sigma2(self) -> torch.Tensor:
+        """Noise variance sigma2 = exp(log_sigma2)."""
+        return self.log_sigma2.exp()
+
+    @classmethod
+    def from_sklearn(cls, pca: Any, **kwargs: Any) -> PPCA:
+        """Build from a fitted ``sklearn.decomposition.PCA``.
+
+        ``W = components_^T sqrt(explained_variance_ - noise_variance_)``,
+        ``mu = mean_``, ``sigma2 = noise_variance_``, so that
+        ``model.log_marginal(x)`` equals ``pca.score_samples(x)``. (sklearn's
+        variances divide by N - 1, so these are the MLE scaled by N/(N-1).)
+        """
+        for attr in ("components_", "explained_variance_", "noise_variance_", "mean_"):
+            if not hasattr(pca, attr):
+                raise TypeError(
+                    "from_sklearn needs a fitted sklearn.decomposition.PCA; call pca.fit(x) first."
+                )
+        noise = float(pca.noise_variance_)
+        if noise <= 0:
+            raise ValueError(
+                "the PCA has noise_variance_ = 0 (n_components equals the data rank); refit with "
+                "n_components < min(n_samples, n_features)."
+            )
+        scale = np.sqrt(np.maximum(pca.explained_variance_ - noise, 0.0))
+        w = np.asarray(pca.components_, dtype=np.float64).T * scale
+        return cls(w, np.asarray(pca.mean_, dtype=np.float64), noise, **kwargs)
+
+    @classmethod
+    def fit(cls, x: Any, k: int, **kwargs: Any) -> PPCA:
+        """Closed-form maximum-likelihood PPCA (Tipping & Bishop 1999, eqs. 7-8).
+
+        With the sample covariance S = (1/N) sum_n (x_n - mean)(x_n - mean)^T and
+        its eigenpairs (lambda_i, u_i) sorted decreasingly:
+        ``sigma2 = mean(lambda_{K+1..D})``, ``W = U_K (Lambda_K - sigma2 I)^{1/2}``.
+        """
+        xt = check_data(x)
+        n, d = xt.shape
+        k = check_positive_int(k, "k")
+        if k >= d:
+            raise ValueError(f"k must be smaller than D={d} so that sigma2 is defined; got k={k}.")
+        x64 = xt.double()
+        mean = x64.mean(0)
+        xc = x64 - mean
+        cov = xc.T @ xc / n
+        evals, evecs = torch.linalg.eigh(cov)
+        evals, evecs = evals.flip(0), evecs.flip(1)
+        sigma2 = evals[k:].mean().clamp_min(1e-12)
+        w = evecs[:, :k] * torch.sqrt((evals[:k] - sigma2).clamp_min(0.0))
+        return cls(w.to(xt.dtype), mean.to(xt.dtype), sigma2.to(xt.dtype), **kwargs)
+
+    @classmethod
+    def random(cls, num_tokens: int, latent_dim: int, sigma2: float = 1.0, *,
+               seed: int | torch.Generator | None = None,
+               dtype: torch.dtype = torch.float64, **kwargs: Any) -> PPCA:
+        """A PPCA with W ~ N(0, 1) entries and zero mean (the paper's synthetic setting)."""
+        g = make_generator(seed)
+        d = check_positive_int(num_tokens, "num_tokens")
+        k = check_positive_int(latent_dim, "latent_dim")
+        w = torch.randn(d, k, generator=g, dtype=torch.float64).to(dtype)
+        return cls(w, None, sigma2, **kwargs)
+
+    # ------------------------------------------------------------------ sampling
+    @torch.no_grad()
+    def sample(self, n: int, *, generator: int | torch.Generator | None = None,
+               noise: Literal["independent", "shared"] = "independent") -> torch.Tensor:
+        """Draw ``n`` observations.
+
+        ``noise="independent"`` (default) draws eps ~ N(0, sigma2 I_D), the model
+        itself. ``noise="shared"`` reproduces the authors' generator: one noise
+        value per observation, shared by all D dimensions, with standard
+        deviation sigma2 (their ``(1/beta) * randn(N, 1)``); see NOTES.md.
+        """
+        n = check_positive_int(n, "n")
+        g = make_generator(generator)
+        d, k = self.W.shape
+        z = torch.randn(n, k, generator=g, dtype=torch.float64)
+        mean = z @ self.W.detach().double().cpu().T + self.mu.detach().double().cpu()
+        s2 = float(self.sigma2)
+        if noise == "independent":
+            eps = math.sqrt(s2) * torch.randn(n, d, generator=g, dtype=torch.float64)
+        elif noise == "shared":
+            eps = s2 * torch.randn(n, 1, generator=g, dtype=torch.float64)
+        else:
+            raise ValueError(f"noise must be 'independent' or 'shared', got {noise!r}.")
+        return (mean + eps).to(dtype=self.dtype, device=self.device)
+
+    # ------------------------------------------------------------------ exact quantities
+    def covariance(self) -> torch.Tensor:
+        """Marginal covariance W W^T + sigma2 I, ``(D, D)`` (for references and tests)."""
+        return self.W @ self.W.T + self.sigma2 * torch.eye(self.num_tokens, dtype=self.dtype,
+                                                             device=self.device)
+
+    def _recentre(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Posterior mean z* given all tokens, residuals e = x - mu - W z*, and A (float64)."""
+        w = self.W.double()
+        s2 = self.sigma2.double()
+        y = x.double() - self.mu.double()
+        a = torch.eye(self.latent_dim, dtype=torch.float64, device=x.device) + w.T @ w / s2
+        zs = torch.linalg.solve(a, (y @ w).T / s2).T
+        e = y - zs @ w.T
+        return zs, e, a
+
+    def _log_marginal(self, x: torch.Tensor) -> torch.Tensor:
+        """log N(x; mu, W W^T + sigma2 I) via Woodbury and the matrix determinant lemma.
+
+        ``(x-mu)^T C^{-1} (x-mu) = |x - mu - W z*|^2 / sigma2 + |z*|^2`` and
+        ``log|C| = D log sigma2 + log|I + W^T W / sigma2|``.
+        """
+        zs, e, a = self._recentre(x)
+        s2 = self.sigma2.double()
+        quad = (e * e).sum(-1) / s2 + (zs * zs).sum(-1)
+        logdet = self.num_tokens * torch.log(s2) + torch.logdet(a)
+        return (-0.5 * (self.num_tokens * _LOG_2PI + logdet + quad)).to(self.dtype)
+
+    def _log_conditionals(self, x: torch.Tensor, mask: torch.Tensor,
+                          generator: torch.Generator | None) -> torch.Tensor:
+        dtype = self.dtype
+        w = self.W
+        s2 = self.sigma2
+        d, k = w.shape
+        zs, e, _ = self._recentre(x)
+        zs, e = zs.to(dtype), e.to(dtype)
+        r = (~mask).to(dtype)  # observed indicator
+        ww = (w[:, :, None] * w[:, None, :]).reshape(d, k * k)
+        g = (r @ ww).reshape(*r.shape[:-1], k, k)  # W_R^T W_R, summed over observed dims
+        a_inv = _spd_inverse(torch.eye(k, dtype=dtype, device=w.device) + g / s2)
+        if mask.ndim == 2:  # (B, D): masks shared across the data
+            b, n = mask.shape[0], x.shape[0]
+            ew = (e.T[:, :, None] * w[:, None, :]).reshape(d, n * k)
+            h = (r @ ew).reshape(b, n, k) / s2
+            u = torch.einsum("bkl,bnl->bnk", a_inv, h - zs)
+            var = s2 + torch.einsum("dk,bkl,dl->bd", w, a_inv, w)[:, None, :]
+        else:  # (B, N, D): one mask per datum
+            h = (r * e) @ w / s2
+            u = (a_inv @ (h - zs)[..., None])[..., 0]
+            var = s2 + torch.einsum("dk,bnkl,dl->bnd", w, a_inv, w)
+        res = e - u @ w.T
+        logp = -0.5 * (_LOG_2PI + torch.log(var) + res * res / var)
+        m = mask[:, None, :] if mask.ndim == 2 else mask
+        return torch.where(m, logp, torch.zeros((), dtype=dtype, device=logp.device))

@@ -1,0 +1,115 @@
+"""Shared conformance suite: every model's tests subclass :class:`ModelConformance`.
+
+A subclass provides ``make_model(dtype)`` and ``make_data(model, n)``; it may
+set ``exhaustive_atol`` (None skips the exhaustive identity, e.g. for a model
+whose log_marginal is itself a Monte Carlo estimate) and ``dtypes``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mptlml
+from mptlml.masks import sample_masks
+
+
+class ModelConformance:
+    dtypes: tuple[torch.dtype, ...] = (torch.float64, torch.float32)
+    exhaustive_atol: float | None = 1e-9
+    num_data: int = 6
+
+    # -- hooks ------------------------------------------------------------------------------
+    def make_model(self, dtype: torch.dtype):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def make_data(self, model, n: int) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _setup(self, dtype=torch.float64):
+        torch.manual_seed(0)
+        model = self.make_model(dtype)
+        x = self.make_data(model, self.num_data)
+        return model, x
+
+    def _lc(self, model, x, mask, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            return model.log_conditionals(x, mask, generator=g)
+
+    # -- tests ------------------------------------------------------------------------------
+    def test_protocol_attributes(self):
+        model, x = self._setup()
+        assert isinstance(model, mptlml.models.MaskedModel)
+        assert isinstance(model.num_tokens, int) and model.num_tokens == x.shape[1]
+        assert isinstance(model.has_log_marginal, bool)
+
+    @pytest.mark.parametrize("mask_ndim", [1, 2, 3])
+    def test_shapes_and_masked_only(self, mask_ndim):
+        model, x = self._setup()
+        n, d = x.shape
+        g = torch.Generator().manual_seed(1)
+        if mask_ndim == 1:
+            mask = sample_masks(d, torch.tensor([max(1, d // 2)]), generator=g)[0]
+            expect = (n, d)
+        elif mask_ndim == 2:
+            mask = sample_masks(d, torch.tensor([1, d // 2 or 1, d]), generator=g)
+            expect = (3, n, d)
+        else:
+            mask = sample_masks(d, torch.tensor([1, d]), num_data=n, generator=g)
+            expect = (2, n, d)
+        out = self._lc(model, x, mask)
+        assert out.shape == expect
+        full = mask.expand(out.shape) if mask_ndim != 2 else mask[:, None, :].expand(out.shape)
+        assert torch.isfinite(out).all()
+        assert (out[~full] == 0).all(), "conditionals must be 0 off the mask"
+        assert (out[full] != 0).all()
+
+    @pytest.mark.parametrize("dtype_index", [0, 1])
+    def test_dtype_kept(self, dtype_index):
+        if dtype_index >= len(self.dtypes):
+            pytest.skip("model supports a single dtype")
+        dtype = self.dtypes[dtype_index]
+        model, x = self._setup(dtype)
+        assert model.dtype == dtype
+        mask = torch.zeros(x.shape[1], dtype=torch.bool)
+        mask[0] = True
+        assert self._lc(model, x, mask).dtype == dtype
+        if model.has_log_marginal:
+            with torch.no_grad():
+                assert model.log_marginal(x).dtype == dtype
+
+    def test_seed_determinism(self):
+        model, x = self._setup()
+        a = mptlml.estimate_lml(model, x, "random-size", num_masks=3, seed=5)
+        b = mptlml.estimate_lml(model, x, "random-size", num_masks=3, seed=5)
+        assert torch.equal(a.per_sample, b.per_sample)
+        mask = sample_masks(x.shape[1], torch.tensor([1, 2]), generator=3)
+        assert torch.equal(self._lc(model, x, mask, seed=7), self._lc(model, x, mask, seed=7))
+
+    def test_exhaustive_equals_log_marginal(self):
+        model, x = self._setup(torch.float64)
+        if not model.has_log_marginal or self.exhaustive_atol is None:
+            pytest.skip("no exact log_marginal to compare against")
+        res = mptlml.estimate_lml(model, x, "exhaustive")
+        with torch.no_grad():
+            exact = model.log_marginal(x).double()
+        torch.testing.assert_close(res.per_sample, exact.cpu(), atol=self.exhaustive_atol, rtol=0)
+
+    def test_rejects_bad_masks(self):
+        model, x = self._setup()
+        d = x.shape[1]
+        with pytest.raises(TypeError, match="torch.bool"):
+            model.log_conditionals(x, torch.ones(d, dtype=torch.int64))
+        with pytest.raises(ValueError, match="mask must have shape"):
+            model.log_conditionals(x, torch.ones(d + 1, dtype=torch.bool))
+
+    def test_rejects_bad_data(self):
+        model, x = self._setup()
+        bad = x.clone()
+        bad[0, 0] = float("nan")
+        with pytest.raises(ValueError, match="NaN"):
+            model.log_conditionals(bad, torch.ones(x.shape[1], dtype=torch.bool))
+        with pytest.raises(ValueError, match="columns"):
+            model.log_conditionals(x[:, :-1], torch.ones(x.shape[1] - 1, dtype=torch.bool))
