@@ -27,7 +27,7 @@ length-bucketed sub-batches under a token budget. Masks and corruptions come
 from a generator seeded by (seed, sequence index), so results do not depend
 on batching, chunking, resumption or the number of processes. A run
 directory makes the run resumable: each finished chunk is written atomically
-to ``<run_dir>/checkpoint/<tag>/``. Under ``torchrun``/``accelerate launch``
+to ``<checkpoint_dir>/<tag>/``. Under ``torchrun``/``accelerate launch``
 chunks are sharded across processes and the results gathered.
 
 Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
@@ -184,7 +184,7 @@ def _fingerprint(model: MaskedLM, ids: list[torch.Tensor], spec: dict) -> dict:
 def _run_pairs(model: MaskedLM, ids: list[torch.Tensor],
                make_masks: Callable[[int, int, torch.Generator], torch.Tensor], *, seed: int,
                tag: str, spec: dict, chunk_size: int = 8, token_budget: int = 8192,
-               run_dir: str | os.PathLike | None = None, progress: bool = False,
+               checkpoint_dir: str | os.PathLike | None = None, progress: bool = False,
                desc: str = "scoring") -> list[np.ndarray]:
     """Sum of log p(x_j | x_R) over each mask of each sequence: list of ``(Q_i,)`` arrays.
 
@@ -204,8 +204,8 @@ def _run_pairs(model: MaskedLM, ids: list[torch.Tensor],
 
     ckpt: Path | None = None
     done: dict[int, np.ndarray] = {}
-    if run_dir is not None:
-        ckpt = Path(run_dir) / "checkpoint" / tag
+    if checkpoint_dir is not None:
+        ckpt = Path(checkpoint_dir) / tag
         ckpt.mkdir(parents=True, exist_ok=True)
         meta = _fingerprint(model, ids, {**spec, "seed": int(seed), "chunk_size": chunk_size})
         meta_path = ckpt / "meta.json"
@@ -355,7 +355,7 @@ def _prepare(model: Any, sequences: Any) -> list[torch.Tensor]:
 
 def pll(model: MaskedLM, sequences: Sequence[str] | Sequence[Sequence[int]], *,
         token_budget: int = 8192, chunk_size: int = 8,
-        run_dir: str | os.PathLike | None = None, progress: bool = False) -> torch.Tensor:
+        checkpoint_dir: str | os.PathLike | None = None, progress: bool = False) -> torch.Tensor:
     """Pseudo-log-likelihood of each sequence, ``sum_j log p(x_j | x_{-j})``.
 
     Every non-special token is masked alone (D_i masked copies per sequence),
@@ -371,7 +371,8 @@ def pll(model: MaskedLM, sequences: Sequence[str] | Sequence[Sequence[int]], *,
     total = sum(len(t) for t in ids)
     out = _run_pairs(model, ids, lambda i, d, g: torch.eye(d, dtype=torch.bool), seed=0,
                      tag="pll", spec={"kind": "pll", "total_pairs": total},
-                     chunk_size=chunk_size, token_budget=token_budget, run_dir=run_dir,
+                     chunk_size=chunk_size, token_budget=token_budget,
+                     checkpoint_dir=checkpoint_dir,
                      progress=progress, desc="PLL")
     return torch.tensor([float(v.sum()) for v in out], dtype=torch.float64)
 
@@ -380,7 +381,7 @@ def mlm_curve(model: MaskedLM, sequences: Sequence[str] | Sequence[Sequence[int]
               rates: Any = None, num_masks: int = 1, seed: int = 0,
               nominal_length: float | None = None, exact: bool = False,
               token_budget: int = 8192, chunk_size: int = 8,
-              run_dir: str | os.PathLike | None = None, progress: bool = False,
+              checkpoint_dir: str | os.PathLike | None = None, progress: bool = False,
               ids: list[str] | None = None) -> MLMCurveResult:
     """MPT curve, area and per-sequence LML estimates of a masked LM.
 
@@ -403,8 +404,9 @@ def mlm_curve(model: MaskedLM, sequences: Sequence[str] | Sequence[Sequence[int]
         Also compute ``sum_{M=1..D_i} S_hat(x_i; M)`` (P masks per M).
     token_budget, chunk_size : int
         Padded tokens per forward pass; sequences per checkpointed chunk.
-    run_dir : path, optional
-        Checkpoint directory: finished chunks are saved there and reused.
+    checkpoint_dir : path, optional
+        Finished chunks are saved atomically under ``checkpoint_dir/curve``
+        (``/exact``, ``/pll``) and reused when the same run is started again.
     progress : bool
         Show a progress bar over (sequence, mask) pairs.
 
@@ -427,7 +429,8 @@ def mlm_curve(model: MaskedLM, sequences: Sequence[str] | Sequence[Sequence[int]
     sums = _run_pairs(model, toks, curve_masks, seed=int(seed), tag="curve",
                       spec={"kind": "curve", "rates": r.tolist(), "num_masks": p,
                             "total_pairs": int(len(toks) * k * p)},
-                      chunk_size=chunk_size, token_budget=token_budget, run_dir=run_dir,
+                      chunk_size=chunk_size, token_budget=token_budget,
+                     checkpoint_dir=checkpoint_dir,
                       progress=progress, desc="MPT curve")
     per_mask = np.stack([s.reshape(k, p) for s in sums]) / sizes[:, :, None]  # (N, K, P)
     scores = per_mask.mean(axis=2)
@@ -450,7 +453,7 @@ def mlm_curve(model: MaskedLM, sequences: Sequence[str] | Sequence[Sequence[int]
     if exact:
         res.lml_exact, res.lml_exact_se = _exact_sum(
             model, toks, p, int(seed), chunk_size=chunk_size, token_budget=token_budget,
-            run_dir=run_dir, progress=progress)
+            checkpoint_dir=checkpoint_dir, progress=progress)
     return res
 
 
@@ -507,7 +510,7 @@ def mlm_estimate_lml(model: MaskedLM, sequences: Any, *, estimator: str = "cumul
         return MLMLMLResult(res.lml, res.lml_se, estimator, res.num_masks, res.seed, res.model)
     p = check_positive_int(num_masks, "num_masks")
     toks = _prepare(model, sequences)
-    allowed = {"token_budget", "chunk_size", "run_dir", "progress"}
+    allowed = {"token_budget", "chunk_size", "checkpoint_dir", "progress"}
     bad = sorted(set(kwargs) - allowed)
     if bad:
         raise TypeError(f"unexpected arguments {bad} for estimator='cumulative'.")

@@ -1,0 +1,168 @@
+"""Table 2 / Fig. 5 (right): BERT-base pre-trained vs random init on GLUE.
+
+With the Hugging Face hub reachable, scores ``bert-base-uncased`` and a
+random initialisation of its config on the first ``num_sequences`` texts of
+each GLUE task (split and pair joining as in :mod:`mptlml.data.text`), with
+L = 512 in the area ``(L/100) * sum_rates mean log-prob``. Offline it says
+so and goes on with the rest.
+
+In both cases Table 2 is reproduced from the authors' published curves
+(``--reference``, default ``../shared/reference/bert_mpt_curves.csv`` from
+the project root when that exists; the file is not part of the project), the
+reference curves are drawn, and the table is printed and written to
+``table2.csv``.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..models.masked_lm import MaskedLM, hub_reachable
+from ..sequences import mpt_area
+from .common import RunDir
+from .mlm import project_root, score_models, write_curves
+
+__all__ = ["PAPER_TABLE2", "Config", "default_reference", "read_reference", "run", "summary",
+           "table2_from_reference"]
+
+#: Table 2 of the paper: area under the MPT curve, (pre-trained, random init).
+PAPER_TABLE2: dict[str, tuple[float, float]] = {
+    "ax": (-1715.75, -5245.31),
+    "cola": (-1657.68, -5283.52),
+    "qnli": (-1770.28, -5343.98),
+    "mrpc": (-1773.45, -5362.21),
+}
+
+
+@dataclass
+class Config:
+    """Settings (the paper: bert-base-uncased, L = 512, rates 1..99%)."""
+
+    model: str = "bert-base-uncased"
+    tasks: tuple[str, ...] = ("ax", "cola", "qnli", "mrpc")
+    num_sequences: int = 64
+    nominal_length: float = 512
+    num_masks: int = 1
+    seed: int = 0
+    reference: str | None = None
+    token_budget: int = 16384
+    progress: bool = True
+
+    @classmethod
+    def quick(cls) -> Config:
+        return cls(num_sequences=4, progress=False)
+
+
+def default_reference() -> Path | None:
+    """``../shared/reference/bert_mpt_curves.csv`` next to the project root, if present."""
+    for base in (project_root(), Path.cwd()):
+        p = (base / ".." / "shared" / "reference" / "bert_mpt_curves.csv").resolve()
+        if p.is_file():
+            return p
+    return None
+
+
+def read_reference(path: str | Path) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+    """Reference curves ``{(task, weights): (rates, mean_log_prob)}`` (empty 0.00 row dropped)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"reference file {path} does not exist; pass --reference PATH to the "
+                         "authors' bert_mpt_curves.csv.")
+    out: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        need = {"glue_task", "bert_weights", "masking_rate", "mean_log_prob_of_masked_tokens"}
+        if not need <= set(reader.fieldnames or []):
+            raise ValueError(f"{path} lacks columns {sorted(need - set(reader.fieldnames or []))}.")
+        for row in reader:
+            v = row["mean_log_prob_of_masked_tokens"].strip()
+            if not v:
+                continue
+            out.setdefault((row["glue_task"], row["bert_weights"]), []).append(
+                (float(row["masking_rate"]), float(v)))
+    return {k: (np.array([r for r, _ in sorted(v)]), np.array([c for _, c in sorted(v)]))
+            for k, v in out.items()}
+
+
+def table2_from_reference(path: str | Path,
+                          nominal_length: float = 512) -> list[dict[str, Any]]:
+    """Areas ``(L/100) * sum_rates mean log-prob`` per task and weights, with the paper's."""
+    ref = read_reference(path)
+    rows = []
+    for task in sorted({t for t, _ in ref}):
+        row: dict[str, Any] = {"task": task}
+        for j, w in enumerate(("pretrained", "random")):
+            if (task, w) in ref:
+                r, c = ref[(task, w)]
+                row[w] = round(mpt_area(c, r, nominal_length), 2)
+                if task in PAPER_TABLE2:
+                    row[f"paper_{w}"] = PAPER_TABLE2[task][j]
+        rows.append(row)
+    return rows
+
+
+def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
+    """Table 2 from the reference curves; BERT curves too when the hub is reachable."""
+    ref_path = Path(cfg.reference) if cfg.reference else default_reference()
+    results: dict[str, Any] = {"reference": str(ref_path) if ref_path else None}
+    reference_curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if ref_path is not None:
+        table = table2_from_reference(ref_path, cfg.nominal_length)
+        run_dir.write_csv("table2.csv", table)
+        results["table2"] = table
+        for (task, w), rc in read_reference(ref_path).items():
+            if task in cfg.tasks:
+                reference_curves[f"{task} {w}"] = rc
+    else:
+        print("no reference curves found (../shared/reference/bert_mpt_curves.csv); pass "
+              "--reference PATH to reproduce Table 2 from the authors' curves.")
+    if hub_reachable():
+        from ..data.text import load_texts
+
+        models = {"pretrained": MaskedLM.from_pretrained(cfg.model, truncate=True),
+                  "random_init": MaskedLM.from_pretrained(cfg.model, random_init=True,
+                                                          truncate=True)}
+        ours = {}
+        for task in cfg.tasks:
+            data = load_texts(f"glue:{task}", limit=cfg.num_sequences)
+            scored = score_models({f"{task}-{k}": m for k, m in models.items()}, data.texts,
+                                  rates=None, num_masks=cfg.num_masks, seed=cfg.seed,
+                                  run_dir=run_dir, nominal_length=cfg.nominal_length,
+                                  token_budget=cfg.token_budget, progress=cfg.progress,
+                                  ids=data.ids)
+            ours.update(scored)
+        results["computed"] = write_curves(run_dir, ours, reference=reference_curves,
+                                           title="BERT-base: pre-trained vs random init")
+    else:
+        results["computed"] = None
+        print("offline: cannot recompute the BERT curves (bert-base-uncased and GLUE need the "
+              "Hugging Face hub); reproducing Table 2 from the reference curves only.")
+        if reference_curves:
+            _plot_reference(run_dir, reference_curves)
+    return results
+
+
+def _plot_reference(run_dir: RunDir, curves: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, (r, c) in sorted(curves.items()):
+        ax.plot(r, c, "-" if "pretrained" in label else "--", label=f"paper: {label}")
+    ax.set_xlabel("masking rate")
+    ax.set_ylabel("mean log-prob of masked tokens (nats)")
+    ax.set_title("BERT-base MPT curves (authors' reference data)")
+    ax.legend(fontsize=7)
+    run_dir.save_figure(fig, "mpt_curve")
+
+
+def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Table 2 rows (areas from the reference curves beside the paper's)."""
+    return list(results.get("table2") or [])

@@ -1,0 +1,147 @@
+"""Masked-LM runs: MPT curves of one or more models on texts, written to a run directory.
+
+Shared by ``mptlml curve`` and the ``antibody``/``bert`` reproductions. Files:
+
+- ``curve.csv``: model, rate, mean log-prob of the masked tokens, standard error;
+- ``per_sequence.csv``: model, id, D_i, LML estimate D_i * mean_k S_ik (and
+  the exact cumulative sum when computed), PLL when computed;
+- ``mpt_curve.png/.pdf``: the curves with +-1 standard error bands;
+- ``checkpoint/``: finished chunks, so an interrupted run resumes (``--resume``).
+
+Under ``torchrun``/``accelerate launch`` every process scores its share of
+the sequences and only rank 0 writes the result files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..models.masked_lm import MaskedLM
+from ..sequences import MLMCurveResult, distributed_context, mlm_curve, pll
+from .common import RunDir
+
+__all__ = ["parse_rates", "prepare_run_dir", "score_models", "write_curves"]
+
+
+def parse_rates(text: str | None) -> np.ndarray | None:
+    """``"0.01:0.99:0.01"`` (start:stop:step, inclusive) or ``"0.1,0.5,0.9"``; None: default."""
+    if text is None:
+        return None
+    try:
+        if ":" in text:
+            a, b, s = (float(v) for v in text.split(":"))
+            n = int(round((b - a) / s)) + 1
+            return np.round(a + s * np.arange(n), 10)
+        return np.array([float(v) for v in text.split(",") if v.strip()])
+    except ValueError as exc:
+        raise ValueError(f"cannot read rates {text!r}; pass START:STOP:STEP (e.g. "
+                         "0.01:0.99:0.01) or a comma list (e.g. 0.15,0.5).") from exc
+
+
+def prepare_run_dir(out: str | os.PathLike, name: str, *, overwrite: bool,
+                    resume: bool) -> RunDir:
+    """Create the run directory on every rank; ``overwrite`` drops stale checkpoints."""
+    ctx = distributed_context()
+    if ctx.main:
+        rd = RunDir(out, name, overwrite=overwrite, resume=resume)
+        if overwrite and not resume and (rd.path / "checkpoint").exists():
+            shutil.rmtree(rd.path / "checkpoint")
+    if ctx.world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    if not ctx.main:
+        rd = RunDir(out, name, resume=True)
+    return rd
+
+
+def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], *, rates: Any,
+                 num_masks: int, seed: int, run_dir: RunDir, nominal_length: float | None,
+                 exact: bool = False, with_pll: bool = False, token_budget: int = 8192,
+                 chunk_size: int = 8, progress: bool = True,
+                 ids: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Curve (and optionally PLL) of each model; checkpoints under ``run_dir/checkpoint``."""
+    out: dict[str, dict[str, Any]] = {}
+    for label, model in models.items():
+        res = mlm_curve(model, texts, rates=rates, num_masks=num_masks, seed=seed,
+                        nominal_length=nominal_length, exact=exact, token_budget=token_budget,
+                        chunk_size=chunk_size, checkpoint_dir=run_dir.path / "checkpoint" / label,
+                        progress=progress, ids=ids)
+        entry: dict[str, Any] = {"curve": res}
+        if with_pll:
+            entry["pll"] = pll(model, texts, token_budget=token_budget, chunk_size=chunk_size,
+                               checkpoint_dir=run_dir.path / "checkpoint" / label,
+                               progress=progress)
+        out[label] = entry
+    return out
+
+
+def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
+                 reference: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                 title: str = "MPT curve") -> dict[str, Any]:
+    """Write curve.csv, per_sequence.csv and the figure; return the summary numbers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve_rows, seq_rows, summary = [], [], {}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, entry in scored.items():
+        res: MLMCurveResult = entry["curve"]
+        for r, c, s in zip(res.rates, res.curve, res.curve_se, strict=True):
+            curve_rows.append({"model": label, "rate": float(r), "mean_log_prob": float(c),
+                               "stderr": float(s)})
+        ids = res.ids or [str(i) for i in range(len(res.lengths))]
+        p = entry.get("pll")
+        for i, sid in enumerate(ids):
+            row = {"model": label, "id": sid, "num_tokens": int(res.lengths[i]),
+                   "lml_riemann": float(res.lml[i]), "lml_riemann_se": float(res.lml_se[i]),
+                   "area": float(res.nominal_length * (res.scores[i] * np.diff(
+                       np.concatenate([[0.0], res.rates]))).sum())}
+            if res.lml_exact is not None and res.lml_exact_se is not None:
+                row["lml_exact"] = float(res.lml_exact[i])
+                row["lml_exact_se"] = float(res.lml_exact_se[i])
+            if p is not None:
+                row["pll"] = float(p[i])
+            seq_rows.append(row)
+        summary[label] = {
+            "model": res.model, "area": res.area, "area_se": res.area_se,
+            "nominal_length": res.nominal_length, "num_sequences": int(len(res.lengths)),
+            "mean_num_tokens": float(res.lengths.mean()),
+            "mean_lml_riemann": float(res.lml.mean()),
+            "mean_log_prob_per_token": float(res.curve.mean()),
+            "rates": res.rates, "curve": res.curve, "curve_se": res.curve_se,
+            "num_masks": res.num_masks, "corruption": res.corruption,
+        }
+        if res.lml_exact is not None:
+            summary[label]["mean_lml_exact"] = float(res.lml_exact.mean())
+        if p is not None:
+            summary[label]["mean_pll"] = float(p.mean())
+        line, = ax.plot(res.rates, res.curve, label=f"{label} (area {res.area:.1f})")
+        se = np.nan_to_num(res.curve_se)
+        ax.fill_between(res.rates, res.curve - se, res.curve + se, alpha=0.25,
+                        color=line.get_color())
+    for label, (r, c) in (reference or {}).items():
+        ax.plot(r, c, "--", lw=1, label=f"paper: {label}")
+    ax.set_xlabel("masking rate")
+    ax.set_ylabel("mean log-prob of masked tokens (nats)")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    run_dir.write_csv("curve.csv", curve_rows)
+    cols = sorted({k for r in seq_rows for k in r}, key=lambda k: list(seq_rows[0]).index(k)
+                  if k in seq_rows[0] else 99)
+    run_dir.write_csv("per_sequence.csv", seq_rows, columns=cols)
+    run_dir.save_figure(fig, "mpt_curve")
+    return summary
+
+
+def project_root() -> Path:
+    """The project root (``src/mptlml/experiments`` three levels up)."""
+    return Path(__file__).resolve().parents[3]
