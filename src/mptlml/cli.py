@@ -2,6 +2,7 @@
 
     mptlml demo                      PPCA on scikit-learn digits: exact LML vs every estimator
     mptlml reproduce NAME [--quick]  one figure/table of the paper into a run directory
+    mptlml curve --model M --data D  MPT curve of any Hugging Face masked LM on texts
 """
 
 from __future__ import annotations
@@ -51,9 +52,25 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     mod = get_experiment(args.name)
     overrides = dict(_parse_override(mod.Config, s) for s in args.set or [])
+    if getattr(args, "reference", None) is not None:
+        if "reference" not in {f.name for f in dataclasses.fields(mod.Config)}:
+            raise ValueError(f"--reference applies to 'reproduce bert', not {args.name!r}.")
+        overrides["reference"] = args.reference
     out = args.out or f"runs/{args.name}{'-quick' if args.quick else ''}"
     run_experiment(args.name, out, quick=args.quick, overwrite=args.overwrite,
                    overrides=overrides, resume=getattr(args, "resume", False))
+    return 0
+
+
+def _cmd_curve(args: argparse.Namespace) -> int:
+    from .experiments.mlm import run_curve
+
+    run_curve(args.model, args.data, args.out, random_init=args.random_init, column=args.column,
+              split=args.split, limit=args.limit, rates=args.rates, num_masks=args.num_masks,
+              seed=args.seed, nominal_length=args.nominal_length, exact=args.exact,
+              with_pll=args.pll, truncate=args.truncate, corruption=args.corruption,
+              token_budget=args.token_budget, chunk_size=args.chunk_size,
+              overwrite=args.overwrite, resume=args.resume, progress=not args.no_progress)
     return 0
 
 
@@ -86,7 +103,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config setting (repeatable), e.g. --set seeds=3")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run in --out from its checkpoints")
+    p.add_argument("--reference", default=None, metavar="PATH",
+                   help="bert only: the authors' bert_mpt_curves.csv (default "
+                        "../shared/reference/bert_mpt_curves.csv when it exists)")
     p.set_defaults(func=_cmd_reproduce)
+
+    p = sub.add_parser("curve", help="MPT curve of any Hugging Face masked LM on texts",
+                       description="MPT curve (mean log-prob of masked tokens vs masking rate), "
+                       "its area and per-sequence LML estimates. Runs under torchrun / "
+                       "accelerate launch for data-parallel scoring.")
+    p.add_argument("--model", required=True,
+                   help="hub name, local directory (save_pretrained) or 'antiberty'")
+    p.add_argument("--data", required=True,
+                   help="a .txt/.csv/.tsv/.jsonl/.fasta file, glue:TASK, or 'antibodies'")
+    p.add_argument("--column", default=None, help="CSV/TSV column or JSONL field with the text")
+    p.add_argument("--split", default=None, help="GLUE split (default validation; ax: test)")
+    p.add_argument("--limit", type=int, default=None, help="use the first N texts")
+    p.add_argument("--random-init", action="store_true",
+                   help="score a randomly initialised model of the same config")
+    p.add_argument("--rates", default=None,
+                   help="START:STOP:STEP or a comma list (default 0.01:0.99:0.01)")
+    p.add_argument("--num-masks", type=int, default=1, help="P masks per rate (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nominal-length", type=float, default=None,
+                   help="L of the area (L/100)*sum (paper: 512; default mean length)")
+    p.add_argument("--exact", action="store_true",
+                   help="also the exact cumulative sum over M=1..D_i (D_i*P pairs)")
+    p.add_argument("--pll", action="store_true", help="also the pseudo-log-likelihood")
+    p.add_argument("--truncate", action="store_true",
+                   help="cut sequences longer than the model maximum instead of failing")
+    p.add_argument("--corruption", choices=("mask", "bert"), default="mask",
+                   help="pure [MASK] (default) or BERT's 80/10/10")
+    p.add_argument("--token-budget", type=int, default=8192,
+                   help="padded tokens per forward pass (default 8192)")
+    p.add_argument("--chunk-size", type=int, default=8,
+                   help="sequences per checkpointed chunk (default 8)")
+    p.add_argument("--out", default="runs/curve", help="run directory (default runs/curve)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_curve)
     return parser
 
 

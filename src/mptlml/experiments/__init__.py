@@ -27,6 +27,8 @@ __all__ = ["EXPERIMENTS", "get_experiment", "run_experiment"]
 #: reproduce name -> module (imported lazily so the CLI starts fast).
 EXPERIMENTS: dict[str, str] = {
     "convergence": "mptlml.experiments.convergence",
+    "antibody": "mptlml.experiments.antibody",
+    "bert": "mptlml.experiments.bert",
 }
 
 

@@ -26,7 +26,8 @@ from ..models.masked_lm import MaskedLM
 from ..sequences import MLMCurveResult, distributed_context, mlm_curve, pll
 from .common import RunDir
 
-__all__ = ["parse_rates", "prepare_run_dir", "score_models", "write_curves"]
+__all__ = ["parse_rates", "prepare_run_dir", "project_root", "run_curve", "score_models",
+           "write_curves"]
 
 
 def parse_rates(text: str | None) -> np.ndarray | None:
@@ -145,3 +146,54 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
 def project_root() -> Path:
     """The project root (``src/mptlml/experiments`` three levels up)."""
     return Path(__file__).resolve().parents[3]
+
+
+def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: bool = False,
+              column: str | None = None, split: str | None = None, limit: int | None = None,
+              rates: str | None = None, num_masks: int = 1, seed: int = 0,
+              nominal_length: float | None = None, exact: bool = False, with_pll: bool = False,
+              truncate: bool = False, corruption: str = "mask", token_budget: int = 8192,
+              chunk_size: int = 8, overwrite: bool = False, resume: bool = False,
+              progress: bool = True) -> dict[str, Any]:
+    """``mptlml curve``: MPT curve of one masked LM on texts, into a run directory.
+
+    ``model`` is a hub name, a local directory, or ``antiberty``; ``data`` a
+    local file, ``glue:TASK`` or ``antibodies`` (the bundled FASTA). All input
+    is validated (model, data, every sequence's length, the rates) before the
+    run directory is created, so a bad input leaves no result file.
+    """
+    import json
+
+    from ..data.text import bundled_antibodies, load_texts
+    from ..sequences import _check_rates
+
+    r = _check_rates(parse_rates(rates))
+    if model.lower() == "antiberty":
+        lm = MaskedLM.antiberty(random_init=random_init, truncate=truncate,
+                                corruption=corruption)
+    else:
+        lm = MaskedLM.from_pretrained(model, random_init=random_init, truncate=truncate,
+                                      corruption=corruption)
+    texts = (bundled_antibodies(limit) if data == "antibodies"
+             else load_texts(data, column=column, split=split, limit=limit))
+    lm.encode(texts.texts)  # raises on empty / too long sequences before any file is made
+    run_dir = prepare_run_dir(out, "curve", overwrite=overwrite, resume=resume)
+    label = "random_init" if random_init else "pretrained"
+    scored = score_models({label: lm}, texts.texts, rates=r, num_masks=num_masks, seed=seed,
+                          run_dir=run_dir, nominal_length=nominal_length, exact=exact,
+                          with_pll=with_pll, token_budget=token_budget, chunk_size=chunk_size,
+                          progress=progress, ids=texts.ids)
+    if not distributed_context().main:
+        return {}
+    summ = write_curves(run_dir, scored, title=f"MPT curve: {lm.name}")
+    config = {"model": model, "data": texts.source, "random_init": random_init,
+              "rates": r, "num_masks": num_masks, "nominal_length": nominal_length,
+              "exact": exact, "pll": with_pll, "truncate": truncate, "corruption": corruption,
+              "token_budget": token_budget, "chunk_size": chunk_size,
+              "world_size": distributed_context().world}
+    path = run_dir.write_results(config, {"models": summ}, seed=seed)
+    s = summ[label]
+    print(f"{lm.name}: {s['num_sequences']} sequences, area {s['area']:.2f} "
+          f"(+- {s['area_se']:.2f}, L={s['nominal_length']:.1f}), mean LML estimate "
+          f"{s['mean_lml_riemann']:.2f}; results in {path.parent}/")
+    return json.loads(path.read_text())
