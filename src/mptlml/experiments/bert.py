@@ -100,7 +100,7 @@ def table2_from_reference(path: str | Path,
     rows = []
     for task in sorted({t for t, _ in ref}):
         row: dict[str, Any] = {"task": task}
-        for j, (w, col) in enumerate((("pretrained", "pretrained"), ("random-init", "random"))):
+        for w, col in (("pretrained", "pretrained"), ("random-init", "random")):
             if (task, w) in ref:
                 r, c = ref[(task, w)]
                 row[col] = round(mpt_area(c, r, nominal_length), 4)

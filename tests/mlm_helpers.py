@@ -1,0 +1,37 @@
+"""Tiny local masked LMs for the masked-LM tests (no downloads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+WORDS = ("the cat dog sat on a mat ran far away big small red blue house tree "
+         "and or but with under over is was").split()
+SENTENCES = [
+    "the cat sat on a mat",
+    "a big dog ran far away",
+    "the small red house",
+    "blue tree",
+    "the dog was under the big tree and the cat sat on the red mat",
+]
+
+
+def make_tiny_bert(path: Path, *, seed: int = 0, max_position_embeddings: int = 64) -> Path:
+    """Save a random 2-layer BERT masked LM and its WordPiece tokenizer to ``path``."""
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizer
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tok = BertTokenizer(str(path / "vocab.txt"), do_lower_case=True)
+    assert len(tok) == len(vocab)
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=2, intermediate_size=64,
+                     max_position_embeddings=max_position_embeddings,
+                     initializer_range=0.5)
+    torch.manual_seed(seed)
+    model = BertForMaskedLM(cfg)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

@@ -1,0 +1,228 @@
+"""MaskedLM adapter: equivalence with a raw Hugging Face forward, PLL, special tokens, errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import mptlml
+from mptlml.models import MaskedLM
+from mptlml.sequences import mask_sizes, mlm_curve, mpt_area, pll
+
+from .mlm_helpers import SENTENCES, make_tiny_bert
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    return MaskedLM.from_pretrained(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def antiberty():
+    pytest.importorskip("antiberty")
+    return MaskedLM.antiberty()
+
+
+def _raw_logprobs(lm: MaskedLM, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Independent reference: full HF forward with [CLS] x [SEP], masked by hand."""
+    tok = lm.tokenizer
+    x = ids.clone()
+    x[mask] = tok.mask_token_id
+    inp = torch.tensor([[tok.cls_token_id, *x.tolist(), tok.sep_token_id]])
+    with torch.no_grad():
+        logits = lm.model(input_ids=inp).logits[0, 1:-1]
+    lp = torch.log_softmax(logits.double(), -1).gather(1, ids[:, None]).squeeze(1)
+    return torch.where(mask, lp, torch.zeros_like(lp))
+
+
+def test_adapter_equals_raw_forward(tiny):
+    ids = tiny.encode(SENTENCES)
+    g = torch.Generator().manual_seed(0)
+    masks = [torch.rand(len(t), generator=g) < 0.4 for t in ids]
+    masks = [m if m.any() else torch.ones_like(m) for m in masks]
+    got = tiny.log_conditionals(SENTENCES, masks)
+    for t, m, v in zip(ids, masks, got, strict=True):
+        torch.testing.assert_close(v, _raw_logprobs(tiny, t, m), atol=1e-5, rtol=0)
+        assert (v[~m] == 0).all()
+
+
+def test_fixed_length_protocol_shapes(tiny):
+    ids = torch.stack([t[:4] for t in tiny.encode(SENTENCES[:3])])  # (N=3, D=4)
+    mask = torch.tensor([[True, False, False, True], [False, True, False, False]])
+    out = tiny.log_conditionals(ids, mask)
+    assert out.shape == (2, 3, 4)
+    torch.testing.assert_close(out[1, 2], _raw_logprobs(tiny, ids[2], mask[1]), atol=1e-5,
+                               rtol=0)
+    assert tiny.log_conditionals(ids, mask[0]).shape == (3, 4)
+
+
+def test_pll_equals_independent_one_copy_per_token(tiny):
+    ids = tiny.encode(SENTENCES)
+    ref = []
+    for t in ids:
+        tot = 0.0
+        for j in range(len(t)):
+            m = torch.zeros(len(t), dtype=torch.bool)
+            m[j] = True
+            tot += float(_raw_logprobs(tiny, t, m).sum())
+        ref.append(tot)
+    got = mptlml.pll(tiny, SENTENCES, token_budget=64)
+    assert got.shape == (len(SENTENCES),)
+    np.testing.assert_allclose(got.numpy(), ref, atol=1e-5, rtol=0)
+
+
+def test_pll_antiberty_matches_naive_loop(antiberty):
+    seqs = ["EVQLVESGGGLVQPGGSLRL", "QVQLQESGPGLVKPS"]
+    ids = antiberty.encode(seqs)
+    ref = []
+    for t in ids:
+        x = t.unsqueeze(0).repeat(len(t), 1)
+        x[torch.arange(len(t)), torch.arange(len(t))] = antiberty.mask_token_id
+        inp = torch.cat([torch.full((len(t), 1), 2), x, torch.full((len(t), 1), 3)], 1)
+        with torch.no_grad():
+            lp = antiberty.model(input_ids=inp).logits.log_softmax(-1)
+        ref.append(float(lp[torch.arange(len(t)), torch.arange(len(t)) + 1, t].sum()))
+    np.testing.assert_allclose(pll(antiberty, seqs).numpy(), ref, atol=1e-5, rtol=0)
+
+
+def test_special_tokens_never_masked(tiny, monkeypatch):
+    seen = []
+    orig = tiny.score_positions
+
+    def spy(inputs, positions, targets, **kw):
+        seen.extend(zip(inputs, positions, strict=True))
+        return orig(inputs, positions, targets, **kw)
+
+    monkeypatch.setattr(tiny, "score_positions", spy)
+    res = mlm_curve(tiny, SENTENCES, rates=[0.5, 0.99], seed=1)
+    tok = tiny.tokenizer
+    specials = set(tok.all_special_ids)
+    assert seen
+    for inp, pos in seen:
+        assert inp[0] == tok.cls_token_id and inp[-1] == tok.sep_token_id
+        assert int(pos.min()) >= 1 and int(pos.max()) <= len(inp) - 2
+        content = inp[1:-1]
+        assert all(int(v) not in specials or int(v) == tok.mask_token_id for v in content)
+    # rate 0.99 masks every content token of short sentences (M = round(.99 D) = D)
+    np.testing.assert_array_equal(res.sizes[:, 1], res.lengths)
+
+
+def test_bert_corruption_option(tiny):
+    lm = MaskedLM(tiny.model, tiny.tokenizer, corruption="bert")
+    ids = torch.arange(5, 25)
+    masks = torch.ones(400, 20, dtype=torch.bool)
+    x = lm.corrupt(ids, masks, torch.Generator().manual_seed(0))[:, 1:-1]
+    frac_mask = float((x == lm.mask_token_id).float().mean())
+    frac_keep = float((x == ids).float().mean())
+    assert abs(frac_mask - 0.8) < 0.02 and 0.09 < frac_keep < 0.13
+    assert not torch.isin(x[x != lm.mask_token_id], torch.tensor(lm.special_ids)).any()
+
+
+def test_curve_formulas(tiny):
+    res = mptlml.mpt_curve(tiny, SENTENCES, rates=[0.2, 0.5, 0.8], num_masks=3, seed=0,
+                           nominal_length=10)
+    assert res.scores.shape == (5, 3) and res.lml.shape == (5,)
+    for i, d in enumerate(res.lengths):
+        np.testing.assert_array_equal(res.sizes[i], mask_sizes(int(d), [0.2, 0.5, 0.8]))
+    np.testing.assert_allclose(res.lml, res.lengths * res.scores.mean(1))
+    np.testing.assert_allclose(res.curve, res.scores.mean(0))
+    assert res.area == pytest.approx(mpt_area(res.curve, [0.2, 0.5, 0.8], 10))
+    assert np.isfinite(res.lml_se).all() and np.isfinite(res.area_se)
+    # same seed, same result; the dispatch through mptlml.estimate_lml works
+    again = mlm_curve(tiny, SENTENCES, rates=[0.2, 0.5, 0.8], num_masks=3, seed=0)
+    np.testing.assert_array_equal(again.scores, res.scores)
+    est = mptlml.estimate_lml(tiny, SENTENCES[:2], "cumulative", num_masks=2, seed=0)
+    assert est.lml.shape == (2,) and np.isfinite(est.lml_se).all()
+    assert res.to_dict()["area"] == res.area
+
+
+def test_exact_cumulative_with_m1_term(tiny):
+    # D=2 sentence: sum over M=1..2 with P masks; M=2 is the single full mask
+    res = mlm_curve(tiny, ["blue tree"], rates=[0.5], num_masks=4, exact=True, seed=0)
+    ids = tiny.encode(["blue tree"])[0]
+    full = float(_raw_logprobs(tiny, ids, torch.ones(2, dtype=torch.bool)).sum()) / 2
+    singles = [float(_raw_logprobs(tiny, ids, torch.tensor(m)).sum())
+               for m in ([True, False], [False, True])]
+    assert min(singles) - 1e-5 <= res.lml_exact[0] - full <= max(singles) + 1e-5
+
+
+def test_antiberty_pretrained_far_above_random(antiberty):
+    seqs = ["EVQLVESGGGLVQPGGSLRLSCAASGFTFSSYAMS", "DIQMTQSPSSLSASVGDRVTITCRASQSISSYLN"]
+    rnd = MaskedLM.antiberty(random_init=True)
+    rates = [0.15, 0.5, 0.85]
+    a = mlm_curve(antiberty, seqs, rates=rates, seed=0)
+    b = mlm_curve(rnd, seqs, rates=rates, seed=0)
+    assert a.area > b.area + 1.0 * a.lengths.mean()
+    np.testing.assert_allclose(b.curve, -math.log(25), atol=0.6)  # few tokens at 15%
+    assert abs(b.curve.mean() + math.log(25)) < 0.25
+    assert (a.curve[:2] > b.curve[:2] + 1.0).all() and (a.curve > b.curve).all()
+
+
+# ---------------------------------------------------------------------- bad input
+def test_vocab_mismatch_is_an_error(tiny_dir, tiny):
+    from transformers import BertTokenizer
+
+    bad = BertTokenizer(vocab_file=str(tiny_dir / "vocab.txt"))  # transformers 5 ignores it
+    if len(bad) == len(tiny.tokenizer):
+        pytest.skip("this transformers reads vocab_file=; mismatch made by hand below")
+    with pytest.raises(ValueError, match="vocabulary mismatch"):
+        MaskedLM(tiny.model, bad)
+
+
+def test_vocab_mismatch_by_hand(tiny):
+    from transformers import BertConfig, BertForMaskedLM
+
+    other = BertForMaskedLM(BertConfig(vocab_size=len(tiny.tokenizer) + 3, hidden_size=8,
+                                       num_hidden_layers=1, num_attention_heads=1,
+                                       intermediate_size=8))
+    with pytest.raises(ValueError, match="vocabulary mismatch"):
+        MaskedLM(other, tiny.tokenizer)
+
+
+def test_too_long_sequence(tiny_dir, tmp_path):
+    short = MaskedLM.from_pretrained(make_tiny_bert(tmp_path / "m", max_position_embeddings=8))
+    with pytest.raises(ValueError, match="maximum"):
+        short.encode(["the cat sat on a mat and the dog"])
+    trunc = MaskedLM(short.model, short.tokenizer, truncate=True)
+    assert len(trunc.encode(["the cat sat on a mat and the dog"])[0]) == 6
+
+
+def test_empty_and_bad_sequences(tiny):
+    with pytest.raises(ValueError, match="empty"):
+        tiny.encode(["the cat", ""])
+    with pytest.raises(ValueError, match="empty"):
+        tiny.encode(["   "])
+    with pytest.raises(TypeError, match="single string"):
+        tiny.encode("the cat")
+    with pytest.raises(ValueError, match="special"):
+        tiny.encode([[2, 5, 6, 3]])
+
+
+def test_rate_outside_unit_interval(tiny):
+    for bad in ([0.0, 0.5], [0.5, 1.0], [1.5], [-0.1]):
+        with pytest.raises(ValueError, match="between 0 and 1"):
+            mlm_curve(tiny, SENTENCES[:1], rates=bad)
+
+
+def test_unknown_model_offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ValueError, match="local model.*directory"):
+        MaskedLM.from_pretrained("no-such-org/no-such-masked-lm")
+
+
+def test_random_init_from_dir(tiny_dir, tiny):
+    r = MaskedLM.from_pretrained(tiny_dir, random_init=True, init_seed=3)
+    r2 = MaskedLM.from_pretrained(tiny_dir, random_init=True, init_seed=3)
+    w = r.model.bert.embeddings.word_embeddings.weight
+    w0 = tiny.model.bert.embeddings.word_embeddings.weight
+    assert not torch.equal(w, w0)
+    assert torch.equal(w, r2.model.bert.embeddings.word_embeddings.weight)
