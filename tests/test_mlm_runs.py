@@ -1,0 +1,198 @@
+"""Masked-LM runs: Table 2 from the reference curves, resume, data parallel, CLI, loaders."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mptlml
+from mptlml.cli import main
+from mptlml.data import load_texts
+from mptlml.models import MaskedLM
+from mptlml.sequences import mlm_curve
+
+from .mlm_helpers import SENTENCES, make_tiny_bert
+
+REFERENCE = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / \
+    "bert_mpt_curves.csv"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="module")
+def texts_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("data") / "texts.txt"
+    p.write_text("\n".join(SENTENCES * 2) + "\n")
+    return p
+
+
+# ---------------------------------------------------------------------- Table 2
+@pytest.mark.skipif(not REFERENCE.is_file(), reason="reference CSV not present")
+def test_table2_areas_from_reference():
+    from mptlml.experiments.bert import PAPER_TABLE2, table2_from_reference
+
+    rows = {r["task"]: r for r in table2_from_reference(REFERENCE)}
+    for task, (pre, rnd) in PAPER_TABLE2.items():
+        assert abs(rows[task]["pretrained"] - pre) < 0.01, task
+        assert abs(rows[task]["random"] - rnd) < 0.01, task
+
+
+@pytest.mark.skipif(not REFERENCE.is_file(), reason="reference CSV not present")
+def test_reproduce_bert_offline(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["reproduce", "bert", "--out", str(tmp_path / "b"),
+                 "--reference", str(REFERENCE)]) == 0
+    out = capsys.readouterr().out
+    assert "offline" in out and "-1715.75" in out
+    assert (tmp_path / "b" / "table2.csv").is_file()
+    assert (tmp_path / "b" / "mpt_curve.png").is_file()
+
+
+def test_reproduce_bert_missing_reference(tmp_path):
+    assert main(["reproduce", "bert", "--out", str(tmp_path / "b"),
+                 "--reference", str(tmp_path / "nope.csv")]) == 2
+    assert not (tmp_path / "b" / "results.json").exists()
+
+
+# ---------------------------------------------------------------------- resume
+def test_resume_after_interruption_gives_identical_results(tiny_dir, tmp_path):
+    lm = MaskedLM.from_pretrained(tiny_dir)
+    kw = dict(rates=[0.1, 0.3, 0.6, 0.9], num_masks=2, seed=5, chunk_size=2, exact=True)
+    full = mlm_curve(lm, SENTENCES * 2, **kw)
+
+    calls = {"n": 0}
+    orig = lm.score_positions
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # interrupted in the middle of the run
+        return orig(*a, **k)
+
+    lm.score_positions = flaky
+    with pytest.raises(KeyboardInterrupt):
+        mlm_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **kw)
+    assert len(list((tmp_path / "curve").glob("chunk_*.npz"))) == 2
+    calls["n"] = -1000  # no more interruptions
+    resumed = mlm_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **kw)
+    assert calls["n"] == -1000 + (5 - 2) + 5  # 3 curve chunks left, 5 exact chunks
+    np.testing.assert_array_equal(resumed.scores, full.scores)
+    np.testing.assert_array_equal(resumed.lml_exact, full.lml_exact)
+    # a different run in the same checkpoint directory is refused
+    with pytest.raises(ValueError, match="different run"):
+        mlm_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **{**kw, "seed": 6})
+
+
+# ---------------------------------------------------------------------- CLI
+def _per_seq(path: Path) -> list[dict]:
+    with open(path / "per_sequence.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_curve_cli_and_bad_inputs(tiny_dir, texts_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["curve", "--model", str(tiny_dir), "--data", str(texts_file), "--out", str(out),
+                 "--rates", "0.1:0.9:0.2", "--pll", "--no-progress"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["results"]["models"]["pretrained"]["num_sequences"] == 10
+    rows = _per_seq(out)
+    assert len(rows) == 10 and "pll" in rows[0]
+    lm = MaskedLM.from_pretrained(tiny_dir)
+    np.testing.assert_allclose([float(r["pll"]) for r in rows],
+                               mptlml.pll(lm, SENTENCES * 2).numpy(), atol=1e-9)
+    # existing run directory is refused
+    assert main(["curve", "--model", str(tiny_dir), "--data", str(texts_file),
+                 "--out", str(out)]) == 2
+    bad = tmp_path / "bad.txt"
+    bad.write_text("the cat\n\nthe dog\n")
+    cases = [
+        (["--data", str(bad)], "blank"),
+        (["--rates", "0.5,1.2"], "between 0 and 1"),
+        (["--model", "no-such-org/no-such-model"], "local"),
+    ]
+    longf = tmp_path / "long.csv"
+    longf.write_text("id,text\n1," + " ".join(["cat"] * 80) + "\n")
+    cases += [(["--data", str(longf), "--column", "text"], "maximum"),
+              (["--data", str(longf), "--column", "sentence"], "column")]
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        for i, (extra, msg) in enumerate(cases):
+            args = ["curve", "--model", str(tiny_dir), "--data", str(texts_file),
+                    "--out", str(tmp_path / f"bad{i}"), "--no-progress"]
+            for j in range(0, len(extra), 2):
+                k = args.index(extra[j]) if extra[j] in args else None
+                if k is not None:
+                    args[k + 1] = extra[j + 1]
+                else:
+                    args += extra[j:j + 2]
+            capsys.readouterr()
+            assert main(args) == 2, extra
+            assert msg in capsys.readouterr().err, extra
+            assert not (tmp_path / f"bad{i}" / "results.json").exists()
+            assert not (tmp_path / f"bad{i}" / "curve.csv").exists()
+    finally:
+        del os.environ["HF_HUB_OFFLINE"]
+
+
+def test_reproduce_antibody_quick(tmp_path):
+    pytest.importorskip("antiberty")
+    assert main(["reproduce", "antibody", "--quick", "--out", str(tmp_path / "a")]) == 0
+    res = json.loads((tmp_path / "a" / "results.json").read_text())["results"]
+    pre, rnd = res["models"]["pretrained"], res["models"]["random_init"]
+    assert pre["area"] > rnd["area"] + 100
+    assert abs(rnd["mean_log_prob_per_token"] + np.log(25)) < 0.3
+    assert (tmp_path / "a" / "mpt_curve.pdf").is_file()
+
+
+# ---------------------------------------------------------------------- data parallel
+def test_two_gloo_processes_equal_one(tiny_dir, texts_file, tmp_path):
+    src = str(Path(mptlml.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    common = ["curve", "--model", str(tiny_dir), "--data", str(texts_file),
+              "--rates", "0.1:0.9:0.1", "--num-masks", "2", "--chunk-size", "2",
+              "--seed", "3", "--no-progress"]
+    one = subprocess.run([sys.executable, "-m", "mptlml", *common, "--out", str(tmp_path / "one")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node", "2", "-m", "mptlml", *common,
+                          "--out", str(tmp_path / "two")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    res2 = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert res2["config"]["world_size"] == 2
+    a, b = _per_seq(tmp_path / "one"), _per_seq(tmp_path / "two")
+    assert a == b
+
+
+# ---------------------------------------------------------------------- loaders
+def test_local_loaders(tmp_path):
+    (tmp_path / "a.tsv").write_text("id\tsentence\n1\tthe cat\n2\tthe dog\n")
+    assert load_texts(tmp_path / "a.tsv", column="sentence").texts == ["the cat", "the dog"]
+    with pytest.raises(ValueError, match="--column"):
+        load_texts(tmp_path / "a.tsv")
+    (tmp_path / "a.jsonl").write_text('{"text": "a b"}\n{"txt": "c"}\n')
+    with pytest.raises(ValueError, match="no field 'text'"):
+        load_texts(tmp_path / "a.jsonl")
+    (tmp_path / "b.jsonl").write_text('{"s": "a b"}\n')
+    assert load_texts(tmp_path / "b.jsonl", column="s").texts == ["a b"]
+    (tmp_path / "x.fasta").write_text(">s1 x\nEVQ\nLVE\n>s2\nQVQ\n")
+    d = load_texts(tmp_path / "x.fasta")
+    assert d.texts == ["EVQLVE", "QVQ"] and d.ids == ["s1", "s2"]
+    with pytest.raises(ValueError, match="unknown data format"):
+        (tmp_path / "x.xml").write_text("<a/>")
+        load_texts(tmp_path / "x.xml")
+    from mptlml.data import bundled_antibodies
+
+    ab = bundled_antibodies()
+    assert len(ab) == 111 and all(set(s) <= set("ACDEFGHIKLMNPQRSTVWY") for s in ab.texts)
