@@ -2,6 +2,8 @@
 
     mptlml demo                      PPCA on scikit-learn digits: exact LML vs every estimator
     mptlml reproduce NAME [--quick]  one figure/table of the paper into a run directory
+    mptlml reproduce all [--quick]   every one of them, then report.html / report.md
+    mptlml report RUN_DIR...         rebuild the report from run directories
     mptlml curve --model M --data D  MPT curve of any Hugging Face masked LM on texts
 """
 
@@ -48,13 +50,26 @@ def _parse_override(cfg_cls: type, text: str) -> tuple[str, typing.Any]:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from .experiments import get_experiment, run_experiment
+    from .experiments import EXPERIMENTS, get_experiment, run_all, run_experiment
 
+    if args.name == "all":
+        if args.set:
+            raise ValueError("--set applies to one experiment; use `mptlml reproduce NAME --set`.")
+        overrides = {}
+        if getattr(args, "reference", None):
+            for name in EXPERIMENTS:
+                cfg = get_experiment(name).Config
+                if "reference" in {f.name for f in dataclasses.fields(cfg)}:
+                    overrides[name] = {"reference": args.reference}
+        out = args.out or f"runs/all{'-quick' if args.quick else ''}"
+        status = run_all(out, quick=args.quick, overwrite=args.overwrite, resume=args.resume,
+                         overrides=overrides)
+        return 0 if all(not str(v).startswith("failed") for v in status.values()) else 1
     mod = get_experiment(args.name)
     overrides = dict(_parse_override(mod.Config, s) for s in args.set or [])
-    if getattr(args, "reference", None) is not None:
+    if args.reference:
         if "reference" not in {f.name for f in dataclasses.fields(mod.Config)}:
-            raise ValueError(f"--reference applies to 'reproduce bert', not {args.name!r}.")
+            raise ValueError(f"--reference does not apply to {args.name}; it is for bert.")
         overrides["reference"] = args.reference
     out = args.out or f"runs/{args.name}{'-quick' if args.quick else ''}"
     run_experiment(args.name, out, quick=args.quick, overwrite=args.overwrite,
@@ -71,6 +86,20 @@ def _cmd_curve(args: argparse.Namespace) -> int:
               with_pll=args.pll, truncate=args.truncate, corruption=args.corruption,
               token_budget=args.token_budget, chunk_size=args.chunk_size,
               overwrite=args.overwrite, resume=args.resume, progress=not args.no_progress)
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import build_report
+
+    rep = build_report(args.runs, args.out)
+    out = args.out or args.runs[0]
+    print(f"report written to {out}/report.html and {out}/report.md: "
+          f"{len(rep.sections)} parts, {rep.num_holding} of {rep.num_claims} checked claims hold")
+    for m in rep.missing:
+        print(f"missing: {m} (run `mptlml reproduce {m}`)")
+    for p in rep.problems:
+        print(f"problem: {p}")
     return 0
 
 
@@ -97,16 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("reproduce", help="reproduce one figure or table of the paper")
-    p.add_argument("name", choices=sorted(EXPERIMENTS), help="which experiment")
+    p.add_argument("name", choices=[*sorted(EXPERIMENTS), "all"],
+                   help="which experiment ('all' runs every one and writes a report)")
     p.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
     p.add_argument("--out", default=None, help="run directory (default runs/NAME)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config setting (repeatable), e.g. --set seeds=3")
     p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted run in --out from its checkpoints")
-    p.add_argument("--reference", default=None, metavar="PATH",
-                   help="bert only: the authors' bert_mpt_curves.csv (default "
+                   help="keep finished parts/chunks of an interrupted run")
+    p.add_argument("--reference", default=None,
+                   help="published BERT curves CSV (bert and all; default: "
                         "../shared/reference/bert_mpt_curves.csv when it exists)")
     p.set_defaults(func=_cmd_reproduce)
 
@@ -145,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue an interrupted run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_curve)
+
+    p = sub.add_parser("report", help="build report.html/report.md from run directories")
+    p.add_argument("runs", nargs="+", help="run directories (or a `reproduce all` directory)")
+    p.add_argument("--out", default=None, help="where to write the report (default: first RUN)")
+    p.set_defaults(func=_cmd_report)
     return parser
 
 
