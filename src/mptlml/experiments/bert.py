@@ -144,6 +144,9 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
                                            title="BERT-base: pre-trained vs random init")
     else:
         results["computed"] = None
+        results["notes"] = ("Offline: the BERT curves could not be recomputed (bert-base-uncased "
+                            "and GLUE need the Hugging Face hub); Table 2 is reproduced from the "
+                            "authors' published curves.")
         print("offline: cannot recompute the BERT curves (bert-base-uncased and GLUE need the "
               "Hugging Face hub); reproducing Table 2 from the reference curves only.")
         if reference_curves:
@@ -170,3 +173,23 @@ def _plot_reference(run_dir: RunDir, curves: dict[str, tuple[np.ndarray, np.ndar
 def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Table 2 rows (areas from the reference curves beside the paper's)."""
     return list(results.get("table2") or [])
+
+
+def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Table 2: areas from the curves match the paper (to 0.01); pre-trained far above random."""
+    out: list[dict[str, Any]] = []
+    for row in results.get("table2") or []:
+        if row.get("paper_pretrained") is None:
+            continue
+        for w in ("pretrained", "random"):
+            ours, paper = row[w], row[f"paper_{w}"]
+            out.append({"claim": f"Table 2 area, {row['task'].upper()} {w}", "paper": paper,
+                        "ours": round(ours, 4), "holds": abs(ours - paper) <= 0.01})
+        out.append({"claim": f"{row['task'].upper()}: pre-trained area >> random-init area",
+                    "paper": f"{row['paper_pretrained']} vs {row['paper_random']}",
+                    "ours": f"{row['pretrained']:.2f} vs {row['random']:.2f}",
+                    "holds": row["pretrained"] > row["random"] + 1000})
+    for label, s in (results.get("computed") or {}).items():
+        out.append({"claim": f"recomputed area, {label}", "paper": "see Table 2",
+                    "ours": round(s["area"], 2), "holds": None})
+    return out
