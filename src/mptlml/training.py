@@ -494,7 +494,7 @@ def train(model: MaskedModel, objective: Objective, x: Any, *, epochs: int, lr: 
                 value = objective.per_datum(xb, g).mean()
                 if not torch.isfinite(value):
                     raise ValueError(
-                        f"the objective became {float(value)} at epoch {epoch}; lower the "
+                        f"the objective became {float(value.detach())} at epoch {epoch}; lower the "
                         f"learning rate (lr={lr}) or check the initialisation."
                     )
                 (-value).backward()
