@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import mptlml
+import mptlml.masks
 from mptlml.estimators import fixed_rate_size
 from mptlml.masks import all_masks
 from mptlml.models import PPCA, MaskedModel
@@ -278,3 +279,23 @@ def test_divergence_is_reported():
         model.W.fill_(float("nan"))
     with pytest.raises(ValueError, match="objective became nan at epoch 1"):
         train(model, obj, x, epochs=2, lr=0.1, progress=False, record_initial=False)
+
+
+@pytest.mark.parametrize("d,k,b", [(10, 2, 10), (12, 3, 4), (6, 1, 7)])
+def test_ppca_shared_mask_fast_path_matches_conditionals(d, k, b):
+    """The quadratic-form reduction for shared masks equals the summed conditionals (and grads)."""
+    model = PPCA.random(d, k, sigma2=0.3, seed=d + k)
+    model.mu.data = torch.linspace(-1, 2, d, dtype=torch.float64)
+    x = PPCA.random(d, k, sigma2=0.7, seed=1).sample(25, generator=2) + 0.3
+    sizes = torch.randint(1, d + 1, (b,), generator=torch.Generator().manual_seed(4))
+    masks = mptlml.masks.sample_masks(d, sizes, generator=3)
+    fast = model._masked_log_prob(x, masks, None)
+    ref = model._log_conditionals(x, masks, None).sum(-1)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-10)
+    gw = torch.autograd.grad(fast.sum(), model.W)[0]
+    gr = torch.autograd.grad(ref.sum(), model.W)[0]
+    torch.testing.assert_close(gw, gr, rtol=1e-9, atol=1e-9)
+    m32 = PPCA(model.W.detach().float(), model.mu.float(), 0.3)
+    f32 = m32._masked_log_prob(x.float(), masks, None)
+    assert f32.dtype == torch.float32
+    torch.testing.assert_close(f32.double(), ref.detach(), rtol=0, atol=1e-4)
