@@ -83,7 +83,7 @@ class Config:
     sigma2: float = 0.2
     num_inits: int = 5
     epochs_all: int = 1000
-    epochs_fixed: int = 6000
+    epochs_fixed: int = 10000
     lr: float = 1e-2
     num_masks: int = 1
     rate: float = 0.2
