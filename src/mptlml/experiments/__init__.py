@@ -28,6 +28,9 @@ __all__ = ["EXPERIMENTS", "run_all", "get_experiment", "run_experiment"]
 #: reproduce name -> module (imported lazily so the CLI starts fast).
 EXPERIMENTS: dict[str, str] = {
     "convergence": "mptlml.experiments.convergence",
+    "training": "mptlml.experiments.training",
+    "area": "mptlml.experiments.area",
+    "curve-evolution": "mptlml.experiments.curve_evolution",
     "antibody": "mptlml.experiments.antibody",
     "bert": "mptlml.experiments.bert",
 }
@@ -55,6 +58,8 @@ def run_experiment(name: str, out: str | Path, *, quick: bool = False, overwrite
                 f"unknown setting(s) {sorted(unknown)} for {name}; valid: {sorted(names)}."
             )
         cfg = dataclasses.replace(cfg, **overrides)
+    if hasattr(cfg, "validate"):
+        cfg.validate()  # before the run directory exists: a bad setting writes nothing
     run_dir = RunDir(out, name, overwrite=overwrite, resume=resume)
     results = mod.run(cfg, run_dir)
     results.setdefault("quick", quick)

@@ -260,3 +260,46 @@ class PPCA(MaskedModel):
         logp = -0.5 * (_LOG_2PI + torch.log(var) + res * res / var)
         m = mask[:, None, :] if mask.ndim == 2 else mask
         return torch.where(m, logp, torch.zeros((), dtype=dtype, device=logp.device))
+
+    def _masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
+                         generator: torch.Generator | None) -> torch.Tensor:
+        """Sum over masked positions of log p(x_j | x_R), ``(B, N)``; fast path for shared masks.
+
+        For masks shared by the data, ``(B, D)``, with y = x - mu, the masked
+        residuals are linear in y, y_M - E[y_M | y_R] = (L_b y)_M with
+        ``L_b = I - W A_b^{-1} W^T diag(r_b) / sigma2`` (r_b the observed
+        indicator), so the sum over the mask is one quadratic form per mask::
+
+            sum_{j in M_b} log p(x_j | x_R)
+                = -1/2 [ |M_b| log 2 pi + sum_{j in M_b} log v_bj + y^T Q_b y ],
+            Q_b = L_b^T diag(m_b / v_b) L_b,   v_bj = sigma2 + w_j^T A_b^{-1} w_j.
+
+        Q_b is D x D and costs O(B D^2 K); the data enter through one GEMM, so
+        no (B, N, D) temporary is formed and autograd has few nodes. Computed
+        in float64 (then cast to the model's dtype), which keeps float32
+        models accurate without re-centring. Per-datum masks ``(B, N, D)`` use
+        the general conditionals.
+        """
+        if mask.ndim != 2:
+            return self._log_conditionals(x, mask, generator).sum(dim=-1)
+        f64 = torch.float64
+        w, s2 = self.W.to(f64), self.sigma2.to(f64)
+        d, k = w.shape
+        b = mask.shape[0]
+        y = x.to(f64) - self.mu.to(f64)
+        mf = mask.to(f64)
+        r = 1.0 - mf
+        ww = (w[:, :, None] * w[:, None, :]).reshape(d, k * k)
+        a_inv = _spd_inverse(torch.eye(k, dtype=f64, device=w.device)
+                             + (r @ ww).reshape(b, k, k) / s2)
+        wa = w @ a_inv  # (B, D, K)
+        var = s2 + (wa * w).sum(-1)  # (B, D)
+        ell = torch.eye(d, dtype=f64, device=w.device) - (wa @ w.T) * (r / s2)[:, None, :]
+        q = ell.transpose(1, 2) @ ((mf / var)[:, :, None] * ell)  # (B, D, D)
+        if d <= b:  # data outer products against vec(Q_b): (N, D^2) @ (D^2, B)
+            quad = (y[:, :, None] * y[:, None, :]).reshape(-1, d * d) @ q.reshape(b, d * d).T
+        else:  # (N, D) @ (D, B D), then contract with y
+            yq = (y @ q.permute(1, 0, 2).reshape(d, b * d)).reshape(-1, b, d)
+            quad = (yq * y[:, None, :]).sum(-1)
+        const = mf.sum(-1) * _LOG_2PI + (mf * torch.log(var)).sum(-1)
+        return (-0.5 * (const[:, None] + quad.T)).to(self.dtype)

@@ -1,0 +1,132 @@
+"""Benchmark: one PPCA MPT training step (forward + backward), batched vs the paper's loop.
+
+Setting of Fig. 2: N = 2000, D = 10, K = 2, P = 1 mask per size, all sizes
+M = 1..D. Both sides compute the cumulative MPT objective
+
+    L(W) = (1/N) sum_n sum_{M=1..D} (1/M) sum_{j in mask_M} log p(x_nj | x_nR)
+
+and its gradient with respect to W, then take an Adam step.
+
+- ``paper loop``: the authors' route, written here: for each size M one
+  mask shared by the data, the D x D covariance C = W W^T + sigma2 I, an
+  explicit inverse of C_RR per mask, the Gaussian conditional of every masked
+  token (with the correct minus sign), a Python loop over the sizes.
+- ``mptlml``: :class:`mptlml.objectives.MPTLoss` (one ``score_masks`` call for
+  all sizes, latent-posterior / Woodbury conditionals), with independent masks
+  per datum (default) and with masks shared by the data (as the paper).
+
+Run by hand (not a test)::
+
+    python benchmarks/bench_training.py [--repeats 200] [--threads 1]
+
+Prints the median step time of each and the speed-up ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from mptlml.models import PPCA  # noqa: E402
+from mptlml.objectives import MPTLoss  # noqa: E402
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+def paper_step_value(w: torch.Tensor, sigma2: float, x: torch.Tensor,
+                     g: torch.Generator) -> torch.Tensor:
+    """Cumulative MPT objective by the per-mask inverse route (one shared mask per size)."""
+    n, d = x.shape
+    c = w @ w.T + sigma2 * torch.eye(d, dtype=x.dtype)
+    total = x.new_zeros(())
+    for m in range(1, d + 1):
+        perm = torch.randperm(d, generator=g)
+        mi, ri = perm[:m], perm[m:]
+        c_mm = c[mi][:, mi]
+        if len(ri):
+            c_mr = c[mi][:, ri]
+            k = c_mr @ torch.linalg.inv(c[ri][:, ri])  # (M, R)
+            mean = x[:, ri] @ k.T  # mu = 0
+            var = torch.diagonal(c_mm - k @ c_mr.T)
+        else:
+            mean = x.new_zeros(n, m)
+            var = torch.diagonal(c_mm)
+        xm = x[:, mi]
+        logp = -0.5 * (LOG_2PI + torch.log(var) + (xm - mean) ** 2 / var)
+        total = total + logp.sum(1).mean() / m
+    return total
+
+
+def time_steps(step, repeats: int, warmup: int = 10) -> list[float]:
+    for _ in range(warmup):
+        step()
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        step()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--num-data", type=int, default=2000)
+    ap.add_argument("--num-tokens", type=int, default=10)
+    ap.add_argument("--latent-dim", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = torch.float64 if args.dtype == "float64" else torch.float32
+    n, d, k = args.num_data, args.num_tokens, args.latent_dim
+    true = PPCA.random(d, k, 0.2, seed=0, dtype=dtype)
+    x = true.sample(n, generator=1)
+
+    # paper loop
+    w = torch.randn(d, k, generator=torch.Generator().manual_seed(7), dtype=torch.float64) \
+        .to(dtype).requires_grad_(True)
+    opt = torch.optim.Adam([w], lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+
+    def paper_step():
+        opt.zero_grad(set_to_none=True)
+        (-paper_step_value(w, 0.2, x, g)).backward()
+        opt.step()
+
+    results = {"paper loop (per-mask inverse)": time_steps(paper_step, args.repeats)}
+    for share in (False, True):
+        model = PPCA.random(d, k, 0.2, seed=7, dtype=dtype)
+        obj = MPTLoss(model, "cumulative", num_masks=1, share_masks=share)
+        opt2 = torch.optim.Adam(model.parameters(), lr=1e-2)
+        g2 = torch.Generator().manual_seed(0)
+
+        def step(obj=obj, opt2=opt2, g2=g2):
+            opt2.zero_grad(set_to_none=True)
+            (-obj(x, generator=g2)).backward()
+            opt2.step()
+
+        label = "mptlml MPTLoss, " + ("shared masks" if share else "masks per datum")
+        results[label] = time_steps(step, args.repeats)
+
+    # check the two routes compute the same objective (same shared masks -> equal values)
+    print(f"PPCA MPT training step, N={n}, D={d}, K={k}, P=1, all sizes, forward+backward, "
+          f"{args.dtype}, torch {torch.__version__}, threads={torch.get_num_threads()}, "
+          f"median of {args.repeats}")
+    base = statistics.median(results["paper loop (per-mask inverse)"])
+    for label, ts in results.items():
+        med = statistics.median(ts)
+        print(f"  {label:40s} {1e3 * med:8.3f} ms   x{base / med:5.2f} vs paper loop")
+
+
+if __name__ == "__main__":
+    main()
