@@ -17,6 +17,8 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/mptlml demo --out runs/demo --overwrite
+	$(VENV)/bin/mptlml reproduce antibody --out runs/demo-antibody --overwrite \
+		--set num_sequences=8 --set pll=false
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -26,6 +28,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_estimators.py
+	$(PY) benchmarks/bench_training.py
+	$(PY) benchmarks/bench_mlm.py
 
 clean:
 	rm -rf $(VENV) runs
