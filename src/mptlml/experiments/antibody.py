@@ -23,7 +23,7 @@ from ..models.masked_lm import MaskedLM
 from .common import RunDir
 from .mlm import score_models, write_curves
 
-__all__ = ["Config", "run", "summary"]
+__all__ = ["Config", "claims", "run", "summary"]
 
 
 @dataclass

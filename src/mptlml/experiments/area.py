@@ -28,7 +28,7 @@ from ..estimators import mpt_curve
 from ._synthetic import dtype_of, synthetic_ppca
 from .common import RunDir
 
-__all__ = ["Config", "run", "summary"]
+__all__ = ["Config", "claims", "run", "summary"]
 
 
 @dataclass

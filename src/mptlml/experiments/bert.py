@@ -27,8 +27,8 @@ from ..sequences import mpt_area
 from .common import RunDir
 from .mlm import project_root, score_models, write_curves
 
-__all__ = ["PAPER_TABLE2", "Config", "default_reference", "read_reference", "run", "summary",
-           "table2_from_reference"]
+__all__ = ["PAPER_TABLE2", "Config", "claims", "default_reference", "read_reference", "run",
+           "summary", "table2_from_reference"]
 
 #: Table 2 of the paper: area under the MPT curve, (pre-trained, random init).
 PAPER_TABLE2: dict[str, tuple[float, float]] = {

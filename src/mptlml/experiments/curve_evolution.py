@@ -32,7 +32,7 @@ from ..training import exact_lml, mpt_curve_monitor, train
 from ._synthetic import dtype_of, synthetic_ppca
 from .common import RunDir
 
-__all__ = ["Config", "run", "summary"]
+__all__ = ["Config", "claims", "run", "summary"]
 
 
 @dataclass

@@ -42,7 +42,7 @@ from ..training import Monitor, exact_lml, train
 from ._synthetic import dtype_of, exact_fixed_rate, fixed_rate_masks, synthetic_ppca
 from .common import RunDir
 
-__all__ = ["Config", "run", "summary"]
+__all__ = ["Config", "claims", "run", "summary"]
 
 
 @dataclass
