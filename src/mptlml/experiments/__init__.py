@@ -52,6 +52,8 @@ def run_experiment(name: str, out: str | Path, *, quick: bool = False, overwrite
                 f"unknown setting(s) {sorted(unknown)} for {name}; valid: {sorted(names)}."
             )
         cfg = dataclasses.replace(cfg, **overrides)
+    if hasattr(cfg, "validate"):
+        cfg.validate()  # before the run directory exists: a bad setting writes nothing
     run_dir = RunDir(out, name, overwrite=overwrite, resume=resume)
     results = mod.run(cfg, run_dir)
     results.setdefault("quick", quick)
