@@ -19,6 +19,17 @@ W_R^T W_R is summed over the observed dimensions only.
 Cost per block of T masks: two GEMMs against the T x D observed-indicator
 matrix (about 4 T D N K flops) plus T (or T N) K x K inverses.
 
+The sum over the masked tokens that the estimators need
+(:meth:`PPCA._masked_log_prob`) never forms a ``(T, N, D)`` array when the
+masks are shared across the data: with c_j = m_j / v_j (m the masked
+indicator, v_j the conditional variance, which then depends on the mask only)
+and u = A_R^{-1}(W_R^T e_R / sigma2 - z*),
+
+    sum_j m_j (e_j - w_j^T u)^2 / v_j
+        = sum_j c_j e_j^2 - 2 u^T sum_j c_j e_j w_j + u^T (sum_j c_j w_j w_j^T) u,
+
+three more GEMMs against the T x D matrix c.
+
 References
 ----------
 Tipping & Bishop (1999), "Probabilistic principal component analysis", JRSS-B.
@@ -233,6 +244,67 @@ class PPCA(MaskedModel):
         quad = (e * e).sum(-1) / s2 + (zs * zs).sum(-1)
         logdet = self.num_tokens * torch.log(s2) + torch.logdet(a)
         return (-0.5 * (self.num_tokens * _LOG_2PI + logdet + quad)).to(self.dtype)
+
+    def _block_cost(self, num_data: int, shared: bool) -> int:
+        """Elements of temporaries per mask in :meth:`_masked_log_prob` (sizes the blocks)."""
+        k = self.latent_dim
+        if shared:
+            return 4 * self.num_tokens + 4 * num_data * (k + 1)
+        return num_data * self.num_tokens
+
+    def _masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
+                         generator: torch.Generator | None) -> torch.Tensor:
+        """Sum of log p(x_j | x_R) over the masked tokens of each mask: ``(B, N)``.
+
+        Same quantity as ``_log_conditionals(...).sum(-1)``, computed without
+        the per-token array when masks are shared (see the module docstring)
+        and with fewer passes over it when they are not.
+        """
+        dtype = self.dtype
+        w = self.W
+        s2 = self.sigma2
+        d, k = w.shape
+        zs, e, _ = self._recentre(x)
+        zs, e = zs.to(dtype), e.to(dtype)
+        n = e.shape[0]
+        m = mask.to(dtype)  # masked indicator
+        r = 1.0 - m  # observed indicator
+        ww = (w[:, :, None] * w[:, None, :]).reshape(d, k * k)
+        eye = torch.eye(k, dtype=dtype, device=w.device)
+        num_masked = m.sum(-1)
+        if mask.ndim == 2:  # (B, D): shared masks, no (B, N, D) array
+            b = mask.shape[0]
+            # columns: w_j w_j^T (K^2) | e_nj w_jk, k-major (K N) | e_nj^2 (N)
+            ew = (w.T[:, None, :] * e[None, :, :]).reshape(k * n, d).T
+            basis = torch.cat([ww, ew, (e * e).T], dim=1)
+            obs = r @ basis[:, : k * k + k * n]
+            a_inv = _spd_inverse(eye + obs[:, : k * k].reshape(b, k, k) / s2)
+            hz = obs[:, k * k:].reshape(b, k, n) / s2 - zs.T  # W_R^T e_R / s2 - z*
+            u = a_inv @ hz  # (B, K, N)
+            var = s2 + a_inv.reshape(b, k * k) @ ww.T  # (B, D)
+            c = m / var
+            cb = c @ basis  # sum_j c_j [w_j w_j^T | e_j w_j | e_j^2]
+            cww = cb[:, : k * k].reshape(b, k, k)
+            cew = cb[:, k * k: k * k + k * n].reshape(b, k, n)
+            quad = (cb[:, k * k + k * n:] + (u * (cww @ u - 2.0 * cew)).sum(1))
+            logv = (m * torch.log(var)).sum(-1)  # (B,)
+            return -0.5 * ((num_masked * _LOG_2PI + logv)[:, None] + quad)
+        g = (r.reshape(-1, d) @ ww).reshape(*mask.shape[:-1], k, k)  # W_R^T W_R, observed
+        a_inv = _spd_inverse(eye + g / s2)
+        var = s2 + a_inv.reshape(-1, k * k) @ ww.T  # v_j = s2 + w_j^T A^-1 w_j
+        # (B, N, D): one mask per datum
+        var = var.reshape(mask.shape)
+        h = (r * e) @ w / s2
+        u = (a_inv @ (h - zs)[..., None])[..., 0]
+        inplace = not (torch.is_grad_enabled() and (w.requires_grad or s2.requires_grad
+                                                    or e.requires_grad))
+        res = e - u @ w.T
+        if inplace:
+            res.square_().div_(var).add_(var.log_()).mul_(m)
+            terms = res
+        else:
+            terms = m * (res * res / var + torch.log(var))
+        return -0.5 * (num_masked * _LOG_2PI + terms.sum(-1))
 
     def _log_conditionals(self, x: torch.Tensor, mask: torch.Tensor,
                           generator: torch.Generator | None) -> torch.Tensor:
