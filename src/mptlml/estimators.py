@@ -349,9 +349,10 @@ def estimate_lml(model: MaskedModel, x: Any, estimator: str = "cumulative", *,
                             progress=progress, counter=counter)  # (P, N)
             samples = d * s
             mm = (m if m.ndim == 2 else m[:, None].expand(p, n)).to(s.device)
-            size_scores = torch.tensor(
-                [s[mm == k].mean().item() if bool((mm == k).any()) else float("nan")
-                 for k in sizes], dtype=torch.float64)
+            idx = mm.reshape(-1).cpu() - 1
+            tot = torch.zeros(d, dtype=torch.float64).index_add_(0, idx, s.reshape(-1).cpu())
+            cnt = torch.bincount(idx, minlength=d).double()
+            size_scores = torch.where(cnt > 0, tot / cnt.clamp_min(1), float("nan"))
         elif estimator == "fixed-rate":
             if mask_size is not None:
                 msize = check_size(mask_size, d, "mask_size")
