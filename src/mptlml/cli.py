@@ -5,6 +5,7 @@
     mptlml reproduce all [--quick]   every one of them, then report.html / report.md
     mptlml report RUN_DIR...         rebuild the report from run directories
     mptlml curve --model M --data D  MPT curve of any Hugging Face masked LM on texts
+    mptlml select --data D --k-max K choose PPCA's latent dimension by held-out MPT
 """
 
 from __future__ import annotations
@@ -110,6 +111,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_select(args: argparse.Namespace) -> int:
+    from .selection import run_selection
+
+    std = None if args.standardise is None else args.standardise == "yes"
+    run_selection(args.data, args.k_max, args.out, true_k=args.true_k, standardise=std,
+                  overwrite=args.overwrite, num_masks=args.num_masks,
+                  max_masks=args.max_masks, seed=args.seed)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``mptlml`` argument parser."""
     from .experiments import EXPERIMENTS
@@ -180,6 +191,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run directories (or a `reproduce all` directory)")
     p.add_argument("--out", default=None, help="where to write the report (default: first RUN)")
     p.set_defaults(func=_cmd_report)
+    p = sub.add_parser("select", help="choose PPCA's latent dimension K by held-out MPT",
+                       description="Choose PPCA's latent dimension K by the held-out log-marginal "
+                       "likelihood estimated with MPT, beside the exact held-out LML, BIC and "
+                       "scikit-learn's PCA(n_components='mle') (Minka).")
+    p.add_argument("--data", required=True,
+                   help="a .npy/.csv matrix (N, D), or digits, wine, breast_cancer, synthetic")
+    p.add_argument("--k-max", type=int, required=True, help="largest K to try (>= 1, < D)")
+    p.add_argument("--out", default="runs/select", help="run directory (default runs/select)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    p.add_argument("--true-k", type=int, default=None, help="latent dimension of --data synthetic")
+    p.add_argument("--standardise", choices=("yes", "no"), default=None,
+                   help="z-score columns (default: yes for the built-in real data sets)")
+    p.add_argument("--num-masks", type=int, default=10, help="initial P masks per size")
+    p.add_argument("--max-masks", type=int, default=640,
+                   help="largest P while resolving near-ties (default 640)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_select)
     return parser
 
 

@@ -178,8 +178,10 @@ def _blocks(total: int, per_block: int, progress: bool, desc: str) -> Iterator[t
         yield s, min(s + per_block, total)
 
 
-def _rows_per_block(n: int, d: int) -> int:
-    return max(1, BLOCK_ELEMENTS // max(1, n * d))
+def _rows_per_block(n: int, d: int, model: MaskedModel | None = None,
+                    shared: bool = False) -> int:
+    cost = model._block_cost(n, shared) if model is not None else n * d
+    return max(1, BLOCK_ELEMENTS // max(1, cost))
 
 
 def score_masks(model: MaskedModel, x: torch.Tensor, sizes: torch.Tensor, *,
@@ -207,7 +209,7 @@ def score_masks(model: MaskedModel, x: torch.Tensor, sizes: torch.Tensor, *,
     g = make_generator(generator)
     if share_masks and sizes.ndim == 2:
         raise ValueError("per-datum sizes need share_masks=False.")
-    per = _rows_per_block(n, d)
+    per = _rows_per_block(n, d, model, share_masks)
     out = []
     for s, e in _blocks(sizes.shape[0], per, progress, "masks"):
         sz = sizes[s:e]
@@ -226,7 +228,7 @@ def _score_fixed_masks(model: MaskedModel, x: torch.Tensor, masks: torch.Tensor,
     """(1/M) sum over masked positions for given shared masks ``(B, D)`` -> ``(B, N)``."""
     n, d = x.shape
     out = []
-    per = _rows_per_block(n, d)
+    per = _rows_per_block(n, d, model, True)
     for s, e in _blocks(masks.shape[0], per, progress, "masks"):
         m = masks[s:e].to(x.device)
         lp = model._masked_log_prob(x, m, None).double()
@@ -370,9 +372,10 @@ def estimate_lml(model: MaskedModel, x: Any, estimator: str = "cumulative", *,
                             progress=progress, counter=counter)  # (P, N)
             samples = d * s
             mm = (m if m.ndim == 2 else m[:, None].expand(p, n)).to(s.device)
-            size_scores = torch.tensor(
-                [s[mm == k].mean().item() if bool((mm == k).any()) else float("nan")
-                 for k in sizes], dtype=torch.float64)
+            idx = mm.reshape(-1).cpu() - 1
+            tot = torch.zeros(d, dtype=torch.float64).index_add_(0, idx, s.reshape(-1).cpu())
+            cnt = torch.bincount(idx, minlength=d).double()
+            size_scores = torch.where(cnt > 0, tot / cnt.clamp_min(1), float("nan"))
         elif estimator == "fixed-rate":
             if mask_size is not None:
                 msize = check_size(mask_size, d, "mask_size")

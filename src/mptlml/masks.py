@@ -5,9 +5,11 @@ observation; True marks a masked token, the set M whose conditionals
 log p(x_j | x_R) are scored given the rest R.
 
 Uniform subsets are drawn in one batched operation: each row gets i.i.d.
-uniform noise and the M smallest entries are masked (equivalently, the first
-M positions of a uniformly random permutation, as in the paper's code), so a
-whole block of masks of mixed sizes costs one sort.
+uniform random keys and the M smallest are masked (equivalently, the first M
+positions of a uniformly random permutation, as in the paper's code). The
+M-th smallest key of every row is found by a linear-time selection
+(``numpy.partition``, one call per distinct size) instead of a sort: at
+D = 512 this is about ten times cheaper than sorting noise.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import torch
 
 from ._validation import check_positive_int, make_generator
@@ -66,13 +69,46 @@ def sample_masks(num_tokens: int, sizes: int | torch.Tensor, *, num_masks: int |
     lead = (sizes_t.shape[0],) if num_data is None else (sizes_t.shape[0], int(num_data))
     if sizes_t.ndim == 2 and num_data is None:
         raise ValueError("sizes of shape (B, N) need num_data=N (one mask per datum).")
-    # float64 noise: ties have probability ~D^2 / 2^53, negligible.
-    noise = torch.rand(*lead, d, generator=g, dtype=torch.float64)
-    kth = noise.sort(dim=-1).values
     s = sizes_t if sizes_t.ndim == len(lead) else sizes_t.reshape(-1, *([1] * (len(lead) - 1)))
-    s = s.expand(*lead)
-    threshold = kth.gather(-1, (s - 1).unsqueeze(-1))
-    return noise <= threshold
+    s = s.expand(*lead).reshape(-1).numpy()
+    keys = _random_keys(g, s.shape[0], d)
+    thr = np.empty(s.shape[0], dtype=keys.dtype)
+    for rows, m in _size_groups(s):
+        thr[rows] = np.partition(keys[rows], m - 1, axis=-1)[:, m - 1]
+    return torch.from_numpy(keys <= thr[:, None]).reshape(*lead, d)
+
+
+def _random_keys(g: torch.Generator, rows: int, d: int) -> np.ndarray:
+    """Distinct uniformly ordered keys per row: random high bits, the column index below.
+
+    ``key_j = (u_j >> b) << b | j`` with u_j uniform 64-bit and ``b`` bits for j:
+    the keys of a row are all different (so a threshold at the M-th smallest
+    masks exactly M tokens) and their order is uniform up to ties of the
+    ``64 - b`` random bits (probability ~ D^2 / 2^(64 - b), negligible).
+    The 64-bit stream is seeded from ``g``, so the draw is reproducible.
+    """
+    seed = int(torch.randint(0, 2**62, (1,), generator=g))
+    raw = np.random.default_rng(seed).bit_generator.random_raw((rows, d))
+    bits = np.uint64(max(1, (d - 1).bit_length()))
+    raw >>= bits
+    raw <<= bits
+    raw |= np.arange(d, dtype=np.uint64)
+    return raw
+
+
+def _size_groups(s: np.ndarray) -> list[tuple[slice | np.ndarray, int]]:
+    """Rows of each distinct mask size: a slice where they are contiguous, else indices."""
+    if s.size and (s == s[0]).all():
+        return [(slice(None), int(s[0]))]
+    order = np.argsort(s, kind="stable")
+    vals, starts = np.unique(s[order], return_index=True)
+    ends = np.append(starts[1:], s.size)
+    out: list[tuple[slice | np.ndarray, int]] = []
+    for v, a, b in zip(vals, starts, ends, strict=True):
+        idx = order[a:b]
+        contiguous = idx[-1] - idx[0] + 1 == idx.size
+        out.append((slice(int(idx[0]), int(idx[-1]) + 1) if contiguous else idx, int(v)))
+    return out
 
 
 def all_masks(num_tokens: int, size: int) -> torch.Tensor:

@@ -139,5 +139,13 @@ class MaskedModel(nn.Module):
         """Sum of log p(x_j | x_R) over the masked positions of each mask: ``(B, N)``."""
         return self._log_conditionals(x, mask, generator).sum(dim=-1)
 
+    def _block_cost(self, num_data: int, shared: bool) -> int:
+        """Elements of temporaries per mask (sizes the blocks of masks in the estimators).
+
+        Default: one ``(N, D)`` array per mask. A model whose reduction over the
+        masked tokens needs less (e.g. PPCA with shared masks) overrides it.
+        """
+        return num_data * self.num_tokens
+
     def forward(self, x: Any, mask: Any) -> torch.Tensor:  # pragma: no cover - alias
         return self.log_conditionals(x, mask)

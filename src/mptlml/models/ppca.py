@@ -19,6 +19,17 @@ W_R^T W_R is summed over the observed dimensions only.
 Cost per block of T masks: two GEMMs against the T x D observed-indicator
 matrix (about 4 T D N K flops) plus T (or T N) K x K inverses.
 
+The sum over the masked tokens that the estimators need
+(:meth:`PPCA._masked_log_prob`) never forms a ``(T, N, D)`` array when the
+masks are shared across the data: with c_j = m_j / v_j (m the masked
+indicator, v_j the conditional variance, which then depends on the mask only)
+and u = A_R^{-1}(W_R^T e_R / sigma2 - z*),
+
+    sum_j m_j (e_j - w_j^T u)^2 / v_j
+        = sum_j c_j e_j^2 - 2 u^T sum_j c_j e_j w_j + u^T (sum_j c_j w_j w_j^T) u,
+
+three more GEMMs against the T x D matrix c.
+
 References
 ----------
 Tipping & Bishop (1999), "Probabilistic principal component analysis", JRSS-B.
@@ -234,6 +245,67 @@ class PPCA(MaskedModel):
         logdet = self.num_tokens * torch.log(s2) + torch.logdet(a)
         return (-0.5 * (self.num_tokens * _LOG_2PI + logdet + quad)).to(self.dtype)
 
+    def _block_cost(self, num_data: int, shared: bool) -> int:
+        """Elements of temporaries per mask in :meth:`_masked_log_prob` (sizes the blocks)."""
+        k = self.latent_dim
+        if shared:
+            return 4 * self.num_tokens + 4 * num_data * (k + 1)
+        return num_data * self.num_tokens
+
+    def _masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
+                         generator: torch.Generator | None) -> torch.Tensor:
+        """Sum of log p(x_j | x_R) over the masked tokens of each mask: ``(B, N)``.
+
+        Same quantity as ``_log_conditionals(...).sum(-1)``, computed without
+        the per-token array when masks are shared (see the module docstring)
+        and with fewer passes over it when they are not.
+        """
+        dtype = self.dtype
+        w = self.W
+        s2 = self.sigma2
+        d, k = w.shape
+        zs, e, _ = self._recentre(x)
+        zs, e = zs.to(dtype), e.to(dtype)
+        n = e.shape[0]
+        m = mask.to(dtype)  # masked indicator
+        r = 1.0 - m  # observed indicator
+        ww = (w[:, :, None] * w[:, None, :]).reshape(d, k * k)
+        eye = torch.eye(k, dtype=dtype, device=w.device)
+        num_masked = m.sum(-1)
+        if mask.ndim == 2:  # (B, D): shared masks, no (B, N, D) array
+            b = mask.shape[0]
+            # columns: w_j w_j^T (K^2) | e_nj w_jk, k-major (K N) | e_nj^2 (N)
+            ew = (w.T[:, None, :] * e[None, :, :]).reshape(k * n, d).T
+            basis = torch.cat([ww, ew, (e * e).T], dim=1)
+            obs = r @ basis[:, : k * k + k * n]
+            a_inv = _spd_inverse(eye + obs[:, : k * k].reshape(b, k, k) / s2)
+            hz = obs[:, k * k:].reshape(b, k, n) / s2 - zs.T  # W_R^T e_R / s2 - z*
+            u = a_inv @ hz  # (B, K, N)
+            var = s2 + a_inv.reshape(b, k * k) @ ww.T  # (B, D)
+            c = m / var
+            cb = c @ basis  # sum_j c_j [w_j w_j^T | e_j w_j | e_j^2]
+            cww = cb[:, : k * k].reshape(b, k, k)
+            cew = cb[:, k * k: k * k + k * n].reshape(b, k, n)
+            quad = (cb[:, k * k + k * n:] + (u * (cww @ u - 2.0 * cew)).sum(1))
+            logv = (m * torch.log(var)).sum(-1)  # (B,)
+            return -0.5 * ((num_masked * _LOG_2PI + logv)[:, None] + quad)
+        g = (r.reshape(-1, d) @ ww).reshape(*mask.shape[:-1], k, k)  # W_R^T W_R, observed
+        a_inv = _spd_inverse(eye + g / s2)
+        var = s2 + a_inv.reshape(-1, k * k) @ ww.T  # v_j = s2 + w_j^T A^-1 w_j
+        # (B, N, D): one mask per datum
+        var = var.reshape(mask.shape)
+        h = (r * e) @ w / s2
+        u = (a_inv @ (h - zs)[..., None])[..., 0]
+        inplace = not (torch.is_grad_enabled() and (w.requires_grad or s2.requires_grad
+                                                    or e.requires_grad))
+        res = e - u @ w.T
+        if inplace:
+            res.square_().div_(var).add_(var.log_()).mul_(m)
+            terms = res
+        else:
+            terms = m * (res * res / var + torch.log(var))
+        return -0.5 * (num_masked * _LOG_2PI + terms.sum(-1))
+
     def _log_conditionals(self, x: torch.Tensor, mask: torch.Tensor,
                           generator: torch.Generator | None) -> torch.Tensor:
         dtype = self.dtype
@@ -260,46 +332,3 @@ class PPCA(MaskedModel):
         logp = -0.5 * (_LOG_2PI + torch.log(var) + res * res / var)
         m = mask[:, None, :] if mask.ndim == 2 else mask
         return torch.where(m, logp, torch.zeros((), dtype=dtype, device=logp.device))
-
-    def _masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
-                         generator: torch.Generator | None) -> torch.Tensor:
-        """Sum over masked positions of log p(x_j | x_R), ``(B, N)``; fast path for shared masks.
-
-        For masks shared by the data, ``(B, D)``, with y = x - mu, the masked
-        residuals are linear in y, y_M - E[y_M | y_R] = (L_b y)_M with
-        ``L_b = I - W A_b^{-1} W^T diag(r_b) / sigma2`` (r_b the observed
-        indicator), so the sum over the mask is one quadratic form per mask::
-
-            sum_{j in M_b} log p(x_j | x_R)
-                = -1/2 [ |M_b| log 2 pi + sum_{j in M_b} log v_bj + y^T Q_b y ],
-            Q_b = L_b^T diag(m_b / v_b) L_b,   v_bj = sigma2 + w_j^T A_b^{-1} w_j.
-
-        Q_b is D x D and costs O(B D^2 K); the data enter through one GEMM, so
-        no (B, N, D) temporary is formed and autograd has few nodes. Computed
-        in float64 (then cast to the model's dtype), which keeps float32
-        models accurate without re-centring. Per-datum masks ``(B, N, D)`` use
-        the general conditionals.
-        """
-        if mask.ndim != 2:
-            return self._log_conditionals(x, mask, generator).sum(dim=-1)
-        f64 = torch.float64
-        w, s2 = self.W.to(f64), self.sigma2.to(f64)
-        d, k = w.shape
-        b = mask.shape[0]
-        y = x.to(f64) - self.mu.to(f64)
-        mf = mask.to(f64)
-        r = 1.0 - mf
-        ww = (w[:, :, None] * w[:, None, :]).reshape(d, k * k)
-        a_inv = _spd_inverse(torch.eye(k, dtype=f64, device=w.device)
-                             + (r @ ww).reshape(b, k, k) / s2)
-        wa = w @ a_inv  # (B, D, K)
-        var = s2 + (wa * w).sum(-1)  # (B, D)
-        ell = torch.eye(d, dtype=f64, device=w.device) - (wa @ w.T) * (r / s2)[:, None, :]
-        q = ell.transpose(1, 2) @ ((mf / var)[:, :, None] * ell)  # (B, D, D)
-        if d <= b:  # data outer products against vec(Q_b): (N, D^2) @ (D^2, B)
-            quad = (y[:, :, None] * y[:, None, :]).reshape(-1, d * d) @ q.reshape(b, d * d).T
-        else:  # (N, D) @ (D, B D), then contract with y
-            yq = (y @ q.permute(1, 0, 2).reshape(d, b * d)).reshape(-1, b, d)
-            quad = (yq * y[:, None, :]).sum(-1)
-        const = mf.sum(-1) * _LOG_2PI + (mf * torch.log(var)).sum(-1)
-        return (-0.5 * (const[:, None] + quad.T)).to(self.dtype)

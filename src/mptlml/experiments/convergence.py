@@ -1,0 +1,280 @@
+"""Fig. 1 and Table 1: the MPT estimate converges to the exact LML as masks accumulate.
+
+Setting (NOTES.md, "Settings of the experiments"): PPCA with K = 2 latent
+dimensions and noise variance sigma2 = 0.2 (precision beta = 5), N = 100
+observations, W with N(0, 1) entries. Three panels:
+
+- D = 5 and D = 50, all mask sizes (the cumulative estimator, Proposition 1)::
+
+      L_hat_P(x) = sum_{M=1..D} (1/P) sum_{p=1..P} (1/M) sum_{j in mask_p} log p(x_j | x_R),
+
+  unbiased, so it converges to the exact log p(x) as P grows;
+- D = 512 with a fixed 15% mask (M = 76), the fixed-rate objective of the
+  paper's code, ``D * S_hat(x; M)``: it converges too, but to
+  ``D * S(x; M) != log p(x)`` (a bias that no number of masks removes).
+
+The reported number is the negative MPT loss averaged over the N data, i.e.
+the MPT estimate of the mean LML per datum. The model and the data are fixed
+(``data_seed``); the ``num_seeds`` seeds vary only the masks, so the spread
+over seeds in ``table1.csv`` is the Monte Carlo spread of the estimator that
+Table 1 of the paper reports (0.47, 0.12, 0.03 at P = 1, 10, 100). Masks are
+drawn in one sequence of ``max_masks`` per size and the estimate at P uses its
+first P masks, so each seed traces one path as masks accumulate.
+
+Data come from the model itself (``noise="independent"``, eps ~ N(0, sigma2 I))
+by default; ``noise="shared"`` reproduces the authors' generator (one noise
+value per observation shared by all D dimensions, standard deviation sigma2),
+see NOTES.md. Masks are drawn independently per datum by default;
+``share_masks=True`` shares each mask across the batch as the paper's code.
+
+Reference: Moreno-Munoz, Recasens, Hauberg (NeurIPS 2023), Sec. 3.1, Fig. 1,
+Table 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._validation import check_positive_int, check_rate
+from ..estimators import fixed_rate_size, score_masks
+from ..models import PPCA
+from .common import RunDir
+
+__all__ = ["Config", "run", "summary"]
+
+_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+@dataclass
+class Config:
+    """Settings of the convergence experiment (defaults: the paper's full settings).
+
+    Attributes
+    ----------
+    num_data : int
+        N observations.
+    latent_dim : int
+        K of the PPCA.
+    sigma2 : float
+        Noise variance (1 / beta).
+    dims : tuple of int
+        D of the all-sizes panels (cumulative estimator).
+    fixed_dim : int
+        D of the fixed-rate panel (0 to skip it).
+    fixed_rate : float
+        Masking rate of the fixed-rate panel; M = floor(rate * D) (76 at D = 512).
+    num_seeds : int
+        Mask seeds (repetitions of the whole mask sequence).
+    max_masks : int
+        Largest P, masks per size and datum.
+    table_masks : tuple of int
+        P values of ``table1.csv`` (each <= max_masks).
+    noise : str
+        ``"independent"`` (faithful) or ``"shared"`` (the authors' generator).
+    share_masks : bool
+        Share each mask across the data (the paper's code) instead of one
+        mask per datum.
+    data_seed : int
+        Seed of W and of the data.
+    seed : int
+        Base seed of the masks; seed ``s`` of the repetition uses ``seed + s``.
+    dtype : str
+        ``"float64"`` or ``"float32"``.
+    """
+
+    num_data: int = 100
+    latent_dim: int = 2
+    sigma2: float = 0.2
+    dims: tuple[int, ...] = (5, 50)
+    fixed_dim: int = 512
+    fixed_rate: float = 0.15
+    num_seeds: int = 5
+    max_masks: int = 300
+    table_masks: tuple[int, ...] = (1, 10, 100)
+    noise: str = "independent"
+    share_masks: bool = False
+    data_seed: int = 0
+    seed: int = 0
+    dtype: str = "float64"
+
+    @classmethod
+    def quick(cls) -> Config:
+        """A small setting for tests (a few seconds on 2 cores)."""
+        return cls(num_data=40, dims=(5, 20), fixed_dim=128, num_seeds=4, max_masks=100,
+                   table_masks=(1, 10, 100))
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` on inconsistent settings."""
+        check_positive_int(self.num_data, "num_data")
+        check_positive_int(self.latent_dim, "latent_dim")
+        check_positive_int(self.num_seeds, "num_seeds")
+        check_positive_int(self.max_masks, "max_masks")
+        check_rate(self.fixed_rate, "fixed_rate")
+        if not self.sigma2 > 0:
+            raise ValueError(f"sigma2 must be positive, got {self.sigma2}.")
+        if self.noise not in ("independent", "shared"):
+            raise ValueError(f"noise must be 'independent' or 'shared', got {self.noise!r}.")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}.")
+        if not self.dims and not self.fixed_dim:
+            raise ValueError("nothing to run: give at least one of dims or fixed_dim.")
+        for d in (*self.dims, *((self.fixed_dim,) if self.fixed_dim else ())):
+            if d <= self.latent_dim:
+                raise ValueError(f"every D must exceed latent_dim={self.latent_dim}; got D={d}.")
+        bad = [p for p in self.table_masks if not 1 <= p <= self.max_masks]
+        if bad:
+            raise ValueError(
+                f"table_masks {bad} must lie in 1..max_masks={self.max_masks}; raise max_masks."
+            )
+
+
+def _mask_grid(max_masks: int, extra: tuple[int, ...]) -> list[int]:
+    """P values plotted: about 12 per decade from 1 to ``max_masks``, plus ``extra``."""
+    num = max(2, int(12 * math.log10(max_masks)) + 1)
+    grid = np.unique(np.round(np.logspace(0, math.log10(max_masks), num)).astype(int))
+    return sorted(set(grid.tolist()) | set(extra) | {max_masks})
+
+
+def _panel(cfg: Config, d: int, mask_size: int | None, grid: list[int]) -> dict[str, Any]:
+    """One panel: the estimate against P for every mask seed.
+
+    Returns the estimates ``(num_seeds, len(grid))``, the exact mean LML, and
+    the pooled estimate over all seeds' masks with its standard error.
+    """
+    dtype = _DTYPES[cfg.dtype]
+    model = PPCA.random(d, cfg.latent_dim, sigma2=cfg.sigma2, seed=cfg.data_seed * 1000 + d,
+                        dtype=dtype)
+    x = model.sample(cfg.num_data, generator=cfg.data_seed * 1000 + d + 1, noise=cfg.noise)
+    with torch.no_grad():
+        exact = float(model.log_marginal(x).double().mean())
+    p_max = cfg.max_masks
+    sizes = list(range(1, d + 1)) if mask_size is None else [mask_size]
+    rows = torch.tensor(sizes, dtype=torch.long).repeat_interleave(p_max)
+    paths, totals = [], []
+    with torch.no_grad():
+        for s in range(cfg.num_seeds):
+            g = torch.Generator().manual_seed(cfg.seed + s)
+            sc = score_masks(model, x, rows, share_masks=cfg.share_masks, generator=g)
+            sc = sc.view(len(sizes), p_max, cfg.num_data)
+            # per-mask total over sizes: sum_M S_hat (all sizes) or D * S_hat (fixed rate)
+            per_mask = sc.sum(0) if mask_size is None else d * sc[0]  # (P, N)
+            per_mask_mean = per_mask.mean(1)  # (P,): average over the data
+            running = per_mask_mean.cumsum(0) / torch.arange(1, p_max + 1, dtype=torch.float64)
+            paths.append(running[[p - 1 for p in grid]])
+            totals.append(per_mask_mean)
+    paths_t = torch.stack(paths)  # (seeds, len(grid))
+    pooled = torch.cat(totals)  # i.i.d. over masks
+    pooled_se = float(pooled.std(correction=1) / math.sqrt(pooled.numel()))
+    return {
+        "D": d,
+        "estimator": "cumulative" if mask_size is None else "fixed-rate",
+        "mask_size": mask_size,
+        "rate": None if mask_size is None else mask_size / d,
+        "exact_lml": exact,
+        "P": grid,
+        "estimates": paths_t.tolist(),
+        "mean_over_seeds": paths_t.mean(0).tolist(),
+        "sd_over_seeds": (paths_t.std(0, correction=1).tolist() if cfg.num_seeds > 1
+                          else [float("nan")] * len(grid)),
+        "pooled_estimate": float(pooled.mean()),
+        "pooled_stderr": pooled_se,
+        "pooled_num_masks": int(pooled.numel()),
+        "bias": float(pooled.mean()) - exact,
+    }
+
+
+def _fmt(m: float, s: float) -> str:
+    return f"{m:.2f} ± {s:.2f}" if math.isfinite(s) else f"{m:.2f}"
+
+
+def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
+    """Run every panel, write ``table1.csv``, ``series.csv`` and ``fig1.png/.pdf``."""
+    cfg.validate()
+    grid = _mask_grid(cfg.max_masks, tuple(cfg.table_masks))
+    specs: list[tuple[str, int, int | None]] = [(f"D={d}, all sizes", d, None) for d in cfg.dims]
+    if cfg.fixed_dim:
+        m = fixed_rate_size(cfg.fixed_rate, cfg.fixed_dim)
+        specs.append((f"D={cfg.fixed_dim}, fixed {cfg.fixed_rate:.0%} (M={m})", cfg.fixed_dim, m))
+    print(f"convergence: PPCA K={cfg.latent_dim}, sigma2={cfg.sigma2}, N={cfg.num_data}, "
+          f"{cfg.noise} noise generator "
+          f"({'faithful: eps ~ N(0, sigma2 I)' if cfg.noise == 'independent' else 'the authors: one shared noise value per observation, sd sigma2'}), "  # noqa: E501
+          f"masks {'shared across data' if cfg.share_masks else 'independent per datum'}, "
+          f"{cfg.num_seeds} mask seeds, P up to {cfg.max_masks}.")
+    panels = {}
+    for name, d, m in specs:
+        panels[name] = _panel(cfg, d, m, grid)
+        panels[name]["panel"] = name
+
+    table, series = [], []
+    for name, pan in panels.items():
+        for p in cfg.table_masks:
+            i = pan["P"].index(p)
+            mean, sd = pan["mean_over_seeds"][i], pan["sd_over_seeds"][i]
+            table.append({
+                "panel": name, "D": pan["D"], "estimator": pan["estimator"],
+                "mask_size": pan["mask_size"] if pan["mask_size"] else "all", "P": p,
+                "mean_estimate": mean, "sd_over_seeds": sd,
+                "estimate": _fmt(mean, sd), "exact_lml": pan["exact_lml"],
+                "mean_minus_exact": mean - pan["exact_lml"], "num_seeds": cfg.num_seeds,
+            })
+        for s, path in enumerate(pan["estimates"]):
+            for p, v in zip(pan["P"], path, strict=True):
+                series.append({"panel": name, "D": pan["D"], "estimator": pan["estimator"],
+                               "seed": cfg.seed + s, "P": p, "estimate": v,
+                               "exact_lml": pan["exact_lml"]})
+    run_dir.write_csv("table1.csv", table)
+    run_dir.write_csv("series.csv", series)
+    _figure(cfg, panels, run_dir)
+    return {
+        "noise": cfg.noise,
+        "noise_description": ("independent per dimension, eps ~ N(0, sigma2 I) (faithful)"
+                              if cfg.noise == "independent" else
+                              "shared across dimensions, sd sigma2 (the authors' code)"),
+        "share_masks": cfg.share_masks,
+        "quantity": "negative MPT loss = MPT estimate of the mean log p(x) per datum (nats)",
+        "paper_table1_sd": {"1": 0.47, "10": 0.12, "100": 0.03},
+        "panels": panels,
+        "table1": table,
+    }
+
+
+def _figure(cfg: Config, panels: dict[str, dict[str, Any]], run_dir: RunDir) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
+    for ax, (name, pan) in zip(axes[0], panels.items(), strict=True):
+        p = np.asarray(pan["P"])
+        est = np.asarray(pan["estimates"])
+        for i, row in enumerate(est):
+            ax.plot(p, row, color="C0", lw=0.8, alpha=0.6, label="MPT estimate (per seed)"
+                    if i == 0 else None)
+        mean = est.mean(0)
+        ax.plot(p, mean, color="C0", lw=2, label="mean over seeds")
+        ax.axhline(pan["exact_lml"], color="k", ls="--", lw=1.2,
+                   label=f"exact LML {pan['exact_lml']:.2f}")
+        if pan["estimator"] == "fixed-rate":
+            ax.axhline(pan["pooled_estimate"], color="C3", ls=":", lw=1.2,
+                       label=f"fixed-rate limit (bias {pan['bias']:+.2f})")
+        ax.set_xscale("log")
+        ax.set_xlabel("P, masks per size" if pan["estimator"] == "cumulative" else "P, masks")
+        ax.set_title(name)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("negative MPT loss (nats per datum)")
+    fig.suptitle(f"PPCA K={cfg.latent_dim}, sigma2={cfg.sigma2}, N={cfg.num_data}, "
+                 f"{cfg.noise} noise", fontsize=10)
+    fig.tight_layout()
+    run_dir.save_figure(fig, "fig1")
+
+
+def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Table 1 rows: panel, P, mean ± sd over seeds, exact LML."""
+    return [{"panel": r["panel"], "P": r["P"], "MPT estimate": r["estimate"],
+             "exact LML": round(r["exact_lml"], 3)} for r in results["table1"]]
