@@ -29,6 +29,7 @@ __all__ = ["EXPERIMENTS", "run_all", "get_experiment", "run_experiment"]
 EXPERIMENTS: dict[str, str] = {
     "convergence": "mptlml.experiments.convergence",
     "training": "mptlml.experiments.training",
+    "latent": "mptlml.experiments.latent",
     "area": "mptlml.experiments.area",
     "curve-evolution": "mptlml.experiments.curve_evolution",
     "antibody": "mptlml.experiments.antibody",

@@ -2,11 +2,14 @@
 
 ``ExactLML``   log p(x_n), for models with ``log_marginal``;
 ``MPTLoss``    the masked pre-training estimate of log p(x_n) (cumulative,
-               random-size or fixed-rate).
+               random-size or fixed-rate);
+``ELBO``       evidence lower bound of a VAE (reparameterised, closed-form KL);
+``IWAE``       importance-weighted bound with ``num_samples`` draws.
 """
 
 from .base import Objective
 from .exact import ExactLML
+from .latent import ELBO, IWAE
 from .mpt import MPT_ESTIMATORS, MPTLoss
 
-__all__ = ["MPT_ESTIMATORS", "ExactLML", "MPTLoss", "Objective"]
+__all__ = ["ELBO", "IWAE", "MPT_ESTIMATORS", "ExactLML", "MPTLoss", "Objective"]

@@ -1,0 +1,62 @@
+"""`mptlml reproduce latent --quick`: outputs and the paper's findings on digits."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from mptlml.cli import main
+from mptlml.experiments.latent import Config
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("latent") / "run"
+    assert main(["reproduce", "latent", "--quick", "--out", str(out)]) == 0
+    return out
+
+
+def test_outputs_written(quick_run):
+    names = {p.name for p in quick_run.iterdir()}
+    assert {"results.json", "linear.csv", "deep.csv", "fig3.png", "fig3.pdf"} <= names
+    data = json.loads((quick_run / "results.json").read_text())
+    assert data["experiment"] == "latent" and data["results"]["quick"] is True
+    rows = list(csv.DictReader((quick_run / "linear.csv").open()))
+    cfg = Config.quick()
+    assert {r["objective"] for r in rows} == {"elbo", "mpt"}
+    assert len(rows) == 2 * (cfg.linear_epochs // cfg.eval_every + 1)
+
+
+def test_mpt_reaches_the_elbo_lml_on_digits(quick_run):
+    """Paper, Fig. 3 top: both objectives reach a similar LML (MPT no more than 2% below)."""
+    r = json.loads((quick_run / "results.json").read_text())["results"]["linear"]["digits"]
+    elbo, mpt = r["elbo"]["lml"], r["mpt"]["lml"]
+    assert mpt >= elbo - 0.02 * abs(elbo), (mpt, elbo)
+    rows = [x for x in csv.DictReader((quick_run / "linear.csv").open())
+            if x["objective"] == "mpt"]
+    assert float(rows[-1]["lml"]) > float(rows[0]["lml"]) + 1  # it learned
+
+
+def test_deep_vae_is_lml_increases_under_mpt(quick_run):
+    r = json.loads((quick_run / "results.json").read_text())["results"]["deep"]["digits"]
+    assert r["mpt"]["is_lml"] > r["mpt"]["is_lml_initial"] + 10
+    rows = [float(x["is_lml"]) for x in csv.DictReader((quick_run / "deep.csv").open())
+            if x["objective"] == "mpt"]
+    assert rows[-1] > rows[len(rows) // 2] > rows[0]
+
+
+def test_missing_dataset_is_skipped_with_reason(tmp_path, monkeypatch):
+    import datasets
+
+    from mptlml.experiments import run_experiment
+
+    monkeypatch.setattr(datasets, "load_dataset",
+                        lambda *a, **k: (_ for _ in ()).throw(ConnectionError("offline")))
+    res = run_experiment("latent", tmp_path / "r", quick=True, overrides={
+        "datasets": ("mnist", "digits"), "vae_datasets": (), "linear_epochs": 2,
+        "eval_every": 1, "num_data": 50})
+    assert "mnist" in res["results"]["skipped"]
+    assert "path=" in res["results"]["skipped"]["mnist"]
+    assert set(res["results"]["linear"]) == {"digits"}

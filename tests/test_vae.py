@@ -1,0 +1,113 @@
+"""Deep Gaussian VAE: Monte Carlo conditionals against quadrature, IS LML, bad inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mptlml
+from mptlml.masks import sample_masks
+from mptlml.models import GaussianVAE, latent_quadrature
+
+from .conformance import ModelConformance
+
+
+class TestGaussianVAEConformance(ModelConformance):
+    exhaustive_atol = None  # log_marginal is itself an IS estimate
+
+    def make_model(self, dtype):
+        return GaussianVAE(6, 2, hidden=(16,), num_samples=16, lml_samples=32, seed=0,
+                           dtype=dtype)
+
+    def make_data(self, model, n):
+        return model.sample(n, generator=1)
+
+
+class TestGaussianVAEIteratedConformance(TestGaussianVAEConformance):
+    def make_model(self, dtype):
+        return GaussianVAE(6, 2, hidden=(16,), conditional="iterated", num_samples=8,
+                           iterations=3, lml_samples=32, seed=0, dtype=dtype)
+
+
+def _quadrature_conditionals(model, x, mask, num_points=80):
+    """log p(x_j | x_R) by a Gauss-Hermite rule over the K = 2 latent space (reference)."""
+    nodes, lw = latent_quadrature(2, "gauss-hermite", num_points)
+    with torch.no_grad():
+        ll = model.decoder_log_prob_tokens(x, nodes[:, None, :])  # (G, N, D)
+    out = torch.zeros(mask.shape[0], *x.shape, dtype=torch.float64)
+    for b in range(mask.shape[0]):
+        r = (~mask[b]).double()
+        obs = lw[:, None] + (ll * r).sum(-1)  # (G, N)
+        num = torch.logsumexp(obs[..., None] + ll, 0)
+        out[b] = torch.where(mask[b], num - torch.logsumexp(obs, 0)[:, None], 0.0)
+    return out
+
+
+def _smooth_vae():
+    model = GaussianVAE(5, 2, hidden=(16,), sigma2=0.3, num_samples=4, seed=3)
+    with torch.no_grad():  # a wide proposal so that importance sampling is well behaved
+        model.encoder[-1].weight.mul_(0.1)
+        model.encoder[-1].bias.zero_()
+    return model
+
+
+def test_is_conditionals_converge_to_quadrature():
+    model = _smooth_vae()
+    x = model.sample(4, generator=4)
+    mask = sample_masks(5, torch.tensor([1, 2, 4, 5]), num_data=4, generator=5)
+    ref = _quadrature_conditionals(model, x, mask)
+    errs = []
+    for s in (16, 256, 65536):  # MC error ~ 1/sqrt(s): 0.02 at 16384 for unlucky draws
+        model.num_samples = s
+        with torch.no_grad():
+            est = model.log_conditionals(x, mask, generator=torch.Generator().manual_seed(6))
+        errs.append(float((est - ref).abs().max()))
+    assert errs[-1] < 0.02, errs
+    assert errs[-1] < errs[0] / 4, errs
+
+
+def test_is_lml_converges_to_quadrature():
+    model = _smooth_vae()
+    x = model.sample(5, generator=7)
+    nodes, lw = latent_quadrature(2, "gauss-hermite", 80)
+    with torch.no_grad():
+        lml = torch.logsumexp(lw[:, None] + model.decoder_log_prob_tokens(
+            x, nodes[:, None, :]).sum(-1), 0)
+        model.lml_samples = 20_000
+        est = model.log_marginal(x)
+    assert (est - lml).abs().max() < 0.02
+    # the exhaustive MPT sum of SNIS conditionals agrees too
+    model.num_samples = 4096
+    res = mptlml.estimate_lml(model, x, "exhaustive")
+    assert (res.per_sample - lml).abs().max() < 0.03
+
+
+def test_iterated_conditionals_deterministic_and_finite():
+    model = GaussianVAE(6, 2, hidden=(16,), conditional="iterated", num_samples=8,
+                        iterations=4, seed=1)
+    x = model.sample(3, generator=0)
+    mask = sample_masks(6, torch.tensor([2, 6]), generator=1)
+    a = model.log_conditionals(x, mask, generator=torch.Generator().manual_seed(2))
+    b = model.log_conditionals(x, mask, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(a, b) and torch.isfinite(a).all()
+    a.sum().backward()  # the last encode/decode is differentiable
+    assert model.decoder[0].weight.grad is not None
+
+
+def test_log_marginal_deterministic():
+    model = GaussianVAE(6, 2, hidden=(8,), lml_samples=64)
+    x = model.sample(3, generator=0)
+    assert torch.equal(model.log_marginal(x), model.log_marginal(x))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"num_samples": 0}, "num_samples"),
+    ({"num_samples": -1}, "num_samples"),
+    ({"lml_samples": 0}, "lml_samples"),
+    ({"iterations": 0}, "iterations"),
+    ({"conditional": "gibbs"}, "conditional must be one of"),
+    ({"sigma2": 1e-4}, "min_sigma2"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GaussianVAE(4, 2, **kwargs)
