@@ -215,11 +215,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mptlml`` command."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .sequences import shutdown_distributed
+
+    ok = False
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        ok = True
+        return code
     except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
         print(f"mptlml: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        shutdown_distributed(synchronise=ok)
 
 
 if __name__ == "__main__":  # pragma: no cover

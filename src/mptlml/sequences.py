@@ -57,6 +57,7 @@ __all__ = [
     "MLMCurveResult",
     "default_rates",
     "distributed_context",
+    "shutdown_distributed",
     "mask_sizes",
     "mlm_curve",
     "mlm_estimate_lml",
@@ -149,6 +150,25 @@ def distributed_context() -> _Dist:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend=backend)
     return _Dist(dist.get_rank(), dist.get_world_size())
+
+
+def shutdown_distributed(*, synchronise: bool = True) -> None:
+    """Tear down the process group that :func:`distributed_context` opened.
+
+    Every rank waits for the others (``synchronise``) and then destroys the
+    group, so that no rank exits while gloo/nccl threads still run (which
+    aborts the process with ``terminate called without an active exception``).
+    A no-op outside ``torchrun``/``accelerate launch``.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if synchronise:
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
 def _seq_seed(seed: int, index: int) -> int:
