@@ -1,4 +1,4 @@
-"""`mptlml select`: choosing PPCA's latent dimension by held-out MPT."""
+"""`mptlml select`: choosing the latent dimension (PPCA, Bernoulli LVM) by held-out MPT."""
 
 from __future__ import annotations
 
@@ -98,6 +98,10 @@ def test_cli_select_file_input(tmp_path, capsys):
     (["--data", "wine", "--k-max", "13"], "must be smaller than D=13"),
     (["--data", "synthetic", "--k-max", "3"], "needs --true-k"),
     (["--data", "nope", "--k-max", "3"], "no such file"),
+    (["--data", "wine", "--k-max", "2", "--family", "bernoulli"], "needs binary data"),
+    (["--data", "digits", "--k-max", "4", "--family", "bernoulli"], "allows K <= 3"),
+    (["--data", "digits", "--k-max", "2", "--family", "bernoulli", "--standardise", "yes"],
+     "needs 0/1 data"),
 ])
 def test_cli_select_errors(tmp_path, capsys, argv, match):
     out = tmp_path / "o"
@@ -115,5 +119,37 @@ def test_library_errors():
     with pytest.raises(ValueError, match="too large for D=5"):
         select_latent_dim(x, 5)
     with pytest.raises(ValueError, match="unknown model family"):
+        select_latent_dim(x, 2, family="gmm")
+    assert {"ppca", "bernoulli"} <= set(FAMILIES)
+    with pytest.raises(ValueError, match="needs binary data"):
         select_latent_dim(x, 2, family="bernoulli")
-    assert "ppca" in FAMILIES
+    with pytest.raises(ValueError, match="needs 0/1 data"):
+        select_latent_dim((x > 0).astype(float), 2, family="bernoulli", standardise=True)
+    with pytest.raises(ValueError, match="too large"):
+        select_latent_dim((x > 0).astype(float), 4, family="bernoulli")
+
+
+# ---------------------------------------------------------------------- Bernoulli family
+def test_bernoulli_synthetic_mpt_agrees_with_exact(tmp_path, capsys):
+    """Bernoulli latent linear model (K <= 3): MPT picks the true K, as the exact LML does."""
+    assert main(["select", "--data", "synthetic", "--family", "bernoulli", "--true-k", "2",
+                 "--k-max", "3", "--out", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "MPT: K = 2" in out and "Exact: K = 2" in out
+    assert "Minka" not in out
+    res = json.loads((tmp_path / "b" / "results.json").read_text())["results"]
+    assert res["family"] == "bernoulli" and res["resolved"]
+    for m, s, e in zip(res["mpt"], res["mpt_stderr"], res["exact"], strict=True):
+        assert abs(m - e) < 5 * s, (m, e, s)  # unbiased for the quadrature LML
+
+
+def test_bernoulli_exact_is_quadrature_lml_of_fitted_model():
+    x, _ = load_dataset("synthetic", true_k=1, num_data=120, num_tokens=8, seed=0,
+                        family="bernoulli")
+    assert set(np.unique(x)) <= {0.0, 1.0}
+    model = FAMILIES["bernoulli"].fit(torch.from_numpy(x), 1, seed=0)
+    # maximum likelihood beats the independent-Bernoulli start (W = 0)
+    p = x.mean(0).clip(1e-3, 1 - 1e-3)
+    indep = (x * np.log(p) + (1 - x) * np.log1p(-p)).sum(1).mean()
+    with torch.no_grad():
+        assert float(model.log_marginal(torch.from_numpy(x)).mean()) > indep

@@ -117,7 +117,7 @@ def _cmd_select(args: argparse.Namespace) -> int:
     std = None if args.standardise is None else args.standardise == "yes"
     run_selection(args.data, args.k_max, args.out, true_k=args.true_k, standardise=std,
                   overwrite=args.overwrite, num_masks=args.num_masks,
-                  max_masks=args.max_masks, seed=args.seed)
+                  max_masks=args.max_masks, seed=args.seed, family=args.family)
     return 0
 
 
@@ -191,15 +191,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run directories (or a `reproduce all` directory)")
     p.add_argument("--out", default=None, help="where to write the report (default: first RUN)")
     p.set_defaults(func=_cmd_report)
-    p = sub.add_parser("select", help="choose PPCA's latent dimension K by held-out MPT",
-                       description="Choose PPCA's latent dimension K by the held-out log-marginal "
-                       "likelihood estimated with MPT, beside the exact held-out LML, BIC and "
+    p = sub.add_parser("select", help="choose a latent dimension K by held-out MPT",
+                       description="Choose the latent dimension K of PPCA (or of the Bernoulli "
+                       "latent linear model, K <= 3) by the held-out log-marginal likelihood "
+                       "estimated with MPT, beside the exact held-out LML, BIC and, for PPCA, "
                        "scikit-learn's PCA(n_components='mle') (Minka).")
     p.add_argument("--data", required=True,
                    help="a .npy/.csv matrix (N, D), or digits, wine, breast_cancer, synthetic")
     p.add_argument("--k-max", type=int, required=True, help="largest K to try (>= 1, < D)")
     p.add_argument("--out", default="runs/select", help="run directory (default runs/select)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    p.add_argument("--family", choices=("ppca", "bernoulli"), default="ppca",
+                   help="model family: ppca (continuous data, default) or bernoulli (0/1 data, "
+                        "K <= 3)")
     p.add_argument("--true-k", type=int, default=None, help="latent dimension of --data synthetic")
     p.add_argument("--standardise", choices=("yes", "no"), default=None,
                    help="z-score columns (default: yes for the built-in real data sets)")

@@ -22,9 +22,15 @@ of masks P is doubled (new masks appended) until the best K leads every other
 by more than ``z`` paired standard errors, or until ``max_masks``; the result
 says whether the choice was resolved.
 
-Extension point: a model family is a :class:`ModelFamily` (``fit``,
-``num_params``, ``max_k``) registered in :data:`FAMILIES`. The Bernoulli
-latent model of the paper (K <= 3) plugs in there; only ``"ppca"`` exists now.
+Model families (:data:`FAMILIES`; a family is a :class:`ModelFamily` with
+``fit``, ``num_params`` and ``max_k``):
+
+- ``"ppca"``: PPCA fitted in closed form; continuous data.
+- ``"bernoulli"``: the Bernoulli latent linear model p(x|z) = Bernoulli(sigmoid(W z + b)),
+  K <= 3, fitted by Adam on its quadrature LML (tensor Gauss-Hermite rule);
+  binary data. "Exact" is then the quadrature LML, the quantity the
+  exhaustive MPT sum reproduces to rounding error; BIC counts
+  ``D K - K (K - 1) / 2 + D`` parameters; Minka applies to PCA only.
 
 References
 ----------
@@ -69,7 +75,7 @@ class ModelFamily(Protocol):
 
     name: str
 
-    def fit(self, x: torch.Tensor, k: int) -> MaskedModel:
+    def fit(self, x: torch.Tensor, k: int, *, seed: int = 0) -> MaskedModel:
         """Fit the model with latent dimension ``k`` to training data ``(N, D)``."""
 
     def num_params(self, d: int, k: int) -> int:
@@ -84,7 +90,7 @@ class _PPCAFamily:
 
     name = "ppca"
 
-    def fit(self, x: torch.Tensor, k: int) -> MaskedModel:
+    def fit(self, x: torch.Tensor, k: int, *, seed: int = 0) -> MaskedModel:
         return PPCA.fit(x, k)
 
     def num_params(self, d: int, k: int) -> int:
@@ -94,8 +100,46 @@ class _PPCAFamily:
         return d - 1
 
 
-#: family name -> implementation. Add the Bernoulli latent model (K <= 3) here.
-FAMILIES: dict[str, ModelFamily] = {"ppca": _PPCAFamily()}
+class _BernoulliFamily:
+    """Bernoulli latent linear model, maximum likelihood by Adam on the quadrature LML.
+
+    The quadrature is a tensor Gauss-Hermite rule with ``points[K]`` nodes per
+    axis (40, 20, 10 for K = 1, 2, 3: at most 1000 nodes). Initialisation:
+    small random W (seeded by the selection's ``seed`` + K) and b at the logits of the column
+    means, so every K starts from the same independent-Bernoulli fit.
+    """
+
+    name = "bernoulli"
+    points = {1: 40, 2: 20, 3: 10}
+
+    def __init__(self, epochs: int = 300, lr: float = 0.05) -> None:
+        self.epochs, self.lr = epochs, lr
+
+    def fit(self, x: torch.Tensor, k: int, *, seed: int = 0) -> MaskedModel:
+        from .models import BernoulliLVM
+        from .objectives import ExactLML
+        from .training import train
+
+        d = x.shape[1]
+        g = torch.Generator().manual_seed(seed + k)
+        w = 0.1 * torch.randn(d, k, generator=g, dtype=torch.float64)
+        mean = x.double().mean(0).clamp(0.5 / x.shape[0], 1.0 - 0.5 / x.shape[0])
+        model = BernoulliLVM(w, torch.logit(mean), quadrature="gauss-hermite",
+                             num_points=self.points[k])
+        model.validate_data(x)
+        train(model, ExactLML(model), x, epochs=self.epochs, lr=self.lr, seed=seed,
+              progress=False, record_initial=False)
+        return model
+
+    def num_params(self, d: int, k: int) -> int:
+        return d * k - k * (k - 1) // 2 + d
+
+    def max_k(self, d: int) -> int:
+        return min(3, d - 1)
+
+
+#: family name -> implementation.
+FAMILIES: dict[str, ModelFamily] = {"ppca": _PPCAFamily(), "bernoulli": _BernoulliFamily()}
 
 
 # ---------------------------------------------------------------------- result
@@ -151,21 +195,36 @@ class SelectionResult:
 
 # ---------------------------------------------------------------------- data
 def load_dataset(name: str, *, true_k: int | None = None, num_data: int = 500,
-                 num_tokens: int = 20, sigma2: float = 1.0, seed: int = 0
-                 ) -> tuple[np.ndarray, str]:
+                 num_tokens: int = 20, sigma2: float = 1.0, seed: int = 0,
+                 family: str = "ppca") -> tuple[np.ndarray, str]:
     """A built-in data set by name, and a one-line description.
 
     ``digits``, ``wine`` and ``breast_cancer`` come from scikit-learn (they are
     standardised later by :func:`select_latent_dim`). ``synthetic`` draws
     ``num_data`` observations of D = ``num_tokens`` from a PPCA with
     ``true_k`` latent dimensions, W with N(0, 1) entries and noise ``sigma2``.
+
+    For ``family="bernoulli"`` the data are binary: ``digits`` binarised at
+    half intensity (as the paper's images), and ``synthetic`` drawn from a
+    Bernoulli latent linear model with W ~ N(0, 2^2) and b ~ N(0, 1).
     """
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; choose one of {sorted(FAMILIES)}.")
     if name == "synthetic":
         if true_k is None:
             raise ValueError("the synthetic data set needs --true-k (its latent dimension K).")
         k = check_positive_int(true_k, "true_k")
         if k >= num_tokens:
             raise ValueError(f"--true-k must be smaller than D={num_tokens}; got {k}.")
+        if family == "bernoulli":
+            from .models import BernoulliLVM
+
+            if k > FAMILIES["bernoulli"].max_k(num_tokens):
+                raise ValueError(f"--true-k {k}: the bernoulli family allows K <= 3.")
+            lvm = BernoulliLVM.random(num_tokens, k, scale=2.0, seed=seed)
+            x = lvm.sample(num_data, generator=seed + 1).numpy()
+            return x, (f"synthetic binary data from a Bernoulli latent linear model: "
+                       f"N={num_data}, D={num_tokens}, true K={k}, seed={seed}")
         model = PPCA.random(num_tokens, k, sigma2=sigma2, seed=seed)
         x = model.sample(num_data, generator=seed + 1).numpy()
         return x, (f"synthetic PPCA data: N={num_data}, D={num_tokens}, true K={k}, "
@@ -176,6 +235,14 @@ def load_dataset(name: str, *, true_k: int | None = None, num_data: int = 500,
             f"unknown data set {name!r}; pass a .npy/.csv file or one of "
             f"{', '.join(BUILTIN_DATASETS)}."
         )
+    if family == "bernoulli":
+        if name != "digits":
+            raise ValueError(f"{name} is continuous; the bernoulli family needs binary data: "
+                             "use digits, synthetic or a 0/1 matrix file, or --family ppca.")
+        from .data import load_images
+
+        x = load_images("digits", binarized=True).numpy()
+        return x, f"scikit-learn digits binarised at 0.5 (N={x.shape[0]}, D={x.shape[1]})"
     import sklearn.datasets
 
     x = getattr(sklearn.datasets, loaders[name])().data.astype(np.float64)
@@ -207,10 +274,10 @@ def _mpt_samples(models: list[MaskedModel], x: torch.Tensor, p: int, seed: int,
     rows = torch.arange(1, d + 1).repeat_interleave(p)
     masks = sample_masks(d, rows, num_data=None if share_masks else n,
                          generator=torch.Generator().manual_seed(seed))
-    per = max(1, BLOCK_ELEMENTS // (n * d))
     out = []
     with torch.no_grad():
         for model in models:
+            per = max(1, BLOCK_ELEMENTS // max(1, model._block_cost(n, share_masks)))
             s = torch.cat([model._masked_log_prob(x, masks[i:i + per], None).double()
                            for i in range(0, masks.shape[0], per)])  # (D * P, N)
             s = s / rows[:, None].double()
@@ -280,6 +347,9 @@ def select_latent_dim(x: Any, k_max: int, *, x_test: Any = None, test_fraction: 
         notes.append(f"held out {n_test} of {xa.shape[0]} rows at random (seed {seed})")
     else:
         x_tr, x_te = xa, check_data(x_test, xa.shape[1], dtype=torch.float64).numpy()
+    if standardise and family == "bernoulli":
+        raise ValueError("standardise=True makes binary data continuous; the bernoulli family "
+                         "needs 0/1 data: pass standardise=False.")
     if standardise:
         x_tr, x_te, more = _standardise(x_tr, x_te)
         notes.extend(more)
@@ -289,7 +359,7 @@ def select_latent_dim(x: Any, k_max: int, *, x_test: Any = None, test_fraction: 
                          f"{fam.max_k(d)}; pass --k-max {fam.max_k(d)} or less.")
     xtr_t, xte_t = torch.from_numpy(x_tr), torch.from_numpy(x_te)
     ks = list(range(1, k_max + 1))
-    models = [fam.fit(xtr_t, k) for k in ks]
+    models = [fam.fit(xtr_t, k, seed=seed) for k in ks]
     with torch.no_grad():
         exact = [float(m.log_marginal(xte_t).double().mean()) for m in models]
         train_ll = [float(m.log_marginal(xtr_t).double().sum()) for m in models]
@@ -365,20 +435,24 @@ def load_matrix(path: str) -> np.ndarray:
 
 def run_selection(data: str, k_max: int, out: str, *, true_k: int | None = None,
                   standardise: bool | None = None, overwrite: bool = False, num_masks: int = 10,
-                  max_masks: int = 640, seed: int = 0) -> SelectionResult:
+                  max_masks: int = 640, seed: int = 0, family: str = "ppca"
+                  ) -> SelectionResult:
     """``mptlml select``: load data, select K, write results.json, scores.csv and a plot.
 
-    Built-in real data sets are standardised (``standardise=None`` means: yes for
-    digits, wine and breast_cancer, no for synthetic data and files).
+    Built-in real data sets are standardised for PPCA (``standardise=None``
+    means: yes for digits, wine and breast_cancer, no for synthetic data,
+    files and the bernoulli family).
     """
     from .experiments.common import RunDir, print_table
 
     if isinstance(k_max, int) and not isinstance(k_max, bool) and k_max < 1:
         raise ValueError(f"--k-max must be >= 1 (the largest latent dimension to try), got "
                          f"{k_max}.")
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; choose one of {sorted(FAMILIES)}.")
     if data in BUILTIN_DATASETS:
-        x, desc = load_dataset(data, true_k=true_k, seed=seed)
-        real = data != "synthetic"
+        x, desc = load_dataset(data, true_k=true_k, seed=seed, family=family)
+        real = data != "synthetic" and family == "ppca"
     else:
         x, desc, real = load_matrix(data), f"file {data}", False
         desc += f" (N={x.shape[0]}, D={x.shape[1]})"
@@ -386,10 +460,20 @@ def run_selection(data: str, k_max: int, out: str, *, true_k: int | None = None,
     # validate everything before the run directory is created
     if k_max >= x.shape[1]:
         raise ValueError(f"--k-max {k_max} must be smaller than D={x.shape[1]}.")
+    if k_max > FAMILIES[family].max_k(x.shape[1]):
+        raise ValueError(f"--k-max {k_max}: the {family} family allows K <= "
+                         f"{FAMILIES[family].max_k(x.shape[1])}.")
+    if family == "bernoulli":
+        if std:
+            raise ValueError("--standardise yes makes binary data continuous; the bernoulli "
+                             "family needs 0/1 data: pass --standardise no.")
+        if not np.isin(x, (0.0, 1.0)).all():
+            raise ValueError(f"--data {data}: the bernoulli family needs a 0/1 matrix; binarise "
+                             "it first (e.g. x > 0.5) or use --family ppca.")
     run = RunDir(out, "select", overwrite=overwrite)
     print(f"model selection on {desc}; {'standardised' if std else 'not standardised'}")
     res = select_latent_dim(x, k_max, standardise=std, num_masks=num_masks,
-                            max_masks=max_masks, seed=seed)
+                            max_masks=max_masks, seed=seed, family=family)
     for note in res.notes:
         print(f"  note: {note}")
     rows = res.rows()
@@ -400,7 +484,8 @@ def run_selection(data: str, k_max: int, out: str, *, true_k: int | None = None,
         print(f"{crit}: K = {k}")
     run.write_csv("scores.csv", rows)
     _plot(res, desc, run)
-    run.write_results({"data": data, "k_max": k_max, "true_k": true_k, "standardise": std,
+    run.write_results({"data": data, "family": family, "k_max": k_max, "true_k": true_k,
+                       "standardise": std,
                        "num_masks": num_masks, "max_masks": max_masks, "seed": seed},
                       {"data_description": desc, "standardised": std, **res.to_dict()},
                       seed=seed)

@@ -201,6 +201,10 @@ class BernoulliLVM(MaskedModel):
         out = torch.where(x > 0.5, lp[..., :d], lp[..., d:])
         return torch.where(m, out, zero)
 
+    def _block_cost(self, num_data: int, shared: bool) -> int:
+        """(N, G) posterior weights and (N, 2D) predictive probabilities per mask."""
+        return num_data * (self.nodes.shape[0] + 2 * self.num_tokens + 1)
+
     def _masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
                          generator: torch.Generator | None) -> torch.Tensor:
         if self.mpt_term == "marginal":  # the paper's code: log p(x_M), R ignored
