@@ -493,7 +493,7 @@ def run_selection(data: str, k_max: int, out: str, *, true_k: int | None = None,
     return res
 
 
-def _plot(res: SelectionResult, desc: str, run: Any) -> None:
+def _plot(res: SelectionResult, desc: str, run: Any, stem: str = "scores") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -517,4 +517,4 @@ def _plot(res: SelectionResult, desc: str, run: Any) -> None:
     ax2.legend(fontsize=8)
     fig.suptitle(desc, fontsize=9)
     fig.tight_layout()
-    run.save_figure(fig, "scores")
+    run.save_figure(fig, stem)

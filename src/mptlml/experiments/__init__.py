@@ -34,6 +34,7 @@ EXPERIMENTS: dict[str, str] = {
     "curve-evolution": "mptlml.experiments.curve_evolution",
     "antibody": "mptlml.experiments.antibody",
     "bert": "mptlml.experiments.bert",
+    "select": "mptlml.experiments.select",
 }
 
 

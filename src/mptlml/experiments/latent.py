@@ -41,7 +41,7 @@ from ..objectives import ELBO, MPTLoss
 from ..training import Monitor, exact_lml, train
 from .common import RunDir
 
-__all__ = ["Config", "run", "summary"]
+__all__ = ["Config", "claims", "run", "summary"]
 
 
 @dataclass
@@ -255,3 +255,27 @@ def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
                      "elbo": r["elbo"]["is_lml"], "mpt": r["mpt"]["is_lml"],
                      "mpt-elbo": r["mpt"]["is_lml"] - r["elbo"]["is_lml"]})
     return rows
+
+
+def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Fig. 3: MPT-trained LML close to ELBO-trained (linear); the deep VAE's LML rises."""
+    out: list[dict[str, Any]] = []
+    for ds, r in results.get("linear", {}).items():
+        gap = r["mpt_relative_gap"]
+        out.append({"claim": f"linear Bernoulli model ({ds}): MPT training reaches the LML of "
+                             "ELBO training",
+                    "paper": "similar log-marginal likelihood under MPT and ELBO training",
+                    "ours": f"quadrature LML {r['mpt']['lml']:.3f} (MPT) vs "
+                            f"{r['elbo']['lml']:.3f} (ELBO), gap {100 * gap:+.2f}%",
+                    "holds": abs(gap) < 0.01})
+    for ds, r in results.get("deep", {}).items():
+        m = r["mpt"]
+        out.append({"claim": f"deep VAE ({ds}): the LML increases under MPT training",
+                    "paper": "the IS-estimated LML increases with fixed-rate MPT training",
+                    "ours": f"IS LML {m['is_lml_initial']:.2f} -> {m['is_lml']:.2f} (ELBO "
+                            f"training: {r['elbo']['is_lml']:.2f})",
+                    "holds": m["is_lml"] > m["is_lml_initial"]})
+    for name, why in results.get("skipped", {}).items():
+        out.append({"claim": f"{name}: data available", "paper": "MNIST / Fashion-MNIST",
+                    "ours": f"skipped: {why}", "holds": None})
+    return out
