@@ -482,7 +482,7 @@ def train(model: MaskedModel, objective: Objective, x: Any, *, epochs: int, lr: 
                 v0 = float(objective.per_datum(xt, g).mean())
             rec0 = {"epoch": 0, "objective": v0, "time_s": 0.0, **monitor_values(0)}
             if progress:
-                bar.set_postfix(_postfix(rec0))
+                bar.set_postfix(_postfix(rec0), refresh=False)
             if finish(rec0):
                 return hist
         for epoch in bar:
@@ -503,7 +503,7 @@ def train(model: MaskedModel, objective: Objective, x: Any, *, epochs: int, lr: 
             rec = {"epoch": epoch, "objective": total / n,
                    "time_s": round(time.perf_counter() - t0, 6), **monitor_values(epoch)}
             if progress:
-                bar.set_postfix(_postfix(rec))
+                bar.set_postfix(_postfix(rec), refresh=False)
             if finish(rec):
                 break
     finally:
