@@ -145,8 +145,11 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     else:
         results["computed"] = None
         results["notes"] = ("Offline: the BERT curves could not be recomputed (bert-base-uncased "
-                            "and GLUE need the Hugging Face hub); Table 2 is reproduced from the "
-                            "authors' published curves.")
+                            "and GLUE need the Hugging Face hub); "
+                            + ("Table 2 is reproduced from the authors' published curves."
+                               if ref_path is not None else
+                               "no reference curves were found either, so Table 2 is not "
+                               "reproduced (pass --reference PATH)."))
         print("offline: cannot recompute the BERT curves (bert-base-uncased and GLUE need the "
               "Hugging Face hub); reproducing Table 2 from the reference curves only.")
         if reference_curves:

@@ -170,6 +170,16 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     gt_bias = exact_fixed_rate(true, x, mask_size, masks) - gt_lml
     mle_bias = exact_fixed_rate(mle, x, mask_size, masks) - mle_lml
 
+    # How flat the fixed-rate objective is along the scale of W (why it trains slowly).
+    with torch.no_grad():
+        scaled = PPCA(mle.W * 1.5, mle.mu, cfg.sigma2)
+        at_mle = PPCA(mle.W, mle.mu, cfg.sigma2)
+        lml_1 = float(at_mle.log_marginal(x).double().mean())
+        flat = {"scale": 1.5,
+                "fixed_rate_drop": exact_fixed_rate(at_mle, x, mask_size, masks)
+                - exact_fixed_rate(scaled, x, mask_size, masks),
+                "exact_lml_drop": lml_1 - float(scaled.log_marginal(x).double().mean())}
+
     rows: list[dict[str, Any]] = []
     finals: dict[str, list[dict[str, Any]]] = {"all-sizes": [], "fixed-rate": []}
     for setting in ("all-sizes", "fixed-rate"):
@@ -197,7 +207,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
 
     out: dict[str, Any] = {"gt_lml": gt_lml, "mle_lml": mle_lml, "mask_size": mask_size,
                            "gt_fixed_rate_bias": gt_bias, "mle_fixed_rate_bias": mle_bias,
-                           "settings": {}}
+                           "fixed_rate_flatness": flat, "settings": {}}
     for setting, fs in finals.items():
         lml = np.array([f["final_exact_lml"] for f in fs])
         entry: dict[str, Any] = {
@@ -215,6 +225,16 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
                          bias_rel_spread_max=float(np.max(spreads / np.abs(means))),
                          bias_across_inits_spread=float(means.max() - means.min()))
         out["settings"][setting] = entry
+    fr = out["settings"]["fixed-rate"]
+    out["notes"] = (
+        f"The fixed-rate objective is flat along the scale of W: scaling the MLE's W by "
+        f"{flat['scale']} lowers the exact fixed-rate objective by "
+        f"{flat['fixed_rate_drop']:.3f} nats per datum but the exact LML by "
+        f"{flat['exact_lml_drop']:.3f}. With P={cfg.num_masks} stochastic masks Adam "
+        f"drifts slowly along that direction, which is why the paper trains the fixed rate "
+        f"for 10000 epochs; this run used {fr['epochs']}"
+        + (" and stopped short of convergence for at least one init."
+           if fr["max_rel_gap_to_gt"] >= 0.01 else "."))
     return out
 
 
