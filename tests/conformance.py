@@ -88,6 +88,25 @@ class ModelConformance:
         mask = sample_masks(x.shape[1], torch.tensor([1, 2]), generator=3)
         assert torch.equal(self._lc(model, x, mask, seed=7), self._lc(model, x, mask, seed=7))
 
+    def test_reductions_equal_summed_conditionals(self):
+        """Fast reductions (_masked_log_prob, _masked_log_prob_mean) equal the naive sums."""
+        model, x = self._setup(torch.float64)
+        n, d = x.shape
+        g = torch.Generator().manual_seed(2)
+        shared = sample_masks(d, torch.tensor([1, d // 2 or 1, d]), generator=g)
+        per = sample_masks(d, torch.tensor([1, d]), num_data=n, generator=g)
+        with torch.no_grad():
+            for mask in (shared, per):
+                ref = model._log_conditionals(x, mask, torch.Generator().manual_seed(3))
+                fast = model._masked_log_prob(x, mask, torch.Generator().manual_seed(3))
+                torch.testing.assert_close(fast.double(), ref.sum(-1).double(), atol=1e-9,
+                                           rtol=1e-12)
+            mean = model._masked_log_prob_mean(x, shared, torch.Generator().manual_seed(3))
+            ref = model._log_conditionals(x, shared, torch.Generator().manual_seed(3))
+            assert mean.shape == (3,)
+            torch.testing.assert_close(mean.double(), ref.sum(-1).double().mean(-1), atol=1e-9,
+                                       rtol=1e-12)
+
     def test_exhaustive_equals_log_marginal(self):
         model, x = self._setup(torch.float64)
         if not model.has_log_marginal or self.exhaustive_atol is None:

@@ -299,3 +299,39 @@ def test_ppca_shared_mask_fast_path_matches_conditionals(d, k, b):
     f32 = m32._masked_log_prob(x.float(), masks, None)
     assert f32.dtype == torch.float32
     torch.testing.assert_close(f32.double(), ref.detach(), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("d,k,b", [(10, 2, 10), (12, 3, 4), (6, 1, 7)])
+def test_ppca_sufficient_statistic_mean_matches_per_datum(d, k, b):
+    """The data-mean from sufficient statistics equals the per-datum sums' mean (and grads)."""
+    model = PPCA.random(d, k, sigma2=0.3, seed=d + k, learn_mu=True, learn_sigma2=True)
+    with torch.no_grad():
+        model.mu.copy_(torch.linspace(-1, 2, d, dtype=torch.float64))
+    x = PPCA.random(d, k, sigma2=0.7, seed=1).sample(40, generator=2) + 0.3
+    sizes = torch.randint(1, d + 1, (b,), generator=torch.Generator().manual_seed(4))
+    masks = mptlml.masks.sample_masks(d, sizes, generator=3)
+    fast = model._masked_log_prob_mean(x, masks, None)
+    ref = model._log_conditionals(x, masks, None).sum(-1).mean(-1)
+    assert fast.shape == (b,)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-10)
+    params = [model.W, model.mu, model.log_sigma2]
+    for gf, gr in zip(torch.autograd.grad(fast.sum(), params),
+                      torch.autograd.grad(ref.sum(), params), strict=True):
+        torch.testing.assert_close(gf, gr, rtol=1e-9, atol=1e-9)
+    m32 = PPCA(model.W.detach().float(), model.mu.detach().float(), 0.3)
+    f32 = m32._masked_log_prob_mean(x.float(), masks, None)
+    torch.testing.assert_close(f32, ref.detach(), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("estimator,kw", [("cumulative", {"num_masks": 2}),
+                                          ("random-size", {"num_masks": 3}),
+                                          ("fixed-rate", {"rate": 0.3, "num_masks": 2})])
+def test_shared_mask_batch_mean_equals_per_datum_mean(estimator, kw):
+    """MPTLoss.batch_mean (training's fast path) draws the same masks and gives the same value."""
+    model = PPCA.random(8, 2, sigma2=0.3, seed=0)
+    x = model.sample(30, generator=1)
+    obj = MPTLoss(model, estimator, share_masks=True, **kw)
+    fast = obj.batch_mean(x, torch.Generator().manual_seed(5))
+    ref = obj.per_datum(x, torch.Generator().manual_seed(5)).mean()
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-10)
+    torch.testing.assert_close(obj(x, generator=5), ref, rtol=0, atol=1e-10)

@@ -186,7 +186,8 @@ def _rows_per_block(n: int, d: int, model: MaskedModel | None = None,
 
 def score_masks(model: MaskedModel, x: torch.Tensor, sizes: torch.Tensor, *,
                 share_masks: bool = False, generator: torch.Generator | None = None,
-                progress: bool = False, counter: _Counter | None = None) -> torch.Tensor:
+                progress: bool = False, counter: _Counter | None = None,
+                mean_over_data: bool = False) -> torch.Tensor:
     """Per-mask scores S_hat = (1/M) sum_{j in mask} log p(x_j | x_R) for fresh uniform masks.
 
     Parameters
@@ -199,24 +200,33 @@ def score_masks(model: MaskedModel, x: torch.Tensor, sizes: torch.Tensor, *,
     share_masks : bool
         One mask per row shared by every datum (the paper's code) instead of
         independent masks per datum.
+    mean_over_data : bool
+        Return the mean over the data of each row's scores, ``(B,)``, through
+        the model's ``_masked_log_prob_mean`` (shared masks only; PPCA computes
+        it from sufficient statistics). The masks drawn are the same.
 
     Returns
     -------
-    torch.Tensor, (B, N), float64
+    torch.Tensor, (B, N) or (B,) float64
         Differentiable with respect to the model's parameters.
     """
     n, d = x.shape
     g = make_generator(generator)
     if share_masks and sizes.ndim == 2:
         raise ValueError("per-datum sizes need share_masks=False.")
+    if mean_over_data and not share_masks:
+        raise ValueError("mean_over_data needs share_masks=True.")
     per = _rows_per_block(n, d, model, share_masks)
     out = []
     for s, e in _blocks(sizes.shape[0], per, progress, "masks"):
         sz = sizes[s:e]
         mask = sample_masks(d, sz, num_data=None if share_masks else n, generator=g)
-        lp = model._masked_log_prob(x, mask.to(x.device), g).double()
+        if mean_over_data:
+            lp = model._masked_log_prob_mean(x, mask.to(x.device), g).double()
+        else:
+            lp = model._masked_log_prob(x, mask.to(x.device), g).double()
         div = sz.to(device=lp.device, dtype=torch.float64)
-        out.append(lp / (div[:, None] if div.ndim == 1 else div))
+        out.append(lp / (div[:, None] if div.ndim == 1 and not mean_over_data else div))
         if counter is not None:
             counter.calls += 1
             counter.rows += lp.numel()

@@ -479,7 +479,7 @@ def train(model: MaskedModel, objective: Objective, x: Any, *, epochs: int, lr: 
     try:
         if record_initial:
             with torch.no_grad():
-                v0 = float(objective.per_datum(xt, g).mean())
+                v0 = float(objective.batch_mean(xt, g))
             rec0 = {"epoch": 0, "objective": v0, "time_s": 0.0, **monitor_values(0)}
             if progress:
                 bar.set_postfix(_postfix(rec0), refresh=False)
@@ -491,7 +491,7 @@ def train(model: MaskedModel, objective: Objective, x: Any, *, epochs: int, lr: 
             for s in range(0, n, bs):
                 xb = xt if order is None else xt[order[s:s + bs].to(xt.device)]
                 opt.zero_grad(set_to_none=True)
-                value = objective.per_datum(xb, g).mean()
+                value = objective.batch_mean(xb, g)
                 if not torch.isfinite(value):
                     raise ValueError(
                         f"the objective became {float(value.detach())} at epoch {epoch}; lower the "

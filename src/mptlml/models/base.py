@@ -42,7 +42,8 @@ class MaskedModel(nn.Module):
 
     Subclasses implement :meth:`_log_conditionals` (inputs already validated)
     and, when they can, :meth:`_log_marginal`. They may override
-    :meth:`_masked_log_prob` with a faster reduction.
+    :meth:`_masked_log_prob` (and :meth:`_masked_log_prob_mean`) with a faster
+    reduction.
 
     Attributes
     ----------
@@ -138,6 +139,16 @@ class MaskedModel(nn.Module):
                          generator: torch.Generator | None) -> torch.Tensor:
         """Sum of log p(x_j | x_R) over the masked positions of each mask: ``(B, N)``."""
         return self._log_conditionals(x, mask, generator).sum(dim=-1)
+
+    def _masked_log_prob_mean(self, x: torch.Tensor, mask: torch.Tensor,
+                              generator: torch.Generator | None) -> torch.Tensor:
+        """Mean over the data of :meth:`_masked_log_prob` for shared masks ``(B, D)``: ``(B,)``.
+
+        What a training step needs when every datum shares the masks (the
+        paper's code). A model whose conditionals are linear-Gaussian can
+        compute it from sufficient statistics of the data (PPCA does).
+        """
+        return self._masked_log_prob(x, mask, generator).double().mean(dim=-1)
 
     def _block_cost(self, num_data: int, shared: bool) -> int:
         """Elements of temporaries per mask (sizes the blocks of masks in the estimators).

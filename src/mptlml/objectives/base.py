@@ -52,7 +52,16 @@ class Objective(nn.Module):
         """Objective value for each datum, ``(N,)``; ``x`` is already validated."""
         raise NotImplementedError
 
+    def batch_mean(self, x: torch.Tensor,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+        """Mean over the data of :meth:`per_datum` (``x`` validated): what a training step uses.
+
+        Objectives that can compute the mean more cheaply than every datum's
+        value override it (same value, same random draws).
+        """
+        return self.per_datum(x, generator).mean()
+
     def forward(self, x: Any, *, generator: torch.Generator | None = None) -> torch.Tensor:
         """Mean over the data of :meth:`per_datum`: the scalar to maximise."""
         xt = self.model.validate_data(x)
-        return self.per_datum(xt, generator).mean()
+        return self.batch_mean(xt, generator)

@@ -117,17 +117,34 @@ class MPTLoss(Objective):
         All the masks of one call go through a single :func:`score_masks`
         call (one batched model evaluation per block).
         """
+        return self._estimate(x, generator, mean_over_data=False)
+
+    def batch_mean(self, x: torch.Tensor,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+        """Mean over the data of :meth:`per_datum` (same masks, same value).
+
+        With ``share_masks`` the scores are averaged over the data inside the
+        model (``_masked_log_prob_mean``): for PPCA from sufficient statistics,
+        O(D^2 K) per mask instead of O(N D K).
+        """
+        if not self.share_masks:
+            return self.per_datum(x, generator).mean()
+        return self._estimate(x, generator, mean_over_data=True)
+
+    def _estimate(self, x: torch.Tensor, generator: torch.Generator | None,
+                  mean_over_data: bool) -> torch.Tensor:
         n, d = x.shape
         p = self.num_masks
         g = make_generator(generator)
         if self.estimator == "cumulative":
             rows = torch.arange(1, d + 1).repeat_interleave(p)
-            s = score_masks(self.model, x, rows, share_masks=self.share_masks, generator=g)
-            return s.view(d, p, n).sum(0).mean(0)
-        if self.estimator == "random-size":
+        elif self.estimator == "random-size":
             shape = (p,) if self.share_masks else (p, n)
             rows = torch.randint(1, d + 1, shape, generator=g)
         else:  # fixed-rate
             rows = torch.full((p,), self.mask_size, dtype=torch.long)
-        s = score_masks(self.model, x, rows, share_masks=self.share_masks, generator=g)
+        s = score_masks(self.model, x, rows, share_masks=self.share_masks, generator=g,
+                        mean_over_data=mean_over_data)
+        if self.estimator == "cumulative":
+            return s.view(d, p, *s.shape[1:]).sum(0).mean(0)
         return d * s.mean(0)
