@@ -233,6 +233,12 @@ class PPCA(MaskedModel):
         e = y - zs @ w.T
         return zs, e, a
 
+    def _split(self, x: torch.Tensor) -> tuple[torch.dtype, torch.Tensor, torch.Tensor,
+                                               torch.Tensor, torch.Tensor]:
+        """dtype, W, sigma2, z* and e of :meth:`_recentre` in the model's dtype."""
+        zs, e, _ = self._recentre(x)
+        return self.dtype, self.W, self.sigma2, zs.to(self.dtype), e.to(self.dtype)
+
     def _log_marginal(self, x: torch.Tensor) -> torch.Tensor:
         """log N(x; mu, W W^T + sigma2 I) via Woodbury and the matrix determinant lemma.
 
@@ -260,12 +266,8 @@ class PPCA(MaskedModel):
         the per-token array when masks are shared (see the module docstring)
         and with fewer passes over it when they are not.
         """
-        dtype = self.dtype
-        w = self.W
-        s2 = self.sigma2
+        dtype, w, s2, zs, e = self._split(x)
         d, k = w.shape
-        zs, e, _ = self._recentre(x)
-        zs, e = zs.to(dtype), e.to(dtype)
         n = e.shape[0]
         m = mask.to(dtype)  # masked indicator
         r = 1.0 - m  # observed indicator
@@ -349,12 +351,8 @@ class PPCA(MaskedModel):
 
     def _log_conditionals(self, x: torch.Tensor, mask: torch.Tensor,
                           generator: torch.Generator | None) -> torch.Tensor:
-        dtype = self.dtype
-        w = self.W
-        s2 = self.sigma2
+        dtype, w, s2, zs, e = self._split(x)
         d, k = w.shape
-        zs, e, _ = self._recentre(x)
-        zs, e = zs.to(dtype), e.to(dtype)
         r = (~mask).to(dtype)  # observed indicator
         ww = (w[:, :, None] * w[:, None, :]).reshape(d, k * k)
         g = (r @ ww).reshape(*r.shape[:-1], k, k)  # W_R^T W_R, summed over observed dims
