@@ -1,0 +1,109 @@
+"""PLL against minicons' ``MaskedLMScorer`` (run by hand in a separate environment).
+
+minicons 0.3.39 calls ``tokenizer.batch_encode_plus``, which transformers 5.x
+removed, so it cannot run in the project's environment. Make a second one
+(mptlml itself works with transformers 4.x)::
+
+    python3 -m venv /tmp/mcenv
+    /tmp/mcenv/bin/pip install -c constraints.txt minicons "transformers==4.57.6" \\
+        antiberty==0.1.3 -e .
+    /tmp/mcenv/bin/python benchmarks/bench_minicons.py --num-sequences 40
+
+1. Equality: on a tiny random BERT saved to a temporary directory and on
+   AntiBERTy saved with its tokenizer as a local directory (minicons loads
+   both by path), ``mptlml.pll`` equals minicons' ``sequence_score`` with a
+   sum reduction (the PLL) to 1e-4 nats per sequence.
+2. Time of the PLL of the first ``--num-sequences`` bundled germline V
+   sequences: minicons one sequence per call, minicons all sequences in one
+   call (it pads every masked copy to the longest), and ``mptlml.pll``
+   (all masked copies bucketed by length, sub-batched by a token budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import mptlml
+from mptlml.data import bundled_antibodies
+from mptlml.models import MaskedLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+
+def _minicons_pll(scorer, texts: list[str], batch: int) -> list[float]:
+    out: list[float] = []
+    for s in range(0, len(texts), batch):
+        out.extend(scorer.sequence_score(texts[s:s + batch],
+                                         reduction=lambda x: x.sum(0).item()))
+    return out
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    v = fn()
+    return v, time.perf_counter() - t
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--num-sequences", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    try:
+        from minicons import scorer
+    except ImportError:
+        print("minicons is not installed here: see this file's docstring for the environment.")
+        return 2
+    import transformers
+
+    from mlm_helpers import SENTENCES, make_tiny_bert
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"{torch.get_num_threads()} threads")
+    tmp = Path(tempfile.mkdtemp(prefix="bench_minicons_"))
+
+    # 1. equality on a tiny local BERT
+    tiny = make_tiny_bert(tmp / "tiny")
+    ours = mptlml.pll(MaskedLM.from_pretrained(tiny), SENTENCES)
+    theirs = torch.tensor(_minicons_pll(scorer.MaskedLMScorer(str(tiny), "cpu"), SENTENCES, 8),
+                          dtype=torch.float64)
+    gap = float((ours - theirs).abs().max())
+    print(f"tiny BERT, {len(SENTENCES)} sentences: max |mptlml.pll - minicons| = {gap:.2e}")
+
+    # 2. AntiBERTy as a local directory
+    lm = MaskedLM.antiberty()
+    adir = tmp / "antiberty"
+    lm.model.save_pretrained(adir)
+    lm.tokenizer.save_pretrained(adir)
+    seqs = list(bundled_antibodies(limit=args.num_sequences).texts)
+    spaced = [" ".join(s) for s in seqs]  # minicons gets the residues as its tokenizer needs
+    copies = sum(len(s) for s in seqs)
+    mc = scorer.MaskedLMScorer(str(adir), "cpu")
+    print(f"AntiBERTy PLL of {len(seqs)} germline V sequences ({copies} masked copies)")
+    ours, t_ours = _timed(lambda: mptlml.pll(lm, seqs))
+    one, t_one = _timed(lambda: _minicons_pll(mc, spaced, 1))
+    allb, t_all = _timed(lambda: _minicons_pll(mc, spaced, len(spaced)))
+    one_t = torch.tensor(one, dtype=torch.float64)
+    all_t = torch.tensor(allb, dtype=torch.float64)
+    print(f"  max |mptlml.pll - minicons| = {float((ours - one_t).abs().max()):.2e} "
+          f"(one per call), {float((ours - all_t).abs().max()):.2e} (all in one call)")
+    print(f"  mptlml.pll                         {t_ours:8.1f} s")
+    print(f"  minicons, one sequence per call    {t_one:8.1f} s   "
+          f"({t_one / t_ours:.2f}x mptlml's time)")
+    print(f"  minicons, {len(seqs)} sequences per call  {t_all:8.1f} s   "
+          f"({t_all / t_ours:.2f}x mptlml's time)")
+    ok = gap < 1e-4 and float((ours - one_t).abs().max()) < 1e-3
+    print("equality:", "holds" if ok else "FAILS")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
