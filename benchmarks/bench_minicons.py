@@ -1,8 +1,14 @@
-"""PLL against minicons' ``MaskedLMScorer`` (run by hand in a separate environment).
+"""PLL against minicons' ``MaskedLMScorer`` (run by hand; not a test).
 
-minicons 0.3.39 calls ``tokenizer.batch_encode_plus``, which transformers 5.x
-removed, so it cannot run in the project's environment. Make a second one
-(mptlml itself works with transformers 4.x)::
+minicons 0.3.39 (a test dependency) calls ``tokenizer.batch_encode_plus``,
+which transformers 5 removed; ``tests/mlm_helpers.minicons_pll`` aliases it to
+the tokenizer's ``__call__`` when missing, so this runs in the project's
+environment::
+
+    PYTHONPATH=src python benchmarks/bench_minicons.py --num-sequences 40
+
+and, with no alias needed, in an environment on transformers 4.x (mptlml runs
+there too)::
 
     python3 -m venv /tmp/mcenv
     /tmp/mcenv/bin/pip install -c constraints.txt minicons "transformers==4.57.6" \\
@@ -36,14 +42,6 @@ from mptlml.models import MaskedLM
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
-def _minicons_pll(scorer, texts: list[str], batch: int) -> list[float]:
-    out: list[float] = []
-    for s in range(0, len(texts), batch):
-        out.extend(scorer.sequence_score(texts[s:s + batch],
-                                         reduction=lambda x: x.sum(0).item()))
-    return out
-
-
 def _timed(fn):
     t = time.perf_counter()
     v = fn()
@@ -56,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
     try:
-        from minicons import scorer
+        import minicons  # noqa: F401
     except ImportError:
-        print("minicons is not installed here: see this file's docstring for the environment.")
+        print("minicons is not installed here: pip install -e '.[test]' (see the docstring).")
         return 2
     import transformers
 
-    from mlm_helpers import SENTENCES, make_tiny_bert
+    from mlm_helpers import SENTENCES, make_tiny_bert, minicons_pll, minicons_scorer
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -73,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     # 1. equality on a tiny local BERT
     tiny = make_tiny_bert(tmp / "tiny")
     ours = mptlml.pll(MaskedLM.from_pretrained(tiny), SENTENCES)
-    theirs = torch.tensor(_minicons_pll(scorer.MaskedLMScorer(str(tiny), "cpu"), SENTENCES, 8),
-                          dtype=torch.float64)
+    theirs = torch.tensor(minicons_pll(tiny, SENTENCES), dtype=torch.float64)
     gap = float((ours - theirs).abs().max())
     print(f"tiny BERT, {len(SENTENCES)} sentences: max |mptlml.pll - minicons| = {gap:.2e}")
 
@@ -86,11 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     seqs = list(bundled_antibodies(limit=args.num_sequences).texts)
     spaced = [" ".join(s) for s in seqs]  # minicons gets the residues as its tokenizer needs
     copies = sum(len(s) for s in seqs)
-    mc = scorer.MaskedLMScorer(str(adir), "cpu")
     print(f"AntiBERTy PLL of {len(seqs)} germline V sequences ({copies} masked copies)")
     ours, t_ours = _timed(lambda: mptlml.pll(lm, seqs))
-    one, t_one = _timed(lambda: _minicons_pll(mc, spaced, 1))
-    allb, t_all = _timed(lambda: _minicons_pll(mc, spaced, len(spaced)))
+    mc = minicons_scorer(adir)
+    one, t_one = _timed(lambda: minicons_pll(mc, spaced, 1))
+    allb, t_all = _timed(lambda: minicons_pll(mc, spaced, len(spaced)))
     one_t = torch.tensor(one, dtype=torch.float64)
     all_t = torch.tensor(allb, dtype=torch.float64)
     print(f"  max |mptlml.pll - minicons| = {float((ours - one_t).abs().max()):.2e} "

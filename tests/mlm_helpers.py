@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,3 +36,31 @@ def make_tiny_bert(path: Path, *, seed: int = 0, max_position_embeddings: int = 
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def minicons_scorer(model_dir: Path | str):
+    """minicons' ``MaskedLMScorer`` for a local model directory, on the CPU.
+
+    minicons 0.3.39 calls ``tokenizer.batch_encode_plus``, which transformers 5
+    removed; for a list of texts it is the tokenizer's ``__call__``, so the
+    scorer's tokenizer gets that alias when it lacks the method.
+    """
+    from minicons import scorer
+
+    mc = scorer.MaskedLMScorer(str(model_dir), "cpu")
+    if not hasattr(mc.tokenizer, "batch_encode_plus"):
+        mc.tokenizer.batch_encode_plus = mc.tokenizer.__call__
+    return mc
+
+
+def minicons_pll(model: Any, texts: list[str], batch_size: int = 8) -> list[float]:
+    """PLL of each text by minicons (sum reduction): an independent scorer.
+
+    ``model`` is a local model directory or a scorer from :func:`minicons_scorer`.
+    """
+    mc = minicons_scorer(model) if isinstance(model, str | Path) else model
+    out: list[float] = []
+    for s in range(0, len(texts), batch_size):
+        out.extend(mc.sequence_score(texts[s:s + batch_size],
+                                     reduction=lambda lp: lp.sum(0).item()))
+    return out

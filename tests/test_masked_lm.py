@@ -12,7 +12,7 @@ import mptlml
 from mptlml.models import MaskedLM
 from mptlml.sequences import mask_sizes, mlm_curve, mpt_area, pll
 
-from .mlm_helpers import SENTENCES, make_tiny_bert
+from .mlm_helpers import SENTENCES, make_tiny_bert, minicons_pll
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,15 @@ def test_pll_equals_independent_one_copy_per_token(tiny):
     np.testing.assert_allclose(got.numpy() / lengths, np.array(ref) / lengths, atol=1e-5,
                                rtol=0)
     np.testing.assert_allclose(got.numpy(), ref, atol=1e-5 * lengths.max(), rtol=0)
+
+
+def test_pll_equals_minicons_sequence_score(tiny_dir, tiny):
+    """mptlml.pll against minicons' MaskedLMScorer (sum reduction) on a local model dir."""
+    ref = minicons_pll(tiny_dir, SENTENCES)
+    got = mptlml.pll(tiny, SENTENCES)
+    lengths = np.array([len(t) for t in tiny.encode(SENTENCES)], dtype=float)
+    np.testing.assert_allclose(got.numpy() / lengths, np.array(ref) / lengths, atol=1e-5,
+                               rtol=0)
 
 
 def test_pll_antiberty_matches_naive_loop(antiberty):
