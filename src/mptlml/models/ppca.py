@@ -73,6 +73,11 @@ def _spd_inverse(a: torch.Tensor) -> torch.Tensor:
     return torch.cholesky_inverse(torch.linalg.cholesky(a))
 
 
+def _no_grad(t: torch.Tensor) -> bool:
+    """True when ``t`` takes no part in autograd (in-place updates are then safe)."""
+    return not (torch.is_grad_enabled() and t.requires_grad)
+
+
 class PPCA(MaskedModel):
     """Probabilistic PCA: x ~ N(mu, W W^T + sigma2 I), with exact masked conditionals.
 
@@ -281,15 +286,19 @@ class PPCA(MaskedModel):
             basis = torch.cat([ww, ew, (e * e).T], dim=1)
             obs = r @ basis[:, : k * k + k * n]
             a_inv = _spd_inverse(eye + obs[:, : k * k].reshape(b, k, k) / s2)
-            hz = obs[:, k * k:].reshape(b, k, n) / s2 - zs.T  # W_R^T e_R / s2 - z*
-            u = a_inv @ hz  # (B, K, N)
+            hz = obs[:, k * k:].reshape(b, k, n).div(s2).sub_(zs.T)  # W_R^T e_R / s2 - z*
+            u = torch.bmm(a_inv, hz)  # (B, K, N)
             var = s2 + a_inv.reshape(b, k * k) @ ww.T  # (B, D)
             c = m / var
             cb = c @ basis  # sum_j c_j [w_j w_j^T | e_j w_j | e_j^2]
             cww = cb[:, : k * k].reshape(b, k, k)
             cew = cb[:, k * k: k * k + k * n].reshape(b, k, n)
-            quad = (cb[:, k * k + k * n:] + (u * (cww @ u - 2.0 * cew)).sum(1))
-            logv = (m * torch.log(var)).sum(-1)  # (B,)
+            t = torch.baddbmm(cew, cww, u, beta=-2.0)  # (C u - 2 c_ew), one pass
+            t = t.mul_(u) if _no_grad(u) else t * u
+            quad = cb[:, k * k + k * n:] + t[:, 0]
+            for i in range(1, k):  # sum over the K rows: contiguous adds, no strided reduce
+                quad += t[:, i]
+            logv = torch.log(var).mul_(m).sum(-1)  # (B,)
             return -0.5 * ((num_masked * _LOG_2PI + logv)[:, None] + quad)
         g = (r.reshape(-1, d) @ ww).reshape(*mask.shape[:-1], k, k)  # W_R^T W_R, observed
         a_inv = _spd_inverse(eye + g / s2)
