@@ -88,16 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     mc = minicons_scorer(adir)
     one, t_one = _timed(lambda: minicons_pll(mc, spaced, 1))
     allb, t_all = _timed(lambda: minicons_pll(mc, spaced, len(spaced)))
-    one_t = torch.tensor(one, dtype=torch.float64)
-    all_t = torch.tensor(allb, dtype=torch.float64)
-    print(f"  max |mptlml.pll - minicons| = {float((ours - one_t).abs().max()):.2e} "
-          f"(one per call), {float((ours - all_t).abs().max()):.2e} (all in one call)")
+    gap_one = float((ours - torch.tensor(one, dtype=torch.float64)).abs().max())
+    gap_all = float((ours - torch.tensor(allb, dtype=torch.float64)).abs().max())
+    print(f"  max |mptlml.pll - minicons| = {gap_one:.2e} (one per call), "
+          f"{gap_all:.2e} (all in one call)")
     print(f"  mptlml.pll                         {t_ours:8.1f} s")
     print(f"  minicons, one sequence per call    {t_one:8.1f} s   "
           f"({t_one / t_ours:.2f}x mptlml's time)")
     print(f"  minicons, {len(seqs)} sequences per call  {t_all:8.1f} s   "
           f"({t_all / t_ours:.2f}x mptlml's time)")
-    ok = gap < 1e-4 and float((ours - one_t).abs().max()) < 1e-3
+    ok = max(gap, gap_one, gap_all) < 1e-4  # nats per sequence, as the docstring says
     print("equality:", "holds" if ok else "FAILS")
     return 0 if ok else 1
 

@@ -31,6 +31,12 @@ def antiberty():
     return MaskedLM.antiberty()
 
 
+def _assert_pll_per_token(got: torch.Tensor, ref, lengths: np.ndarray) -> None:
+    """S(x; 1) = PLL / D_i agrees per token to 1e-5."""
+    np.testing.assert_allclose(got.numpy() / lengths, np.asarray(ref) / lengths, atol=1e-5,
+                               rtol=0)
+
+
 def _raw_logprobs(lm: MaskedLM, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Independent reference: full HF forward with [CLS] x [SEP], masked by hand."""
     tok = lm.tokenizer
@@ -80,8 +86,7 @@ def test_pll_equals_independent_one_copy_per_token(tiny):
     # batches against one unpadded copy, so the sum over D_i tokens carries
     # D_i float32 roundings (a 2e-6 per-token gap summed over 6 tokens is 1.1e-5).
     lengths = np.array([len(t) for t in ids], dtype=float)
-    np.testing.assert_allclose(got.numpy() / lengths, np.array(ref) / lengths, atol=1e-5,
-                               rtol=0)
+    _assert_pll_per_token(got, ref, lengths)
     np.testing.assert_allclose(got.numpy(), ref, atol=1e-5 * lengths.max(), rtol=0)
 
 
@@ -89,9 +94,8 @@ def test_pll_equals_minicons_sequence_score(tiny_dir, tiny):
     """mptlml.pll against minicons' MaskedLMScorer (sum reduction) on a local model dir."""
     ref = minicons_pll(tiny_dir, SENTENCES)
     got = mptlml.pll(tiny, SENTENCES)
-    lengths = np.array([len(t) for t in tiny.encode(SENTENCES)], dtype=float)
-    np.testing.assert_allclose(got.numpy() / lengths, np.array(ref) / lengths, atol=1e-5,
-                               rtol=0)
+    _assert_pll_per_token(got, ref, np.array([len(t) for t in tiny.encode(SENTENCES)],
+                                             dtype=float))
 
 
 def test_pll_antiberty_matches_naive_loop(antiberty):
