@@ -281,23 +281,27 @@ class PPCA(MaskedModel):
         num_masked = m.sum(-1)
         if mask.ndim == 2:  # (B, D): shared masks, no (B, N, D) array
             b = mask.shape[0]
-            # columns: w_j w_j^T (K^2) | e_nj w_jk, k-major (K N) | e_nj^2 (N)
-            ew = (w.T[:, None, :] * e[None, :, :]).reshape(k * n, d).T
-            basis = torch.cat([ww, ew, (e * e).T], dim=1)
-            obs = r @ basis[:, : k * k + k * n]
-            a_inv = _spd_inverse(eye + obs[:, : k * k].reshape(b, k, k) / s2)
-            hz = obs[:, k * k:].reshape(b, k, n).div(s2).sub_(zs.T)  # W_R^T e_R / s2 - z*
-            u = torch.bmm(a_inv, hz)  # (B, K, N)
-            var = s2 + a_inv.reshape(b, k * k) @ ww.T  # (B, D)
+            # A_R from the observed set (a sum of positive terms: no cancellation)
+            a_inv = _spd_inverse(eye + (r @ ww).reshape(b, k, k) / s2)
+            var = s2 + a_inv.reshape(b, k * k) @ ww.T  # (B, D): v_j
             c = m / var
-            cb = c @ basis  # sum_j c_j [w_j w_j^T | e_j w_j | e_j^2]
-            cww = cb[:, : k * k].reshape(b, k, k)
-            cew = cb[:, k * k: k * k + k * n].reshape(b, k, n)
-            t = torch.baddbmm(cew, cww, u, beta=-2.0)  # (C u - 2 c_ew), one pass
-            t = t.mul_(u) if _no_grad(u) else t * u
-            quad = cb[:, k * k + k * n:] + t[:, 0]
-            for i in range(1, k):  # sum over the K rows: contiguous adds, no strided reduce
-                quad += t[:, i]
+            # g = W_M^T e_M (= sigma2 z* - W_R^T e_R, since W^T e = sigma2 z*): summed over
+            # the masked set when M <= D/2, over the observed one otherwise (fewer rounded
+            # terms, no cancellation against z*): g = (m - f) @ [e w] + f sigma2 z*.
+            flag = (num_masked > d / 2).to(dtype)
+            ew = (w.T[:, None, :] * e[None, :, :]).reshape(k * n, d).T  # (D, K N), k-major
+            g = torch.addr(m.sub(flag[:, None]) @ ew, flag, (s2 * zs).T.reshape(k * n))
+            # sum_j c_j [e_j w_j | e_j^2 | w_j w_j^T] in one GEMM
+            cb = c @ torch.cat([ew, (e * e).T, ww], dim=1)
+            quad, cww = cb[:, k * n: k * n + n], cb[:, k * n + n:].reshape(b, k, k)
+            # u = -P g with P = A^-1 / sigma2:
+            # quad = sum_j c_j e_j^2 + g^T (P C P) g + 2 g^T P (sum_j c_j e_j w_j)
+            pm = a_inv / s2
+            g = g.reshape(b, k, n)
+            t = torch.baddbmm(torch.bmm(pm @ cww @ pm, g), pm, cb[:, : k * n].reshape(b, k, n),
+                              alpha=2.0)  # (B, K, N)
+            for i in range(k):  # contiguous adds over K, no strided reduce
+                quad = torch.addcmul(quad, g[:, i], t[:, i])
             logv = torch.log(var).mul_(m).sum(-1)  # (B,)
             return -0.5 * ((num_masked * _LOG_2PI + logv)[:, None] + quad)
         g = (r.reshape(-1, d) @ ww).reshape(*mask.shape[:-1], k, k)  # W_R^T W_R, observed
