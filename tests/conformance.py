@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import mptlml
-from mptlml.masks import sample_masks
+from mptlml.masks import random_orders, sample_masks
 
 
 class ModelConformance:
@@ -116,6 +116,25 @@ class ModelConformance:
             assert mean.shape == (3,)
             torch.testing.assert_close(mean.double(), ref.sum(-1).double().mean(-1), atol=1e-9,
                                        rtol=1e-12)
+
+    def test_nested_prefix_sums_equal_summed_conditionals(self):
+        """_nested_masked_log_prob equals the conditionals summed over each order's prefixes."""
+        model, x = self._setup(torch.float64)
+        n, d = x.shape
+        sizes = torch.arange(1, d + 1)
+        for orders in (random_orders(d, 2, generator=4), random_orders(d, 2, num_data=n,
+                                                                       generator=5)):
+            rank = orders.argsort(-1)
+            if orders.ndim == 2:
+                masks = (rank[:, None, :] < sizes[None, :, None]).reshape(-1, d)
+            else:
+                masks = (rank[:, None] < sizes[None, :, None, None]).reshape(-1, n, d)
+            with torch.no_grad():
+                fast = model._nested_masked_log_prob(x, orders, torch.Generator().manual_seed(3))
+                ref = model._log_conditionals(x, masks, torch.Generator().manual_seed(3))
+            assert fast.shape == (2, d, n)
+            torch.testing.assert_close(fast.double(), ref.sum(-1).double().reshape(2, d, n),
+                                       atol=1e-9, rtol=1e-12)
 
     def test_exhaustive_equals_log_marginal(self):
         model, x = self._setup(torch.float64)

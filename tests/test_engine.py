@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mptlml.masks import sample_masks
+from mptlml.masks import random_orders, sample_masks
 from mptlml.models import PPCA
 
 
@@ -54,6 +54,20 @@ def test_masked_log_prob_float32_ill_conditioned(shared):
         out = m32._masked_log_prob(x.float(), mask, None).double()
     assert torch.isfinite(out).all()
     assert ((out - ref).abs() / sizes[:, None]).max() < 1e-4
+
+
+def test_nested_float32_ill_conditioned():
+    """Prefix-sum (nested) sums in float32 within 1e-4 per masked token of float64."""
+    d = 512
+    m64 = _model(d, 2, 1e-3, scale=10 / math.sqrt(d))
+    m32 = _model(d, 2, 1e-3, scale=10 / math.sqrt(d), dtype=torch.float32)
+    x = m64.sample(20, generator=1)
+    orders = random_orders(d, 2, generator=3)
+    with torch.no_grad():
+        ref = m64._nested_masked_log_prob(x, orders, None)
+        out = m32._nested_masked_log_prob(x.float(), orders, None).double()
+    assert torch.isfinite(out).all()
+    assert ((out - ref).abs() / torch.arange(1, d + 1)[None, :, None]).max() < 1e-4
 
 
 def test_masks_exact_sizes_mixed_groups_and_reproducible():

@@ -60,6 +60,13 @@ def test_rate_outside_unit_interval(setup, rate):
         mptlml.estimate_lml(model, x, "fixed-rate", rate=rate)
 
 
+@pytest.mark.parametrize("estimator", ["random-size", "fixed-rate", "chain-rule", "exhaustive"])
+def test_nested_needs_cumulative(setup, estimator):
+    model, x = setup
+    with pytest.raises(ValueError, match="nested=True needs estimator='cumulative'"):
+        mptlml.estimate_lml(model, x, estimator, rate=0.5, nested=True)
+
+
 def test_mask_shape_and_dtype(setup):
     model, x = setup
     with pytest.raises(TypeError, match="torch.bool"):

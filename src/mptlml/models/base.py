@@ -42,8 +42,8 @@ class MaskedModel(nn.Module):
 
     Subclasses implement :meth:`_log_conditionals` (inputs already validated)
     and, when they can, :meth:`_log_marginal`. They may override
-    :meth:`_masked_log_prob` (and :meth:`_masked_log_prob_mean`) with a faster
-    reduction.
+    :meth:`_masked_log_prob` (and :meth:`_masked_log_prob_mean`,
+    :meth:`_nested_masked_log_prob`) with a faster reduction.
 
     Attributes
     ----------
@@ -149,6 +149,28 @@ class MaskedModel(nn.Module):
         compute it from sufficient statistics of the data (PPCA does).
         """
         return self._masked_log_prob(x, mask, generator).double().mean(dim=-1)
+
+    def _nested_masked_log_prob(self, x: torch.Tensor, orders: torch.Tensor,
+                                generator: torch.Generator | None) -> torch.Tensor:
+        """:meth:`_masked_log_prob` of nested masks, every prefix of each order: ``(P, D, N)``.
+
+        ``orders`` is ``(P, D)`` (shared across the data) or ``(P, N, D)`` (one
+        per datum), each row a permutation pi of the tokens. Entry ``[p, M-1, n]``
+        is sum_{j in pi[:M]} log p(x_j | x_{pi[M:]}): the mask of size M is the
+        first M positions of the order, for M = 1..D. Default: build the D masks
+        of each order and call :meth:`_masked_log_prob`; a model can do better
+        with prefix sums over the order (PPCA does).
+        """
+        d = self.num_tokens
+        rank = orders.argsort(dim=-1)  # rank[..., j]: position of token j in the order
+        sizes = torch.arange(1, d + 1, device=orders.device)
+        if orders.ndim == 2:
+            masks = rank[:, None, :] < sizes[None, :, None]  # (P, D sizes, D tokens)
+            out = self._masked_log_prob(x, masks.reshape(-1, d), generator)
+        else:
+            masks = rank[:, None, :, :] < sizes[None, :, None, None]  # (P, D sizes, N, D)
+            out = self._masked_log_prob(x, masks.reshape(-1, x.shape[0], d), generator)
+        return out.reshape(orders.shape[0], d, x.shape[0])
 
     def _block_cost(self, num_data: int, shared: bool) -> int:
         """Elements of temporaries per mask (sizes the blocks of masks in the estimators).

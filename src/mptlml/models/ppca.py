@@ -263,6 +263,65 @@ class PPCA(MaskedModel):
             return 4 * self.num_tokens + 4 * num_data * (k + 1)
         return num_data * self.num_tokens
 
+    @staticmethod
+    def _shared_sum(e: torch.Tensor, s2: torch.Tensor, ww: torch.Tensor, ew: torch.Tensor,
+                    m: torch.Tensor, a_inv: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """Masked sums of log p(x_j | x_R) for shared masks from A_R^-1 and g = W_M^T e_M.
+
+        ``m`` is the ``(B, D)`` masked indicator, ``a_inv`` ``(B, K, K)`` and ``g``
+        ``(B, K N)`` (k-major). With u = -A_R^-1 g / sigma2 and c_j = m_j / v_j,
+        ``sum_j c_j (e_j - w_j^T u)^2 = sum_j c_j e_j^2 + g^T P C P g + 2 g^T P f``,
+        P = A_R^-1 / sigma2, C = sum_j c_j w_j w_j^T, f = sum_j c_j e_j w_j.
+        """
+        b, d = m.shape
+        n = e.shape[0]
+        k = a_inv.shape[-1]
+        var = s2 + a_inv.reshape(b, k * k) @ ww.T  # (B, D): v_j = s2 + w_j^T A^-1 w_j
+        c = m / var
+        cb = c @ torch.cat([ew, (e * e).T, ww], dim=1)  # sum_j c_j [e_j w_j | e_j^2 | w_j w_j^T]
+        quad, cww = cb[:, k * n: k * n + n], cb[:, k * n + n:].reshape(b, k, k)
+        pm = a_inv / s2
+        g = g.reshape(b, k, n)
+        t = torch.baddbmm(torch.bmm(pm @ cww @ pm, g), pm, cb[:, : k * n].reshape(b, k, n),
+                          alpha=2.0)  # (B, K, N)
+        for i in range(k):  # contiguous adds over K, no strided reduce
+            quad = torch.addcmul(quad, g[:, i], t[:, i])
+        logv = torch.log(var).mul_(m).sum(-1)  # (B,)
+        return -0.5 * ((m.sum(-1) * _LOG_2PI + logv)[:, None] + quad)
+
+    def _nested_masked_log_prob(self, x: torch.Tensor, orders: torch.Tensor,
+                                generator: torch.Generator | None) -> torch.Tensor:
+        """Masked sums for every prefix of each shared order, by prefix sums: ``(P, D, N)``.
+
+        Along an order pi the observed set of the mask of size M is pi[M:], so
+        W_R^T W_R for all M is one suffix sum of w_i w_i^T, and g = W_M^T e_M
+        one prefix sum of e_i w_i (a suffix sum subtracted from sigma2 z* past
+        M = D/2): no GEMM over the tokens for them. Per-datum orders
+        ``(P, N, D)`` take the generic path.
+        """
+        if orders.ndim != 2:
+            return super()._nested_masked_log_prob(x, orders, generator)
+        dtype, w, s2, zs, e = self._split(x)
+        d, k = w.shape
+        n, p = e.shape[0], orders.shape[0]
+        ww = (w[:, :, None] * w[:, None, :]).reshape(d, k * k)
+        ew = (w.T[:, None, :] * e[None, :, :]).reshape(k * n, d).T  # (D, K N), k-major
+        o = orders.to(w.device)
+        zero = torch.zeros(p, 1, k * k, dtype=dtype, device=w.device)
+        obs_ww = torch.cat([ww[o[:, 1:]].flip(1).cumsum(1).flip(1), zero], dim=1)  # R = pi[M:]
+        eye = torch.eye(k, dtype=dtype, device=w.device)
+        a_inv = _spd_inverse(eye + obs_ww.reshape(p * d, k, k) / s2)
+        h = d // 2  # sizes 1..h: prefix sums; h+1..D: sigma2 z* minus suffix sums
+        ewp = ew[o]  # (P, D, K N): rows in the order's sequence
+        tail = torch.cat([ewp[:, h + 1:].flip(1).cumsum(1).flip(1),
+                          torch.zeros(p, 1, k * n, dtype=dtype, device=w.device)], dim=1)
+        g = torch.cat([ewp[:, :h].cumsum(1), (s2 * zs).T.reshape(1, 1, k * n) - tail], dim=1)
+        rank = o.argsort(dim=-1)
+        sizes = torch.arange(1, d + 1, device=w.device)
+        m = (rank[:, None, :] < sizes[None, :, None]).to(dtype).reshape(p * d, d)
+        out = self._shared_sum(e, s2, ww, ew, m, a_inv, g.reshape(p * d, k * n))
+        return out.reshape(p, d, n)
+
     def _masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
                          generator: torch.Generator | None) -> torch.Tensor:
         """Sum of log p(x_j | x_R) over the masked tokens of each mask: ``(B, N)``.
@@ -280,30 +339,15 @@ class PPCA(MaskedModel):
         eye = torch.eye(k, dtype=dtype, device=w.device)
         num_masked = m.sum(-1)
         if mask.ndim == 2:  # (B, D): shared masks, no (B, N, D) array
-            b = mask.shape[0]
             # A_R from the observed set (a sum of positive terms: no cancellation)
-            a_inv = _spd_inverse(eye + (r @ ww).reshape(b, k, k) / s2)
-            var = s2 + a_inv.reshape(b, k * k) @ ww.T  # (B, D): v_j
-            c = m / var
+            a_inv = _spd_inverse(eye + (r @ ww).reshape(-1, k, k) / s2)
             # g = W_M^T e_M (= sigma2 z* - W_R^T e_R, since W^T e = sigma2 z*): summed over
             # the masked set when M <= D/2, over the observed one otherwise (fewer rounded
             # terms, no cancellation against z*): g = (m - f) @ [e w] + f sigma2 z*.
             flag = (num_masked > d / 2).to(dtype)
             ew = (w.T[:, None, :] * e[None, :, :]).reshape(k * n, d).T  # (D, K N), k-major
             g = torch.addr(m.sub(flag[:, None]) @ ew, flag, (s2 * zs).T.reshape(k * n))
-            # sum_j c_j [e_j w_j | e_j^2 | w_j w_j^T] in one GEMM
-            cb = c @ torch.cat([ew, (e * e).T, ww], dim=1)
-            quad, cww = cb[:, k * n: k * n + n], cb[:, k * n + n:].reshape(b, k, k)
-            # u = -P g with P = A^-1 / sigma2:
-            # quad = sum_j c_j e_j^2 + g^T (P C P) g + 2 g^T P (sum_j c_j e_j w_j)
-            pm = a_inv / s2
-            g = g.reshape(b, k, n)
-            t = torch.baddbmm(torch.bmm(pm @ cww @ pm, g), pm, cb[:, : k * n].reshape(b, k, n),
-                              alpha=2.0)  # (B, K, N)
-            for i in range(k):  # contiguous adds over K, no strided reduce
-                quad = torch.addcmul(quad, g[:, i], t[:, i])
-            logv = torch.log(var).mul_(m).sum(-1)  # (B,)
-            return -0.5 * ((num_masked * _LOG_2PI + logv)[:, None] + quad)
+            return self._shared_sum(e, s2, ww, ew, m, a_inv, g)
         g = (r.reshape(-1, d) @ ww).reshape(*mask.shape[:-1], k, k)  # W_R^T W_R, observed
         a_inv = _spd_inverse(eye + g / s2)
         var = s2 + a_inv.reshape(-1, k * k) @ ww.T  # v_j = s2 + w_j^T A^-1 w_j
