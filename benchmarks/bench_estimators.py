@@ -18,7 +18,11 @@ of the masks and extrapolated per mask (the output says so).
 - ``share_masks=True``: the same estimator as the reference (each mask shared
   across the data, same P): the ratio is the speed-up at equal work;
 - ``share_masks=False`` (the default): one mask per datum, N times more
-  (mask, datum) pairs and a lower standard error.
+  (mask, datum) pairs and a lower standard error;
+- for the all-sizes cases also ``nested=True, share_masks=True``: the masks
+  of the D sizes are the prefixes of P random orders (prefix sums, D times
+  fewer random masks), the same number of masks as the reference but
+  dependent across sizes, so its standard error is printed beside it.
 
 The last table compares estimators at equal standard error: the time each
 would need to reach a given standard error of the mean LML, using
@@ -155,12 +159,18 @@ def run_case(name: str, d: int, estimator: str, p: int, target: float, dtype: to
     t_indep, est_indep = best_of(
         lambda: mptlml.estimate_lml(model, x, estimator, num_masks=p, seed=0, **kw), 1,
         warm_up=False)
+    t_nested = est_nested = None
+    if estimator == "cumulative":
+        t_nested, est_nested = best_of(
+            lambda: mptlml.estimate_lml(model, x, estimator, num_masks=p, seed=0,
+                                        share_masks=True, nested=True), repeats)
     return {
         "case": name, "dtype": str(dtype).replace("torch.", ""), "estimator": estimator,
         "P": p, "D": d, "naive_s": t_naive, "naive_note": naive_note,
         "shared_s": t_shared, "indep_s": t_indep,
         "ratio_shared": t_naive / t_shared, "target": target,
         "se_shared": est_shared.stderr, "se_indep": est_indep.stderr,
+        "nested_s": t_nested, "se_nested": est_nested.stderr if est_nested else None,
         "exact": est_shared.exact, "est_shared": est_shared.mean, "est_indep": est_indep.mean,
     }
 
@@ -168,20 +178,26 @@ def run_case(name: str, d: int, estimator: str, p: int, target: float, dtype: to
 def equal_se_table(quick: bool) -> list[dict]:
     """Time to reach a common SE of the mean LML, per estimator (D=512 and D=50, float64)."""
     rows = []
-    for d, p_cum in ((50, 20), (512, 2 if quick else 4)):
+    # P per datum-mask variant and per shared variant (shared masks are cheaper per mask, so
+    # they get more draws: a steadier SE estimate)
+    for d, p_pd, p_sh in ((50, 20, 100), (512, 2 if quick else 4, 4 if quick else 20)):
         model = PPCA.random(d, 2, sigma2=0.2, seed=0)
         x = model.sample(100, generator=1)
         variants = [
-            ("cumulative, masks per datum", "cumulative", p_cum, False),
-            ("cumulative, shared masks", "cumulative", p_cum, True),
-            ("random-size, masks per datum", "random-size", p_cum * d // 2, False),
-            ("random-size, shared masks", "random-size", p_cum * d // 2, True),
+            ("cumulative, masks per datum", "cumulative", p_pd, False),
+            ("cumulative, shared masks", "cumulative", p_sh, True),
+            ("cumulative nested, per datum", "cumulative", p_pd, False, True),
+            ("cumulative nested, shared", "cumulative", p_sh, True, True),
+            ("random-size, masks per datum", "random-size", p_pd * d // 2, False),
+            ("random-size, shared masks", "random-size", p_pd * d // 2, True),
             ("chain-rule (exact for PPCA)", "chain-rule", 2, False),
         ]
-        for label, est, p, share in variants:
-            t, r = best_of(lambda est=est, p=p, share=share, model=model, x=x:
+        for label, est, p, share, *nest in variants:
+            nested = bool(nest and nest[0])
+            t, r = best_of(lambda est=est, p=p, share=share, nested=nested, model=model, x=x:
                            mptlml.estimate_lml(model, x, est, num_masks=p, seed=0,
-                                               share_masks=share), 1, warm_up=False)
+                                               share_masks=share, nested=nested),
+                           1, warm_up=False)
             rows.append({"D": d, "variant": label, "P": p, "time_s": t, "se": r.stderr,
                          "err": r.mean - r.exact})
         target = 0.01
@@ -223,6 +239,10 @@ def main() -> None:
             print(f"  estimate_lml per-datum{r['indep_s']:9.4f} s   (100x the (mask, datum) "
                   f"pairs; SE {r['se_indep']:.4f} vs {r['se_shared']:.4f} shared; ratio to a "
                   f"naive loop over the same pairs {100 * r['naive_s'] / r['indep_s']:.0f}x)")
+            if r["nested_s"] is not None:
+                print(f"  estimate_lml nested   {r['nested_s']:9.4f} s   ratio "
+                      f"{r['naive_s'] / r['nested_s']:7.1f}x   (same P; SE {r['se_nested']:.4f} "
+                      f"vs {r['se_shared']:.4f} independent shared masks)")
             print(f"  estimates: shared {r['est_shared']:.3f}, per-datum {r['est_indep']:.3f}, "
                   f"exact {r['exact']:.3f}")
     print("\nEqual standard error (float64, N=100, K=2): time to reach SE = 0.01 nats "
