@@ -89,9 +89,8 @@ def _random_keys(g: torch.Generator, rows: int, d: int) -> np.ndarray:
     """
     seed = int(torch.randint(0, 2**62, (1,), generator=g))
     raw = np.random.default_rng(seed).bit_generator.random_raw((rows, d))
-    bits = np.uint64(max(1, (d - 1).bit_length()))
-    raw >>= bits
-    raw <<= bits
+    low = np.uint64((1 << max(1, (d - 1).bit_length())) - 1)
+    raw &= ~low  # clear the low bits (in place), then put the column index there
     raw |= np.arange(d, dtype=np.uint64)
     return raw
 
