@@ -12,23 +12,28 @@ observed tokens R (Woodbury), never through a D x D inverse::
     x_j | x_R ~ N(mu_j + w_j^T m_R,  sigma2 + w_j^T A_R^{-1} w_j).
 
 For accuracy in float32 the data are re-centred on z* (the posterior mean
-given all D tokens) with residuals e = x - mu - W z*; then
-x_j - E[x_j | x_R] = e_j - w_j^T A_R^{-1}(W_R^T e_R / sigma2 - z*), and
-W_R^T W_R is summed over the observed dimensions only.
+given all D tokens) with residuals e = x - mu - W z*. Since W^T e = sigma2 z*,
 
-Cost per block of T masks: two GEMMs against the T x D observed-indicator
-matrix (about 4 T D N K flops) plus T (or T N) K x K inverses.
+    x_j - E[x_j | x_R] = e_j - w_j^T u,   u = -A_R^{-1} g / sigma2,
+    g = W_M^T e_M = sigma2 z* - W_R^T e_R,
+
+and g is summed over the smaller of the masked and observed sets (fewer
+rounded terms, no cancellation against z*); W_R^T W_R is summed over the
+observed dimensions only (a sum of positive terms).
 
 The sum over the masked tokens that the estimators need
 (:meth:`PPCA._masked_log_prob`) never forms a ``(T, N, D)`` array when the
 masks are shared across the data: with c_j = m_j / v_j (m the masked
-indicator, v_j the conditional variance, which then depends on the mask only)
-and u = A_R^{-1}(W_R^T e_R / sigma2 - z*),
+indicator, v_j the conditional variance, which then depends on the mask only),
+P = A_R^{-1} / sigma2, C = sum_j c_j w_j w_j^T and f = sum_j c_j e_j w_j,
 
-    sum_j m_j (e_j - w_j^T u)^2 / v_j
-        = sum_j c_j e_j^2 - 2 u^T sum_j c_j e_j w_j + u^T (sum_j c_j w_j w_j^T) u,
+    sum_j m_j (e_j - w_j^T u)^2 / v_j = sum_j c_j e_j^2 + g^T P C P g + 2 g^T P f.
 
-three more GEMMs against the T x D matrix c.
+Cost per block of T shared masks: GEMMs of the T x D indicator matrices
+against ``[e w | e^2 | w w^T]`` (about 2 T D N (2K + 1) flops) plus T K x K
+inverses. Nested masks (the prefixes of one order,
+:meth:`PPCA._nested_masked_log_prob`) get W_R^T W_R and g for every size
+from suffix and prefix sums along the order, leaving one GEMM.
 
 References
 ----------
@@ -71,11 +76,6 @@ def _spd_inverse(a: torch.Tensor) -> torch.Tensor:
         row1 = torch.stack([-q, p], dim=-1)
         return torch.stack([row0, row1], dim=-2) / det[..., None, None]
     return torch.cholesky_inverse(torch.linalg.cholesky(a))
-
-
-def _no_grad(t: torch.Tensor) -> bool:
-    """True when ``t`` takes no part in autograd (in-place updates are then safe)."""
-    return not (torch.is_grad_enabled() and t.requires_grad)
 
 
 class PPCA(MaskedModel):
