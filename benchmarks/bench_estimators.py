@@ -184,16 +184,16 @@ def equal_se_table(quick: bool) -> list[dict]:
         model = PPCA.random(d, 2, sigma2=0.2, seed=0)
         x = model.sample(100, generator=1)
         variants = [
-            ("cumulative, masks per datum", "cumulative", p_pd, False),
-            ("cumulative, shared masks", "cumulative", p_sh, True),
+            # label, estimator, P, share_masks, nested
+            ("cumulative, masks per datum", "cumulative", p_pd, False, False),
+            ("cumulative, shared masks", "cumulative", p_sh, True, False),
             ("cumulative nested, per datum", "cumulative", p_pd, False, True),
             ("cumulative nested, shared", "cumulative", p_sh, True, True),
-            ("random-size, masks per datum", "random-size", p_pd * d // 2, False),
-            ("random-size, shared masks", "random-size", p_pd * d // 2, True),
-            ("chain-rule (exact for PPCA)", "chain-rule", 2, False),
+            ("random-size, masks per datum", "random-size", p_pd * d // 2, False, False),
+            ("random-size, shared masks", "random-size", p_pd * d // 2, True, False),
+            ("chain-rule (exact for PPCA)", "chain-rule", 2, False, False),
         ]
-        for label, est, p, share, *nest in variants:
-            nested = bool(nest and nest[0])
+        for label, est, p, share, nested in variants:
             t, r = best_of(lambda est=est, p=p, share=share, nested=nested, model=model, x=x:
                            mptlml.estimate_lml(model, x, est, num_masks=p, seed=0,
                                                share_masks=share, nested=nested),

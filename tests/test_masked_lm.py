@@ -245,3 +245,9 @@ def test_random_init_from_dir(tiny_dir, tiny):
     w0 = tiny.model.bert.embeddings.word_embeddings.weight
     assert not torch.equal(w, w0)
     assert torch.equal(w, r2.model.bert.embeddings.word_embeddings.weight)
+
+
+def test_nested_masks_refused_for_masked_lm(tiny):
+    for fn in (mptlml.estimate_lml, mptlml.mpt_curve):
+        with pytest.raises(ValueError, match="nested=True is not available for a MaskedLM"):
+            fn(tiny, SENTENCES, nested=True, seed=0)

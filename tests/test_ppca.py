@@ -248,4 +248,3 @@ def test_nested_prefix_sums_equal_generic_path():
             fast = model._nested_masked_log_prob(x, orders, None)
             ref = MaskedModel._nested_masked_log_prob(model, x, orders, None)
         torch.testing.assert_close(fast, ref, atol=1e-10, rtol=0)
-

@@ -321,6 +321,12 @@ def _mlm_seed(seed: Any) -> int:
     raise TypeError(f"for a MaskedLM pass an int seed (or None), got {type(seed).__name__}.")
 
 
+def _no_nested_for_mlm(nested: bool) -> None:
+    if nested:
+        raise ValueError("nested=True is not available for a MaskedLM; its masks are drawn "
+                         "per sequence (leave nested=False).")
+
+
 def _prepare(model: Any, x: Any) -> tuple[MaskedModel, torch.Tensor]:
     if not isinstance(model, MaskedModel):
         raise TypeError(
@@ -379,10 +385,7 @@ def estimate_lml(model: MaskedModel, x: Any, estimator: str = "cumulative", *,
     if _is_masked_lm(model):  # ragged text sequences: mptlml.sequences
         from .sequences import mlm_estimate_lml
 
-        if nested:
-            raise ValueError("nested=True is not available for a MaskedLM; its masks are "
-                             "drawn per sequence (leave nested=False).")
-
+        _no_nested_for_mlm(nested)
         return mlm_estimate_lml(model, x, estimator=estimator, num_masks=num_masks,
                                 seed=_mlm_seed(seed), progress=progress, **mlm_options)
     if mlm_options:
@@ -553,9 +556,7 @@ def mpt_curve(model: MaskedModel, x: Any, *, num_masks: int = 1,
     if _is_masked_lm(model):  # ragged text sequences: rates grid, mptlml.sequences
         from .sequences import mlm_curve
 
-        if nested:
-            raise ValueError("nested=True is not available for a MaskedLM; its masks are "
-                             "drawn per sequence and rate (leave nested=False).")
+        _no_nested_for_mlm(nested)
         if sizes is not None:
             raise TypeError("a MaskedLM curve is drawn over masking rates; pass rates=[...] "
                             "instead of sizes (M = max(1, round(r * D_i)) per sequence).")

@@ -25,6 +25,7 @@ from ._validation import check_positive_int, make_generator
 __all__ = [
     "all_masks",
     "count_masks",
+    "prefix_masks",
     "random_orders",
     "sample_masks",
 ]
@@ -126,6 +127,19 @@ def count_masks(num_tokens: int, sizes: list[int] | range | None = None) -> int:
     """Number of distinct masks over the given sizes (all sizes 1..D by default: 2^D - 1)."""
     sizes = range(1, num_tokens + 1) if sizes is None else sizes
     return sum(math.comb(num_tokens, m) for m in sizes)
+
+
+def prefix_masks(orders: torch.Tensor) -> torch.Tensor:
+    """Nested masks: the first M positions of each order, for M = 1..D.
+
+    ``orders`` is ``(P, D)`` or ``(P, N, D)`` (permutations of ``range(D)``);
+    the result is ``(P, D, D)`` or ``(P, D, N, D)`` bool, ``[p, M-1, ..., j]``
+    True when token j is among the first M of order p.
+    """
+    d = orders.shape[-1]
+    rank = orders.argsort(dim=-1)  # rank[..., j]: position of token j in the order
+    sizes = torch.arange(1, d + 1, device=orders.device)
+    return rank[:, None] < sizes.reshape(1, d, *([1] * (orders.ndim - 1)))
 
 
 def random_orders(num_tokens: int, num_orders: int, *, num_data: int | None = None,

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from .._validation import check_data, check_mask
+from ..masks import prefix_masks
 
 __all__ = ["MaskedModel"]
 
@@ -162,14 +163,8 @@ class MaskedModel(nn.Module):
         with prefix sums over the order (PPCA does).
         """
         d = self.num_tokens
-        rank = orders.argsort(dim=-1)  # rank[..., j]: position of token j in the order
-        sizes = torch.arange(1, d + 1, device=orders.device)
-        if orders.ndim == 2:
-            masks = rank[:, None, :] < sizes[None, :, None]  # (P, D sizes, D tokens)
-            out = self._masked_log_prob(x, masks.reshape(-1, d), generator)
-        else:
-            masks = rank[:, None, :, :] < sizes[None, :, None, None]  # (P, D sizes, N, D)
-            out = self._masked_log_prob(x, masks.reshape(-1, x.shape[0], d), generator)
+        masks = prefix_masks(orders)  # (P, D sizes, [N,] D tokens)
+        out = self._masked_log_prob(x, masks.reshape(-1, *masks.shape[2:]), generator)
         return out.reshape(orders.shape[0], d, x.shape[0])
 
     def _block_cost(self, num_data: int, shared: bool) -> int:

@@ -53,11 +53,30 @@ import torch
 from torch import nn
 
 from .._validation import as_tensor, check_data, check_positive_int, make_generator
+from ..masks import prefix_masks
 from .base import MaskedModel
 
 __all__ = ["PPCA"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
+
+
+def _outer_rows(w: torch.Tensor) -> torch.Tensor:
+    """Row-wise outer products w_j w_j^T of ``W`` (D, K), flattened: ``(D, K^2)``."""
+    d, k = w.shape
+    return (w[:, :, None] * w[:, None, :]).reshape(d, k * k)
+
+
+def _ew_columns(w: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """Columns e_nj w_jk of the masked sums, k-major: ``(D, K N)``."""
+    (d, k), n = w.shape, e.shape[0]
+    return (w.T[:, None, :] * e[None, :, :]).reshape(k * n, d).T
+
+
+def _sum_after(t: torch.Tensor) -> torch.Tensor:
+    """Sum over the positions strictly after each one along dim 1 (0 at the last)."""
+    rest = t[:, 1:].flip(1).cumsum(1).flip(1)
+    return torch.cat([rest, torch.zeros_like(t[:, :1])], dim=1)
 
 
 def _spd_inverse(a: torch.Tensor) -> torch.Tensor:
@@ -304,21 +323,17 @@ class PPCA(MaskedModel):
         dtype, w, s2, zs, e = self._split(x)
         d, k = w.shape
         n, p = e.shape[0], orders.shape[0]
-        ww = (w[:, :, None] * w[:, None, :]).reshape(d, k * k)
-        ew = (w.T[:, None, :] * e[None, :, :]).reshape(k * n, d).T  # (D, K N), k-major
+        ww = _outer_rows(w)
+        ew = _ew_columns(w, e)
         o = orders.to(w.device)
-        zero = torch.zeros(p, 1, k * k, dtype=dtype, device=w.device)
-        obs_ww = torch.cat([ww[o[:, 1:]].flip(1).cumsum(1).flip(1), zero], dim=1)  # R = pi[M:]
+        obs_ww = _sum_after(ww[o])  # size M (row M-1): W_R^T W_R over R = pi[M:]
         eye = torch.eye(k, dtype=dtype, device=w.device)
         a_inv = _spd_inverse(eye + obs_ww.reshape(p * d, k, k) / s2)
         h = d // 2  # sizes 1..h: prefix sums; h+1..D: sigma2 z* minus suffix sums
         ewp = ew[o]  # (P, D, K N): rows in the order's sequence
-        tail = torch.cat([ewp[:, h + 1:].flip(1).cumsum(1).flip(1),
-                          torch.zeros(p, 1, k * n, dtype=dtype, device=w.device)], dim=1)
-        g = torch.cat([ewp[:, :h].cumsum(1), (s2 * zs).T.reshape(1, 1, k * n) - tail], dim=1)
-        rank = o.argsort(dim=-1)
-        sizes = torch.arange(1, d + 1, device=w.device)
-        m = (rank[:, None, :] < sizes[None, :, None]).to(dtype).reshape(p * d, d)
+        g = torch.cat([ewp[:, :h].cumsum(1),
+                       (s2 * zs).T.reshape(1, 1, k * n) - _sum_after(ewp[:, h:])], dim=1)
+        m = prefix_masks(o).to(dtype).reshape(p * d, d)
         out = self._shared_sum(e, s2, ww, ew, m, a_inv, g.reshape(p * d, k * n))
         return out.reshape(p, d, n)
 
@@ -335,7 +350,7 @@ class PPCA(MaskedModel):
         n = e.shape[0]
         m = mask.to(dtype)  # masked indicator
         r = 1.0 - m  # observed indicator
-        ww = (w[:, :, None] * w[:, None, :]).reshape(d, k * k)
+        ww = _outer_rows(w)
         eye = torch.eye(k, dtype=dtype, device=w.device)
         num_masked = m.sum(-1)
         if mask.ndim == 2:  # (B, D): shared masks, no (B, N, D) array
@@ -345,7 +360,7 @@ class PPCA(MaskedModel):
             # the masked set when M <= D/2, over the observed one otherwise (fewer rounded
             # terms, no cancellation against z*): g = (m - f) @ [e w] + f sigma2 z*.
             flag = (num_masked > d / 2).to(dtype)
-            ew = (w.T[:, None, :] * e[None, :, :]).reshape(k * n, d).T  # (D, K N), k-major
+            ew = _ew_columns(w, e)
             g = torch.addr(m.sub(flag[:, None]) @ ew, flag, (s2 * zs).T.reshape(k * n))
             return self._shared_sum(e, s2, ww, ew, m, a_inv, g)
         g = (r.reshape(-1, d) @ ww).reshape(*mask.shape[:-1], k, k)  # W_R^T W_R, observed
@@ -396,7 +411,7 @@ class PPCA(MaskedModel):
         sy = cov + dm[:, None] * dm[None, :]  # (1/N) sum_n (x_n - mu)(x_n - mu)^T
         m = mask.to(f64)
         r = 1.0 - m
-        ww = (w[:, :, None] * w[:, None, :]).reshape(d, k * k)
+        ww = _outer_rows(w)
         eye = torch.eye(k, dtype=f64, device=w.device)
         a_inv = _spd_inverse(eye + (r @ ww).reshape(-1, k, k) / s2)  # (B, K, K)
         v = a_inv @ w.T / s2  # (B, K, D): column j is v_j
@@ -411,7 +426,7 @@ class PPCA(MaskedModel):
         dtype, w, s2, zs, e = self._split(x)
         d, k = w.shape
         r = (~mask).to(dtype)  # observed indicator
-        ww = (w[:, :, None] * w[:, None, :]).reshape(d, k * k)
+        ww = _outer_rows(w)
         g = (r @ ww).reshape(*r.shape[:-1], k, k)  # W_R^T W_R, summed over observed dims
         a_inv = _spd_inverse(torch.eye(k, dtype=dtype, device=w.device) + g / s2)
         if mask.ndim == 2:  # (B, D): masks shared across the data
