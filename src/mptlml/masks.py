@@ -7,9 +7,9 @@ log p(x_j | x_R) are scored given the rest R.
 Uniform subsets are drawn in one batched operation: each row gets i.i.d.
 uniform random keys and the M smallest are masked (equivalently, the first M
 positions of a uniformly random permutation, as in the paper's code). The
-M-th smallest key of every row is found by a linear-time selection
-(``numpy.partition``, one call per distinct size) instead of a sort: at
-D = 512 this is about ten times cheaper than sorting noise.
+M-th smallest key of every row comes from one sort of the rows for D <= 128
+and from a linear-time selection (``numpy.partition``, one call per distinct
+size) beyond: at D = 512 that is about ten times cheaper than sorting noise.
 """
 
 from __future__ import annotations
@@ -72,28 +72,72 @@ def sample_masks(num_tokens: int, sizes: int | torch.Tensor, *, num_masks: int |
         raise ValueError("sizes of shape (B, N) need num_data=N (one mask per datum).")
     s = sizes_t if sizes_t.ndim == len(lead) else sizes_t.reshape(-1, *([1] * (len(lead) - 1)))
     s = s.expand(*lead).reshape(-1).numpy()
-    keys = _random_keys(g, s.shape[0], d)
-    thr = np.empty(s.shape[0], dtype=keys.dtype)
-    for rows, m in _size_groups(s):
-        thr[rows] = np.partition(keys[rows], m - 1, axis=-1)[:, m - 1]
-    return torch.from_numpy(keys <= thr[:, None]).reshape(*lead, d)
+    return torch.from_numpy(_masks_of_sizes(g, s, d)).reshape(*lead, d)
 
 
-def _random_keys(g: torch.Generator, rows: int, d: int) -> np.ndarray:
-    """Distinct uniformly ordered keys per row: random high bits, the column index below.
+#: widest D whose keys are 32-bit (at least 20 random bits above the column index)
+_KEY32_MAX_TOKENS = 1 << 12
+#: up to this D one sort per row is cheaper than one partition per distinct size
+_SORT_MAX_TOKENS = 128
 
-    ``key_j = (u_j >> b) << b | j`` with u_j uniform 64-bit and ``b`` bits for j:
-    the keys of a row are all different (so a threshold at the M-th smallest
-    masks exactly M tokens) and their order is uniform up to ties of the
-    ``64 - b`` random bits (probability ~ D^2 / 2^(64 - b), negligible).
-    The 64-bit stream is seeded from ``g``, so the draw is reproducible.
+
+def _masks_of_sizes(g: torch.Generator, sizes: np.ndarray, d: int) -> np.ndarray:
+    """``(R, D)`` bool: the ``sizes[r]`` smallest random keys of each row r.
+
+    Keys carry the column index in their low bits, so they are distinct and a
+    threshold at the M-th smallest masks exactly M tokens. Where the M-th and
+    (M+1)-th smallest share their random bits (a tie, broken by the column
+    index), the row is drawn again. That event depends only on the multiset
+    of random values, so the accepted rows stay exactly uniform among the
+    subsets of size M.
+    """
+    keys, shift = _random_keys(g, sizes.shape[0], d)
+    thr, nxt = _thresholds(keys, sizes)
+    mask = keys <= thr[:, None]
+    tie = np.nonzero((sizes < d) & ((thr >> shift) == (nxt >> shift)))[0]
+    if tie.size:
+        mask[tie] = _masks_of_sizes(g, sizes[tie], d)
+    return mask
+
+
+def _thresholds(keys: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The M-th and (M+1)-th smallest key of each row (the second unused where M = D)."""
+    d = keys.shape[1]
+    if d <= _SORT_MAX_TOKENS:
+        srt = np.sort(keys, axis=-1)
+        thr = np.take_along_axis(srt, (sizes - 1)[:, None], 1)[:, 0]
+        nxt = np.take_along_axis(srt, np.minimum(sizes, d - 1)[:, None], 1)[:, 0]
+        return thr, nxt
+    thr = np.empty(sizes.shape[0], dtype=keys.dtype)
+    nxt = np.zeros(sizes.shape[0], dtype=keys.dtype)
+    for rows, m in _size_groups(sizes):  # linear-time selection per distinct size
+        part = np.partition(keys[rows], m - 1, axis=-1)
+        thr[rows] = part[:, m - 1]
+        if m < d:
+            nxt[rows] = part[:, m:].min(axis=1)
+    return thr, nxt
+
+
+def _random_keys(g: torch.Generator, rows: int, d: int) -> tuple[np.ndarray, int]:
+    """Distinct keys per row, random high bits and the column index below: ``(keys, shift)``.
+
+    ``key_j = (u_j >> b) << b | j`` with ``b = shift`` bits for j and u_j
+    uniform: 32-bit keys for D <= 4096 (half the random numbers of 64-bit
+    ones and a faster sort), 64-bit beyond. The stream is seeded from ``g``,
+    so the draw is reproducible.
     """
     seed = int(torch.randint(0, 2**62, (1,), generator=g))
-    raw = np.random.default_rng(seed).bit_generator.random_raw((rows, d))
-    low = np.uint64((1 << max(1, (d - 1).bit_length())) - 1)
+    bit_gen = np.random.default_rng(seed).bit_generator
+    shift = max(1, (d - 1).bit_length())
+    if d <= _KEY32_MAX_TOKENS:
+        raw = bit_gen.random_raw((rows * d + 1) // 2).view(np.uint32)[: rows * d].reshape(rows, d)
+        low = np.uint32((1 << shift) - 1)
+    else:
+        raw = bit_gen.random_raw((rows, d))
+        low = np.uint64((1 << shift) - 1)
     raw &= ~low  # clear the low bits (in place), then put the column index there
-    raw |= np.arange(d, dtype=np.uint64)
-    return raw
+    raw |= np.arange(d, dtype=raw.dtype)
+    return raw, shift
 
 
 def _size_groups(s: np.ndarray) -> list[tuple[slice | np.ndarray, int]]:
