@@ -117,6 +117,28 @@ class ModelConformance:
             torch.testing.assert_close(mean.double(), ref.sum(-1).double().mean(-1), atol=1e-9,
                                        rtol=1e-12)
 
+    def test_grid_sums_equal_summed_conditionals(self):
+        """_grid_masked_log_prob: weighted row sums and column data-means of the naive sums."""
+        model, x = self._setup(torch.float64)
+        n, d = x.shape
+        g = torch.Generator().manual_seed(6)
+        sizes = torch.tensor([[1, d // 2 or 1, d], [d, 1, d // 2 or 1]])  # (A=2, C=3)
+        weight = torch.rand(2, 3, generator=g, dtype=torch.float64) + 0.5
+        for num_data in (None, n):
+            mask = sample_masks(d, sizes.reshape(-1), num_data=num_data, generator=g)
+            mask = mask.reshape(2, 3, *mask.shape[1:])
+            with torch.no_grad():
+                rows, cols = model._grid_masked_log_prob(x, mask, weight,
+                                                         torch.Generator().manual_seed(3))
+                flat = mask.reshape(6, *mask.shape[2:])
+                lp = model._log_conditionals(x, flat, torch.Generator().manual_seed(3))
+            lp = lp.sum(-1).double().reshape(2, 3, n)
+            assert rows.shape == (2, n) and cols.shape == (3,)
+            torch.testing.assert_close(rows, (weight[..., None] * lp).sum(1), atol=1e-9,
+                                       rtol=1e-12)
+            torch.testing.assert_close(cols, (weight * lp.mean(-1)).sum(0), atol=1e-9,
+                                       rtol=1e-12)
+
     def test_nested_prefix_sums_equal_summed_conditionals(self):
         """_nested_masked_log_prob equals the conditionals summed over each order's prefixes."""
         model, x = self._setup(torch.float64)

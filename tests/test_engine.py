@@ -70,6 +70,62 @@ def test_nested_float32_ill_conditioned():
     assert ((out - ref).abs() / torch.arange(1, d + 1)[None, :, None]).max() < 1e-4
 
 
+def _grid(d, a, n=None, seed=1):
+    """A grid of masks: ``a`` draws x all sizes 1..D, with weights 1/M."""
+    sizes = torch.arange(1, d + 1)
+    mask = sample_masks(d, sizes.repeat(a), num_data=n, generator=seed)
+    return mask.reshape(a, d, *mask.shape[1:]), (1.0 / sizes.double()).repeat(a, 1)
+
+
+@pytest.mark.parametrize("d,k", [(9, 1), (12, 2), (10, 3), (14, 6)])
+def test_grid_quadratic_forms_equal_direct_sums(d, k):
+    """PPCA's D x D quadratic forms equal the generic grid sums of _masked_log_prob."""
+    model = _model(d, k, 0.3)
+    x = model.sample(40, generator=0) + 0.2
+    mask, weight = _grid(d, 5)
+    with torch.no_grad():
+        rows, cols = model._grid_quadratic_forms(x, mask, weight, True)
+        lp = model._masked_log_prob(x, mask.reshape(-1, d), None).reshape(5, d, 40)
+    torch.testing.assert_close(rows, (weight[..., None] * lp).sum(1), atol=1e-10, rtol=0)
+    torch.testing.assert_close(cols, (weight * lp.mean(-1)).sum(0), atol=1e-10, rtol=0)
+    rows2, none = model._grid_quadratic_forms(x, mask, weight, False)
+    assert none is None and torch.equal(rows2, rows)
+
+
+def test_grid_quadratic_forms_float32_ill_conditioned():
+    """A float32 model's grid sums within 1e-4 per masked token of float64 at cond(S) ~ 5e5."""
+    d = 128
+    m64 = _model(d, 2, 1e-3, scale=10 / math.sqrt(d))
+    m32 = _model(d, 2, 1e-3, scale=10 / math.sqrt(d), dtype=torch.float32)
+    x = m64.sample(400, generator=1)
+    mask, weight = _grid(d, 3)
+    with torch.no_grad():
+        ref = (weight[..., None] * m64._masked_log_prob(x, mask.reshape(-1, d), None)
+               .reshape(3, d, 400)).sum(1)
+        out, _ = m32._grid_quadratic_forms(x.float(), mask, weight, False)
+    assert torch.isfinite(out).all()
+    assert (out - ref).abs().max() / d < 1e-4  # weights 1/M: one token's worth per size
+
+
+def test_grid_dispatch_by_cost():
+    """Quadratic forms where D is small next to N (shared masks only), direct sums otherwise."""
+    model = _model(50, 2, 0.2)
+    assert model._grid_by_quadratic_forms(100, 50, 100, True)  # the D=50 benchmark
+    assert model._grid_by_quadratic_forms(100, 64, 1797, True)  # digits
+    assert not _model(512, 2, 0.2)._grid_by_quadratic_forms(10, 512, 100, True)
+    assert not model._grid_by_quadratic_forms(300, 1, 100, True)  # one mask per grid row
+    x = model.sample(100, generator=0)
+    mask, weight = _grid(50, 4)
+    with torch.no_grad():  # dispatched (shared) and generic (per datum) paths agree in law
+        rows, cols = model._grid_masked_log_prob(x, mask, weight, None)
+        ref = model._grid_quadratic_forms(x, mask, weight, True)
+    assert torch.equal(rows, ref[0]) and torch.equal(cols, ref[1])
+    # with gradients the dispatcher takes the differentiable generic path
+    rows_g, _ = model._grid_masked_log_prob(x, mask, weight, None)
+    assert rows_g.requires_grad
+    torch.testing.assert_close(rows_g.detach(), rows, atol=1e-10, rtol=0)
+
+
 def test_masks_exact_sizes_mixed_groups_and_reproducible():
     sizes = torch.randint(1, 65, (40, 30), generator=torch.Generator().manual_seed(0))
     m = sample_masks(64, sizes, num_data=30, generator=3)
@@ -88,3 +144,37 @@ def test_masks_uniform_over_positions_and_pairs():
     pair = (m.T @ m / b).numpy()[np.triu_indices(d, 1)]
     q = m_size * (m_size - 1) / (d * (d - 1))
     assert np.abs(pair - q).max() < 5 * math.sqrt(q * (1 - q) / b)
+
+
+def test_masks_wide_rows_by_partition():
+    """D > 128 selects by partition, per distinct size: exact sizes, uniform positions."""
+    d, b = 200, 3000
+    sizes = torch.tensor([1, 30, 199, 200]).repeat(b // 4)
+    m = sample_masks(d, sizes, generator=8)
+    assert (m.sum(-1) == sizes).all()
+    rows = m[sizes == 30].double()
+    se = math.sqrt(0.15 * 0.85 / rows.shape[0])
+    assert (rows.mean(0) - 0.15).abs().max() < 5 * se
+    wide = sample_masks(5000, torch.tensor([1, 2500, 4999]), generator=8)  # 64-bit keys
+    assert wide.sum(-1).tolist() == [1, 2500, 4999]
+
+
+def test_masks_redraw_rows_with_a_tie_at_the_threshold(monkeypatch):
+    """Keys with one random bit tie all the time; index tie-breaks would favour low
+    columns, so rows tied at the M-th key are drawn again and stay uniform."""
+    import mptlml.masks as masks_mod
+
+    full = masks_mod._random_keys
+
+    def one_bit(g, rows, d):
+        keys, shift = full(g, rows, d)
+        top = keys.dtype.type(keys.dtype.itemsize * 8 - 1)
+        return ((keys >> top) << keys.dtype.type(shift)) | (keys & keys.dtype.type(
+            (1 << shift) - 1)), shift
+
+    monkeypatch.setattr(masks_mod, "_random_keys", one_bit)
+    d, m_size, b = 8, 3, 20000
+    m = sample_masks(d, torch.full((b,), m_size), generator=5).double()
+    assert (m.sum(-1) == m_size).all()
+    se1 = math.sqrt((m_size / d) * (1 - m_size / d) / b)
+    assert np.abs(m.mean(0).numpy() - m_size / d).max() < 5 * se1

@@ -6,7 +6,9 @@ Proposition 1 of Moreno-Munoz, Recasens & Hauberg (NeurIPS 2023)::
     S(x; M)  = E_{|mask| = M} [ (1/M) sum_{j in mask} log p(x_j | x_R) ].
 
 Every estimator here only calls ``model._masked_log_prob`` (the sum of the
-masked conditionals per mask) and knows nothing of the model family:
+masked conditionals per mask) or one of its reductions
+(``_grid_masked_log_prob``, ``_nested_masked_log_prob``) and knows nothing of
+the model family:
 
 ``"exhaustive"``   every mask of every size; exact; only for small D.
 ``"cumulative"``   P uniform masks for every size M = 1..D; unbiased.
@@ -48,6 +50,7 @@ __all__ = [
     "fixed_rate_size",
     "mpt_curve",
     "score_masks",
+    "score_grid",
     "score_nested",
 ]
 
@@ -251,6 +254,71 @@ def _score_fixed_masks(model: MaskedModel, x: torch.Tensor, masks: torch.Tensor,
     return torch.cat(out, dim=0)
 
 
+def score_grid(model: MaskedModel, x: torch.Tensor, sizes: Sequence[int], num_draws: int, *,
+               by: str = "draw", share_masks: bool = False,
+               generator: torch.Generator | None = None, progress: bool = False,
+               counter: _Counter | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores of fresh uniform masks of every given size, ``num_draws`` per size, reduced.
+
+    Each of the P draws holds one independent uniform mask of each size M in
+    ``sizes``, with score S_hat = (1/M) sum_{j in mask} log p(x_j | x_R).
+    The reduction goes through :meth:`MaskedModel._grid_masked_log_prob`, so a
+    model can sum a whole grid row at once (PPCA: one quadratic form).
+
+    Parameters
+    ----------
+    by : {"draw", "size"}
+        ``"draw"``: per draw, the sum of the scores over the sizes (the
+        cumulative estimate of log p(x_n) of that draw), ``(P, N)``, and per
+        size the sum over the draws of the data mean of S_hat, ``(S,)``.
+        ``"size"``: per size, the sum of the scores over the draws, ``(S, N)``
+        (and None).
+
+    Returns
+    -------
+    tuple of torch.Tensor (float64)
+    """
+    n, d = x.shape
+    g = make_generator(generator)
+    size_t = torch.as_tensor(list(sizes), dtype=torch.long)
+    inv = 1.0 / size_t.double()
+    by_draw = by == "draw"
+    if by not in ("draw", "size"):
+        raise ValueError(f"by must be 'draw' or 'size', got {by!r}.")
+    outer, inner = (num_draws, len(size_t)) if by_draw else (len(size_t), num_draws)
+    rows_out = torch.zeros(outer, n, dtype=torch.float64, device=x.device)
+    cols_out = torch.zeros(inner, dtype=torch.float64, device=x.device) if by_draw else None
+    per = _rows_per_block(n, d, model, share_masks)
+    if per >= inner:  # blocks of whole grid rows, else pieces of one row
+        spans = [(a, min(a + per // inner, outer), 0, inner)
+                 for a in range(0, outer, per // inner)]
+    else:
+        spans = [(a, a + 1, c, min(c + per, inner)) for a in range(outer)
+                 for c in range(0, inner, per)]
+    for a0, a1, c0, c1 in tqdm(spans, desc="masks", leave=False,
+                               disable=not progress or len(spans) <= 1):
+        if by_draw:  # draw size-major (equal sizes contiguous), then one grid row per draw
+            sz, wt = size_t[c0:c1].repeat_interleave(a1 - a0), inv[c0:c1].repeat(a1 - a0)
+        else:
+            sz, wt = size_t[a0:a1].repeat_interleave(c1 - c0), inv[a0:a1].repeat_interleave(c1 - c0)
+        mask = sample_masks(d, sz, num_data=None if share_masks else n, generator=g)
+        if by_draw:
+            mask = mask.reshape(c1 - c0, a1 - a0, *mask.shape[1:]).transpose(0, 1).contiguous()
+            wt = wt.reshape(a1 - a0, c1 - c0)
+        else:
+            mask = mask.reshape(a1 - a0, c1 - c0, *mask.shape[1:])
+            wt = wt.reshape(a1 - a0, c1 - c0)
+        rows, cols = model._grid_masked_log_prob(x, mask.to(x.device), wt, g,
+                                                 data_means=by_draw)
+        rows_out[a0:a1] += rows
+        if cols_out is not None:
+            cols_out[c0:c1] += cols
+        if counter is not None:
+            counter.calls += 1
+            counter.rows += mask.shape[0] * mask.shape[1] * n
+    return rows_out, cols_out
+
+
 def score_nested(model: MaskedModel, x: torch.Tensor, num_orders: int, *,
                  share_masks: bool = False, generator: torch.Generator | None = None,
                  progress: bool = False, counter: _Counter | None = None) -> torch.Tensor:
@@ -428,11 +496,9 @@ def estimate_lml(model: MaskedModel, x: Any, estimator: str = "cumulative", *,
             size_scores = s.mean((0, 2))
         elif estimator == "cumulative":
             sizes = list(range(1, d + 1))
-            rows = torch.arange(1, d + 1).repeat_interleave(p)
-            s = score_masks(model, xt, rows, share_masks=share_masks, generator=g,
-                            progress=progress, counter=counter).view(d, p, n)
-            samples = s.sum(0)
-            size_scores = s.mean((1, 2))
+            samples, size_sums = score_grid(model, xt, sizes, p, share_masks=share_masks,
+                                            generator=g, progress=progress, counter=counter)
+            size_scores = size_sums / p
         elif estimator == "random-size":
             sizes = list(range(1, d + 1))
             shape = (p,) if share_masks else (p, n)
@@ -579,10 +645,9 @@ def mpt_curve(model: MaskedModel, x: Any, *, num_masks: int = 1,
             idx = torch.tensor(size_list, dtype=torch.long, device=s.device) - 1
             per_sample = s[:, idx].mean(0).T.cpu()  # (N, S)
         else:
-            rows = torch.tensor(size_list, dtype=torch.long).repeat_interleave(p)
-            s = score_masks(model, xt, rows, share_masks=share_masks, generator=g,
-                            progress=progress, counter=counter)
-            per_sample = s.view(len(size_list), p, n).mean(1).T.cpu()  # (N, S)
+            s, _ = score_grid(model, xt, size_list, p, by="size", share_masks=share_masks,
+                              generator=g, progress=progress, counter=counter)
+            per_sample = (s / p).T.cpu()  # (N, S)
     mean = per_sample.mean(0)
     stderr = (per_sample.std(0, correction=1) / math.sqrt(n)) if n > 1 else torch.full_like(
         mean, float("nan"))

@@ -44,7 +44,8 @@ class MaskedModel(nn.Module):
     Subclasses implement :meth:`_log_conditionals` (inputs already validated)
     and, when they can, :meth:`_log_marginal`. They may override
     :meth:`_masked_log_prob` (and :meth:`_masked_log_prob_mean`,
-    :meth:`_nested_masked_log_prob`) with a faster reduction.
+    :meth:`_grid_masked_log_prob`, :meth:`_nested_masked_log_prob`) with a
+    faster reduction.
 
     Attributes
     ----------
@@ -150,6 +151,33 @@ class MaskedModel(nn.Module):
         compute it from sufficient statistics of the data (PPCA does).
         """
         return self._masked_log_prob(x, mask, generator).double().mean(dim=-1)
+
+    def _grid_masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor,
+                              generator: torch.Generator | None, *, data_means: bool = True
+                              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Weighted sums of :meth:`_masked_log_prob` over a grid of masks.
+
+        ``mask`` is ``(A, C, D)`` (shared across the data) or ``(A, C, N, D)``
+        (one per datum), ``weight`` is ``(A, C)``. With
+        lp[a, c, n] = sum_{j in mask[a, c]} log p(x_nj | x_nR) it returns
+
+        - ``rows``, ``(A, N)`` float64: sum_c weight[a, c] * lp[a, c, n];
+        - ``cols``, ``(C,)`` float64: sum_a weight[a, c] * mean_n lp[a, c, n]
+          (None unless ``data_means``).
+
+        The cumulative estimator is the grid (draws x sizes) with weight 1/M:
+        ``rows`` are its per-draw estimates of log p(x_n) and ``cols`` its
+        per-size scores. A model can do better than scoring every (mask,
+        datum) pair when the masks are shared (PPCA does, with one D x D
+        quadratic form per grid row).
+        """
+        a, c = mask.shape[:2]
+        lp = self._masked_log_prob(x, mask.reshape(a * c, *mask.shape[2:]), generator)
+        lp = lp.double().reshape(a, c, -1)
+        w = weight.to(dtype=torch.float64, device=lp.device)
+        rows = (lp * w[..., None]).sum(1)
+        cols = (lp.mean(-1) * w).sum(0) if data_means else None
+        return rows, cols
 
     def _nested_masked_log_prob(self, x: torch.Tensor, orders: torch.Tensor,
                                 generator: torch.Generator | None) -> torch.Tensor:

@@ -79,6 +79,21 @@ def _sum_after(t: torch.Tensor) -> torch.Tensor:
     return torch.cat([rest, torch.zeros_like(t[:, :1])], dim=1)
 
 
+def _times_wt(coef: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``coef @ W^T`` for ``coef`` (B, K): ``(B, D)``; K outer products when K is small.
+
+    A GEMM with an inner dimension of 2 runs far below peak; K rank-one
+    updates over the (B, D) output are cheaper up to K = 4.
+    """
+    k = coef.shape[1]
+    if k > 4:
+        return coef @ w.T
+    out = torch.outer(coef[:, 0], w[:, 0])
+    for i in range(1, k):
+        out = torch.addr(out, coef[:, i], w[:, i])
+    return out
+
+
 def _spd_inverse(a: torch.Tensor) -> torch.Tensor:
     """Inverse of a batch of small symmetric positive-definite matrices ``(..., K, K)``.
 
@@ -379,6 +394,93 @@ class PPCA(MaskedModel):
         else:
             terms = m * (res * res / var + torch.log(var))
         return -0.5 * (num_masked * _LOG_2PI + terms.sum(-1))
+
+    def _grid_masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor,
+                              generator: torch.Generator | None, *, data_means: bool = True
+                              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Grid sums (see :meth:`MaskedModel._grid_masked_log_prob`) by quadratic forms.
+
+        With shared masks, and when it is cheaper than scoring every (mask,
+        datum) pair (:meth:`_grid_by_quadratic_forms`), each grid row's
+        weighted sum is one D x D quadratic form in the residuals e_n; otherwise
+        the generic sum of :meth:`_masked_log_prob`.
+        """
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in self.parameters())
+        if mask.ndim == 3 and not grad and self._grid_by_quadratic_forms(
+                mask.shape[0], mask.shape[1], x.shape[0], data_means):
+            return self._grid_quadratic_forms(x, mask, weight, data_means)
+        return super()._grid_masked_log_prob(x, mask, weight, generator, data_means=data_means)
+
+    def _grid_by_quadratic_forms(self, rows: int, cols: int, num_data: int,
+                                 data_means: bool) -> bool:
+        """Whether :meth:`_grid_quadratic_forms` costs fewer flops than the direct sums.
+
+        Direct: GEMMs of the masks against ``[e w | e^2 | w w^T]``, about
+        2 B D N (2K + 1), plus O(B N K) after them. Quadratic forms: two
+        (one without ``data_means``) batched GEMMs of 2 B K D^2, the forms
+        2 A N D^2, plus O(B D K). So the forms win when D is small next to N.
+        """
+        d, k = self.num_tokens, self.latent_dim
+        b = rows * cols
+        direct = b * num_data * (2 * d * (2 * k + 1) + 10 * k)
+        forms = b * d * (2 * k * d * (1 + int(data_means)) + 10 * k) + 2 * rows * num_data * d * d
+        return forms < direct
+
+    def _grid_quadratic_forms(self, x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor,
+                              data_means: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Grid sums for shared masks ``(A, C, D)`` through one D x D form per row, float64.
+
+        For one mask (module docstring), u = -P g with g = W_M^T e = R^T e,
+        R = (m o W) and P = A_R^{-1} / sigma2, so the masked sum is
+        ``const - 0.5 e^T (diag(c) + L^T R^T) e`` with L = H R^T + 2 P (c o W)^T,
+        H = P C P. Summed over a grid row with weights omega::
+
+            rows[a, n] = sum_c omega k_c - 0.5 (sum_c omega c_c . e_n^2
+                         + e_n^T G_a e_n),   G_a = sum_c L_c^T (omega R_c)^T,
+
+        and ``cols`` uses sum_a omega L^T R^T contracted with the data second
+        moment (1/N) sum_n e_n e_n^T. Cost: batched GEMMs of 2 B K D^2 and
+        2 A N D^2 flops and passes over (B, D) arrays, against
+        2 B D N (2K + 1) and passes over (B, N, K) arrays for the direct sums.
+        Computed in float64 (the expanded form cancels; the arrays are small).
+        """
+        f64 = torch.float64
+        zs, e, _ = self._recentre(x)
+        w, s2 = self.W.to(f64), self.sigma2.to(f64)
+        d, k = w.shape
+        n = e.shape[0]
+        a, c = mask.shape[:2]
+        b = a * c
+        m = mask.reshape(b, d).to(f64)
+        omega = weight.reshape(b).to(dtype=f64, device=w.device)
+        ww = _outer_rows(w)
+        eye = torch.eye(k, dtype=f64, device=w.device)
+        a_inv = _spd_inverse(eye + ((1.0 - m) @ ww).reshape(b, k, k) / s2)
+        var = s2 + a_inv.reshape(b, k * k) @ ww.T  # (B, D): v_j = s2 + w_j^T A^-1 w_j
+        cm = m / var
+        const = -0.5 * (m.sum(-1) * _LOG_2PI + torch.log(var).mul_(m).sum(-1))  # (B,)
+        pm = a_inv / s2
+        h = pm @ (cm @ ww).reshape(b, k, k) @ pm
+        mw = m * omega[:, None]
+        g_rows = torch.zeros(a, d, d, dtype=f64, device=w.device)
+        g_cols = torch.zeros(c, d, d, dtype=f64, device=w.device) if data_means else None
+        for i in range(k):  # row i of L and of R, each (B, D)
+            left = _times_wt(h[:, i], w).mul_(m).addcmul_(cm, _times_wt(2.0 * pm[:, i], w))
+            left, right = left.view(a, c, d), (mw * w[:, i]).view(a, c, d)
+            g_rows.baddbmm_(left.transpose(1, 2), right)
+            if g_cols is not None:
+                g_cols.baddbmm_(left.permute(1, 2, 0), right.transpose(0, 1))
+        et = e.T.contiguous()  # (D, N)
+        cw = (cm * omega[:, None]).view(a, c, d)
+        quad = cw.sum(1) @ (et * et) + (g_rows.view(a * d, d) @ et).view(a, d, n).mul_(et).sum(1)
+        weighted = (omega * const).view(a, c)
+        rows = weighted.sum(1)[:, None] - 0.5 * quad
+        if g_cols is None:
+            return rows, None
+        second = et @ e / n  # (1/N) sum_n e_n e_n^T
+        cols = weighted.sum(0) - 0.5 * (cw.sum(0) @ torch.diagonal(second)
+                                        + (g_cols * second).sum((1, 2)))
+        return rows, cols
 
     def _masked_log_prob_mean(self, x: torch.Tensor, mask: torch.Tensor,
                               generator: torch.Generator | None) -> torch.Tensor:
