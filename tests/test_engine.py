@@ -166,8 +166,8 @@ def test_masks_redraw_rows_with_a_tie_at_the_threshold(monkeypatch):
 
     full = masks_mod._random_keys
 
-    def one_bit(g, rows, d):
-        keys, shift = full(g, rows, d)
+    def one_bit(rng, rows, d):
+        keys, shift = full(rng, rows, d)
         top = keys.dtype.type(keys.dtype.itemsize * 8 - 1)
         return ((keys >> top) << keys.dtype.type(shift)) | (keys & keys.dtype.type(
             (1 << shift) - 1)), shift

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ._heap import keep_heap
 from ._validation import (
     check_positive_int,
     check_rate,
@@ -218,6 +219,7 @@ def score_masks(model: MaskedModel, x: torch.Tensor, sizes: torch.Tensor, *,
     """
     n, d = x.shape
     g = make_generator(generator)
+    keep_heap()
     if share_masks and sizes.ndim == 2:
         raise ValueError("per-datum sizes need share_masks=False.")
     if mean_over_data and not share_masks:
@@ -401,6 +403,7 @@ def _prepare(model: Any, x: Any) -> tuple[MaskedModel, torch.Tensor]:
             f"model must be an mptlml.models.MaskedModel (e.g. mptlml.models.PPCA), "
             f"got {type(model).__name__}."
         )
+    keep_heap()
     return model, model.validate_data(x)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -79,10 +80,48 @@ def sample_masks(num_tokens: int, sizes: int | torch.Tensor, *, num_masks: int |
 _KEY32_MAX_TOKENS = 1 << 12
 #: up to this D one sort per row is cheaper than one partition per distinct size
 _SORT_MAX_TOKENS = 128
+#: beyond it, partition only when the distinct sizes have this many rows each on average
+#: (each partition call costs ~10 us of overhead)
+_MIN_PARTITION_ROWS = 16
+#: keys per independently seeded chunk of rows; fixed, so that a seed gives the same
+#: masks whatever the number of threads that draw the chunks
+_CHUNK_KEYS = 1 << 17
+
+_pool: dict[int, ThreadPoolExecutor] = {}
 
 
 def _masks_of_sizes(g: torch.Generator, sizes: np.ndarray, d: int) -> np.ndarray:
-    """``(R, D)`` bool: the ``sizes[r]`` smallest random keys of each row r.
+    """``(R, D)`` bool: each row r masks its ``sizes[r]`` smallest random keys.
+
+    The rows are split into chunks of about ``_CHUNK_KEYS`` keys, each seeded
+    from ``g`` in turn and drawn on ``torch.get_num_threads()`` threads (numpy
+    releases the GIL while it generates, sorts and partitions).
+    """
+    rows = sizes.shape[0]
+    out = np.empty((rows, d), dtype=bool)
+    chunks = max(1, min(rows, -(-rows * d // _CHUNK_KEYS)))
+    bounds = np.linspace(0, rows, chunks + 1).round().astype(np.int64)
+    seeds = torch.randint(0, 2**62, (chunks,), generator=g).tolist()
+    jobs = [(np.random.default_rng(seed), slice(int(lo), int(hi)))
+            for seed, lo, hi in zip(seeds, bounds[:-1], bounds[1:], strict=True)]
+
+    def draw(job: tuple[np.random.Generator, slice]) -> None:
+        rng, rows_ = job
+        _draw_rows(rng, sizes[rows_], out[rows_])
+
+    threads = torch.get_num_threads()
+    if chunks == 1 or threads == 1:
+        for job in jobs:
+            draw(job)
+    else:
+        if threads not in _pool:
+            _pool[threads] = ThreadPoolExecutor(threads, thread_name_prefix="mptlml-masks")
+        list(_pool[threads].map(draw, jobs))
+    return out
+
+
+def _draw_rows(rng: np.random.Generator, sizes: np.ndarray, out: np.ndarray) -> None:
+    """Fill ``out`` (R, D) with masks of the given sizes: the M smallest keys of each row.
 
     Keys carry the column index in their low bits, so they are distinct and a
     threshold at the M-th smallest masks exactly M tokens. Where the M-th and
@@ -91,19 +130,20 @@ def _masks_of_sizes(g: torch.Generator, sizes: np.ndarray, d: int) -> np.ndarray
     of random values, so the accepted rows stay exactly uniform among the
     subsets of size M.
     """
-    keys, shift = _random_keys(g, sizes.shape[0], d)
+    keys, shift = _random_keys(rng, sizes.shape[0], out.shape[1])
     thr, nxt = _thresholds(keys, sizes)
-    mask = keys <= thr[:, None]
-    tie = np.nonzero((sizes < d) & ((thr >> shift) == (nxt >> shift)))[0]
+    np.less_equal(keys, thr[:, None], out=out)
+    tie = np.nonzero((sizes < out.shape[1]) & ((thr >> shift) == (nxt >> shift)))[0]
     if tie.size:
-        mask[tie] = _masks_of_sizes(g, sizes[tie], d)
-    return mask
+        redrawn = np.empty((tie.size, out.shape[1]), dtype=bool)
+        _draw_rows(rng, sizes[tie], redrawn)
+        out[tie] = redrawn
 
 
 def _thresholds(keys: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The M-th and (M+1)-th smallest key of each row (the second unused where M = D)."""
     d = keys.shape[1]
-    if d <= _SORT_MAX_TOKENS:
+    if d <= _SORT_MAX_TOKENS or np.unique(sizes).size * _MIN_PARTITION_ROWS > sizes.shape[0]:
         srt = np.sort(keys, axis=-1)
         thr = np.take_along_axis(srt, (sizes - 1)[:, None], 1)[:, 0]
         nxt = np.take_along_axis(srt, np.minimum(sizes, d - 1)[:, None], 1)[:, 0]
@@ -118,16 +158,14 @@ def _thresholds(keys: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.nda
     return thr, nxt
 
 
-def _random_keys(g: torch.Generator, rows: int, d: int) -> tuple[np.ndarray, int]:
+def _random_keys(rng: np.random.Generator, rows: int, d: int) -> tuple[np.ndarray, int]:
     """Distinct keys per row, random high bits and the column index below: ``(keys, shift)``.
 
     ``key_j = (u_j >> b) << b | j`` with ``b = shift`` bits for j and u_j
     uniform: 32-bit keys for D <= 4096 (half the random numbers of 64-bit
-    ones and a faster sort), 64-bit beyond. The stream is seeded from ``g``,
-    so the draw is reproducible.
+    ones and a faster sort), 64-bit beyond.
     """
-    seed = int(torch.randint(0, 2**62, (1,), generator=g))
-    bit_gen = np.random.default_rng(seed).bit_generator
+    bit_gen = rng.bit_generator
     shift = max(1, (d - 1).bit_length())
     if d <= _KEY32_MAX_TOKENS:
         raw = bit_gen.random_raw((rows * d + 1) // 2).view(np.uint32)[: rows * d].reshape(rows, d)

@@ -68,9 +68,9 @@ def _outer_rows(w: torch.Tensor) -> torch.Tensor:
 
 
 def _ew_columns(w: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """Columns e_nj w_jk of the masked sums, k-major: ``(D, K N)``."""
+    """Columns e_nj w_jk of the masked sums, k-major: ``(D, K N)``, contiguous."""
     (d, k), n = w.shape, e.shape[0]
-    return (w.T[:, None, :] * e[None, :, :]).reshape(k * n, d).T
+    return (w[:, :, None] * e.T[:, None, :]).reshape(d, k * n)
 
 
 def _sum_after(t: torch.Tensor) -> torch.Tensor:
@@ -310,7 +310,7 @@ class PPCA(MaskedModel):
         b, d = m.shape
         n = e.shape[0]
         k = a_inv.shape[-1]
-        var = s2 + a_inv.reshape(b, k * k) @ ww.T  # (B, D): v_j = s2 + w_j^T A^-1 w_j
+        var = torch.addmm(s2, a_inv.reshape(b, k * k), ww.T)  # (B, D): s2 + w_j^T A^-1 w_j
         c = m / var
         cb = c @ torch.cat([ew, (e * e).T, ww], dim=1)  # sum_j c_j [e_j w_j | e_j^2 | w_j w_j^T]
         quad, cww = cb[:, k * n: k * n + n], cb[:, k * n + n:].reshape(b, k, k)
@@ -364,20 +364,25 @@ class PPCA(MaskedModel):
         d, k = w.shape
         n = e.shape[0]
         m = mask.to(dtype)  # masked indicator
-        r = 1.0 - m  # observed indicator
         ww = _outer_rows(w)
         eye = torch.eye(k, dtype=dtype, device=w.device)
-        num_masked = m.sum(-1)
         if mask.ndim == 2:  # (B, D): shared masks, no (B, N, D) array
-            # A_R from the observed set (a sum of positive terms: no cancellation)
-            a_inv = _spd_inverse(eye + (r @ ww).reshape(-1, k, k) / s2)
-            # g = W_M^T e_M (= sigma2 z* - W_R^T e_R, since W^T e = sigma2 z*): summed over
-            # the masked set when M <= D/2, over the observed one otherwise (fewer rounded
-            # terms, no cancellation against z*): g = (m - f) @ [e w] + f sigma2 z*.
-            flag = (num_masked > d / 2).to(dtype)
             ew = _ew_columns(w, e)
-            g = torch.addr(m.sub(flag[:, None]) @ ew, flag, (s2 * zs).T.reshape(k * n))
+            if dtype == torch.float64:  # rounding far below any tolerance: fewest passes
+                obs = torch.addmm(ww.sum(0), m, ww, alpha=-1.0)  # W^T W - W_M^T W_M
+                g = m @ ew  # W_M^T e_M
+            else:
+                # A_R from the observed set (a sum of positive terms: no cancellation);
+                # g = W_M^T e_M (= sigma2 z* - W_R^T e_R, since W^T e = sigma2 z*) summed
+                # over the masked set when M <= D/2, over the observed one otherwise
+                # (fewer rounded terms, no cancellation): g = (m - f) @ [e w] + f sigma2 z*.
+                obs = (1.0 - m) @ ww
+                flag = (m.sum(-1) > d / 2).to(dtype)
+                g = torch.addr(m.sub(flag[:, None]) @ ew, flag, (s2 * zs).T.reshape(k * n))
+            a_inv = _spd_inverse(eye + obs.reshape(-1, k, k) / s2)
             return self._shared_sum(e, s2, ww, ew, m, a_inv, g)
+        num_masked = m.sum(-1)
+        r = 1.0 - m  # observed indicator
         g = (r.reshape(-1, d) @ ww).reshape(*mask.shape[:-1], k, k)  # W_R^T W_R, observed
         a_inv = _spd_inverse(eye + g / s2)
         var = s2 + a_inv.reshape(-1, k * k) @ ww.T  # v_j = s2 + w_j^T A^-1 w_j
