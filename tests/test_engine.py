@@ -178,3 +178,48 @@ def test_masks_redraw_rows_with_a_tie_at_the_threshold(monkeypatch):
     assert (m.sum(-1) == m_size).all()
     se1 = math.sqrt((m_size / d) * (1 - m_size / d) / b)
     assert np.abs(m.mean(0).numpy() - m_size / d).max() < 5 * se1
+
+
+def test_masks_same_whatever_the_number_of_threads():
+    """Chunks are seeded in turn and fixed in size, so threads do not change the draw."""
+    sizes = torch.arange(1, 301).repeat(4)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = sample_masks(300, sizes, generator=11)
+        torch.set_num_threads(2)
+        two = sample_masks(300, sizes, generator=11)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two) and (one.sum(-1) == sizes).all()
+
+
+def test_keep_heap_opt_out_and_idempotent(monkeypatch):
+    from mptlml import _heap
+
+    monkeypatch.setenv("MPTLML_KEEP_HEAP", "0")
+    assert _heap._set_thresholds() is False
+    monkeypatch.delenv("MPTLML_KEEP_HEAP")
+    first = _heap.keep_heap()
+    assert isinstance(first, bool) and _heap.keep_heap() is first
+    assert _heap.heap_kept() is first
+
+
+def test_reuse_data_scope_caches_per_tensor_and_clears():
+    """Inside _reuse_data the terms of x are computed once; a new x or a closed scope recomputes."""
+    model = _model(10, 2, 0.3)
+    x = model.sample(5, generator=0)
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return len(calls)
+
+    assert model._cached(x, "t", compute) == 1 and model._cached(x, "t", compute) == 2
+    with model._reuse_data():
+        assert model._cached(x, "t", compute) == 3
+        assert model._cached(x, "t", compute) == 3
+        assert model._cached(x.clone(), "t", compute) == 4
+        with model._reuse_data():  # nested scopes share the cache
+            assert model._cached(x, "t", compute) == 3
+    assert model._data_scope is None and model._cached(x, "t", compute) == 5

@@ -472,7 +472,7 @@ def estimate_lml(model: MaskedModel, x: Any, estimator: str = "cumulative", *,
     g = make_generator(seed)
     counter = _Counter()
     rate_used: float | None = None
-    with torch.no_grad():
+    with torch.no_grad(), model._reuse_data():
         # samples: (P, N), i.i.d. over P, each an estimate of log p(x_n) on its own.
         if estimator == "exhaustive":
             max_masks = check_positive_int(max_masks, "max_masks")
@@ -641,7 +641,7 @@ def mpt_curve(model: MaskedModel, x: Any, *, num_masks: int = 1,
         raise ValueError("sizes is empty; pass at least one mask size in 1..D.")
     g = make_generator(seed)
     counter = _Counter()
-    with torch.no_grad():
+    with torch.no_grad(), model._reuse_data():
         if nested:
             s = score_nested(model, xt, p, share_masks=share_masks, generator=g,
                              progress=progress, counter=counter)  # (P, D, N)

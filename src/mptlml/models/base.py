@@ -27,7 +27,9 @@ Marginal Likelihood", NeurIPS 2023, Proposition 1.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -36,6 +38,8 @@ from .._validation import check_data, check_mask
 from ..masks import prefix_masks
 
 __all__ = ["MaskedModel"]
+
+_T = TypeVar("_T")
 
 
 class MaskedModel(nn.Module):
@@ -58,6 +62,8 @@ class MaskedModel(nn.Module):
 
     num_tokens: int
     stochastic: bool = False
+    #: terms of the data reused across blocks of masks inside :meth:`_reuse_data`
+    _data_scope: dict[Any, tuple[torch.Tensor, Any]] | None = None
 
     # ------------------------------------------------------------------ dtype/device
     def _first_tensor(self) -> torch.Tensor | None:
@@ -127,6 +133,34 @@ class MaskedModel(nn.Module):
                 "mptlml.estimate_lml(model, x, estimator='cumulative') instead."
             )
         return self._log_marginal(self.validate_data(x))
+
+    # ------------------------------------------------------------------ reuse across blocks
+    @contextmanager
+    def _reuse_data(self) -> Iterator[None]:
+        """Scope in which the parameters do not change, so terms of ``x`` may be reused.
+
+        The estimators score masks in blocks and open one scope per call (under
+        ``torch.no_grad``); a model caches what depends only on ``x`` and its
+        parameters through :meth:`_cached`, and the cache is dropped on exit.
+        """
+        outer = self._data_scope
+        self._data_scope = {} if outer is None else outer
+        try:
+            yield
+        finally:
+            self._data_scope = outer
+
+    def _cached(self, x: torch.Tensor, name: str, compute: Callable[[], _T]) -> _T:
+        """``compute()``, reused for the same tensor ``x`` inside :meth:`_reuse_data`."""
+        scope = self._data_scope
+        if scope is None:
+            return compute()
+        hit = scope.get((name, id(x)))
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        value = compute()
+        scope[(name, id(x))] = (x, value)  # holding x keeps its id from being reused
+        return value
 
     # ------------------------------------------------------------------ to implement
     def _log_conditionals(self, x: torch.Tensor, mask: torch.Tensor,

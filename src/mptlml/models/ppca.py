@@ -275,8 +275,21 @@ class PPCA(MaskedModel):
     def _split(self, x: torch.Tensor) -> tuple[torch.dtype, torch.Tensor, torch.Tensor,
                                                torch.Tensor, torch.Tensor]:
         """dtype, W, sigma2, z* and e of :meth:`_recentre` in the model's dtype."""
-        zs, e, _ = self._recentre(x)
-        return self.dtype, self.W, self.sigma2, zs.to(self.dtype), e.to(self.dtype)
+        def split() -> tuple[torch.dtype, torch.Tensor, torch.Tensor, torch.Tensor,
+                             torch.Tensor]:
+            zs, e, _ = self._recentre(x)
+            return self.dtype, self.W, self.sigma2, zs.to(self.dtype), e.to(self.dtype)
+
+        return self._cached(x, "split", split)
+
+    def _columns(self, x: torch.Tensor, w: torch.Tensor, e: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """w_j w_j^T rows ``(D, K^2)``, e w columns ``(D, K N)`` and ``[e w | e^2 | w w^T]``."""
+        def columns() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            ww, ew = _outer_rows(w), _ew_columns(w, e)
+            return ww, ew, torch.cat([ew, (e * e).T, ww], dim=1)
+
+        return self._cached(x, "columns", columns)
 
     def _log_marginal(self, x: torch.Tensor) -> torch.Tensor:
         """log N(x; mu, W W^T + sigma2 I) via Woodbury and the matrix determinant lemma.
@@ -298,21 +311,24 @@ class PPCA(MaskedModel):
         return num_data * self.num_tokens
 
     @staticmethod
-    def _shared_sum(e: torch.Tensor, s2: torch.Tensor, ww: torch.Tensor, ew: torch.Tensor,
+    def _shared_sum(e: torch.Tensor, s2: torch.Tensor, ww: torch.Tensor, rhs: torch.Tensor,
                     m: torch.Tensor, a_inv: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """Masked sums of log p(x_j | x_R) for shared masks from A_R^-1 and g = W_M^T e_M.
 
-        ``m`` is the ``(B, D)`` masked indicator, ``a_inv`` ``(B, K, K)`` and ``g``
-        ``(B, K N)`` (k-major). With u = -A_R^-1 g / sigma2 and c_j = m_j / v_j,
+        ``m`` is the ``(B, D)`` masked indicator, ``a_inv`` ``(B, K, K)``, ``g``
+        ``(B, K N)`` (k-major) and ``rhs`` the columns ``[e w | e^2 | w w^T]``.
+        With u = -A_R^-1 g / sigma2 and c_j = m_j / v_j,
         ``sum_j c_j (e_j - w_j^T u)^2 = sum_j c_j e_j^2 + g^T P C P g + 2 g^T P f``,
         P = A_R^-1 / sigma2, C = sum_j c_j w_j w_j^T, f = sum_j c_j e_j w_j.
         """
         b, d = m.shape
         n = e.shape[0]
         k = a_inv.shape[-1]
-        var = torch.addmm(s2, a_inv.reshape(b, k * k), ww.T)  # (B, D): s2 + w_j^T A^-1 w_j
+        # (B, D): v_j = s2 + w_j^T A^-1 w_j, s2 folded into the GEMM (no pass of its own)
+        var = torch.cat([a_inv.reshape(b, k * k), s2.expand(b, 1)], dim=1) @ torch.cat(
+            [ww.T, torch.ones_like(ww[:, :1]).T], dim=0)
         c = m / var
-        cb = c @ torch.cat([ew, (e * e).T, ww], dim=1)  # sum_j c_j [e_j w_j | e_j^2 | w_j w_j^T]
+        cb = c @ rhs  # sum_j c_j [e_j w_j | e_j^2 | w_j w_j^T]
         quad, cww = cb[:, k * n: k * n + n], cb[:, k * n + n:].reshape(b, k, k)
         pm = a_inv / s2
         g = g.reshape(b, k, n)
@@ -320,7 +336,7 @@ class PPCA(MaskedModel):
                           alpha=2.0)  # (B, K, N)
         for i in range(k):  # contiguous adds over K, no strided reduce
             quad = torch.addcmul(quad, g[:, i], t[:, i])
-        logv = torch.log(var).mul_(m).sum(-1)  # (B,)
+        logv = torch.linalg.vecdot(torch.log(var), m)  # (B,): sum_j m_j log v_j
         return -0.5 * ((m.sum(-1) * _LOG_2PI + logv)[:, None] + quad)
 
     def _nested_masked_log_prob(self, x: torch.Tensor, orders: torch.Tensor,
@@ -338,8 +354,7 @@ class PPCA(MaskedModel):
         dtype, w, s2, zs, e = self._split(x)
         d, k = w.shape
         n, p = e.shape[0], orders.shape[0]
-        ww = _outer_rows(w)
-        ew = _ew_columns(w, e)
+        ww, ew, rhs = self._columns(x, w, e)
         o = orders.to(w.device)
         obs_ww = _sum_after(ww[o])  # size M (row M-1): W_R^T W_R over R = pi[M:]
         eye = torch.eye(k, dtype=dtype, device=w.device)
@@ -349,7 +364,7 @@ class PPCA(MaskedModel):
         g = torch.cat([ewp[:, :h].cumsum(1),
                        (s2 * zs).T.reshape(1, 1, k * n) - _sum_after(ewp[:, h:])], dim=1)
         m = prefix_masks(o).to(dtype).reshape(p * d, d)
-        out = self._shared_sum(e, s2, ww, ew, m, a_inv, g.reshape(p * d, k * n))
+        out = self._shared_sum(e, s2, ww, rhs, m, a_inv, g.reshape(p * d, k * n))
         return out.reshape(p, d, n)
 
     def _masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
@@ -364,10 +379,9 @@ class PPCA(MaskedModel):
         d, k = w.shape
         n = e.shape[0]
         m = mask.to(dtype)  # masked indicator
-        ww = _outer_rows(w)
         eye = torch.eye(k, dtype=dtype, device=w.device)
         if mask.ndim == 2:  # (B, D): shared masks, no (B, N, D) array
-            ew = _ew_columns(w, e)
+            ww, ew, rhs = self._columns(x, w, e)
             if dtype == torch.float64:  # rounding far below any tolerance: fewest passes
                 obs = torch.addmm(ww.sum(0), m, ww, alpha=-1.0)  # W^T W - W_M^T W_M
                 g = m @ ew  # W_M^T e_M
@@ -380,7 +394,8 @@ class PPCA(MaskedModel):
                 flag = (m.sum(-1) > d / 2).to(dtype)
                 g = torch.addr(m.sub(flag[:, None]) @ ew, flag, (s2 * zs).T.reshape(k * n))
             a_inv = _spd_inverse(eye + obs.reshape(-1, k, k) / s2)
-            return self._shared_sum(e, s2, ww, ew, m, a_inv, g)
+            return self._shared_sum(e, s2, ww, rhs, m, a_inv, g)
+        ww = _outer_rows(w)
         num_masked = m.sum(-1)
         r = 1.0 - m  # observed indicator
         g = (r.reshape(-1, d) @ ww).reshape(*mask.shape[:-1], k, k)  # W_R^T W_R, observed
@@ -450,7 +465,7 @@ class PPCA(MaskedModel):
         Computed in float64 (the expanded form cancels; the arrays are small).
         """
         f64 = torch.float64
-        zs, e, _ = self._recentre(x)
+        zs, e, _ = self._cached(x, "recentre", lambda: self._recentre(x))
         w, s2 = self.W.to(f64), self.sigma2.to(f64)
         d, k = w.shape
         n = e.shape[0]
