@@ -277,17 +277,19 @@ class PPCA(MaskedModel):
         """dtype, W, sigma2, z* and e of :meth:`_recentre` in the model's dtype."""
         def split() -> tuple[torch.dtype, torch.Tensor, torch.Tensor, torch.Tensor,
                              torch.Tensor]:
-            zs, e, _ = self._recentre(x)
+            zs, e, _ = self._cached(x, "recentre", lambda: self._recentre(x))
             return self.dtype, self.W, self.sigma2, zs.to(self.dtype), e.to(self.dtype)
 
         return self._cached(x, "split", split)
 
     def _columns(self, x: torch.Tensor, w: torch.Tensor, e: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """w_j w_j^T rows ``(D, K^2)``, e w columns ``(D, K N)`` and ``[e w | e^2 | w w^T]``."""
+        """The GEMM columns ``[w w^T | e w | e^2]``, ``(D, K^2 + K N + N)``, and views of the
+        first two blocks, w_j w_j^T ``(D, K^2)`` and e_nj w_jk ``(D, K N)``."""
         def columns() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            ww, ew = _outer_rows(w), _ew_columns(w, e)
-            return ww, ew, torch.cat([ew, (e * e).T, ww], dim=1)
+            k2, kn = w.shape[1] ** 2, w.shape[1] * e.shape[0]
+            rhs = torch.cat([_outer_rows(w), _ew_columns(w, e), (e * e).T], dim=1)
+            return rhs[:, :k2], rhs[:, k2:k2 + kn], rhs
 
         return self._cached(x, "columns", columns)
 
@@ -297,7 +299,7 @@ class PPCA(MaskedModel):
         ``(x-mu)^T C^{-1} (x-mu) = |x - mu - W z*|^2 / sigma2 + |z*|^2`` and
         ``log|C| = D log sigma2 + log|I + W^T W / sigma2|``.
         """
-        zs, e, a = self._recentre(x)
+        zs, e, a = self._cached(x, "recentre", lambda: self._recentre(x))
         s2 = self.sigma2.double()
         quad = (e * e).sum(-1) / s2 + (zs * zs).sum(-1)
         logdet = self.num_tokens * torch.log(s2) + torch.logdet(a)
@@ -316,7 +318,7 @@ class PPCA(MaskedModel):
         """Masked sums of log p(x_j | x_R) for shared masks from A_R^-1 and g = W_M^T e_M.
 
         ``m`` is the ``(B, D)`` masked indicator, ``a_inv`` ``(B, K, K)``, ``g``
-        ``(B, K N)`` (k-major) and ``rhs`` the columns ``[e w | e^2 | w w^T]``.
+        ``(B, K N)`` (k-major) and ``rhs`` the columns ``[w w^T | e w | e^2]``.
         With u = -A_R^-1 g / sigma2 and c_j = m_j / v_j,
         ``sum_j c_j (e_j - w_j^T u)^2 = sum_j c_j e_j^2 + g^T P C P g + 2 g^T P f``,
         P = A_R^-1 / sigma2, C = sum_j c_j w_j w_j^T, f = sum_j c_j e_j w_j.
@@ -328,11 +330,11 @@ class PPCA(MaskedModel):
         var = torch.cat([a_inv.reshape(b, k * k), s2.expand(b, 1)], dim=1) @ torch.cat(
             [ww.T, torch.ones_like(ww[:, :1]).T], dim=0)
         c = m / var
-        cb = c @ rhs  # sum_j c_j [e_j w_j | e_j^2 | w_j w_j^T]
-        quad, cww = cb[:, k * n: k * n + n], cb[:, k * n + n:].reshape(b, k, k)
+        cb = c @ rhs  # sum_j c_j [w_j w_j^T | e_j w_j | e_j^2]
+        cww, f, quad = cb[:, :k * k].reshape(b, k, k), cb[:, k * k:-n], cb[:, -n:]
         pm = a_inv / s2
         g = g.reshape(b, k, n)
-        t = torch.baddbmm(torch.bmm(pm @ cww @ pm, g), pm, cb[:, : k * n].reshape(b, k, n),
+        t = torch.baddbmm(torch.bmm(pm @ cww @ pm, g), pm, f.reshape(b, k, n),
                           alpha=2.0)  # (B, K, N)
         for i in range(k):  # contiguous adds over K, no strided reduce
             quad = torch.addcmul(quad, g[:, i], t[:, i])
@@ -383,8 +385,8 @@ class PPCA(MaskedModel):
         if mask.ndim == 2:  # (B, D): shared masks, no (B, N, D) array
             ww, ew, rhs = self._columns(x, w, e)
             if dtype == torch.float64:  # rounding far below any tolerance: fewest passes
-                obs = torch.addmm(ww.sum(0), m, ww, alpha=-1.0)  # W^T W - W_M^T W_M
-                g = m @ ew  # W_M^T e_M
+                mg = m @ rhs[:, :k * k + k * n]  # [W_M^T W_M | W_M^T e_M], one read of m
+                obs, g = ww.sum(0) - mg[:, :k * k], mg[:, k * k:]
             else:
                 # A_R from the observed set (a sum of positive terms: no cancellation);
                 # g = W_M^T e_M (= sigma2 z* - W_R^T e_R, since W^T e = sigma2 z*) summed
