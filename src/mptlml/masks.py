@@ -110,7 +110,7 @@ def _masks_of_sizes(g: torch.Generator, sizes: np.ndarray, d: int) -> np.ndarray
         _draw_rows(rng, sizes[rows_], out[rows_])
 
     threads = torch.get_num_threads()
-    if chunks == 1 or threads == 1:
+    if chunks == 1 or threads == 1 or not _sorts(sizes, d):  # partitions: handoffs cost more
         for job in jobs:
             draw(job)
     else:
@@ -140,10 +140,15 @@ def _draw_rows(rng: np.random.Generator, sizes: np.ndarray, out: np.ndarray) -> 
         out[tie] = redrawn
 
 
+def _sorts(sizes: np.ndarray, d: int) -> bool:
+    """Whether rows of these sizes are selected by one sort per row (else by partitions)."""
+    return d <= _SORT_MAX_TOKENS or np.unique(sizes).size * _MIN_PARTITION_ROWS > sizes.shape[0]
+
+
 def _thresholds(keys: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The M-th and (M+1)-th smallest key of each row (the second unused where M = D)."""
     d = keys.shape[1]
-    if d <= _SORT_MAX_TOKENS or np.unique(sizes).size * _MIN_PARTITION_ROWS > sizes.shape[0]:
+    if _sorts(sizes, d):
         srt = np.sort(keys, axis=-1)
         thr = np.take_along_axis(srt, (sizes - 1)[:, None], 1)[:, 0]
         nxt = np.take_along_axis(srt, np.minimum(sizes, d - 1)[:, None], 1)[:, 0]

@@ -30,10 +30,13 @@ P = A_R^{-1} / sigma2, C = sum_j c_j w_j w_j^T and f = sum_j c_j e_j w_j,
     sum_j m_j (e_j - w_j^T u)^2 / v_j = sum_j c_j e_j^2 + g^T P C P g + 2 g^T P f.
 
 Cost per block of T shared masks: GEMMs of the T x D indicator matrices
-against ``[e w | e^2 | w w^T]`` (about 2 T D N (2K + 1) flops) plus T K x K
-inverses. Nested masks (the prefixes of one order,
-:meth:`PPCA._nested_masked_log_prob`) get W_R^T W_R and g for every size
-from suffix and prefix sums along the order, leaving one GEMM.
+against ``[w w^T | e w | e^2]`` (about 2 T D N (2K + 1) flops) plus T K x K
+inverses. When D is small next to N, a grid of shared masks (draws x sizes,
+:meth:`PPCA._grid_masked_log_prob`) is summed per draw as one D x D quadratic
+form in e_n instead (2 T K D^2 + 2 A N D^2 flops for A draws). Nested masks
+(the prefixes of one order, :meth:`PPCA._nested_masked_log_prob`) get
+W_R^T W_R and g for every size from suffix and prefix sums along the order,
+leaving one GEMM.
 
 References
 ----------
@@ -288,7 +291,8 @@ class PPCA(MaskedModel):
         first two blocks, w_j w_j^T ``(D, K^2)`` and e_nj w_jk ``(D, K N)``."""
         def columns() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             k2, kn = w.shape[1] ** 2, w.shape[1] * e.shape[0]
-            rhs = torch.cat([_outer_rows(w), _ew_columns(w, e), (e * e).T], dim=1)
+            et = e.T.contiguous()  # cat of a transposed view copies element by element
+            rhs = torch.cat([_outer_rows(w), _ew_columns(w, e), et * et], dim=1)
             return rhs[:, :k2], rhs[:, k2:k2 + kn], rhs
 
         return self._cached(x, "columns", columns)
