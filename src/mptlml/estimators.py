@@ -59,6 +59,9 @@ ESTIMATORS = ("exhaustive", "cumulative", "random-size", "fixed-rate", "chain-ru
 
 #: elements (masks x data x tokens) processed per model call; bounds temporaries.
 BLOCK_ELEMENTS = 1 << 22
+#: bytes of masks drawn in one call by :func:`score_grid` (several blocks at once: the
+#: mask draws run on threads, and each separate draw waits for torch's spinning workers)
+MASK_BYTES = 1 << 25
 #: default cap on the number of masks the exhaustive estimator may enumerate.
 DEFAULT_MAX_MASKS = 1 << 16
 
@@ -297,28 +300,55 @@ def score_grid(model: MaskedModel, x: torch.Tensor, sizes: Sequence[int], num_dr
     else:
         spans = [(a, a + 1, c, min(c + per, inner)) for a in range(outer)
                  for c in range(0, inner, per)]
-    for a0, a1, c0, c1 in tqdm(spans, desc="masks", leave=False,
-                               disable=not progress or len(spans) <= 1):
-        if by_draw:  # draw size-major (equal sizes contiguous), then one grid row per draw
-            sz, wt = size_t[c0:c1].repeat_interleave(a1 - a0), inv[c0:c1].repeat(a1 - a0)
-        else:
-            sz, wt = size_t[a0:a1].repeat_interleave(c1 - c0), inv[a0:a1].repeat_interleave(c1 - c0)
-        mask = sample_masks(d, sz, num_data=None if share_masks else n, generator=g)
-        if by_draw:
-            mask = mask.reshape(c1 - c0, a1 - a0, *mask.shape[1:]).transpose(0, 1).contiguous()
-            wt = wt.reshape(a1 - a0, c1 - c0)
-        else:
-            mask = mask.reshape(a1 - a0, c1 - c0, *mask.shape[1:])
-            wt = wt.reshape(a1 - a0, c1 - c0)
-        rows, cols = model._grid_masked_log_prob(x, mask.to(x.device), wt, g,
-                                                 data_means=by_draw)
-        rows_out[a0:a1] += rows
-        if cols_out is not None:
-            cols_out[c0:c1] += cols
-        if counter is not None:
-            counter.calls += 1
-            counter.rows += mask.shape[0] * mask.shape[1] * n
+    def span_sizes(span: tuple[int, int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        a0, a1, c0, c1 = span
+        if by_draw:  # drawn size-major (equal sizes contiguous), one grid row per draw after
+            return size_t[c0:c1].repeat_interleave(a1 - a0), inv[c0:c1].repeat(a1 - a0)
+        return size_t[a0:a1].repeat_interleave(c1 - c0), inv[a0:a1].repeat_interleave(c1 - c0)
+
+    # masks of several blocks are drawn in one call (up to MASK_BYTES): fewer, larger draws
+    per_mask = d * (1 if share_masks else n)
+    bar = tqdm(total=len(spans), desc="masks", leave=False,
+               disable=not progress or len(spans) <= 1)
+    for group in _span_groups(spans, max(1, MASK_BYTES // per_mask)):
+        drawn = [span_sizes(sp) for sp in group]
+        masks = sample_masks(d, torch.cat([sz for sz, _ in drawn]),
+                             num_data=None if share_masks else n, generator=g)
+        start = 0
+        for (a0, a1, c0, c1), (sz, wt) in zip(group, drawn, strict=True):
+            mask, start = masks[start:start + sz.shape[0]], start + sz.shape[0]
+            if by_draw:
+                mask = mask.reshape(c1 - c0, a1 - a0, *mask.shape[1:]).transpose(0, 1)
+                mask, wt = mask.contiguous(), wt.reshape(a1 - a0, c1 - c0)
+            else:
+                mask, wt = mask.reshape(a1 - a0, c1 - c0, *mask.shape[1:]), wt.reshape(
+                    a1 - a0, c1 - c0)
+            rows, cols = model._grid_masked_log_prob(x, mask.to(x.device), wt, g,
+                                                     data_means=by_draw)
+            rows_out[a0:a1] += rows
+            if cols_out is not None:
+                cols_out[c0:c1] += cols
+            if counter is not None:
+                counter.calls += 1
+                counter.rows += mask.shape[0] * mask.shape[1] * n
+            bar.update()
+    bar.close()
     return rows_out, cols_out
+
+
+def _span_groups(spans: list[tuple[int, int, int, int]], max_masks: int
+                 ) -> list[list[tuple[int, int, int, int]]]:
+    """Consecutive blocks of the grid whose masks together stay within ``max_masks``."""
+    groups: list[list[tuple[int, int, int, int]]] = []
+    count = max_masks
+    for sp in spans:
+        masks = (sp[1] - sp[0]) * (sp[3] - sp[2])
+        if count + masks > max_masks:
+            groups.append([])
+            count = 0
+        groups[-1].append(sp)
+        count += masks
+    return groups
 
 
 def score_nested(model: MaskedModel, x: torch.Tensor, num_orders: int, *,
