@@ -93,13 +93,17 @@ _pool: dict[int, ThreadPoolExecutor] = {}
 def _masks_of_sizes(g: torch.Generator, sizes: np.ndarray, d: int) -> np.ndarray:
     """``(R, D)`` bool: each row r masks its ``sizes[r]`` smallest random keys.
 
-    The rows are split into chunks of about ``_CHUNK_KEYS`` keys, each seeded
-    from ``g`` in turn and drawn on ``torch.get_num_threads()`` threads (numpy
-    releases the GIL while it generates, sorts and partitions).
+    The rows are split into chunks of about ``_CHUNK_KEYS`` keys (four times
+    that when they are selected by partitions), each seeded from ``g`` in turn;
+    sorted chunks are drawn on ``torch.get_num_threads()`` threads (numpy
+    releases the GIL while it sorts). The chunks depend only on the sizes and
+    D, so a seed gives the same masks whatever the number of threads.
     """
     rows = sizes.shape[0]
     out = np.empty((rows, d), dtype=bool)
-    chunks = max(1, min(rows, -(-rows * d // _CHUNK_KEYS)))
+    sorts = _sorts(sizes, d)
+    chunk_keys = _CHUNK_KEYS if sorts else 4 * _CHUNK_KEYS  # partitions run in this thread
+    chunks = max(1, min(rows, -(-rows * d // chunk_keys)))
     bounds = np.linspace(0, rows, chunks + 1).round().astype(np.int64)
     seeds = torch.randint(0, 2**62, (chunks,), generator=g).tolist()
     jobs = [(np.random.default_rng(seed), slice(int(lo), int(hi)))
@@ -110,7 +114,7 @@ def _masks_of_sizes(g: torch.Generator, sizes: np.ndarray, d: int) -> np.ndarray
         _draw_rows(rng, sizes[rows_], out[rows_])
 
     threads = torch.get_num_threads()
-    if chunks == 1 or threads == 1 or not _sorts(sizes, d):  # partitions: handoffs cost more
+    if chunks == 1 or threads == 1 or not sorts:  # partitions: thread handoffs cost more
         for job in jobs:
             draw(job)
     else:
