@@ -290,10 +290,16 @@ class PPCA(MaskedModel):
         """The GEMM columns ``[w w^T | e w | e^2]``, ``(D, K^2 + K N + N)``, and views of the
         first two blocks, w_j w_j^T ``(D, K^2)`` and e_nj w_jk ``(D, K N)``."""
         def columns() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            k2, kn = w.shape[1] ** 2, w.shape[1] * e.shape[0]
-            et = e.T.contiguous()  # cat of a transposed view copies element by element
-            rhs = torch.cat([_outer_rows(w), _ew_columns(w, e), et * et], dim=1)
-            return rhs[:, :k2], rhs[:, k2:k2 + kn], rhs
+            (d, k), n = w.shape, e.shape[0]
+            if torch.is_grad_enabled() and (w.requires_grad or e.requires_grad):
+                rhs = torch.cat([_outer_rows(w), _ew_columns(w, e), (e * e).T], dim=1)
+                return rhs[:, :k * k], rhs[:, k * k:-n], rhs
+            rhs = torch.empty(d, k * k + k * n + n, dtype=e.dtype, device=e.device)
+            ww, ew, e2 = rhs[:, :k * k], rhs[:, k * k:-n], rhs[:, -n:]  # written in place
+            torch.mul(w[:, :, None], w[:, None, :], out=ww.view(d, k, k))
+            torch.mul(w[:, :, None], e.T[:, None, :], out=ew.view(d, k, n))
+            torch.mul(e.T, e.T, out=e2)
+            return ww, ew, rhs
 
         return self._cached(x, "columns", columns)
 
