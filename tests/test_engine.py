@@ -223,3 +223,25 @@ def test_reuse_data_scope_caches_per_tensor_and_clears():
         with model._reuse_data():  # nested scopes share the cache
             assert model._cached(x, "t", compute) == 3
     assert model._data_scope is None and model._cached(x, "t", compute) == 5
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_mask_thread_pool_in_a_forked_child():
+    """The mask thread pool is per process: a forked child draws masks on threads of its own.
+
+    (Calls the sampler's core directly: torch's own OpenMP reductions are not fork-safe
+    once the parent has used them, which is torch's limitation, not the pool's.)
+    """
+    import multiprocessing as mp
+
+    sizes = torch.arange(1, 101).repeat(30)  # sorted chunks: the threaded path
+    sample_masks(100, sizes, generator=1)  # start the pool in the parent
+    with mp.get_context("fork").Pool(1) as pool:
+        total = pool.apply_async(_child_mask_total, (sizes.numpy(),)).get(timeout=60)
+    assert total == int(sizes.sum())
+
+
+def _child_mask_total(sizes):
+    from mptlml.masks import _masks_of_sizes
+
+    return int(_masks_of_sizes(torch.Generator().manual_seed(2), sizes, 100).sum())

@@ -283,13 +283,14 @@ def score_grid(model: MaskedModel, x: torch.Tensor, sizes: Sequence[int], num_dr
     -------
     tuple of torch.Tensor (float64)
     """
+    if by not in ("draw", "size"):
+        raise ValueError(f"by must be 'draw' or 'size', got {by!r}.")
+    num_draws = check_positive_int(num_draws, "num_draws")
     n, d = x.shape
     g = make_generator(generator)
     size_t = torch.as_tensor(list(sizes), dtype=torch.long)
     inv = 1.0 / size_t.double()
     by_draw = by == "draw"
-    if by not in ("draw", "size"):
-        raise ValueError(f"by must be 'draw' or 'size', got {by!r}.")
     outer, inner = (num_draws, len(size_t)) if by_draw else (len(size_t), num_draws)
     rows_out = torch.zeros(outer, n, dtype=torch.float64, device=x.device)
     cols_out = torch.zeros(inner, dtype=torch.float64, device=x.device) if by_draw else None
@@ -300,6 +301,7 @@ def score_grid(model: MaskedModel, x: torch.Tensor, sizes: Sequence[int], num_dr
     else:
         spans = [(a, a + 1, c, min(c + per, inner)) for a in range(outer)
                  for c in range(0, inner, per)]
+
     def span_sizes(span: tuple[int, int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         a0, a1, c0, c1 = span
         if by_draw:  # drawn size-major (equal sizes contiguous), one grid row per draw after

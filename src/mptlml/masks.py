@@ -7,15 +7,17 @@ log p(x_j | x_R) are scored given the rest R.
 Uniform subsets are drawn in one batched operation: each row gets i.i.d.
 uniform random keys and the M smallest are masked (equivalently, the first M
 positions of a uniformly random permutation, as in the paper's code). The
-M-th smallest key of every row comes from one sort of the rows for D <= 128
-and from a linear-time selection (``numpy.partition``, one call per distinct
-size) beyond: at D = 512 that is about ten times cheaper than sorting noise.
+M-th smallest key of every row comes from one sort of the rows (D <= 128, or
+few rows per distinct size) or from a linear-time selection
+(``numpy.partition``, one call per distinct size): at D = 512 either is about
+ten times cheaper than sorting float noise with torch.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -87,7 +89,7 @@ _MIN_PARTITION_ROWS = 16
 #: masks whatever the number of threads that draw the chunks
 _CHUNK_KEYS = 1 << 17
 
-_pool: dict[int, ThreadPoolExecutor] = {}
+_pool: dict[tuple[int, int], ThreadPoolExecutor] = {}
 
 
 def _masks_of_sizes(g: torch.Generator, sizes: np.ndarray, d: int) -> np.ndarray:
@@ -118,9 +120,10 @@ def _masks_of_sizes(g: torch.Generator, sizes: np.ndarray, d: int) -> np.ndarray
         for job in jobs:
             draw(job)
     else:
-        if threads not in _pool:
-            _pool[threads] = ThreadPoolExecutor(threads, thread_name_prefix="mptlml-masks")
-        list(_pool[threads].map(draw, jobs))
+        key = (os.getpid(), threads)  # a forked child gets a pool of its own
+        if key not in _pool:
+            _pool[key] = ThreadPoolExecutor(threads, thread_name_prefix="mptlml-masks")
+        list(_pool[key].map(draw, jobs))
     return out
 
 

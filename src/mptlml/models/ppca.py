@@ -287,8 +287,11 @@ class PPCA(MaskedModel):
 
     def _columns(self, x: torch.Tensor, w: torch.Tensor, e: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The GEMM columns ``[w w^T | e w | e^2]``, ``(D, K^2 + K N + N)``, and views of the
-        first two blocks, w_j w_j^T ``(D, K^2)`` and e_nj w_jk ``(D, K N)``."""
+        """GEMM columns ``[w w^T | e w | e^2]`` of ``x``, with views of their first blocks.
+
+        Returns w_j w_j^T ``(D, K^2)``, e_nj w_jk ``(D, K N)`` and the whole
+        ``(D, K^2 + K N + N)`` matrix, computed once per :meth:`_reuse_data` scope.
+        """
         def columns() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             (d, k), n = w.shape, e.shape[0]
             if torch.is_grad_enabled() and (w.requires_grad or e.requires_grad):
@@ -447,7 +450,7 @@ class PPCA(MaskedModel):
                                  data_means: bool) -> bool:
         """Whether :meth:`_grid_quadratic_forms` costs fewer flops than the direct sums.
 
-        Direct: GEMMs of the masks against ``[e w | e^2 | w w^T]``, about
+        Direct: GEMMs of the masks against ``[w w^T | e w | e^2]``, about
         2 B D N (2K + 1), plus O(B N K) after them. Quadratic forms: two
         (one without ``data_means``) batched GEMMs of 2 B K D^2, the forms
         2 A N D^2, plus O(B D K). So the forms win when D is small next to N.
