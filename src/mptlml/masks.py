@@ -113,7 +113,7 @@ def _masks_of_sizes(g: torch.Generator, sizes: np.ndarray, d: int) -> np.ndarray
 
     def draw(job: tuple[np.random.Generator, slice]) -> None:
         rng, rows_ = job
-        _draw_rows(rng, sizes[rows_], out[rows_])
+        _draw_rows(rng, sizes[rows_], out[rows_], sorts)
 
     threads = torch.get_num_threads()
     if chunks == 1 or threads == 1 or not sorts:  # partitions: thread handoffs cost more
@@ -127,7 +127,8 @@ def _masks_of_sizes(g: torch.Generator, sizes: np.ndarray, d: int) -> np.ndarray
     return out
 
 
-def _draw_rows(rng: np.random.Generator, sizes: np.ndarray, out: np.ndarray) -> None:
+def _draw_rows(rng: np.random.Generator, sizes: np.ndarray, out: np.ndarray,
+               sorts: bool) -> None:
     """Fill ``out`` (R, D) with masks of the given sizes: the M smallest keys of each row.
 
     Keys carry the column index in their low bits, so they are distinct and a
@@ -135,15 +136,16 @@ def _draw_rows(rng: np.random.Generator, sizes: np.ndarray, out: np.ndarray) -> 
     (M+1)-th smallest share their random bits (a tie, broken by the column
     index), the row is drawn again. That event depends only on the multiset
     of random values, so the accepted rows stay exactly uniform among the
-    subsets of size M.
+    subsets of size M. ``sorts`` picks one sort per row over one partition per
+    distinct size (:func:`_sorts`, decided once per draw); both give the same keys.
     """
     keys, shift = _random_keys(rng, sizes.shape[0], out.shape[1])
-    thr, nxt = _thresholds(keys, sizes)
+    thr, nxt = _thresholds(keys, sizes, sorts)
     np.less_equal(keys, thr[:, None], out=out)
     tie = np.nonzero((sizes < out.shape[1]) & ((thr >> shift) == (nxt >> shift)))[0]
     if tie.size:
         redrawn = np.empty((tie.size, out.shape[1]), dtype=bool)
-        _draw_rows(rng, sizes[tie], redrawn)
+        _draw_rows(rng, sizes[tie], redrawn, sorts)
         out[tie] = redrawn
 
 
@@ -152,10 +154,11 @@ def _sorts(sizes: np.ndarray, d: int) -> bool:
     return d <= _SORT_MAX_TOKENS or np.unique(sizes).size * _MIN_PARTITION_ROWS > sizes.shape[0]
 
 
-def _thresholds(keys: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _thresholds(keys: np.ndarray, sizes: np.ndarray, sorts: bool
+                ) -> tuple[np.ndarray, np.ndarray]:
     """The M-th and (M+1)-th smallest key of each row (the second unused where M = D)."""
     d = keys.shape[1]
-    if _sorts(sizes, d):
+    if sorts:
         srt = np.sort(keys, axis=-1)
         thr = np.take_along_axis(srt, (sizes - 1)[:, None], 1)[:, 0]
         nxt = np.take_along_axis(srt, np.minimum(sizes, d - 1)[:, None], 1)[:, 0]

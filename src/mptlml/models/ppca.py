@@ -17,9 +17,10 @@ given all D tokens) with residuals e = x - mu - W z*. Since W^T e = sigma2 z*,
     x_j - E[x_j | x_R] = e_j - w_j^T u,   u = -A_R^{-1} g / sigma2,
     g = W_M^T e_M = sigma2 z* - W_R^T e_R,
 
-and g is summed over the smaller of the masked and observed sets (fewer
-rounded terms, no cancellation against z*); W_R^T W_R is summed over the
-observed dimensions only (a sum of positive terms).
+In float32, g is summed over the smaller of the masked and observed sets
+(fewer rounded terms, no cancellation against z*) and W_R^T W_R over the
+observed dimensions only (a sum of positive terms); float64 takes both from
+one GEMM over the masked set, whose rounding is far below any tolerance.
 
 The sum over the masked tokens that the estimators need
 (:meth:`PPCA._masked_log_prob`) never forms a ``(T, N, D)`` array when the
@@ -293,16 +294,10 @@ class PPCA(MaskedModel):
         ``(D, K^2 + K N + N)`` matrix, computed once per :meth:`_reuse_data` scope.
         """
         def columns() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            (d, k), n = w.shape, e.shape[0]
-            if torch.is_grad_enabled() and (w.requires_grad or e.requires_grad):
-                rhs = torch.cat([_outer_rows(w), _ew_columns(w, e), (e * e).T], dim=1)
-                return rhs[:, :k * k], rhs[:, k * k:-n], rhs
-            rhs = torch.empty(d, k * k + k * n + n, dtype=e.dtype, device=e.device)
-            ww, ew, e2 = rhs[:, :k * k], rhs[:, k * k:-n], rhs[:, -n:]  # written in place
-            torch.mul(w[:, :, None], w[:, None, :], out=ww.view(d, k, k))
-            torch.mul(w[:, :, None], e.T[:, None, :], out=ew.view(d, k, n))
-            torch.mul(e.T, e.T, out=e2)
-            return ww, ew, rhs
+            k, n = w.shape[1], e.shape[0]
+            et = e.T.contiguous()  # cat of a transposed view copies element by element
+            rhs = torch.cat([_outer_rows(w), _ew_columns(w, e), et * et], dim=1)
+            return rhs[:, :k * k], rhs[:, k * k:-n], rhs
 
         return self._cached(x, "columns", columns)
 
