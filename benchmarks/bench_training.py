@@ -132,7 +132,7 @@ def main() -> None:
     for m, perm in enumerate(perms, start=1):
         masks[m - 1, perm[:m]] = True
     with torch.no_grad():
-        ours = (check._masked_log_prob_mean(x, masks, None)
+        ours = (check.masked_log_prob_mean(x, masks, None)
                 / torch.arange(1, d + 1, dtype=torch.float64)).sum()
         ref = paper_step_value(w.detach(), 0.2, x, perms)
     print(f"same objective on the same masks: paper loop {float(ref):.10f}, "

@@ -99,7 +99,7 @@ class ModelConformance:
         assert torch.equal(self._lc(model, x, mask, seed=7), self._lc(model, x, mask, seed=7))
 
     def test_reductions_equal_summed_conditionals(self):
-        """Fast reductions (_masked_log_prob, _masked_log_prob_mean) equal the naive sums."""
+        """Fast reductions (masked_log_prob, masked_log_prob_mean) equal the naive sums."""
         model, x = self._setup(torch.float64)
         n, d = x.shape
         g = torch.Generator().manual_seed(2)
@@ -108,17 +108,17 @@ class ModelConformance:
         with torch.no_grad():
             for mask in (shared, per):
                 ref = model._log_conditionals(x, mask, torch.Generator().manual_seed(3))
-                fast = model._masked_log_prob(x, mask, torch.Generator().manual_seed(3))
+                fast = model.masked_log_prob(x, mask, torch.Generator().manual_seed(3))
                 torch.testing.assert_close(fast.double(), ref.sum(-1).double(), atol=1e-9,
                                            rtol=1e-12)
-            mean = model._masked_log_prob_mean(x, shared, torch.Generator().manual_seed(3))
+            mean = model.masked_log_prob_mean(x, shared, torch.Generator().manual_seed(3))
             ref = model._log_conditionals(x, shared, torch.Generator().manual_seed(3))
             assert mean.shape == (3,)
             torch.testing.assert_close(mean.double(), ref.sum(-1).double().mean(-1), atol=1e-9,
                                        rtol=1e-12)
 
     def test_grid_sums_equal_summed_conditionals(self):
-        """_grid_masked_log_prob: weighted row sums and column data-means of the naive sums."""
+        """grid_masked_log_prob: weighted row sums and column data-means of the naive sums."""
         model, x = self._setup(torch.float64)
         n, d = x.shape
         g = torch.Generator().manual_seed(6)
@@ -128,7 +128,7 @@ class ModelConformance:
             mask = sample_masks(d, sizes.reshape(-1), num_data=num_data, generator=g)
             mask = mask.reshape(2, 3, *mask.shape[1:])
             with torch.no_grad():
-                rows, cols = model._grid_masked_log_prob(x, mask, weight,
+                rows, cols = model.grid_masked_log_prob(x, mask, weight,
                                                          torch.Generator().manual_seed(3))
                 flat = mask.reshape(6, *mask.shape[2:])
                 lp = model._log_conditionals(x, flat, torch.Generator().manual_seed(3))
@@ -140,7 +140,7 @@ class ModelConformance:
                                        rtol=1e-12)
 
     def test_nested_prefix_sums_equal_summed_conditionals(self):
-        """_nested_masked_log_prob equals the conditionals summed over each order's prefixes."""
+        """nested_masked_log_prob equals the conditionals summed over each order's prefixes."""
         model, x = self._setup(torch.float64)
         n, d = x.shape
         sizes = torch.arange(1, d + 1)
@@ -152,7 +152,7 @@ class ModelConformance:
             else:
                 masks = (rank[:, None] < sizes[None, :, None, None]).reshape(-1, n, d)
             with torch.no_grad():
-                fast = model._nested_masked_log_prob(x, orders, torch.Generator().manual_seed(3))
+                fast = model.nested_masked_log_prob(x, orders, torch.Generator().manual_seed(3))
                 ref = model._log_conditionals(x, masks, torch.Generator().manual_seed(3))
             assert fast.shape == (2, d, n)
             torch.testing.assert_close(fast.double(), ref.sum(-1).double().reshape(2, d, n),

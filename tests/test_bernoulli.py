@@ -134,7 +134,7 @@ def test_marginal_variant_is_the_papers_log_p_x_m():
     true = BernoulliLVM(model.W.detach(), model.b.detach())
     x = model.sample(5, generator=2)
     mask = sample_masks(6, torch.tensor([2, 4, 6]), generator=3)
-    lp = model._masked_log_prob(x, mask, None).detach()
+    lp = model.masked_log_prob(x, mask, None).detach()
     ll = _token_loglik(model, x, model.nodes)
     for b in range(3):
         ref = torch.logsumexp(model.log_weights[:, None] + (ll * mask[b]).sum(-1), 0)
@@ -144,7 +144,7 @@ def test_marginal_variant_is_the_papers_log_p_x_m():
     torch.testing.assert_close(lc.sum(-1), lp)
     # full mask: log p(x_M) is the joint log p(x); the conditional term differs
     torch.testing.assert_close(lp[2], true.log_marginal(x).detach())
-    assert (lp[0] - true._masked_log_prob(x, mask[:1], None)[0].detach()).abs().max() > 1e-3
+    assert (lp[0] - true.masked_log_prob(x, mask[:1], None)[0].detach()).abs().max() > 1e-3
 
 
 def test_float32_close_to_float64():

@@ -30,10 +30,10 @@ def test_masked_log_prob_equals_sum_of_conditionals(d, k, shared):
     mask = sample_masks(d, sizes, num_data=None if shared else 7, generator=1)
     with torch.no_grad():
         ref = model._log_conditionals(x, mask, None).sum(-1)
-        out = model._masked_log_prob(x, mask, None)
+        out = model.masked_log_prob(x, mask, None)
     torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
     # with gradients enabled (the out-of-place path) the value and the gradient agree
-    out_g = model._masked_log_prob(x, mask, None).sum()
+    out_g = model.masked_log_prob(x, mask, None).sum()
     (gw,) = torch.autograd.grad(out_g, model.W)
     ref_g = model._log_conditionals(x, mask, None).sum()
     (gw_ref,) = torch.autograd.grad(ref_g, model.W)
@@ -50,8 +50,8 @@ def test_masked_log_prob_float32_ill_conditioned(shared):
     sizes = torch.tensor([1, 76, 256, 500, 512])
     mask = sample_masks(d, sizes, num_data=None if shared else 20, generator=2)
     with torch.no_grad():
-        ref = m64._masked_log_prob(x, mask, None)
-        out = m32._masked_log_prob(x.float(), mask, None).double()
+        ref = m64.masked_log_prob(x, mask, None)
+        out = m32.masked_log_prob(x.float(), mask, None).double()
     assert torch.isfinite(out).all()
     assert ((out - ref).abs() / sizes[:, None]).max() < 1e-4
 
@@ -64,8 +64,8 @@ def test_nested_float32_ill_conditioned():
     x = m64.sample(20, generator=1)
     orders = random_orders(d, 2, generator=3)
     with torch.no_grad():
-        ref = m64._nested_masked_log_prob(x, orders, None)
-        out = m32._nested_masked_log_prob(x.float(), orders, None).double()
+        ref = m64.nested_masked_log_prob(x, orders, None)
+        out = m32.nested_masked_log_prob(x.float(), orders, None).double()
     assert torch.isfinite(out).all()
     assert ((out - ref).abs() / torch.arange(1, d + 1)[None, :, None]).max() < 1e-4
 
@@ -79,13 +79,13 @@ def _grid(d, a, n=None, seed=1):
 
 @pytest.mark.parametrize("d,k", [(9, 1), (12, 2), (10, 3), (14, 6)])
 def test_grid_quadratic_forms_equal_direct_sums(d, k):
-    """PPCA's D x D quadratic forms equal the generic grid sums of _masked_log_prob."""
+    """PPCA's D x D quadratic forms equal the generic grid sums of masked_log_prob."""
     model = _model(d, k, 0.3)
     x = model.sample(40, generator=0) + 0.2
     mask, weight = _grid(d, 5)
     with torch.no_grad():
         rows, cols = model._grid_quadratic_forms(x, mask, weight, True)
-        lp = model._masked_log_prob(x, mask.reshape(-1, d), None).reshape(5, d, 40)
+        lp = model.masked_log_prob(x, mask.reshape(-1, d), None).reshape(5, d, 40)
     torch.testing.assert_close(rows, (weight[..., None] * lp).sum(1), atol=1e-10, rtol=0)
     torch.testing.assert_close(cols, (weight * lp.mean(-1)).sum(0), atol=1e-10, rtol=0)
     rows2, none = model._grid_quadratic_forms(x, mask, weight, False)
@@ -100,7 +100,7 @@ def test_grid_quadratic_forms_float32_ill_conditioned():
     x = m64.sample(400, generator=1)
     mask, weight = _grid(d, 3)
     with torch.no_grad():
-        ref = (weight[..., None] * m64._masked_log_prob(x, mask.reshape(-1, d), None)
+        ref = (weight[..., None] * m64.masked_log_prob(x, mask.reshape(-1, d), None)
                .reshape(3, d, 400)).sum(1)
         out, _ = m32._grid_quadratic_forms(x.float(), mask, weight, False)
     assert torch.isfinite(out).all()
@@ -117,11 +117,11 @@ def test_grid_dispatch_by_cost():
     x = model.sample(100, generator=0)
     mask, weight = _grid(50, 4)
     with torch.no_grad():  # dispatched (shared) and generic (per datum) paths agree in law
-        rows, cols = model._grid_masked_log_prob(x, mask, weight, None)
+        rows, cols = model.grid_masked_log_prob(x, mask, weight, None)
         ref = model._grid_quadratic_forms(x, mask, weight, True)
     assert torch.equal(rows, ref[0]) and torch.equal(cols, ref[1])
     # with gradients the dispatcher takes the differentiable generic path
-    rows_g, _ = model._grid_masked_log_prob(x, mask, weight, None)
+    rows_g, _ = model.grid_masked_log_prob(x, mask, weight, None)
     assert rows_g.requires_grad
     torch.testing.assert_close(rows_g.detach(), rows, atol=1e-10, rtol=0)
 
@@ -206,7 +206,7 @@ def test_keep_heap_opt_out_and_idempotent(monkeypatch):
 
 
 def test_reuse_data_scope_caches_per_tensor_and_clears():
-    """Inside _reuse_data the terms of x are computed once; a new x or a closed scope recomputes."""
+    """Inside reuse_data the terms of x are computed once; a new x or a closed scope recomputes."""
     model = _model(10, 2, 0.3)
     x = model.sample(5, generator=0)
     calls = []
@@ -216,11 +216,11 @@ def test_reuse_data_scope_caches_per_tensor_and_clears():
         return len(calls)
 
     assert model._cached(x, "t", compute) == 1 and model._cached(x, "t", compute) == 2
-    with model._reuse_data():
+    with model.reuse_data():
         assert model._cached(x, "t", compute) == 3
         assert model._cached(x, "t", compute) == 3
         assert model._cached(x.clone(), "t", compute) == 4
-        with model._reuse_data():  # nested scopes share the cache
+        with model.reuse_data():  # nested scopes share the cache
             assert model._cached(x, "t", compute) == 3
     assert model._data_scope is None and model._cached(x, "t", compute) == 5
 

@@ -245,8 +245,8 @@ def test_nested_prefix_sums_equal_generic_path():
         x = model.sample(6, generator=0) + 0.2
         orders = random_orders(d, 4, generator=1)
         with torch.no_grad():
-            fast = model._nested_masked_log_prob(x, orders, None)
-            ref = MaskedModel._nested_masked_log_prob(model, x, orders, None)
+            fast = model.nested_masked_log_prob(x, orders, None)
+            ref = MaskedModel.nested_masked_log_prob(model, x, orders, None)
         torch.testing.assert_close(fast, ref, atol=1e-10, rtol=0)
 
 

@@ -131,7 +131,7 @@ def test_fixed_rate_objective_expectation_is_d_times_s():
     m = fixed_rate_size(0.25, 8)
     assert obj.mask_size == m == 2
     with torch.no_grad():
-        exact = float(8 * model._masked_log_prob(x, all_masks(8, m), None).mean() / m)
+        exact = float(8 * model.masked_log_prob(x, all_masks(8, m), None).mean() / m)
         mc = float(obj(x, generator=0))
     assert mc == pytest.approx(exact, abs=0.05)
 
@@ -159,7 +159,7 @@ def test_fixed_rate_training_converges_with_constant_bias():
     masks = all_masks(10, m)
 
     def bias(mod, xx):
-        d_s = float(10 * mod._masked_log_prob(xx, masks, None).mean() / m)
+        d_s = float(10 * mod.masked_log_prob(xx, masks, None).mean() / m)
         return d_s - float(mod._log_marginal(xx).mean())
 
     hist = train(model, MPTLoss(model, "fixed-rate", rate=0.2), x, epochs=2000, lr=0.02,
@@ -289,14 +289,14 @@ def test_ppca_shared_mask_fast_path_matches_conditionals(d, k, b):
     x = PPCA.random(d, k, sigma2=0.7, seed=1).sample(25, generator=2) + 0.3
     sizes = torch.randint(1, d + 1, (b,), generator=torch.Generator().manual_seed(4))
     masks = mptlml.masks.sample_masks(d, sizes, generator=3)
-    fast = model._masked_log_prob(x, masks, None)
+    fast = model.masked_log_prob(x, masks, None)
     ref = model._log_conditionals(x, masks, None).sum(-1)
     torch.testing.assert_close(fast, ref, rtol=0, atol=1e-10)
     gw = torch.autograd.grad(fast.sum(), model.W)[0]
     gr = torch.autograd.grad(ref.sum(), model.W)[0]
     torch.testing.assert_close(gw, gr, rtol=1e-9, atol=1e-9)
     m32 = PPCA(model.W.detach().float(), model.mu.float(), 0.3)
-    f32 = m32._masked_log_prob(x.float(), masks, None)
+    f32 = m32.masked_log_prob(x.float(), masks, None)
     assert f32.dtype == torch.float32
     torch.testing.assert_close(f32.double(), ref.detach(), rtol=0, atol=1e-4)
 
@@ -310,7 +310,7 @@ def test_ppca_sufficient_statistic_mean_matches_per_datum(d, k, b):
     x = PPCA.random(d, k, sigma2=0.7, seed=1).sample(40, generator=2) + 0.3
     sizes = torch.randint(1, d + 1, (b,), generator=torch.Generator().manual_seed(4))
     masks = mptlml.masks.sample_masks(d, sizes, generator=3)
-    fast = model._masked_log_prob_mean(x, masks, None)
+    fast = model.masked_log_prob_mean(x, masks, None)
     ref = model._log_conditionals(x, masks, None).sum(-1).mean(-1)
     assert fast.shape == (b,)
     torch.testing.assert_close(fast, ref, rtol=0, atol=1e-10)
@@ -319,7 +319,7 @@ def test_ppca_sufficient_statistic_mean_matches_per_datum(d, k, b):
                       torch.autograd.grad(ref.sum(), params), strict=True):
         torch.testing.assert_close(gf, gr, rtol=1e-9, atol=1e-9)
     m32 = PPCA(model.W.detach().float(), model.mu.detach().float(), 0.3)
-    f32 = m32._masked_log_prob_mean(x.float(), masks, None)
+    f32 = m32.masked_log_prob_mean(x.float(), masks, None)
     torch.testing.assert_close(f32, ref.detach(), rtol=0, atol=1e-4)
 
 

@@ -5,9 +5,9 @@ Proposition 1 of Moreno-Munoz, Recasens & Hauberg (NeurIPS 2023)::
     log p(x) = sum_{M=1..D} S(x; M),
     S(x; M)  = E_{|mask| = M} [ (1/M) sum_{j in mask} log p(x_j | x_R) ].
 
-Every estimator here only calls ``model._masked_log_prob`` (the sum of the
+Every estimator here only calls ``model.masked_log_prob`` (the sum of the
 masked conditionals per mask) or one of its reductions
-(``_grid_masked_log_prob``, ``_nested_masked_log_prob``) and knows nothing of
+(``grid_masked_log_prob``, ``nested_masked_log_prob``) and knows nothing of
 the model family:
 
 ``"exhaustive"``   every mask of every size; exact; only for small D.
@@ -190,7 +190,7 @@ def _blocks(total: int, per_block: int, progress: bool, desc: str) -> Iterator[t
 
 def _rows_per_block(n: int, d: int, model: MaskedModel | None = None,
                     shared: bool = False) -> int:
-    cost = model._block_cost(n, shared) if model is not None else n * d
+    cost = model.block_cost(n, shared) if model is not None else n * d
     return max(1, BLOCK_ELEMENTS // max(1, cost))
 
 
@@ -212,7 +212,7 @@ def score_masks(model: MaskedModel, x: torch.Tensor, sizes: torch.Tensor, *,
         independent masks per datum.
     mean_over_data : bool
         Return the mean over the data of each row's scores, ``(B,)``, through
-        the model's ``_masked_log_prob_mean`` (shared masks only; PPCA computes
+        the model's ``masked_log_prob_mean`` (shared masks only; PPCA computes
         it from sufficient statistics). The masks drawn are the same.
 
     Returns
@@ -233,9 +233,9 @@ def score_masks(model: MaskedModel, x: torch.Tensor, sizes: torch.Tensor, *,
         sz = sizes[s:e]
         mask = sample_masks(d, sz, num_data=None if share_masks else n, generator=g)
         if mean_over_data:
-            lp = model._masked_log_prob_mean(x, mask.to(x.device), g).double()
+            lp = model.masked_log_prob_mean(x, mask.to(x.device), g).double()
         else:
-            lp = model._masked_log_prob(x, mask.to(x.device), g).double()
+            lp = model.masked_log_prob(x, mask.to(x.device), g).double()
         div = sz.to(device=lp.device, dtype=torch.float64)
         out.append(lp / (div[:, None] if div.ndim == 1 and not mean_over_data else div))
         if counter is not None:
@@ -252,7 +252,7 @@ def _score_fixed_masks(model: MaskedModel, x: torch.Tensor, masks: torch.Tensor,
     per = _rows_per_block(n, d, model, True)
     for s, e in _blocks(masks.shape[0], per, progress, "masks"):
         m = masks[s:e].to(x.device)
-        lp = model._masked_log_prob(x, m, None).double()
+        lp = model.masked_log_prob(x, m, None).double()
         out.append(lp / m.sum(-1, keepdim=True).double())
         counter.calls += 1
         counter.rows += lp.numel()
@@ -267,7 +267,7 @@ def score_grid(model: MaskedModel, x: torch.Tensor, sizes: Sequence[int], num_dr
 
     Each of the P draws holds one independent uniform mask of each size M in
     ``sizes``, with score S_hat = (1/M) sum_{j in mask} log p(x_j | x_R).
-    The reduction goes through :meth:`MaskedModel._grid_masked_log_prob`, so a
+    The reduction goes through :meth:`MaskedModel.grid_masked_log_prob`, so a
     model can sum a whole grid row at once (PPCA: one quadratic form).
 
     Parameters
@@ -325,7 +325,7 @@ def score_grid(model: MaskedModel, x: torch.Tensor, sizes: Sequence[int], num_dr
             else:
                 mask, wt = mask.reshape(a1 - a0, c1 - c0, *mask.shape[1:]), wt.reshape(
                     a1 - a0, c1 - c0)
-            rows, cols = model._grid_masked_log_prob(x, mask.to(x.device), wt, g,
+            rows, cols = model.grid_masked_log_prob(x, mask.to(x.device), wt, g,
                                                      data_means=by_draw)
             rows_out[a0:a1] += rows
             if cols_out is not None:
@@ -364,7 +364,7 @@ def score_nested(model: MaskedModel, x: torch.Tensor, num_orders: int, *,
     S_hat(x; M), and their sum over M, is unbiased; the D masks of an order
     are dependent, which changes the variance (measured in
     ``benchmarks/bench_estimators.py``), and the model can reuse prefix sums
-    (:meth:`MaskedModel._nested_masked_log_prob`).
+    (:meth:`MaskedModel.nested_masked_log_prob`).
 
     Returns
     -------
@@ -378,7 +378,7 @@ def score_nested(model: MaskedModel, x: torch.Tensor, num_orders: int, *,
     out = []
     for s, e in _blocks(num_orders, per, progress, "orders"):
         orders = random_orders(d, e - s, num_data=None if share_masks else n, generator=g)
-        lp = model._nested_masked_log_prob(x, orders.to(x.device), g).double()
+        lp = model.nested_masked_log_prob(x, orders.to(x.device), g).double()
         out.append(lp / div)
         if counter is not None:
             counter.calls += 1
@@ -504,7 +504,7 @@ def estimate_lml(model: MaskedModel, x: Any, estimator: str = "cumulative", *,
     g = make_generator(seed)
     counter = _Counter()
     rate_used: float | None = None
-    with torch.no_grad(), model._reuse_data():
+    with torch.no_grad(), model.reuse_data():
         # samples: (P, N), i.i.d. over P, each an estimate of log p(x_n) on its own.
         if estimator == "exhaustive":
             max_masks = check_positive_int(max_masks, "max_masks")
@@ -673,7 +673,7 @@ def mpt_curve(model: MaskedModel, x: Any, *, num_masks: int = 1,
         raise ValueError("sizes is empty; pass at least one mask size in 1..D.")
     g = make_generator(seed)
     counter = _Counter()
-    with torch.no_grad(), model._reuse_data():
+    with torch.no_grad(), model.reuse_data():
         if nested:
             s = score_nested(model, xt, p, share_masks=share_masks, generator=g,
                              progress=progress, counter=counter)  # (P, D, N)

@@ -277,8 +277,8 @@ def _mpt_samples(models: list[MaskedModel], x: torch.Tensor, p: int, seed: int,
     out = []
     with torch.no_grad():
         for model in models:
-            per = max(1, BLOCK_ELEMENTS // max(1, model._block_cost(n, share_masks)))
-            s = torch.cat([model._masked_log_prob(x, masks[i:i + per], None).double()
+            per = max(1, BLOCK_ELEMENTS // max(1, model.block_cost(n, share_masks)))
+            s = torch.cat([model.masked_log_prob(x, masks[i:i + per], None).double()
                            for i in range(0, masks.shape[0], per)])  # (D * P, N)
             s = s / rows[:, None].double()
             out.append(s.view(d, p, n).sum(0).mean(1))

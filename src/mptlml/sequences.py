@@ -40,7 +40,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._io import atomic_save_npz
 from ._validation import check_positive_int, check_rate
 from .masks import sample_masks
 from .models.masked_lm import MaskedLM
@@ -176,18 +176,6 @@ def _seq_seed(seed: int, index: int) -> int:
 
 
 # ---------------------------------------------------------------------- the engine
-def _atomic_save(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _fingerprint(model: MaskedLM, ids: list[torch.Tensor], spec: dict) -> dict:
     h = hashlib.sha256()
     for t in ids:
@@ -278,7 +266,7 @@ def _run_pairs(model: MaskedLM, ids: list[torch.Tensor],
             per[i].append(float(v.sum()))
         arrays = {str(i): np.asarray(v, dtype=np.float64) for i, v in per.items()}
         if ckpt is not None:
-            _atomic_save(ckpt / f"chunk_{c:06d}.npz", arrays)
+            atomic_save_npz(ckpt / f"chunk_{c:06d}.npz", arrays)
         results.update({int(k): v for k, v in arrays.items()})
     bar.close()
     if ctx.world > 1:

@@ -45,9 +45,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ._io import atomic_write_text, jsonable
 from ._validation import check_positive_int, make_generator
 from .estimators import estimate_lml, mpt_curve
-from .experiments.common import atomic_write_text, jsonable
 from .models.base import MaskedModel
 from .objectives.base import Objective
 

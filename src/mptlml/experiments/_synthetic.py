@@ -46,7 +46,7 @@ def exact_fixed_rate(model: PPCA, x: torch.Tensor, mask_size: int,
     if masks is None:
         masks = fixed_rate_masks(d, mask_size)
     with torch.no_grad():
-        lp = model._masked_log_prob(x, masks.to(x.device), None).double()  # (B, N)
+        lp = model.masked_log_prob(x, masks.to(x.device), None).double()  # (B, N)
     return float(d * lp.mean() / mask_size)
 
 

@@ -15,17 +15,17 @@ directory is refused unless ``overwrite=True``.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import json
 import math
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from .._io import atomic_write_bytes, atomic_write_text, jsonable
 
 __all__ = [
     "RESULTS_FORMAT",
@@ -40,54 +40,6 @@ __all__ = [
 
 #: version of the results.json layout; ``mptlml report`` refuses newer ones.
 RESULTS_FORMAT = 1
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Atomic text write (UTF-8)."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def jsonable(obj: Any) -> Any:
-    """Convert tensors, arrays, dataclasses and paths to JSON-ready values (NaN -> None)."""
-    try:
-        import numpy as np
-        import torch
-    except ImportError:  # pragma: no cover
-        np = torch = None  # type: ignore[assignment]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return jsonable(obj.to_dict() if hasattr(obj, "to_dict") else dataclasses.asdict(obj))
-    if torch is not None and isinstance(obj, torch.Tensor):
-        return jsonable(obj.detach().cpu().tolist())
-    if np is not None and isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
-    if np is not None and isinstance(obj, np.generic):
-        return jsonable(obj.item())
-    if isinstance(obj, Mapping):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple | set):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
 
 
 def environment() -> dict[str, Any]:

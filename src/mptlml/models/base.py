@@ -47,8 +47,8 @@ class MaskedModel(nn.Module):
 
     Subclasses implement :meth:`_log_conditionals` (inputs already validated)
     and, when they can, :meth:`_log_marginal`. They may override
-    :meth:`_masked_log_prob` (and :meth:`_masked_log_prob_mean`,
-    :meth:`_grid_masked_log_prob`, :meth:`_nested_masked_log_prob`) with a
+    :meth:`masked_log_prob` (and :meth:`masked_log_prob_mean`,
+    :meth:`grid_masked_log_prob`, :meth:`nested_masked_log_prob`) with a
     faster reduction.
 
     Attributes
@@ -62,7 +62,7 @@ class MaskedModel(nn.Module):
 
     num_tokens: int
     stochastic: bool = False
-    #: terms of the data reused across blocks of masks inside :meth:`_reuse_data`
+    #: terms of the data reused across blocks of masks inside :meth:`reuse_data`
     _data_scope: dict[Any, tuple[torch.Tensor, Any]] | None = None
 
     # ------------------------------------------------------------------ dtype/device
@@ -136,7 +136,7 @@ class MaskedModel(nn.Module):
 
     # ------------------------------------------------------------------ reuse across blocks
     @contextmanager
-    def _reuse_data(self) -> Iterator[None]:
+    def reuse_data(self) -> Iterator[None]:
         """Scope in which the parameters do not change, so terms of ``x`` may be reused.
 
         The estimators score masks in blocks and open one scope per call (under
@@ -151,7 +151,7 @@ class MaskedModel(nn.Module):
             self._data_scope = outer
 
     def _cached(self, x: torch.Tensor, name: str, compute: Callable[[], _T]) -> _T:
-        """``compute()``, reused for the same tensor ``x`` inside :meth:`_reuse_data`."""
+        """``compute()``, reused for the same tensor ``x`` inside :meth:`reuse_data`."""
         scope = self._data_scope
         if scope is None:
             return compute()
@@ -171,25 +171,25 @@ class MaskedModel(nn.Module):
     def _log_marginal(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
+    def masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
                          generator: torch.Generator | None) -> torch.Tensor:
         """Sum of log p(x_j | x_R) over the masked positions of each mask: ``(B, N)``."""
         return self._log_conditionals(x, mask, generator).sum(dim=-1)
 
-    def _masked_log_prob_mean(self, x: torch.Tensor, mask: torch.Tensor,
+    def masked_log_prob_mean(self, x: torch.Tensor, mask: torch.Tensor,
                               generator: torch.Generator | None) -> torch.Tensor:
-        """Mean over the data of :meth:`_masked_log_prob` for shared masks ``(B, D)``: ``(B,)``.
+        """Mean over the data of :meth:`masked_log_prob` for shared masks ``(B, D)``: ``(B,)``.
 
         What a training step needs when every datum shares the masks (the
         paper's code). A model whose conditionals are linear-Gaussian can
         compute it from sufficient statistics of the data (PPCA does).
         """
-        return self._masked_log_prob(x, mask, generator).double().mean(dim=-1)
+        return self.masked_log_prob(x, mask, generator).double().mean(dim=-1)
 
-    def _grid_masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor,
+    def grid_masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor,
                               generator: torch.Generator | None, *, data_means: bool = True
                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Weighted sums of :meth:`_masked_log_prob` over a grid of masks.
+        """Weighted sums of :meth:`masked_log_prob` over a grid of masks.
 
         ``mask`` is ``(A, C, D)`` (shared across the data) or ``(A, C, N, D)``
         (one per datum), ``weight`` is ``(A, C)``. With
@@ -206,30 +206,30 @@ class MaskedModel(nn.Module):
         quadratic form per grid row).
         """
         a, c = mask.shape[:2]
-        lp = self._masked_log_prob(x, mask.reshape(a * c, *mask.shape[2:]), generator)
+        lp = self.masked_log_prob(x, mask.reshape(a * c, *mask.shape[2:]), generator)
         lp = lp.double().reshape(a, c, -1)
         w = weight.to(dtype=torch.float64, device=lp.device)
         rows = (lp * w[..., None]).sum(1)
         cols = (lp.mean(-1) * w).sum(0) if data_means else None
         return rows, cols
 
-    def _nested_masked_log_prob(self, x: torch.Tensor, orders: torch.Tensor,
+    def nested_masked_log_prob(self, x: torch.Tensor, orders: torch.Tensor,
                                 generator: torch.Generator | None) -> torch.Tensor:
-        """:meth:`_masked_log_prob` of nested masks, every prefix of each order: ``(P, D, N)``.
+        """:meth:`masked_log_prob` of nested masks, every prefix of each order: ``(P, D, N)``.
 
         ``orders`` is ``(P, D)`` (shared across the data) or ``(P, N, D)`` (one
         per datum), each row a permutation pi of the tokens. Entry ``[p, M-1, n]``
         is sum_{j in pi[:M]} log p(x_j | x_{pi[M:]}): the mask of size M is the
         first M positions of the order, for M = 1..D. Default: build the D masks
-        of each order and call :meth:`_masked_log_prob`; a model can do better
+        of each order and call :meth:`masked_log_prob`; a model can do better
         with prefix sums over the order (PPCA does).
         """
         d = self.num_tokens
         masks = prefix_masks(orders)  # (P, D sizes, [N,] D tokens)
-        out = self._masked_log_prob(x, masks.reshape(-1, *masks.shape[2:]), generator)
+        out = self.masked_log_prob(x, masks.reshape(-1, *masks.shape[2:]), generator)
         return out.reshape(orders.shape[0], d, x.shape[0])
 
-    def _block_cost(self, num_data: int, shared: bool) -> int:
+    def block_cost(self, num_data: int, shared: bool) -> int:
         """Elements of temporaries per mask (sizes the blocks of masks in the estimators).
 
         Default: one ``(N, D)`` array per mask. A model whose reduction over the

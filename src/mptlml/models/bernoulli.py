@@ -189,7 +189,7 @@ class BernoulliLVM(MaskedModel):
         m = mask[:, None, :] if mask.ndim == 2 else mask
         zero = torch.zeros((), dtype=x.dtype, device=x.device)
         if self.mpt_term == "marginal":
-            lp = self._masked_log_prob(x, mask, generator)  # (B, N)
+            lp = self.masked_log_prob(x, mask, generator)  # (B, N)
             return torch.where(m, (lp / m.sum(-1).clamp_min(1))[..., None], zero)
         a = self.node_logits()
         d = self.num_tokens
@@ -201,11 +201,11 @@ class BernoulliLVM(MaskedModel):
         out = torch.where(x > 0.5, lp[..., :d], lp[..., d:])
         return torch.where(m, out, zero)
 
-    def _block_cost(self, num_data: int, shared: bool) -> int:
+    def block_cost(self, num_data: int, shared: bool) -> int:
         """(N, G) posterior weights and (N, 2D) predictive probabilities per mask."""
         return num_data * (self.nodes.shape[0] + 2 * self.num_tokens + 1)
 
-    def _masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
+    def masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
                          generator: torch.Generator | None) -> torch.Tensor:
         if self.mpt_term == "marginal":  # the paper's code: log p(x_M), R ignored
             return torch.logsumexp(

@@ -23,7 +23,7 @@ observed dimensions only (a sum of positive terms); float64 takes both from
 one GEMM over the masked set, whose rounding is far below any tolerance.
 
 The sum over the masked tokens that the estimators need
-(:meth:`PPCA._masked_log_prob`) never forms a ``(T, N, D)`` array when the
+(:meth:`PPCA.masked_log_prob`) never forms a ``(T, N, D)`` array when the
 masks are shared across the data: with c_j = m_j / v_j (m the masked
 indicator, v_j the conditional variance, which then depends on the mask only),
 P = A_R^{-1} / sigma2, C = sum_j c_j w_j w_j^T and f = sum_j c_j e_j w_j,
@@ -33,9 +33,9 @@ P = A_R^{-1} / sigma2, C = sum_j c_j w_j w_j^T and f = sum_j c_j e_j w_j,
 Cost per block of T shared masks: GEMMs of the T x D indicator matrices
 against ``[w w^T | e w | e^2]`` (about 2 T D N (2K + 1) flops) plus T K x K
 inverses. When D is small next to N, a grid of shared masks (draws x sizes,
-:meth:`PPCA._grid_masked_log_prob`) is summed per draw as one D x D quadratic
+:meth:`PPCA.grid_masked_log_prob`) is summed per draw as one D x D quadratic
 form in e_n instead (2 T K D^2 + 2 A N D^2 flops for A draws). Nested masks
-(the prefixes of one order, :meth:`PPCA._nested_masked_log_prob`) get
+(the prefixes of one order, :meth:`PPCA.nested_masked_log_prob`) get
 W_R^T W_R and g for every size from suffix and prefix sums along the order,
 leaving one GEMM.
 
@@ -291,7 +291,7 @@ class PPCA(MaskedModel):
         """GEMM columns ``[w w^T | e w | e^2]`` of ``x``, with views of their first blocks.
 
         Returns w_j w_j^T ``(D, K^2)``, e_nj w_jk ``(D, K N)`` and the whole
-        ``(D, K^2 + K N + N)`` matrix, computed once per :meth:`_reuse_data` scope.
+        ``(D, K^2 + K N + N)`` matrix, computed once per :meth:`reuse_data` scope.
         """
         def columns() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             k, n = w.shape[1], e.shape[0]
@@ -313,8 +313,8 @@ class PPCA(MaskedModel):
         logdet = self.num_tokens * torch.log(s2) + torch.logdet(a)
         return (-0.5 * (self.num_tokens * _LOG_2PI + logdet + quad)).to(self.dtype)
 
-    def _block_cost(self, num_data: int, shared: bool) -> int:
-        """Elements of temporaries per mask in :meth:`_masked_log_prob` (sizes the blocks)."""
+    def block_cost(self, num_data: int, shared: bool) -> int:
+        """Elements of temporaries per mask in :meth:`masked_log_prob` (sizes the blocks)."""
         k = self.latent_dim
         if shared:
             return 4 * self.num_tokens + 4 * num_data * (k + 1)
@@ -349,7 +349,7 @@ class PPCA(MaskedModel):
         logv = torch.linalg.vecdot(torch.log(var), m)  # (B,): sum_j m_j log v_j
         return -0.5 * ((m.sum(-1) * _LOG_2PI + logv)[:, None] + quad)
 
-    def _nested_masked_log_prob(self, x: torch.Tensor, orders: torch.Tensor,
+    def nested_masked_log_prob(self, x: torch.Tensor, orders: torch.Tensor,
                                 generator: torch.Generator | None) -> torch.Tensor:
         """Masked sums for every prefix of each shared order, by prefix sums: ``(P, D, N)``.
 
@@ -360,7 +360,7 @@ class PPCA(MaskedModel):
         ``(P, N, D)`` take the generic path.
         """
         if orders.ndim != 2:
-            return super()._nested_masked_log_prob(x, orders, generator)
+            return super().nested_masked_log_prob(x, orders, generator)
         dtype, w, s2, zs, e = self._split(x)
         d, k = w.shape
         n, p = e.shape[0], orders.shape[0]
@@ -377,7 +377,7 @@ class PPCA(MaskedModel):
         out = self._shared_sum(e, s2, ww, rhs, m, a_inv, g.reshape(p * d, k * n))
         return out.reshape(p, d, n)
 
-    def _masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
+    def masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
                          generator: torch.Generator | None) -> torch.Tensor:
         """Sum of log p(x_j | x_R) over the masked tokens of each mask: ``(B, N)``.
 
@@ -425,21 +425,21 @@ class PPCA(MaskedModel):
             terms = m * (res * res / var + torch.log(var))
         return -0.5 * (num_masked * _LOG_2PI + terms.sum(-1))
 
-    def _grid_masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor,
+    def grid_masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor,
                               generator: torch.Generator | None, *, data_means: bool = True
                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Grid sums (see :meth:`MaskedModel._grid_masked_log_prob`) by quadratic forms.
+        """Grid sums (see :meth:`MaskedModel.grid_masked_log_prob`) by quadratic forms.
 
         With shared masks, and when it is cheaper than scoring every (mask,
         datum) pair (:meth:`_grid_by_quadratic_forms`), each grid row's
         weighted sum is one D x D quadratic form in the residuals e_n; otherwise
-        the generic sum of :meth:`_masked_log_prob`.
+        the generic sum of :meth:`masked_log_prob`.
         """
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in self.parameters())
         if mask.ndim == 3 and not grad and self._grid_by_quadratic_forms(
                 mask.shape[0], mask.shape[1], x.shape[0], data_means):
             return self._grid_quadratic_forms(x, mask, weight, data_means)
-        return super()._grid_masked_log_prob(x, mask, weight, generator, data_means=data_means)
+        return super().grid_masked_log_prob(x, mask, weight, generator, data_means=data_means)
 
     def _grid_by_quadratic_forms(self, rows: int, cols: int, num_data: int,
                                  data_means: bool) -> bool:
@@ -512,7 +512,7 @@ class PPCA(MaskedModel):
                                         + (g_cols * second).sum((1, 2)))
         return rows, cols
 
-    def _masked_log_prob_mean(self, x: torch.Tensor, mask: torch.Tensor,
+    def masked_log_prob_mean(self, x: torch.Tensor, mask: torch.Tensor,
                               generator: torch.Generator | None) -> torch.Tensor:
         """Mean over the data of the masked-token log-likelihood, shared masks: ``(B,)``.
 
@@ -526,11 +526,11 @@ class PPCA(MaskedModel):
         data is ``c_j^T S c_j`` with ``S = (1/N) sum_n y_n y_n^T``, computed once
         for all masks as the data covariance plus ``(xbar - mu)(xbar - mu)^T``.
         The cost per mask is O(D^2 K), independent of N, and the value equals
-        ``_masked_log_prob(x, mask).mean(-1)`` (tested). Computed in float64
+        ``masked_log_prob(x, mask).mean(-1)`` (tested). Computed in float64
         (the arrays are D x D), returned as float64.
         """
         if mask.ndim != 2:
-            return super()._masked_log_prob_mean(x, mask, generator)
+            return super().masked_log_prob_mean(x, mask, generator)
         f64 = torch.float64
         w, s2, mu = self.W.to(f64), self.sigma2.to(f64), self.mu.to(f64)
         d, k = w.shape

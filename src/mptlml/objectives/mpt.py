@@ -124,7 +124,7 @@ class MPTLoss(Objective):
         """Mean over the data of :meth:`per_datum` (same masks, same value).
 
         With ``share_masks`` the scores are averaged over the data inside the
-        model (``_masked_log_prob_mean``): for PPCA from sufficient statistics,
+        model (``masked_log_prob_mean``): for PPCA from sufficient statistics,
         O(D^2 K) per mask instead of O(N D K).
         """
         if not self.share_masks:
