@@ -6,15 +6,25 @@
 (Moreno-Munoz, Recasens, Hauberg, NeurIPS 2023, Proposition 1.)
 """
 
-from .estimators import ESTIMATORS, LMLEstimate, MPTCurve, estimate_lml, mpt_curve
-from .sequences import MLMCurveResult, mlm_curve, mpt_area, pll
+from typing import Any
+
+from . import settings
+from .estimation import (
+    ESTIMATORS,
+    LMLEstimate,
+    MPTCurve,
+    estimate_lml,
+    mlm_curve,
+    mpt_area,
+    mpt_curve,
+    pll,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ESTIMATORS",
     "LMLEstimate",
-    "MLMCurveResult",
     "MPTCurve",
     "__version__",
     "estimate_lml",
@@ -22,4 +32,16 @@ __all__ = [
     "mpt_area",
     "mpt_curve",
     "pll",
+    "settings",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Deprecated names: ``MLMCurveResult`` is :class:`MPTCurve` now."""
+    if name == "MLMCurveResult":
+        import warnings
+
+        warnings.warn("mptlml.MLMCurveResult is deprecated; use mptlml.MPTCurve.",
+                      DeprecationWarning, stacklevel=2)
+        return MPTCurve
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

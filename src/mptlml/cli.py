@@ -219,7 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mptlml`` command."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .sequences import shutdown_distributed
+    from .estimation.runner import shutdown_distributed
+    from .settings import keep_heap
+
+    keep_heap()  # the command line opts in to glibc's larger heap thresholds (mptlml.settings)
 
     ok = False
     try:

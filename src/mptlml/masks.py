@@ -23,11 +23,15 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from ._validation import check_positive_int, make_generator
+from ._validation import check_positive_int, check_rate, check_size, make_generator
 
 __all__ = [
+    "MASK_SIZE_ESTIMATORS",
     "all_masks",
+    "check_mask_size_args",
     "count_masks",
+    "draw_mask_sizes",
+    "fixed_rate_size",
     "prefix_masks",
     "random_orders",
     "sample_masks",
@@ -247,3 +251,84 @@ def random_orders(num_tokens: int, num_orders: int, *, num_data: int | None = No
     g = make_generator(generator)
     lead = (p,) if num_data is None else (p, int(num_data))
     return torch.rand(*lead, d, generator=g, dtype=torch.float64).argsort(dim=-1)
+
+
+# ---------------------------------------------------------------------- mask sizes
+#: the estimators whose masks have sizes drawn by :func:`draw_mask_sizes`
+MASK_SIZE_ESTIMATORS = ("cumulative", "random-size", "fixed-rate")
+
+
+def fixed_rate_size(rate: float, num_tokens: int) -> int:
+    """Mask size of a fixed masking rate: ``max(1, floor(rate * D))``.
+
+    Floor, as the paper's code: 15% of D = 512 gives M = 76 (NOTES.md, Table 1).
+    A tiny tolerance keeps exact products (0.2 * 10) from rounding down.
+    """
+    return max(1, min(num_tokens, int(math.floor(rate * num_tokens + 1e-9))))
+
+
+def check_mask_size_args(estimator: str, num_tokens: int, *, rate: float | None = None,
+                         mask_size: int | None = None) -> int | None:
+    """Refuse ``rate``/``mask_size`` where they do not apply; M of ``"fixed-rate"``.
+
+    The one validation of these arguments, shared by evaluation
+    (:func:`mptlml.estimate_lml`) and training (:class:`mptlml.objectives.MPTLoss`).
+
+    Returns
+    -------
+    int or None
+        ``mask_size`` (checked ``1 <= M <= D``, an integer: 2.7 is refused,
+        not truncated) or ``max(1, floor(rate * D))`` for ``"fixed-rate"``;
+        None for every other estimator, which then must not be given either.
+    """
+    d = check_positive_int(num_tokens, "num_tokens")
+    if estimator != "fixed-rate":
+        if rate is not None or mask_size is not None:
+            given = [f"{n}={v!r}" for n, v in (("rate", rate), ("mask_size", mask_size))
+                     if v is not None]
+            raise ValueError(
+                f"rate / mask_size only apply to estimator='fixed-rate'; the {estimator!r} "
+                f"estimator does not use one mask size (got {', '.join(given)}). Drop them "
+                "or pass estimator='fixed-rate'."
+            )
+        return None
+    if mask_size is not None and rate is not None:
+        raise ValueError("give either rate or mask_size for 'fixed-rate', not both.")
+    if mask_size is not None:
+        return check_size(mask_size, d, "mask_size")
+    return fixed_rate_size(check_rate(rate), d)
+
+
+def draw_mask_sizes(estimator: str, num_tokens: int, num_masks: int, *,
+                    num_data: int | None = None, rate: float | None = None,
+                    mask_size: int | None = None,
+                    generator: torch.Generator | int | None = None) -> torch.Tensor:
+    """The mask sizes of one Monte Carlo draw of an MPT estimator (Proposition 1).
+
+    ``"cumulative"``  every size M = 1..D, ``num_masks`` (P) times each, size-major:
+                      ``[1]*P + [2]*P + ... + [D]*P``, shape ``(D * P,)``;
+    ``"random-size"`` M ~ U{1..D} i.i.d.: ``(P,)``, or ``(P, N)`` with ``num_data=N``
+                      (one size per datum, for masks drawn per datum);
+    ``"fixed-rate"``  M = ``mask_size`` or ``max(1, floor(rate * D))``, ``(P,)``.
+
+    ``rate`` and ``mask_size`` are checked by :func:`check_mask_size_args`
+    (refused unless ``"fixed-rate"``). Only ``"random-size"`` consumes
+    ``generator``. Evaluation, training and model selection draw their sizes
+    here, so a seed gives the same sizes everywhere.
+
+    Returns
+    -------
+    torch.LongTensor
+    """
+    if estimator not in MASK_SIZE_ESTIMATORS:
+        raise ValueError(f"mask sizes are drawn for the estimators {MASK_SIZE_ESTIMATORS}; "
+                         f"got {estimator!r}.")
+    d = check_positive_int(num_tokens, "num_tokens")
+    p = check_positive_int(num_masks, "num_masks")
+    size = check_mask_size_args(estimator, d, rate=rate, mask_size=mask_size)
+    if estimator == "cumulative":
+        return torch.arange(1, d + 1).repeat_interleave(p)
+    if estimator == "random-size":
+        shape = (p,) if num_data is None else (p, check_positive_int(num_data, "num_data"))
+        return torch.randint(1, d + 1, shape, generator=make_generator(generator))
+    return torch.full((p,), size, dtype=torch.long)

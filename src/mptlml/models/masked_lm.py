@@ -10,11 +10,14 @@ model input by replacing exactly the positions in M by the mask token (pure
 with h the encoder's last hidden states. The LM head runs only at the masked
 positions (encoder, gather, head), not over every position.
 
-Sequences have different lengths D_i, so besides the fixed-D tensor protocol
-of :class:`~mptlml.models.base.MaskedModel` the adapter has a ragged API:
+Sequences have different lengths D_i, so the adapter implements the ragged
+protocol :class:`~mptlml.models.protocols.RaggedMaskedModel` (no fixed D):
 :meth:`MaskedLM.encode` turns texts into lists of content token ids and
-:meth:`MaskedLM.score_positions` scores many (sequence, mask) pairs in padded
-sub-batches.
+:meth:`MaskedLM.ragged_masked_log_prob` scores many (sequence, mask) pairs in
+padded, length-bucketed sub-batches (:meth:`MaskedLM.score_positions`). For
+equal-length id tensors :meth:`MaskedLM.log_conditionals` also takes the
+``(N, D)`` shapes of :class:`~mptlml.models.base.MaskedModel`. Loading
+(``from_pretrained``, ``antiberty``) lives in :mod:`mptlml.models.hf_loading`.
 
 Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
 Marginal Likelihood", NeurIPS 2023, Sec. 4 (Table 2, Fig. 5 right).
@@ -23,52 +26,25 @@ Marginal Likelihood", NeurIPS 2023, Sec. 4 (Table 2, Fig. 5 right).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
-import re
-import socket
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from .._validation import make_generator
-from .base import MaskedModel
+from .hf_loading import hub_reachable, load_antiberty, load_pretrained, space_residues
 
 __all__ = ["CORRUPTIONS", "MaskedLM", "hub_reachable"]
 
 CORRUPTIONS = ("mask", "bert")
-_AMINO_ACIDS = set("ACDEFGHIKLMNPQRSTVWY")
 _HEAD_NAMES = ("cls", "lm_head", "predictions")
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub answers (False when ``HF_HUB_OFFLINE`` is set)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        return False
-    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
-    try:
-        with socket.create_connection((host, 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _space_residues(seq: str) -> str:
-    """AntiBERTy input: upper-case residues separated by single spaces."""
-    s = re.sub(r"\s+", "", str(seq)).upper()
-    bad = sorted(set(s) - _AMINO_ACIDS)
-    if bad:
-        raise ValueError(
-            f"antibody sequence contains non-amino-acid characters {bad}; pass sequences "
-            "of the 20 standard one-letter residues (e.g. 'EVQLVESGG...')."
-        )
-    return " ".join(s)
-
-
-class MaskedLM(MaskedModel):
+class MaskedLM(nn.Module):
     """A Hugging Face masked LM plus its tokenizer, scored on masked content tokens.
 
     Parameters
@@ -90,8 +66,6 @@ class MaskedLM(MaskedModel):
     name : str, optional
         Label used in results (defaults to the model's ``name_or_path``).
     """
-
-    num_tokens = None  # ragged: D_i varies by sequence
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, corruption: str = "mask",
                  truncate: bool = False, preprocess: Callable[[str], str] | None = None,
@@ -157,32 +131,11 @@ class MaskedLM(MaskedModel):
             random (``AutoModelForMaskedLM.from_config``), seeded by ``init_seed``.
         **kwargs
             Passed to :class:`MaskedLM` (``corruption``, ``truncate``, ...).
-        """
-        from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
 
-        src = str(name_or_dir)
-        local = Path(src).is_dir()
-        offline = not local and not hub_reachable()
-        load_kw = {"local_files_only": True} if offline else {}
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(src, **load_kw)
-            if random_init:
-                config = AutoConfig.from_pretrained(src, **load_kw)
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(init_seed)
-                    model = AutoModelForMaskedLM.from_config(config)
-            else:
-                model = AutoModelForMaskedLM.from_pretrained(src, **load_kw)
-        except (OSError, ValueError) as exc:
-            where = ("the Hugging Face hub is not reachable and it is not in the local cache"
-                     if offline else "it is neither a local directory nor a loadable hub model")
-            raise ValueError(
-                f"could not load masked LM {src!r}: {where} ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}). To use a local model, pass "
-                "the path of a directory saved with model.save_pretrained(DIR) and "
-                "tokenizer.save_pretrained(DIR) (config.json, weights, tokenizer files)."
-            ) from exc
-        label = src + (" (random init)" if random_init else "")
+        See :func:`mptlml.models.hf_loading.load_pretrained`.
+        """
+        model, tokenizer, label = load_pretrained(name_or_dir, random_init=random_init,
+                                                  init_seed=init_seed)
         return cls(model, tokenizer, name=kwargs.pop("name", label), **kwargs)
 
     @classmethod
@@ -194,40 +147,22 @@ class MaskedLM(MaskedModel):
         Inputs are amino-acid strings; residues are spaced automatically
         (unspaced residues would tokenize to a single [UNK]).
         """
-        try:
-            import antiberty
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "MaskedLM.antiberty() needs the antiberty package: "
-                "pip install 'mptlml[antibody]' (antiberty==0.1.3)."
-            ) from exc
-        from transformers import BertConfig, BertForMaskedLM, BertTokenizer
-        from transformers.utils import logging as hf_logging
+        model, tokenizer, label = load_antiberty(random_init=random_init, init_seed=init_seed)
+        return cls(model, tokenizer, preprocess=space_residues,
+                   name=kwargs.pop("name", label), **kwargs)
 
-        root = Path(antiberty.__file__).parent / "trained_models"
-        tokenizer = BertTokenizer(str(root / "vocab.txt"), do_lower_case=False)
-        if len(tokenizer) != 25:
-            raise RuntimeError(
-                f"AntiBERTy tokenizer has {len(tokenizer)} tokens, expected 25; the vocabulary "
-                f"file {root / 'vocab.txt'} was not read."
-            )
-        mdir = root / "AntiBERTy_md_smooth"
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()
-        try:
-            if random_init:
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(init_seed)
-                    model = BertForMaskedLM(BertConfig.from_pretrained(mdir))
-            else:
-                model, info = BertForMaskedLM.from_pretrained(mdir, output_loading_info=True)
-                if info.get("missing_keys"):
-                    raise RuntimeError(f"AntiBERTy weights miss keys {info['missing_keys']}.")
-        finally:
-            hf_logging.set_verbosity(verbosity)
-        name = "AntiBERTy" + (" (random init)" if random_init else "")
-        return cls(model, tokenizer, preprocess=_space_residues,
-                   name=kwargs.pop("name", name), **kwargs)
+    def fingerprint(self) -> dict[str, Any]:
+        """Name, parameter count, a probe of the first weights and the corruption scheme."""
+        params = sum(p.numel() for p in self.parameters())
+        first = next(self.parameters()).detach().flatten()[:64].double().cpu().numpy()
+        return {"model": self.name, "num_parameters": int(params),
+                "weights_probe": hashlib.sha256(first.tobytes()).hexdigest()[:16],
+                "corruption": self.corruption}
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the model's parameters."""
+        return next(self.parameters()).device
 
     # ------------------------------------------------------------------ tokens
     def _special_frame(self) -> tuple[list[int], list[int]]:
@@ -479,21 +414,46 @@ class MaskedLM(MaskedModel):
 
     def _ragged(self, ids: list[torch.Tensor], masks: list[torch.Tensor],
                 generator: torch.Generator | None, token_budget: int) -> list[torch.Tensor]:
+        owner, lp = self._score_pairs(ids, masks, [generator] * len(ids), token_budget, None)
+        out = [torch.zeros(m.shape, dtype=torch.float64) for m in masks]
+        for (i, q, p), v in zip(owner, lp, strict=True):
+            out[i][q, p] = v
+        return out
+
+    def ragged_masked_log_prob(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor],
+                               generators: Sequence[torch.Generator | None], *,
+                               token_budget: int = 8192,
+                               progress: Any = None) -> list[torch.Tensor]:
+        """Sum of log p(x_j | x_R) over each mask ``(Q_i, D_i)`` of each sequence: ``(Q_i,)``.
+
+        The ragged protocol (:class:`~mptlml.models.protocols.RaggedMaskedModel`):
+        sequence i is corrupted with ``generators[i]``, then all pairs are scored
+        together by :meth:`score_positions`.
+        """
+        owner, lp = self._score_pairs(list(ids), list(masks), list(generators), token_budget,
+                                      progress)
+        out = [torch.zeros(m.shape[0], dtype=torch.float64) for m in masks]
+        for (i, q, _), v in zip(owner, lp, strict=True):
+            out[i][q] = v.sum()
+        return out
+
+    def _score_pairs(self, ids: list[torch.Tensor], masks: list[torch.Tensor],
+                     generators: list[torch.Generator | None], token_budget: int,
+                     progress: Any) -> tuple[list[tuple[int, int, torch.Tensor]],
+                                             list[torch.Tensor]]:
+        """Per-position log-probs of every (sequence, mask) pair and who owns them."""
         inputs, pos, tgt, owner = [], [], [], []
         off = len(self.prefix)
-        for i, (t, m) in enumerate(zip(ids, masks, strict=True)):
-            x = self.corrupt(t, m, generator)
+        for i, (t, m, g) in enumerate(zip(ids, masks, generators, strict=True)):
+            x = self.corrupt(t, m, g)
             for q in range(m.shape[0]):
                 p = m[q].nonzero().flatten()
                 inputs.append(x[q])
                 pos.append(p + off)
                 tgt.append(t[p])
                 owner.append((i, q, p))
-        lp = self.score_positions(inputs, pos, tgt, token_budget=token_budget)
-        out = [torch.zeros(m.shape, dtype=torch.float64) for m in masks]
-        for (i, q, p), v in zip(owner, lp, strict=True):
-            out[i][q, p] = v
-        return out
+        return owner, self.score_positions(inputs, pos, tgt, token_budget=token_budget,
+                                           progress=progress)
 
     def forward(self, x: Any, mask: Any) -> Any:  # pragma: no cover - alias
         return self.log_conditionals(x, mask)

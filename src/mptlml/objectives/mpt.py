@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import check_positive_int, check_rate, check_size, make_generator
-from ..estimators import fixed_rate_size, score_masks
+from .._validation import check_positive_int, make_generator
+from ..estimation.engine import score_masks
+from ..masks import MASK_SIZE_ESTIMATORS, check_mask_size_args, draw_mask_sizes
 from ..models.base import MaskedModel
 from .base import Objective
 
 __all__ = ["MPT_ESTIMATORS", "MPTLoss"]
 
-#: estimators MPTLoss can train with (the Monte Carlo ones of ``mptlml.estimators``).
-MPT_ESTIMATORS = ("cumulative", "random-size", "fixed-rate")
+#: estimators MPTLoss can train with (the Monte Carlo ones of :func:`mptlml.estimate_lml`).
+MPT_ESTIMATORS = MASK_SIZE_ESTIMATORS
 
 
 class MPTLoss(Objective):
@@ -88,22 +89,10 @@ class MPTLoss(Objective):
         self.num_masks = check_positive_int(num_masks, "num_masks")
         self.share_masks = bool(share_masks)
         d = model.num_tokens
+        self.mask_size = check_mask_size_args(estimator, d, rate=rate, mask_size=mask_size)
         self.rate: float | None = None
-        self.mask_size: int | None = None
-        if estimator == "fixed-rate":
-            if mask_size is not None and rate is not None:
-                raise ValueError("give either rate or mask_size for 'fixed-rate', not both.")
-            if mask_size is not None:
-                self.mask_size = check_size(mask_size, d, "mask_size")
-                self.rate = self.mask_size / d
-            else:
-                self.rate = check_rate(rate)
-                self.mask_size = fixed_rate_size(self.rate, d)
-        elif rate is not None or mask_size is not None:
-            raise ValueError(
-                f"rate / mask_size only apply to estimator='fixed-rate'; the {estimator!r} "
-                "estimator uses every mask size. Drop them or pass estimator='fixed-rate'."
-            )
+        if self.mask_size is not None:
+            self.rate = float(rate) if rate is not None else self.mask_size / d
 
     def extra_repr(self) -> str:
         s = f"estimator={self.estimator!r}, num_masks={self.num_masks}"
@@ -136,13 +125,8 @@ class MPTLoss(Objective):
         n, d = x.shape
         p = self.num_masks
         g = make_generator(generator)
-        if self.estimator == "cumulative":
-            rows = torch.arange(1, d + 1).repeat_interleave(p)
-        elif self.estimator == "random-size":
-            shape = (p,) if self.share_masks else (p, n)
-            rows = torch.randint(1, d + 1, shape, generator=g)
-        else:  # fixed-rate
-            rows = torch.full((p,), self.mask_size, dtype=torch.long)
+        rows = draw_mask_sizes(self.estimator, d, p, num_data=None if self.share_masks else n,
+                               mask_size=self.mask_size, generator=g)
         s = score_masks(self.model, x, rows, share_masks=self.share_masks, generator=g,
                         mean_over_data=mean_over_data)
         if self.estimator == "cumulative":

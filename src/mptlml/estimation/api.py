@@ -1,0 +1,190 @@
+"""The front doors: :func:`estimate_lml` and :func:`mpt_curve` for any model.
+
+Both dispatch on the protocol the model implements, never on its family:
+
+- :class:`~mptlml.models.base.MaskedModel` (dense ``(N, D)`` data):
+  :mod:`mptlml.estimation.dense`;
+- :class:`~mptlml.models.protocols.RaggedMaskedModel` (sequences of
+  different lengths, e.g. a masked LM): :mod:`mptlml.estimation.ragged`.
+
+Each path looks the estimator up in its registry and refuses any argument the
+estimator does not use (``rate=`` with ``"cumulative"``, ``sizes=`` for
+ragged sequences, ...), so nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..models.base import MaskedModel
+from ..models.protocols import RaggedMaskedModel
+from .dense import dense_curve, estimate_dense
+from .ragged import estimate_ragged, mlm_curve
+from .results import LMLEstimate, MPTCurve
+
+__all__ = ["estimate_lml", "mpt_curve"]
+
+_RAGGED_HINTS = {
+    "nested": "nested=True is not available for ragged sequences (a masked LM): their masks "
+              "are drawn per sequence; leave nested=False.",
+    "share_masks": "share_masks=True does not apply to ragged sequences (a masked LM): each "
+                   "sequence has its own length and its own masks; leave it False.",
+    "rate": "rate= / mask_size= do not apply to ragged sequences (a masked LM): each "
+            "sequence has its own length D_i. Pass rates=[...] with estimator='riemann' or "
+            "use mptlml.mpt_curve(model, texts, rates=[...]).",
+    "max_masks": "max_masks applies to the exhaustive estimator of dense data only; drop it.",
+    "sizes": "a curve on ragged sequences is drawn over masking rates; pass rates=[...] "
+             "instead of sizes (M = max(1, round(r * D_i)) per sequence).",
+}
+_RAGGED_HINTS["mask_size"] = _RAGGED_HINTS["rate"]
+
+
+def _given(**kwargs: Any) -> dict[str, Any]:
+    """The arguments the caller set (None and False mean "not given")."""
+    return {k: v for k, v in kwargs.items() if v is not None and v is not False}
+
+
+def _refuse_for_ragged(given: dict[str, Any]) -> None:
+    for name in given:
+        if name in _RAGGED_HINTS:
+            raise (TypeError if name == "sizes" else ValueError)(_RAGGED_HINTS[name])
+
+
+def _ragged_seed(seed: Any) -> int:
+    """Ragged runs need an int seed (masks are a function of (seed, sequence index))."""
+    if seed is None:
+        return int(torch.randint(0, 2**31 - 1, ()).item())
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        return int(seed)
+    raise TypeError(f"for ragged sequences (a masked LM) pass an int seed (or None), got "
+                    f"{type(seed).__name__}.")
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, MaskedModel):
+        raise TypeError(
+            f"model must be an mptlml.models.MaskedModel (e.g. mptlml.models.PPCA) or a "
+            f"RaggedMaskedModel (a masked LM), got {type(model).__name__}."
+        )
+
+
+def estimate_lml(model: MaskedModel | RaggedMaskedModel, x: Any,
+                 estimator: str = "cumulative", *, num_masks: int = 1,
+                 rate: float | None = None, mask_size: int | None = None,
+                 seed: int | torch.Generator | None = None, share_masks: bool = False,
+                 nested: bool = False, max_masks: int | None = None, progress: bool = False,
+                 **options: Any) -> LMLEstimate:
+    """Estimate log p(x_n) for each datum from the model's masked conditionals.
+
+    Proposition 1 of Moreno-Munoz, Recasens & Hauberg (NeurIPS 2023)::
+
+        log p(x) = sum_{M=1..D} S(x; M),
+        S(x; M)  = E_{|mask| = M} [ (1/M) sum_{j in mask} log p(x_j | x_R) ].
+
+    Parameters
+    ----------
+    model : MaskedModel or RaggedMaskedModel
+    x : array-like (N, D) for a MaskedModel; a list of texts or token-id
+        sequences for a RaggedMaskedModel.
+    estimator : str
+        Dense data: ``"exhaustive"`` (every mask, exact, small D),
+        ``"cumulative"`` (P masks per size, unbiased), ``"random-size"``
+        (M ~ U{1..D}, unbiased), ``"fixed-rate"`` (one size, biased),
+        ``"chain-rule"`` (random orders). Ragged sequences: ``"cumulative"``,
+        ``"riemann"`` (D_i times the mean over a rate grid).
+        ``mptlml.estimation.DENSE_ESTIMATORS`` / ``RAGGED_ESTIMATORS`` list them.
+    num_masks : int
+        P: masks per size (cumulative), draws of (M, mask) (random-size), masks
+        (fixed-rate) or orders (chain-rule) per datum. Exhaustive: only 1.
+    rate : float in (0, 1)
+        Masking rate of ``"fixed-rate"``; M = max(1, floor(rate * D)).
+    mask_size : int, optional
+        Give M directly instead of ``rate`` (``"fixed-rate"`` only).
+    seed : int or torch.Generator, optional
+        Makes the masks reproducible (ragged sequences: an int).
+    share_masks : bool
+        Share each mask across the data (the paper's code) rather than draw
+        independent masks per datum (default; lower variance). Dense data.
+    nested : bool
+        ``"cumulative"`` on dense data only: the P masks of the D sizes are
+        the prefixes of P random orders (still unbiased; dependent across sizes).
+    max_masks : int, optional
+        Budget of ``"exhaustive"`` (default ``mptlml.settings.max_masks``).
+    progress : bool
+        Show a progress bar.
+    **options
+        Ragged sequences: ``rates`` (riemann), ``token_budget``, ``chunk_size``,
+        ``checkpoint_dir`` (see :func:`mptlml.estimation.ragged.mlm_curve`).
+
+    Returns
+    -------
+    LMLEstimate
+
+    Raises
+    ------
+    ValueError, TypeError
+        For an unknown estimator or an argument the estimator does not use
+        (e.g. ``rate=`` with ``"cumulative"``), never silently ignored.
+    """
+    given = _given(rate=rate, mask_size=mask_size, share_masks=share_masks, nested=nested,
+                   max_masks=max_masks)
+    if isinstance(model, RaggedMaskedModel):
+        _refuse_for_ragged(given)
+        return estimate_ragged(model, x, estimator, num_masks=num_masks,
+                               seed=_ragged_seed(seed), progress=progress, options=options)
+    _check_model(model)
+    if options:
+        raise TypeError(f"unexpected arguments {sorted(options)} (only for ragged sequences).")
+    return estimate_dense(model, x, estimator, num_masks=num_masks, seed=seed,
+                          progress=progress, options=given)
+
+
+def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int = 1,
+              sizes: Sequence[int] | None = None, seed: int | torch.Generator | None = None,
+              share_masks: bool = False, nested: bool = False, progress: bool = False,
+              **options: Any) -> MPTCurve:
+    """The MPT curve: S(x; M) against the masking rate M / D, with its area.
+
+    For each size M, ``num_masks`` uniform masks per datum give
+    S_hat(x_n; M) = mean over masks of (1/M) sum_{j in mask} log p(x_j | x_R).
+    The area sum_{M=1..D} S(x; M) is the cumulative estimate of log p(x)
+    (Proposition 1; Fig. 4 of the paper).
+
+    Parameters
+    ----------
+    model : MaskedModel or RaggedMaskedModel
+    x : array-like (N, D), or a list of texts / token-id sequences (ragged)
+    num_masks : int
+        P masks per size (rate) and datum.
+    sizes : sequence of int, optional
+        Dense data: mask sizes, integers in 1..D (default all; 2.7 is refused).
+    seed : int or torch.Generator, optional
+    share_masks : bool
+        Dense data: share masks across data (the paper's code).
+    nested : bool
+        Dense data: masks of all sizes from the prefixes of P random orders
+        (see :func:`estimate_lml`); every size is computed, ``sizes`` are kept.
+    progress : bool
+    **options
+        Ragged sequences: ``rates``, ``nominal_length``, ``exact``,
+        ``token_budget``, ``chunk_size``, ``checkpoint_dir``, ``ids`` (see
+        :func:`mptlml.estimation.ragged.mlm_curve`, whose area is the paper's
+        ``L * sum_k w_k curve_k``).
+
+    Returns
+    -------
+    MPTCurve
+    """
+    if isinstance(model, RaggedMaskedModel):
+        _refuse_for_ragged(_given(sizes=sizes, share_masks=share_masks, nested=nested))
+        return mlm_curve(model, x, num_masks=num_masks, seed=_ragged_seed(seed),
+                         progress=progress, **options)
+    _check_model(model)
+    if options:
+        raise TypeError(f"unexpected arguments {sorted(options)} (only for ragged sequences).")
+    return dense_curve(model, x, num_masks=num_masks, sizes=sizes, seed=seed,
+                       share_masks=share_masks, nested=nested, progress=progress)

@@ -1,0 +1,249 @@
+"""MPT curves, areas, PLL and LML estimates on ragged sequences (masked LMs).
+
+For a sequence x of D non-special tokens and a mask size M,
+
+    S(x; M) = E_mask[(1/M) sum_{j in mask} log p(x_j | x_R)],
+    log p(x) = sum_{M=1..D} S(x; M)                     (Proposition 1).
+
+Each sequence has its own D_i. On a grid of masking rates r_1 < ... < r_K
+(:mod:`mptlml.estimation.rates`) sequence i gets M_ik = max(1, round(r_k D_i))
+masked tokens, P uniform masks per rate; :func:`mlm_curve` returns
+
+- per-sequence S_ik (mean over the P masks) and the *MPT curve* mean_i S_ik
+  with standard errors over sequences;
+- the paper's *area under the MPT curve* ``L * sum_k w_k mean_i S_ik``;
+- the per-sequence LML estimate ``D_i * mean_k S_ik`` (the Riemann form of
+  sum_M S, since M = r D), and on request the exact cumulative sum
+  ``sum_{M=1..D_i} S_hat(x_i; M)``.
+
+:func:`pll` is the pseudo-log-likelihood sum_j log p(x_j | x_{-j}) that MLM
+scorers report (the M = 1 term times D_i, computed exhaustively). The LML
+estimators for ragged sequences are registered in :data:`RAGGED_ESTIMATORS`
+(``"cumulative"``, ``"riemann"``). Scoring runs through
+:func:`mptlml.estimation.runner.run_pairs` (buckets, token budget,
+checkpoints, data parallel).
+
+Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
+Marginal Likelihood", NeurIPS 2023, Proposition 1, Sec. 4, Table 2, Fig. 5.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._validation import check_positive_int
+from ..masks import sample_masks
+from ..models.protocols import RaggedMaskedModel
+from .rates import check_rates, mask_sizes, rate_widths
+from .registry import EstimatorSpec, check_options, lookup, register
+from .results import LMLEstimate, MPTCurve, as_float64
+from .runner import run_pairs
+
+__all__ = ["RAGGED_ESTIMATORS", "estimate_ragged", "mlm_curve", "pll"]
+
+RAGGED_ESTIMATORS: dict[str, EstimatorSpec] = {}
+_RUN_OPTIONS = ("token_budget", "chunk_size", "checkpoint_dir")
+
+
+def encode(model: Any, sequences: Any) -> list[torch.Tensor]:
+    """``model.encode(sequences)`` after checking the model implements the ragged protocol."""
+    if not isinstance(model, RaggedMaskedModel):
+        raise TypeError(
+            f"model must implement mptlml.models.protocols.RaggedMaskedModel (a masked "
+            f"language model), got {type(model).__name__}; wrap a transformers model: "
+            "mptlml.models.MaskedLM(model, tokenizer) or MaskedLM.from_pretrained(name_or_dir)."
+        )
+    return model.encode(sequences)
+
+
+def _nan_se(a: np.ndarray, axis: int) -> np.ndarray:
+    n = a.shape[axis]
+    if n < 2:
+        return np.full(np.delete(a.shape, axis), np.nan)
+    return a.std(axis=axis, ddof=1) / math.sqrt(n)
+
+
+def _sum_se(values: np.ndarray, se: np.ndarray | None) -> float:
+    """Standard error of sum_k v_k: from per-term SEs, else successive differences."""
+    if se is not None and np.all(np.isfinite(se)):
+        return float(np.sqrt(np.sum(se ** 2)))
+    if values.size < 2:
+        return float("nan")
+    var = float(np.mean(np.diff(values) ** 2) / 2.0)  # one draw per term: local variance
+    return math.sqrt(values.size * var)
+
+
+def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[int]], *,
+        token_budget: int = 8192, chunk_size: int = 8,
+        checkpoint_dir: str | os.PathLike | None = None, progress: bool = False) -> torch.Tensor:
+    """Pseudo-log-likelihood of each sequence, ``sum_j log p(x_j | x_{-j})``.
+
+    Every non-special token is masked alone (D_i masked copies per sequence),
+    exactly; this is what MLM scorers (mlm-scoring, minicons with a sum
+    reduction) report, and it equals ``D_i * S(x_i; 1)``.
+
+    Returns
+    -------
+    torch.Tensor
+        float64, shape ``(N,)``.
+    """
+    ids = encode(model, sequences)
+    total = sum(len(t) for t in ids)
+    out = run_pairs(model, ids, lambda i, d, g: torch.eye(d, dtype=torch.bool), seed=0,
+                    tag="pll", spec={"kind": "pll", "total_pairs": total},
+                    chunk_size=chunk_size, token_budget=token_budget,
+                    checkpoint_dir=checkpoint_dir, progress=progress, desc="PLL")
+    return torch.tensor([float(v.sum()) for v in out.sums], dtype=torch.float64)
+
+
+def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[int]], *,
+              rates: Any = None, num_masks: int = 1, seed: int = 0,
+              nominal_length: float | None = None, exact: bool = False,
+              token_budget: int = 8192, chunk_size: int = 8,
+              checkpoint_dir: str | os.PathLike | None = None, progress: bool = False,
+              ids: list[str] | None = None) -> MPTCurve:
+    """MPT curve, area and per-sequence LML estimates on ragged sequences.
+
+    What :func:`mptlml.mpt_curve` computes for a
+    :class:`~mptlml.models.protocols.RaggedMaskedModel`.
+
+    Parameters
+    ----------
+    model : RaggedMaskedModel (e.g. ``mptlml.models.MaskedLM``)
+    sequences : list of str or of token-id sequences
+        Ragged: each sequence has its own D_i (non-special tokens).
+    rates : array-like, optional
+        Masking rates in (0, 1), strictly increasing (default 0.01..0.99).
+    num_masks : int
+        P, uniform masks per (sequence, rate).
+    seed : int
+        Masks (and input corruption) of sequence i are drawn from a generator
+        seeded by (seed, i).
+    nominal_length : float, optional
+        L of the area ``L * sum_k w_k curve_k`` (paper: 512); default the
+        mean D_i.
+    exact : bool
+        Also compute ``sum_{M=1..D_i} S_hat(x_i; M)`` (P masks per M).
+    token_budget, chunk_size : int
+        Padded tokens per forward pass; sequences per checkpointed chunk.
+    checkpoint_dir : path, optional
+        Finished chunks are saved atomically under ``checkpoint_dir/curve``
+        (``/exact``, ``/pll``) and reused when the same run is started again.
+    progress : bool
+        Show a progress bar over (sequence, mask) pairs.
+    ids : list of str, optional
+        Sequence identifiers, kept in the result.
+
+    Returns
+    -------
+    MPTCurve
+        ``per_sample`` (N, K) holds S_ik, ``sizes`` (N, K) M_ik, ``num_tokens``
+        (N,) D_i, ``lml`` the Riemann estimates ``D_i * mean_k S_ik``.
+    """
+    r = check_rates(rates)
+    p = check_positive_int(num_masks, "num_masks")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise TypeError(f"seed must be an int, got {seed!r}.")
+    toks = encode(model, sequences)
+    lengths = np.array([len(t) for t in toks], dtype=np.int64)
+    sizes = np.stack([mask_sizes(int(d), r) for d in lengths])  # (N, K)
+    k = r.size
+
+    def curve_masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
+        return sample_masks(d, torch.as_tensor(sizes[i]).repeat_interleave(p), generator=g)
+
+    run = dict(chunk_size=chunk_size, token_budget=token_budget, checkpoint_dir=checkpoint_dir,
+               progress=progress)
+    out = run_pairs(model, toks, curve_masks, seed=int(seed), tag="curve",
+                    spec={"kind": "curve", "rates": r.tolist(), "num_masks": p,
+                          "total_pairs": int(len(toks) * k * p)}, desc="MPT curve", **run)
+    per_mask = np.stack([s.reshape(k, p) for s in out.sums]) / sizes[:, :, None]  # (N, K, P)
+    scores = per_mask.mean(axis=2)
+    scores_se = _nan_se(per_mask, axis=2)
+    length = float(lengths.mean()) if nominal_length is None else float(nominal_length)
+    seq_areas = length * (scores * rate_widths(r)).sum(axis=1)
+    lml_se = np.array([lengths[i] / k * _sum_se(scores[i], scores_se[i] if p > 1 else None)
+                       for i in range(len(toks))])
+    res = MPTCurve(
+        sizes=torch.from_numpy(sizes), rates=r.tolist(), mean=as_float64(scores.mean(axis=0)),
+        stderr=as_float64(_nan_se(scores, axis=0)), per_sample=as_float64(scores),
+        area=float(seq_areas.mean()), area_stderr=float(_nan_se(seq_areas, axis=0)),
+        area_is_exact_sum=False, num_tokens=torch.from_numpy(lengths), num_masks=p,
+        num_model_calls=out.num_model_calls, seed=int(seed),
+        per_sample_stderr=as_float64(scores_se), lml=as_float64(lengths * scores.mean(axis=1)),
+        lml_stderr=as_float64(lml_se), nominal_length=length, model=model.name,
+        corruption=model.fingerprint().get("corruption"), ids=ids)
+    if exact:
+        tot, tse, calls = _exact_sum(model, toks, p, int(seed), **run)
+        res.lml_exact, res.lml_exact_stderr = as_float64(tot), as_float64(tse)
+        res.num_model_calls += calls
+    return res
+
+
+def _exact_sum(model: RaggedMaskedModel, toks: list[torch.Tensor], p: int, seed: int,
+               **kwargs: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """sum_{M=1..D_i} S_hat(x_i; M) with P masks per M, its standard error, model calls."""
+    lengths = np.array([len(t) for t in toks], dtype=np.int64)
+
+    def all_sizes(i: int, d: int, g: torch.Generator) -> torch.Tensor:
+        return sample_masks(d, torch.arange(1, d + 1).repeat_interleave(p), generator=g)
+
+    ex = run_pairs(model, toks, all_sizes, seed=seed, tag="exact",
+                   spec={"kind": "exact", "num_masks": p,
+                         "total_pairs": int(lengths.sum() * p)},
+                   desc="exact sum over M", **kwargs)
+    tot, tse = [], []
+    for s, d in zip(ex.sums, lengths, strict=True):
+        sm = s.reshape(int(d), p) / np.arange(1, d + 1)[:, None]  # S_hat per mask
+        mean = sm.mean(axis=1)
+        tot.append(float(mean.sum()))
+        tse.append(_sum_se(mean, _nan_se(sm, axis=1) if p > 1 else None))
+    return np.array(tot), np.array(tse), ex.num_model_calls
+
+
+# ---------------------------------------------------------------------- LML estimators
+@register(RAGGED_ESTIMATORS, "cumulative",
+          "sum_{M=1..D_i} S_hat(x_i; M), P uniform masks per size; unbiased", _RUN_OPTIONS)
+def _cumulative(model: RaggedMaskedModel, sequences: Any, p: int, seed: int, progress: bool,
+                **run: Any) -> tuple[np.ndarray, np.ndarray, int, int]:
+    toks = encode(model, sequences)
+    lml, se, calls = _exact_sum(model, toks, p, seed, progress=progress, **run)
+    return lml, se, calls, int(sum(len(t) for t in toks) * p)
+
+
+@register(RAGGED_ESTIMATORS, "riemann",
+          "D_i * mean_k S(x_i; M_ik) over a rate grid; biased by the grid",
+          ("rates", *_RUN_OPTIONS))
+def _riemann(model: RaggedMaskedModel, sequences: Any, p: int, seed: int, progress: bool,
+             **run: Any) -> tuple[np.ndarray, np.ndarray, int, int]:
+    res = mlm_curve(model, sequences, num_masks=p, seed=seed, progress=progress, **run)
+    return (res.lml.numpy(), res.lml_stderr.numpy(), res.num_model_calls,  # type: ignore[union-attr]
+            int(res.per_sample.numel() * p))
+
+
+def estimate_ragged(model: RaggedMaskedModel, sequences: Any, estimator: str, *,
+                    num_masks: int, seed: int, progress: bool,
+                    options: dict[str, Any]) -> LMLEstimate:
+    """:func:`mptlml.estimate_lml` for ragged sequences: per-sequence LML estimates.
+
+    ``"cumulative"``: ``sum_{M=1..D_i} S_hat(x_i; M)`` (Proposition 1, P masks
+    per M); ``"riemann"``: ``D_i * mean_k S(x_i; M_ik)`` over the rate grid.
+    ``stderr`` is the Monte Carlo error of the mean, sqrt(sum_i se_i^2) / N.
+    """
+    spec = lookup(RAGGED_ESTIMATORS, estimator, "ragged sequences")
+    check_options(spec, options, "ragged sequences")
+    p = check_positive_int(num_masks, "num_masks")
+    lml, se, calls, rows = spec.fn(model, sequences, p, seed, progress, **options)
+    n = lml.size
+    return LMLEstimate(
+        estimator=estimator, per_sample=as_float64(lml), per_sample_stderr=as_float64(se),
+        mean=float(lml.mean()), stderr=float(np.sqrt(np.sum(se ** 2)) / n),
+        stderr_data=float(lml.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
+        sizes=None, size_scores=None, num_masks=p, num_model_calls=calls,
+        num_masked_rows=rows, seed=seed, model=model.name)

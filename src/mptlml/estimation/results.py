@@ -1,0 +1,206 @@
+"""Result types of the estimators: one per concept, the same fields for every model.
+
+:class:`LMLEstimate` holds estimates of log p(x_n) per datum (or sequence),
+:class:`MPTCurve` the MPT curve S(x; M) against the masking rate and its area
+(Proposition 1 of Moreno-Munoz, Recasens & Hauberg, NeurIPS 2023). A dense
+model (every datum has D tokens) and a masked LM on ragged sequences (D_i
+tokens) fill the same fields (``mean``, ``stderr``, ``per_sample``,
+``per_sample_stderr``; ``area``, ``area_stderr``, ``rates``, ...); a few
+optional fields exist only for ragged sequences and are None otherwise.
+
+The names of the former masked-LM results (``MLMCurveResult.scores``,
+``lml_se``, ``area_se``, ...) remain as deprecated read-only properties that
+return what they returned before (numpy arrays).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._io import jsonable
+
+__all__ = ["LMLEstimate", "MPTCurve"]
+
+
+def _numpy(v: Any) -> Any:
+    return v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v
+
+
+def _deprecated(old: str, new: str, numpy: bool = True) -> property:
+    """A read-only property ``old`` that warns and returns field ``new`` (as numpy)."""
+
+    def get(self: Any) -> Any:
+        warnings.warn(f"{type(self).__name__}.{old} is deprecated; use .{new}.",
+                      DeprecationWarning, stacklevel=2)
+        v = getattr(self, new)
+        return _numpy(v) if numpy else v
+
+    get.__doc__ = f"Deprecated alias of ``{new}``."
+    return property(get)
+
+
+class _Result:
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dictionary: tensors and arrays become lists, NaN becomes None."""
+        return {f.name: jsonable(getattr(self, f.name))
+                for f in fields(self)}  # type: ignore[arg-type]
+
+
+@dataclass
+class LMLEstimate(_Result):
+    """An estimate of log p(x_n) for each datum (or sequence).
+
+    Attributes
+    ----------
+    estimator : str
+    per_sample : torch.Tensor, (N,)
+        Estimate of log p(x_n) per datum (float64).
+    per_sample_stderr : torch.Tensor, (N,)
+        Monte Carlo standard error of each per-sample estimate (NaN where it
+        cannot be computed, e.g. one mask per datum and size).
+    mean : float
+        Mean of ``per_sample`` (the average LML per datum).
+    stderr : float
+        Monte Carlo standard error of ``mean`` over the masks (NaN if unknown).
+    stderr_data : float
+        Standard error of ``mean`` across data points, std / sqrt(N).
+    sizes : list of int or None
+        Mask sizes that were evaluated (None for ragged sequences, where they
+        are 1..D_i per sequence).
+    size_scores : torch.Tensor or None, (len(sizes),)
+        Mean over data of S_hat(x; M) per evaluated size (NaN where a size was
+        never drawn).
+    num_masks : int
+        P, masks (or orders) per size and datum.
+    num_model_calls : int
+        Calls to the model (blocks of masks; forward passes for a masked LM).
+    num_masked_rows : int
+        (mask, datum) pairs evaluated.
+    rate : float or None
+        Masking rate (fixed-rate only).
+    exact : float or None
+        Mean exact log p(x) when the model has an exact ``log_marginal``.
+    bias : float or None
+        ``mean - exact`` when ``exact`` is known.
+    shared_masks, nested : bool
+    seed : int or None
+    model : str or None
+        The model's label (masked LMs).
+    """
+
+    estimator: str
+    per_sample: torch.Tensor
+    per_sample_stderr: torch.Tensor
+    mean: float
+    stderr: float
+    stderr_data: float
+    sizes: list[int] | None
+    size_scores: torch.Tensor | None
+    num_masks: int
+    num_model_calls: int
+    num_masked_rows: int
+    rate: float | None = None
+    exact: float | None = None
+    bias: float | None = None
+    shared_masks: bool = False
+    nested: bool = False
+    seed: int | None = None
+    model: str | None = None
+
+    lml = _deprecated("lml", "per_sample")
+    lml_se = _deprecated("lml_se", "per_sample_stderr")
+
+
+@dataclass
+class MPTCurve(_Result):
+    """The MPT curve S(x; M) against the masking rate M / D, and its area.
+
+    Attributes
+    ----------
+    sizes : list of int, or LongTensor (N, S)
+        Mask sizes; per sequence, M_ik = max(1, round(r_k D_i)), for ragged
+        sequences.
+    rates : list of float
+        ``M / D`` (the rate grid r_k for ragged sequences).
+    mean : torch.Tensor, (S,)
+        Mean over data of S_hat(x; M) (float64).
+    stderr : torch.Tensor, (S,)
+        Standard error of ``mean`` across data points.
+    per_sample : torch.Tensor, (N, S)
+        S_hat(x_n; M), averaged over the P masks.
+    area : float
+        Dense models: ``sum_M mean(M)`` over all sizes, the cumulative estimate
+        of the mean LML; with a subset of sizes the Riemann estimate
+        ``D * average over the sizes`` (``area_is_exact_sum`` is then False).
+        Ragged sequences: the paper's ``L * sum_k w_k mean_k`` with widths
+        w_k = r_k - r_{k-1} (r_0 = 0) and L = ``nominal_length``.
+    area_stderr : float
+        Standard error of ``area`` across data points.
+    area_is_exact_sum : bool
+    num_tokens : int or LongTensor (N,)
+        D, or D_i per sequence.
+    num_masks : int
+        P, masks per size (rate) and datum.
+    num_model_calls : int
+    nested : bool
+    seed : int or None
+    extra : dict
+    per_sample_stderr : torch.Tensor or None, (N, S)
+        Monte Carlo standard error of ``per_sample`` (ragged sequences; NaN when P = 1).
+    lml : torch.Tensor or None, (N,)
+        Per-sample LML estimate from the curve: the area of each datum's curve
+        (dense), ``D_i * mean_k S_ik`` (ragged; the Riemann form of sum_M S).
+    lml_stderr : torch.Tensor or None, (N,)
+        Mask-sampling standard error of ``lml`` (ragged; successive differences when P = 1).
+    lml_exact, lml_exact_stderr : torch.Tensor or None, (N,)
+        ``sum_{M=1..D_i} S_hat(x_i; M)`` and its standard error, when requested.
+    nominal_length : float or None
+        L of the ragged area.
+    model, corruption : str or None
+        The masked LM's label and masking scheme.
+    ids : list of str or None
+        Sequence identifiers given by the caller.
+    """
+
+    sizes: list[int] | torch.Tensor
+    rates: list[float]
+    mean: torch.Tensor
+    stderr: torch.Tensor
+    per_sample: torch.Tensor
+    area: float
+    area_stderr: float
+    area_is_exact_sum: bool
+    num_tokens: int | torch.Tensor
+    num_masks: int
+    num_model_calls: int
+    nested: bool = False
+    seed: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    per_sample_stderr: torch.Tensor | None = None
+    lml: torch.Tensor | None = None
+    lml_stderr: torch.Tensor | None = None
+    lml_exact: torch.Tensor | None = None
+    lml_exact_stderr: torch.Tensor | None = None
+    nominal_length: float | None = None
+    model: str | None = None
+    corruption: str | None = None
+    ids: list[str] | None = field(default=None, repr=False)
+
+    scores = _deprecated("scores", "per_sample")
+    scores_se = _deprecated("scores_se", "per_sample_stderr")
+    curve = _deprecated("curve", "mean")
+    curve_se = _deprecated("curve_se", "stderr")
+    area_se = _deprecated("area_se", "area_stderr", numpy=False)
+    lml_se = _deprecated("lml_se", "lml_stderr")
+    lml_exact_se = _deprecated("lml_exact_se", "lml_exact_stderr")
+    lengths = _deprecated("lengths", "num_tokens")
+
+
+def as_float64(a: Any) -> torch.Tensor:
+    """A float64 CPU tensor of ``a`` (numpy arrays convert exactly)."""
+    return torch.as_tensor(np.asarray(a, dtype=np.float64))

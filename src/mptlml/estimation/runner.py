@@ -1,0 +1,193 @@
+"""The ragged-sequence runner: masks per sequence, buckets, checkpoints, data parallel.
+
+Scoring many (sequence, mask) pairs of a
+:class:`~mptlml.models.protocols.RaggedMaskedModel` is organised here, apart
+from the maths of the estimators (:mod:`mptlml.estimation.ragged`):
+
+- the masks (and input corruptions) of sequence i come from a generator
+  seeded by (seed, i), so a result does not depend on batching, chunking,
+  resumption or the number of processes;
+- sequences are sorted by length and cut into chunks of ``chunk_size``; the
+  model scores a chunk's pairs in length-bucketed sub-batches under a
+  ``token_budget`` of padded tokens per forward pass;
+- with a ``checkpoint_dir`` each finished chunk is written atomically to
+  ``<checkpoint_dir>/<tag>/chunk_*.npz`` beside a ``meta.json`` fingerprint of
+  the run (model, data, settings), and a later run with the same fingerprint
+  reuses them;
+- under ``torchrun``/``accelerate launch`` chunks are sharded across
+  processes and the results gathered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._io import atomic_save_npz, atomic_write_text
+from .._validation import check_positive_int
+from ..models.protocols import RaggedMaskedModel
+
+__all__ = ["RunOutput", "distributed_context", "run_pairs", "seq_seed", "shutdown_distributed"]
+
+
+@dataclass
+class _Dist:
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def distributed_context() -> _Dist:
+    """Rank and world size; initialises ``torch.distributed`` under torchrun/accelerate.
+
+    Uses the ``RANK``/``WORLD_SIZE`` environment both launchers set, the gloo
+    backend on CPU and nccl on CUDA.
+    """
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return _Dist()
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend=backend)
+    return _Dist(dist.get_rank(), dist.get_world_size())
+
+
+def shutdown_distributed(*, synchronise: bool = True) -> None:
+    """Tear down the process group that :func:`distributed_context` opened.
+
+    Every rank waits for the others (``synchronise``) and then destroys the
+    group, so that no rank exits while gloo/nccl threads still run (which
+    aborts the process with ``terminate called without an active exception``).
+    A no-op outside ``torchrun``/``accelerate launch``.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if synchronise:
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def seq_seed(seed: int, index: int) -> int:
+    return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1)[0])
+
+
+def _fingerprint(model: RaggedMaskedModel, ids: list[torch.Tensor], spec: dict) -> dict:
+    h = hashlib.sha256()
+    for t in ids:
+        h.update(t.numpy().astype(np.int64).tobytes())
+        h.update(b"|")
+    return {**model.fingerprint(), "data_sha256": h.hexdigest(), "num_sequences": len(ids),
+            **spec}
+
+
+class _Calls:
+    """A progress bar that also counts the forward passes reported to it."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar, self.calls = bar, 0
+
+    def update(self, n: int) -> None:
+        self.calls += 1
+        self.bar.update(n)
+
+
+@dataclass
+class RunOutput:
+    """Sums of log p(x_j | x_R) per mask of each sequence, and the forward passes made."""
+
+    sums: list[np.ndarray]
+    num_model_calls: int
+
+
+def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
+              make_masks: Callable[[int, int, torch.Generator], torch.Tensor], *, seed: int,
+              tag: str, spec: dict, chunk_size: int = 8, token_budget: int = 8192,
+              checkpoint_dir: str | os.PathLike | None = None, progress: bool = False,
+              desc: str = "scoring") -> RunOutput:
+    """Sum of log p(x_j | x_R) over each mask of each sequence: ``(Q_i,)`` arrays.
+
+    ``make_masks(i, D_i, generator)`` gives the ``(Q_i, D_i)`` masks of sequence
+    i; the same generator then drives the model's input corruption, so
+    everything is a function of (seed, i).
+    """
+    from tqdm.auto import tqdm
+
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    token_budget = check_positive_int(token_budget, "token_budget")
+    ctx = distributed_context()
+    lengths = np.array([len(t) for t in ids])
+    order = np.argsort(lengths, kind="stable")
+    chunks = [order[c:c + chunk_size] for c in range(0, len(order), chunk_size)]
+    mine = [c for c in range(len(chunks)) if c % ctx.world == ctx.rank]
+
+    ckpt: Path | None = None
+    done: dict[int, np.ndarray] = {}
+    if checkpoint_dir is not None:
+        ckpt = Path(checkpoint_dir) / tag
+        ckpt.mkdir(parents=True, exist_ok=True)
+        meta = _fingerprint(model, ids, {**spec, "seed": int(seed), "chunk_size": chunk_size})
+        meta_path = ckpt / "meta.json"
+        if meta_path.exists():
+            old = json.loads(meta_path.read_text())
+            if old != meta:
+                diff = sorted(k for k in set(old) | set(meta) if old.get(k) != meta.get(k))
+                raise ValueError(
+                    f"{ckpt} holds a checkpoint of a different run (differs in {diff}); "
+                    "use a new run directory or pass overwrite=True (--overwrite)."
+                )
+        elif ctx.main:
+            atomic_write_text(meta_path, json.dumps(meta, indent=1, sort_keys=True))
+        for c in mine:
+            f = ckpt / f"chunk_{c:06d}.npz"
+            if f.exists():
+                with np.load(f) as z:
+                    for k in z.files:
+                        done[int(k)] = z[k]
+
+    total = int(spec.get("total_pairs", 0)) // max(ctx.world, 1) or None
+    bar = tqdm(total=total, desc=desc, unit="pair", disable=not progress or not ctx.main,
+               dynamic_ncols=True)
+    calls = _Calls(bar)
+    results: dict[int, np.ndarray] = dict(done)
+    for c in mine:
+        seqs = [int(i) for i in chunks[c]]
+        if all(i in done for i in seqs):
+            bar.update(sum(len(done[i]) for i in seqs))
+            continue
+        gens = [torch.Generator().manual_seed(seq_seed(seed, i)) for i in seqs]
+        masks = [make_masks(i, int(lengths[i]), g) for i, g in zip(seqs, gens, strict=True)]
+        sums = model.ragged_masked_log_prob([ids[i] for i in seqs], masks, gens,
+                                            token_budget=token_budget, progress=calls)
+        arrays = {str(i): v.numpy().astype(np.float64) for i, v in zip(seqs, sums, strict=True)}
+        if ckpt is not None:
+            atomic_save_npz(ckpt / f"chunk_{c:06d}.npz", arrays)
+        results.update({int(k): v for k, v in arrays.items()})
+    bar.close()
+    num_calls = calls.calls
+    if ctx.world > 1:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * ctx.world
+        dist.all_gather_object(gathered, (results, num_calls))
+        num_calls = 0
+        for part, part_calls in gathered:
+            results.update(part)
+            num_calls += part_calls
+    return RunOutput([results[i] for i in range(len(ids))], num_calls)
