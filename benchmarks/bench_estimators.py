@@ -24,9 +24,9 @@ of the masks and extrapolated per mask (the output says so).
   fewer random masks), the same number of masks as the reference but
   dependent across sizes, so its standard error is printed beside it.
 
-Before any timing the benchmark calls ``mptlml._heap.keep_heap`` (what the
-estimators do on first use), so the naive loop and ``estimate_lml`` run with
-the same allocator settings; ``MPTLML_KEEP_HEAP=0`` runs both without.
+Before any timing the benchmark opts in to ``mptlml.settings.keep_heap`` (the
+library never calls it; the CLI does), so the naive loop and ``estimate_lml``
+run with the same allocator settings; ``MPTLML_KEEP_HEAP=0`` runs both without.
 
 The last table compares estimators at equal standard error: the time each
 would need to reach a given standard error of the mean LML, using
@@ -45,9 +45,9 @@ from collections.abc import Callable
 import torch
 
 import mptlml
-from mptlml._heap import keep_heap
-from mptlml.estimators import fixed_rate_size
+from mptlml.masks import fixed_rate_size
 from mptlml.models import PPCA
+from mptlml.settings import keep_heap
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -224,11 +224,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats = args.repeats or (1 if args.quick else 3)
-    kept = keep_heap()  # what estimate_lml does on first use; set before any timing, for both
+    kept = keep_heap()  # the one opt-in (mptlml.settings); before any timing, for both
     print(f"mptlml benchmark: torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
           f"load average {os.getloadavg()[0]:.2f} at start")
-    print("allocator: " + ("glibc mmap/trim thresholds raised by mptlml._heap.keep_heap before "
+    print("allocator: " + ("glibc mmap/trim thresholds raised by mptlml.settings.keep_heap before "
                            "any timing (naive loop and estimate_lml alike)" if kept else
                            "left alone (not glibc, or MPTLML_KEEP_HEAP=0)"))
     t_start = time.perf_counter()

@@ -19,6 +19,7 @@ import torch
 from mptlml.data import load_images
 from mptlml.models import BernoulliLVM
 from mptlml.objectives import ELBO, MPTLoss
+from mptlml.settings import keep_heap
 
 
 def _epoch_times(model, objective, x, repeats: int) -> list[float]:
@@ -41,6 +42,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     args = ap.parse_args()
+    keep_heap()  # opt in to glibc's larger heap thresholds (mptlml.settings), as the CLI does
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     x = load_images("digits")

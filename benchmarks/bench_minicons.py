@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-sequences", type=int, default=10)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
+    mptlml.settings.keep_heap()  # opt in to glibc's larger heap thresholds, as the CLI does
     try:
         import minicons  # noqa: F401
     except ImportError:

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from mptlml.models import PPCA  # noqa: E402
 from mptlml.objectives import MPTLoss  # noqa: E402
+from mptlml.settings import keep_heap  # noqa: E402
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -92,6 +93,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     args = ap.parse_args()
+    keep_heap()  # opt in to glibc's larger heap thresholds (mptlml.settings), as the CLI does
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = torch.float64 if args.dtype == "float64" else torch.float32

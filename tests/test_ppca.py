@@ -251,18 +251,19 @@ def test_nested_prefix_sums_equal_generic_path():
 
 
 @pytest.mark.parametrize("shared", [False, True])
-def test_small_blocks_and_mask_groups_keep_the_estimate(monkeypatch, shared):
+def test_small_blocks_and_mask_groups_keep_the_estimate(shared):
     """Blocks split inside grid rows and masks drawn in several calls: same estimator."""
-    import mptlml.estimators as est
+    from mptlml import settings
 
     model = PPCA.random(12, 2, sigma2=0.2, seed=7)
     x = model.sample(40, generator=8)
-    monkeypatch.setattr(est, "BLOCK_ELEMENTS", 12 * 40 * 5)  # pieces of one draw's 12 sizes
-    monkeypatch.setattr(est, "MASK_BYTES", 12 * (1 if shared else 40) * 7)  # ~7 masks a call
-    res = mptlml.estimate_lml(model, x, "cumulative", num_masks=30, seed=3, share_masks=shared)
+    with settings.block_elements(12 * 40 * 5), \
+            settings.mask_bytes(12 * (1 if shared else 40) * 7):  # pieces of a draw; ~7 a call
+        res = mptlml.estimate_lml(model, x, "cumulative", num_masks=30, seed=3,
+                                  share_masks=shared)
+        curve = mptlml.mpt_curve(model, x, num_masks=30, seed=3, share_masks=shared)
     exact = float(model.log_marginal(x).detach().mean())
     assert res.num_model_calls > 30 and res.num_masked_rows == 30 * 12 * 40
     assert abs(res.mean - exact) < 4 * res.stderr
     assert float(res.size_scores.sum()) == pytest.approx(res.mean, abs=1e-10)
-    curve = mptlml.mpt_curve(model, x, num_masks=30, seed=3, share_masks=shared)
     assert abs(curve.area - exact) < 4 * res.stderr * 3

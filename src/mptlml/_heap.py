@@ -10,9 +10,11 @@ prints the fault count).
 :func:`keep_heap` sets glibc's mmap and trim thresholds to the ceiling that its
 own dynamic adjustment reaches on 64-bit systems (32 MiB and 64 MiB; see
 ``mallopt(3)``), so that up to 64 MiB of freed memory is reused instead of
-returned. It runs once per process, on the first estimate. Set the environment
-variable ``MPTLML_KEEP_HEAP=0`` to leave the allocator alone; other C libraries
-(musl, macOS, Windows) are never touched.
+returned. It changes the whole process, so the library never calls it: the
+``mptlml`` command line and the benchmarks opt in once at start-up, and a
+library user calls ``mptlml.settings.keep_heap()``. Set the environment
+variable ``MPTLML_KEEP_HEAP=0`` to leave the allocator alone even then; other C
+libraries (musl, macOS, Windows) are never touched.
 """
 
 from __future__ import annotations

@@ -14,8 +14,11 @@ Each setting is a context manager that changes a value for the code inside its
                     blocks at once: fewer, larger draws on the mask threads).
 ``max_masks``       default cap on the masks the exhaustive estimator enumerates.
 
-None of these changes a result: a seed gives the same masks and the same
-estimate whatever the block sizes (the tests check it).
+They change how the work is cut, not what is estimated: the masks of one block
+(or group of blocks) are drawn in one call, so with other block sizes a seed
+maps to other masks, and the numbers move within their Monte Carlo error
+(``tests/test_ppca.py`` checks the estimate). For given settings a seed gives
+the same numbers every time.
 
 :func:`keep_heap` is a process-wide allocator setting and therefore not scoped:
 it raises glibc's mmap/trim thresholds so that the estimators' freed
