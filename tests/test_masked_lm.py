@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import mptlml
+from mptlml.estimation.ragged import mlm_curve, pll
+from mptlml.estimation.rates import mask_sizes, mpt_area
 from mptlml.models import MaskedLM
-from mptlml.sequences import mask_sizes, mlm_curve, mpt_area, pll
 
 from .mlm_helpers import SENTENCES, make_tiny_bert, minicons_pll
 
@@ -131,7 +132,7 @@ def test_special_tokens_never_masked(tiny, monkeypatch):
         content = inp[1:-1]
         assert all(int(v) not in specials or int(v) == tok.mask_token_id for v in content)
     # rate 0.99 masks every content token of short sentences (M = round(.99 D) = D)
-    np.testing.assert_array_equal(res.sizes[:, 1], res.lengths)
+    np.testing.assert_array_equal(res.sizes[:, 1], res.num_tokens)
 
 
 def test_bert_corruption_option(tiny):
@@ -148,18 +149,18 @@ def test_bert_corruption_option(tiny):
 def test_curve_formulas(tiny):
     res = mptlml.mpt_curve(tiny, SENTENCES, rates=[0.2, 0.5, 0.8], num_masks=3, seed=0,
                            nominal_length=10)
-    assert res.scores.shape == (5, 3) and res.lml.shape == (5,)
-    for i, d in enumerate(res.lengths):
+    assert res.per_sample.shape == (5, 3) and res.lml.shape == (5,)
+    for i, d in enumerate(res.num_tokens):
         np.testing.assert_array_equal(res.sizes[i], mask_sizes(int(d), [0.2, 0.5, 0.8]))
-    np.testing.assert_allclose(res.lml, res.lengths * res.scores.mean(1))
-    np.testing.assert_allclose(res.curve, res.scores.mean(0))
-    assert res.area == pytest.approx(mpt_area(res.curve, [0.2, 0.5, 0.8], 10))
-    assert np.isfinite(res.lml_se).all() and np.isfinite(res.area_se)
+    np.testing.assert_allclose(res.lml, res.num_tokens * res.per_sample.mean(1))
+    np.testing.assert_allclose(res.mean, res.per_sample.mean(0))
+    assert res.area == pytest.approx(mpt_area(res.mean, [0.2, 0.5, 0.8], 10))
+    assert torch.isfinite(res.lml_stderr).all() and np.isfinite(res.area_stderr)
     # same seed, same result; the dispatch through mptlml.estimate_lml works
     again = mlm_curve(tiny, SENTENCES, rates=[0.2, 0.5, 0.8], num_masks=3, seed=0)
-    np.testing.assert_array_equal(again.scores, res.scores)
+    assert torch.equal(again.per_sample, res.per_sample)
     est = mptlml.estimate_lml(tiny, SENTENCES[:2], "cumulative", num_masks=2, seed=0)
-    assert est.lml.shape == (2,) and np.isfinite(est.lml_se).all()
+    assert est.per_sample.shape == (2,) and torch.isfinite(est.per_sample_stderr).all()
     assert res.to_dict()["area"] == res.area
 
 
@@ -179,10 +180,10 @@ def test_antiberty_pretrained_far_above_random(antiberty):
     rates = [0.15, 0.5, 0.85]
     a = mlm_curve(antiberty, seqs, rates=rates, seed=0)
     b = mlm_curve(rnd, seqs, rates=rates, seed=0)
-    assert a.area > b.area + 1.0 * a.lengths.mean()
-    np.testing.assert_allclose(b.curve, -math.log(25), atol=0.6)  # few tokens at 15%
-    assert abs(b.curve.mean() + math.log(25)) < 0.25
-    assert (a.curve[:2] > b.curve[:2] + 1.0).all() and (a.curve > b.curve).all()
+    assert a.area > b.area + 1.0 * a.num_tokens.double().mean()
+    np.testing.assert_allclose(b.mean, -math.log(25), atol=0.6)  # few tokens at 15%
+    assert abs(b.mean.mean() + math.log(25)) < 0.25
+    assert (a.mean[:2] > b.mean[:2] + 1.0).all() and (a.mean > b.mean).all()
 
 
 # ---------------------------------------------------------------------- bad input
@@ -249,5 +250,103 @@ def test_random_init_from_dir(tiny_dir, tiny):
 
 def test_nested_masks_refused_for_masked_lm(tiny):
     for fn in (mptlml.estimate_lml, mptlml.mpt_curve):
-        with pytest.raises(ValueError, match="nested=True is not available for a MaskedLM"):
+        with pytest.raises(ValueError, match="nested=True is not available for ragged sequences"):
             fn(tiny, SENTENCES, nested=True, seed=0)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"rate": 0.3}, ValueError, "rate= / mask_size= do not apply to ragged"),
+    ({"mask_size": 2}, ValueError, "rate= / mask_size= do not apply to ragged"),
+    ({"share_masks": True}, ValueError, "share_masks=True does not apply to ragged"),
+    ({"max_masks": 10}, ValueError, "max_masks applies to the exhaustive"),
+    ({"rates": [0.5]}, TypeError, r"\['rates'\] do not apply to estimator 'cumulative'"),
+    ({"nominal_length": 10}, TypeError, "do not apply"),
+])
+def test_inapplicable_arguments_refused_for_masked_lm(tiny, kwargs, error, match):
+    """An argument the ragged estimator does not use is an error, never ignored."""
+    with pytest.raises(error, match=match):
+        mptlml.estimate_lml(tiny, SENTENCES[:2], "cumulative", seed=0, **kwargs)
+
+
+def test_curve_arguments_refused_and_unknown_estimator(tiny):
+    with pytest.raises(TypeError, match="pass rates=.* instead of sizes"):
+        mptlml.mpt_curve(tiny, SENTENCES[:2], sizes=[1], seed=0)
+    with pytest.raises(ValueError, match="share_masks=True does not apply"):
+        mptlml.mpt_curve(tiny, SENTENCES[:2], share_masks=True, seed=0)
+    with pytest.raises(ValueError, match="unknown estimator 'fixed-rate' for ragged.*riemann"):
+        mptlml.estimate_lml(tiny, SENTENCES[:2], "fixed-rate", seed=0)
+    with pytest.raises(TypeError, match="int seed"):
+        mptlml.estimate_lml(tiny, SENTENCES[:2], seed=torch.Generator())
+
+
+def test_masked_lm_is_ragged_not_dense(tiny):
+    """The ragged protocol promises no num_tokens; MaskedLM is not a fixed-D MaskedModel."""
+    from mptlml.models.base import MaskedModel
+    from mptlml.models.protocols import RaggedMaskedModel
+
+    assert isinstance(tiny, RaggedMaskedModel) and not isinstance(tiny, MaskedModel)
+    assert not hasattr(tiny, "num_tokens")
+    fp = tiny.fingerprint()
+    assert fp["num_parameters"] == sum(p.numel() for p in tiny.parameters())
+    assert fp["corruption"] == "mask" and len(fp["weights_probe"]) == 16
+    # the ragged reduction is the sum of the conditionals of log_conditionals
+    ids = tiny.encode(SENTENCES[:2])
+    masks = [torch.stack([torch.arange(len(t)) % 2 == 0, torch.arange(len(t)) < 2]) for t in ids]
+    sums = tiny.ragged_masked_log_prob(ids, masks, [None, None])
+    full = tiny.log_conditionals(SENTENCES[:2], masks)
+    for s, f in zip(sums, full, strict=True):
+        torch.testing.assert_close(s, f.sum(-1), atol=1e-6, rtol=0)
+
+
+def test_results_share_types_and_field_names_with_dense_models(tiny):
+    """PPCA and a masked LM give the same result types with the same fields."""
+    from dataclasses import fields
+
+    from mptlml.models import PPCA
+
+    ppca = PPCA.random(5, 2, sigma2=0.3, seed=0)
+    x = ppca.sample(6, generator=0)
+    dense = mptlml.estimate_lml(ppca, x, num_masks=2, seed=0)
+    ragged = mptlml.estimate_lml(tiny, SENTENCES, num_masks=2, seed=0)
+    assert type(dense) is type(ragged) is mptlml.LMLEstimate
+    for est in (dense, ragged):
+        assert est.per_sample.dtype == torch.float64 and est.per_sample_stderr.shape == (
+            est.per_sample.shape)
+        assert est.mean == pytest.approx(float(est.per_sample.mean()), abs=1e-12)
+        assert math.isfinite(est.stderr) and math.isfinite(est.stderr_data)
+        assert est.num_model_calls > 0 and est.num_masked_rows > 0
+        assert set(est.to_dict()) == {f.name for f in fields(mptlml.LMLEstimate)}
+    n = len(SENTENCES)
+    assert ragged.stderr == pytest.approx(
+        float(ragged.per_sample_stderr.pow(2).sum().sqrt()) / n, rel=1e-12)
+    dcurve = mptlml.mpt_curve(ppca, x, num_masks=2, seed=0)
+    rcurve = mptlml.mpt_curve(tiny, SENTENCES, rates=[0.3, 0.7], num_masks=2, seed=0)
+    assert type(dcurve) is type(rcurve) is mptlml.MPTCurve
+    for c in (dcurve, rcurve):
+        assert c.per_sample.shape == (c.per_sample.shape[0], len(c.rates))
+        torch.testing.assert_close(c.mean, c.per_sample.mean(0))
+        assert math.isfinite(c.area) and math.isfinite(c.area_stderr) and c.lml is not None
+    torch.testing.assert_close(dcurve.lml, dcurve.per_sample.sum(1))
+    assert rcurve.num_model_calls > 0 and rcurve.to_dict()["area_stderr"] == rcurve.area_stderr
+
+
+def test_old_result_names_warn_and_agree(tiny):
+    res = mptlml.mpt_curve(tiny, SENTENCES, rates=[0.3, 0.7], num_masks=2, seed=0, exact=True)
+    pairs = {"scores": "per_sample", "scores_se": "per_sample_stderr", "curve": "mean",
+             "curve_se": "stderr", "lml_se": "lml_stderr", "lml_exact_se": "lml_exact_stderr",
+             "lengths": "num_tokens"}
+    for old, new in pairs.items():
+        with pytest.warns(DeprecationWarning, match=f"{old} is deprecated; use .{new}"):
+            v = getattr(res, old)
+        assert isinstance(v, np.ndarray)
+        np.testing.assert_array_equal(v, getattr(res, new).numpy())
+    with pytest.warns(DeprecationWarning):
+        assert res.area_se == res.area_stderr
+    est = mptlml.estimate_lml(tiny, SENTENCES[:2], num_masks=2, seed=0)
+    with pytest.warns(DeprecationWarning):
+        np.testing.assert_array_equal(est.lml_se, est.per_sample_stderr.numpy())
+    with pytest.warns(DeprecationWarning, match="MPTCurve"):
+        from mptlml.sequences import MLMCurveResult
+    assert MLMCurveResult is mptlml.MPTCurve
+    with pytest.warns(DeprecationWarning, match="MPTCurve"):
+        assert mptlml.MLMCurveResult is mptlml.MPTCurve
