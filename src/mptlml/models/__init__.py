@@ -1,11 +1,17 @@
-"""Models that expose masked conditionals (see :mod:`mptlml.models.base`)."""
+"""Models that expose masked conditionals (see :mod:`mptlml.models.base`).
+
+Dense data ``(N, D)``: :class:`MaskedModel` subclasses. Ragged sequences:
+the sibling protocol :class:`~mptlml.models.protocols.RaggedMaskedModel`,
+implemented by :class:`MaskedLM`.
+"""
 
 from .base import MaskedModel
 from .bernoulli import BernoulliLVM, LinearVAE
 from .masked_lm import MaskedLM
 from .ppca import PPCA
+from .protocols import RaggedMaskedModel
 from .quadrature import latent_quadrature
 from .vae import GaussianVAE
 
 __all__ = ["PPCA", "BernoulliLVM", "GaussianVAE", "LinearVAE", "MaskedLM", "MaskedModel",
-           "latent_quadrature"]
+           "RaggedMaskedModel", "latent_quadrature"]

@@ -47,6 +47,9 @@ _HEAD_NAMES = ("cls", "lm_head", "predictions")
 class MaskedLM(nn.Module):
     """A Hugging Face masked LM plus its tokenizer, scored on masked content tokens.
 
+    Implements :class:`~mptlml.models.protocols.RaggedMaskedModel` (sequences of
+    their own lengths D_i; no fixed ``num_tokens``).
+
     Parameters
     ----------
     model : transformers.PreTrainedModel
@@ -121,18 +124,10 @@ class MaskedLM(nn.Module):
                         init_seed: int = 0, **kwargs: Any) -> MaskedLM:
         """Load a masked LM and its tokenizer by hub name or local directory.
 
-        Parameters
-        ----------
-        name_or_dir : str or path
-            A Hugging Face model id (needs the hub or its local cache) or a
-            directory holding ``config.json``, weights and tokenizer files.
-        random_init : bool
-            Keep the architecture and tokenizer but initialise the weights at
-            random (``AutoModelForMaskedLM.from_config``), seeded by ``init_seed``.
-        **kwargs
-            Passed to :class:`MaskedLM` (``corruption``, ``truncate``, ...).
-
-        See :func:`mptlml.models.hf_loading.load_pretrained`.
+        ``name_or_dir``, ``random_init`` and ``init_seed`` go to
+        :func:`mptlml.models.hf_loading.load_pretrained` (a hub id needs the hub
+        or its cache; a directory holds ``config.json``, weights and tokenizer
+        files); ``**kwargs`` to :class:`MaskedLM` (``corruption``, ``truncate``, ...).
         """
         model, tokenizer, label = load_pretrained(name_or_dir, random_init=random_init,
                                                   init_seed=init_seed)
