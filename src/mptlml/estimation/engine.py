@@ -51,7 +51,8 @@ def _blocks(total: int, per_block: int, progress: bool, desc: str) -> Iterator[t
 
 
 def rows_per_block(n: int, d: int, model: MaskedModel | None = None,
-                    shared: bool = False) -> int:
+                   shared: bool = False) -> int:
+    """Masks per model call: ``settings.block_elements`` over the model's cost per mask."""
     cost = model.block_cost(n, shared) if model is not None else n * d
     return max(1, settings.block_elements.value() // max(1, cost))
 
