@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,7 +34,8 @@ import torch
 from torch import nn
 
 from .._validation import make_generator
-from .hf_loading import hub_reachable, load_antiberty, load_pretrained, space_residues
+from .hf_loading import DTYPES, PretrainedLoaders, hub_reachable
+from .tokenizer_checks import check_tokenizer, check_unknown_tokens
 
 __all__ = ["CORRUPTIONS", "MaskedLM", "hub_reachable"]
 
@@ -44,7 +43,7 @@ CORRUPTIONS = ("mask", "bert")
 _HEAD_NAMES = ("cls", "lm_head", "predictions")
 
 
-class MaskedLM(nn.Module):
+class MaskedLM(PretrainedLoaders, nn.Module):
     """A Hugging Face masked LM plus its tokenizer, scored on masked content tokens.
 
     Implements :class:`~mptlml.models.protocols.RaggedMaskedModel` (sequences of
@@ -55,9 +54,9 @@ class MaskedLM(nn.Module):
     model : transformers.PreTrainedModel
         An ``AutoModelForMaskedLM`` model (e.g. ``BertForMaskedLM``).
     tokenizer : transformers tokenizer
-        Its tokenizer. ``len(tokenizer)`` must equal ``model.config.vocab_size``
-        (on transformers 5, ``BertTokenizer(vocab_file=...)`` silently ignores
-        the file and yields a 5-token vocabulary; that is an error here).
+        Its tokenizer, checked by :func:`~mptlml.models.tokenizer_checks.check_tokenizer`
+        (vocabulary size, mask token, special ids against the config, a round
+        trip of vocabulary tokens).
     corruption : {"mask", "bert"}
         ``"mask"`` replaces every masked position by [MASK]; ``"bert"`` uses
         BERT's 80/10/10 rule (80% [MASK], 10% a random non-special token, 10%
@@ -68,11 +67,20 @@ class MaskedLM(nn.Module):
         Applied to each text before tokenisation (AntiBERTy: space residues).
     name : str, optional
         Label used in results (defaults to the model's ``name_or_path``).
+    allow_unknown : bool
+        Accept a flood of unknown tokens (more than 5% of the encoded tokens,
+        or vocabulary tokens the tokenizer cannot reproduce) with a warning
+        instead of an error.
+    autocast : None, bool or {"bfloat16", "float16"}
+        Mixed precision of the forward pass (``torch.autocast`` on the model's
+        device). None or False: off (the model's own dtype). True: bfloat16
+        (float16 on a CUDA device without bfloat16). Recorded in results.
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, corruption: str = "mask",
                  truncate: bool = False, preprocess: Callable[[str], str] | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, allow_unknown: bool = False,
+                 autocast: bool | str | None = None) -> None:
         super().__init__()
         if not isinstance(model, nn.Module) or not hasattr(model, "config"):
             raise TypeError(
@@ -81,17 +89,10 @@ class MaskedLM(nn.Module):
             )
         if corruption not in CORRUPTIONS:
             raise ValueError(f"corruption must be one of {CORRUPTIONS}, got {corruption!r}.")
+        check_tokenizer(model, tokenizer, allow_unknown=allow_unknown)
         vocab = int(model.config.vocab_size)
-        n_tok = len(tokenizer)
-        if n_tok != vocab:
-            raise ValueError(
-                f"tokenizer/model vocabulary mismatch: the tokenizer has {n_tok} tokens but the "
-                f"model's vocabulary has {vocab}. Pass the tokenizer saved with this model. "
-                "(On transformers 5, BertTokenizer(vocab_file=PATH) ignores the file; pass the "
-                "path positionally, BertTokenizer(PATH, do_lower_case=False).)"
-            )
-        if tokenizer.mask_token_id is None:
-            raise ValueError("the tokenizer has no mask token; pass a masked-LM tokenizer.")
+        self.allow_unknown = bool(allow_unknown)
+        self.autocast = autocast
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.corruption = corruption
@@ -118,46 +119,43 @@ class MaskedLM(nn.Module):
         self._split = base is not None and head is not None and base is not model
         self._base, self._head = (base, head) if self._split else (None, None)
 
-    # ------------------------------------------------------------------ constructors
-    @classmethod
-    def from_pretrained(cls, name_or_dir: str | os.PathLike, *, random_init: bool = False,
-                        init_seed: int = 0, **kwargs: Any) -> MaskedLM:
-        """Load a masked LM and its tokenizer by hub name or local directory.
-
-        ``name_or_dir``, ``random_init`` and ``init_seed`` go to
-        :func:`mptlml.models.hf_loading.load_pretrained` (a hub id needs the hub
-        or its cache; a directory holds ``config.json``, weights and tokenizer
-        files); ``**kwargs`` to :class:`MaskedLM` (``corruption``, ``truncate``, ...).
-        """
-        model, tokenizer, label = load_pretrained(name_or_dir, random_init=random_init,
-                                                  init_seed=init_seed)
-        return cls(model, tokenizer, name=kwargs.pop("name", label), **kwargs)
-
-    @classmethod
-    def antiberty(cls, *, random_init: bool = False, init_seed: int = 0,
-                  **kwargs: Any) -> MaskedLM:
-        """AntiBERTy (``antiberty==0.1.3``): an offline, pre-trained antibody BERT.
-
-        8 layers, hidden size 512, vocabulary of 25 (20 residues + 5 specials).
-        Inputs are amino-acid strings; residues are spaced automatically
-        (unspaced residues would tokenize to a single [UNK]).
-        """
-        model, tokenizer, label = load_antiberty(random_init=random_init, init_seed=init_seed)
-        return cls(model, tokenizer, preprocess=space_residues,
-                   name=kwargs.pop("name", label), **kwargs)
-
     def fingerprint(self) -> dict[str, Any]:
-        """Name, parameter count, a probe of the first weights and the corruption scheme."""
+        """Name, size, a probe of the first weights, corruption, dtype and autocast."""
         params = sum(p.numel() for p in self.parameters())
         first = next(self.parameters()).detach().flatten()[:64].double().cpu().numpy()
         return {"model": self.name, "num_parameters": int(params),
                 "weights_probe": hashlib.sha256(first.tobytes()).hexdigest()[:16],
-                "corruption": self.corruption}
+                "corruption": self.corruption, "dtype": str(self.dtype).removeprefix("torch."),
+                "autocast": _dtype_name(self.autocast_dtype)}
 
     @property
     def device(self) -> torch.device:
-        """Device of the model's parameters."""
+        """Device of the model's parameters (move it with ``MaskedLM.to(device)``)."""
         return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """dtype of the model's (first floating) parameters."""
+        return next(p.dtype for p in self.parameters() if p.is_floating_point())
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """dtype of the forward pass under autocast, None when autocast is off."""
+        a = self.autocast
+        if a is None or a is False:
+            return None
+        if a is True:
+            if self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+                return torch.float16
+            return torch.bfloat16
+        if isinstance(a, str) and a.removeprefix("torch.") in ("bfloat16", "float16"):
+            return DTYPES[a.removeprefix("torch.")]
+        raise ValueError(f"autocast must be None, True, False, 'bfloat16' or 'float16'; got {a!r}.")
+
+    def settings(self) -> dict[str, Any]:
+        """Device, dtype and autocast in use, as written into results."""
+        return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
+                "autocast": _dtype_name(self.autocast_dtype)}
 
     # ------------------------------------------------------------------ tokens
     def _special_frame(self) -> tuple[list[int], list[int]]:
@@ -233,7 +231,6 @@ class MaskedLM(nn.Module):
                 out.append(t)
         limit = self.max_content_length
         unk = self.tokenizer.unk_token_id
-        n_unk = 0
         for i, t in enumerate(out):
             if t.numel() == 0:
                 raise ValueError(f"sequence {i} is empty (no tokens); remove it from the data.")
@@ -245,11 +242,8 @@ class MaskedLM(nn.Module):
                         "Shorten it, or pass truncate=True (--truncate) to cut it."
                     )
                 out[i] = t[:limit]
-            if unk is not None:
-                n_unk += int((t == unk).sum())
-        if n_unk:
-            warnings.warn(f"{n_unk} token(s) map to the unknown token {self.tokenizer.unk_token};"
-                          " they are scored as such.", stacklevel=2)
+        check_unknown_tokens(out, unk, str(self.tokenizer.unk_token),
+                             allow_unknown=self.allow_unknown)
         return out
 
     # ------------------------------------------------------------------ inputs
@@ -280,11 +274,10 @@ class MaskedLM(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def _autocast(self) -> contextlib.AbstractContextManager:
-        dev = self.device
-        if dev.type == "cuda":
-            dt = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-            return torch.autocast("cuda", dtype=dt)
-        return contextlib.nullcontext()
+        dt = self.autocast_dtype
+        if dt is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dt)
 
     def masked_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          rows: torch.Tensor, cols: torch.Tensor,
@@ -292,7 +285,8 @@ class MaskedLM(nn.Module):
         """log p(targets | input) at positions ``(rows, cols)`` of a padded batch.
 
         Runs the encoder, gathers the hidden states at the given positions and
-        applies the LM head there only; log-softmax in float32. Returns ``(n,)``.
+        applies the LM head there only; log-softmax in float32 (float64 for a
+        float64 model). Returns ``(n,)``.
         """
         dev = self.device
         input_ids = input_ids.to(dev)
@@ -305,11 +299,14 @@ class MaskedLM(nn.Module):
             else:
                 logits = self.model(input_ids=input_ids,
                                     attention_mask=attention_mask).logits[rows, cols]
-            logp = torch.log_softmax(logits.float(), dim=-1)
+            if logits.dtype != torch.float64:
+                logits = logits.float()
+            logp = torch.log_softmax(logits, dim=-1)
             return logp.gather(1, targets[:, None]).squeeze(1)
 
     def score_positions(self, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
                         targets: Sequence[torch.Tensor], *, token_budget: int = 8192,
+                        batch_size: int | None = None,
                         progress: Any = None) -> list[torch.Tensor]:
         """Score many ragged model inputs in length-bucketed, token-budgeted sub-batches.
 
@@ -321,6 +318,8 @@ class MaskedLM(nn.Module):
             Input positions to score and the true token ids there.
         token_budget : int
             Upper bound on ``batch_size * padded_length`` of one forward pass.
+        batch_size : int, optional
+            Upper bound on the inputs of one forward pass (besides the budget).
         progress : tqdm-like, optional
             ``progress.update(n)`` is called with the pairs finished.
 
@@ -335,7 +334,8 @@ class MaskedLM(nn.Module):
         i = 0
         while i < n:
             j = i + 1
-            while j < n and (j - i + 1) * int(lengths[order[j]]) <= token_budget:
+            while j < n and (j - i + 1) * int(lengths[order[j]]) <= token_budget and (
+                    batch_size is None or j - i < batch_size):
                 j += 1
             tmax = int(lengths[order[j - 1]])  # ascending order: the last is the longest
             idx = order[i:j]
@@ -417,7 +417,7 @@ class MaskedLM(nn.Module):
 
     def ragged_masked_log_prob(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor],
                                generators: Sequence[torch.Generator | None], *,
-                               token_budget: int = 8192,
+                               token_budget: int = 8192, batch_size: int | None = None,
                                progress: Any = None) -> list[torch.Tensor]:
         """Sum of log p(x_j | x_R) over each mask ``(Q_i, D_i)`` of each sequence: ``(Q_i,)``.
 
@@ -426,7 +426,7 @@ class MaskedLM(nn.Module):
         together by :meth:`score_positions`.
         """
         owner, lp = self._score_pairs(list(ids), list(masks), list(generators), token_budget,
-                                      progress)
+                                      progress, batch_size)
         out = [torch.zeros(m.shape[0], dtype=torch.float64) for m in masks]
         for (i, q, _), v in zip(owner, lp, strict=True):
             out[i][q] = v.sum()
@@ -434,8 +434,8 @@ class MaskedLM(nn.Module):
 
     def _score_pairs(self, ids: list[torch.Tensor], masks: list[torch.Tensor],
                      generators: list[torch.Generator | None], token_budget: int,
-                     progress: Any) -> tuple[list[tuple[int, int, torch.Tensor]],
-                                             list[torch.Tensor]]:
+                     progress: Any, batch_size: int | None = None,
+                     ) -> tuple[list[tuple[int, int, torch.Tensor]], list[torch.Tensor]]:
         """Per-position log-probs of every (sequence, mask) pair and who owns them."""
         inputs, pos, tgt, owner = [], [], [], []
         off = len(self.prefix)
@@ -448,7 +448,11 @@ class MaskedLM(nn.Module):
                 tgt.append(t[p])
                 owner.append((i, q, p))
         return owner, self.score_positions(inputs, pos, tgt, token_budget=token_budget,
-                                           progress=progress)
+                                           batch_size=batch_size, progress=progress)
 
     def forward(self, x: Any, mask: Any) -> Any:  # pragma: no cover - alias
         return self.log_conditionals(x, mask)
+
+
+def _dtype_name(dt: torch.dtype | None) -> str | None:
+    return None if dt is None else str(dt).removeprefix("torch.")

@@ -1,0 +1,138 @@
+"""Checks that a tokenizer belongs to a masked LM, by what it does, not only by its size.
+
+A foreign tokenizer does not crash a masked LM: it feeds it ids that mean other
+tokens, and the scores come out wrong but plausible. :class:`MaskedLM` runs,
+at construction (:func:`check_tokenizer`):
+
+- vocabulary size: ``len(tokenizer) == model.config.vocab_size``;
+- the mask token exists;
+- special-token ids agree with the model config wherever the config has one
+  (``pad``/``bos``/``eos``/``sep``/``cls``/``mask`` ``_token_id``);
+- round trip: a few ordinary vocabulary tokens, spread over the vocabulary,
+  are encoded from their own text; when half or more come back as the
+  unknown token the tokenizer normalises the text away from its vocabulary
+  (a lower-casing tokenizer on an upper-case vocabulary such as AntiBERTy's);
+
+and, on the data (:func:`check_unknown_tokens`), a flood of unknown tokens:
+more than :data:`MAX_UNKNOWN_FRACTION` of the encoded tokens is an error.
+``allow_unknown=True`` turns both unknown-token checks into warnings.
+
+What cannot be caught: a tokenizer with the same vocabulary size, the same
+special ids and the same token strings but another id order (two vocab
+files with the tokens permuted) encodes every text without an unknown token
+and without any size mismatch. Load the tokenizer saved with the model
+(``tokenizer.save_pretrained`` beside ``model.save_pretrained``) to avoid it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["MAX_UNKNOWN_FRACTION", "check_tokenizer", "check_unknown_tokens"]
+
+#: Largest fraction of unknown tokens in the encoded data accepted without allow_unknown=True.
+MAX_UNKNOWN_FRACTION = 0.05
+_SPECIAL_NAMES = ("pad", "bos", "eos", "sep", "cls", "mask")
+_NUM_PROBES = 8
+
+
+def _opt_out(message: str, allow_unknown: bool) -> None:
+    if allow_unknown:
+        warnings.warn(message + " (allowed: allow_unknown=True)", stacklevel=3)
+    else:
+        raise ValueError(message + " If this is really meant, pass allow_unknown=True "
+                         "(CLI: --allow-unknown).")
+
+
+def _probe_tokens(tokenizer: Any, special: set[int]) -> list[tuple[int, str]]:
+    """Up to eight ordinary tokens spread evenly over the vocabulary, with their ids."""
+    vocab = tokenizer.get_vocab()
+    ordinary = sorted(
+        (i, t) for t, i in vocab.items()
+        if i not in special and not t.startswith(("##", "[unused", "<unused", "<extra_id"))
+        and t.strip()
+    )
+    if not ordinary:
+        return []
+    step = max(1, len(ordinary) // _NUM_PROBES)
+    return ordinary[::step][:_NUM_PROBES]
+
+
+def check_tokenizer(model: Any, tokenizer: Any, *, allow_unknown: bool = False) -> None:
+    """Refuse a tokenizer that does not belong to ``model`` (see the module docstring).
+
+    Raises
+    ------
+    ValueError
+        On a vocabulary-size mismatch, a missing mask token, a special-token id
+        that differs from the model config's, or (unless ``allow_unknown``) a
+        round trip in which half or more of the probed tokens become unknown.
+    """
+    vocab = int(model.config.vocab_size)
+    n_tok = len(tokenizer)
+    if n_tok != vocab:
+        raise ValueError(
+            f"tokenizer/model vocabulary mismatch: the tokenizer has {n_tok} tokens but the "
+            f"model's vocabulary has {vocab}. Pass the tokenizer saved with this model. "
+            "(On transformers 5, BertTokenizer(vocab_file=PATH) ignores the file; pass the "
+            "path positionally, BertTokenizer(PATH, do_lower_case=False).)"
+        )
+    if tokenizer.mask_token_id is None:
+        raise ValueError("the tokenizer has no mask token; pass a masked-LM tokenizer.")
+    bad = []
+    for name in _SPECIAL_NAMES:
+        want = getattr(model.config, f"{name}_token_id", None)
+        have = getattr(tokenizer, f"{name}_token_id", None)
+        if isinstance(want, int) and have is not None and int(have) != want:
+            bad.append(f"{name}: tokenizer {int(have)} ({getattr(tokenizer, f'{name}_token')!r})"
+                       f" vs model config {want}")
+    if bad:
+        raise ValueError(
+            "tokenizer/model special-token mismatch (" + "; ".join(bad) + "). Pass the "
+            "tokenizer saved with this model; if the config is what is wrong, set "
+            "model.config.<name>_token_id to the tokenizer's id."
+        )
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        return
+    probes = _probe_tokens(tokenizer, {int(i) for i in tokenizer.all_special_ids})
+    lost = []
+    for _, t in probes:
+        text = tokenizer.convert_tokens_to_string([t])
+        if unk in tokenizer(text, add_special_tokens=False)["input_ids"]:
+            lost.append(t)
+    if probes and 2 * len(lost) >= len(probes):
+        _opt_out(
+            f"the tokenizer turns {len(lost)} of {len(probes)} of its own vocabulary tokens "
+            f"({', '.join(repr(t) for t in lost[:5])}) into the unknown token "
+            f"{tokenizer.unk_token!r}: it normalises text away from its vocabulary (e.g. "
+            "lower-cases an upper-case vocabulary: BertTokenizer(PATH, do_lower_case=False)).",
+            allow_unknown)
+
+
+def check_unknown_tokens(ids: Sequence[torch.Tensor], unk_id: int | None, unk_token: str,
+                         *, allow_unknown: bool = False) -> None:
+    """Error on more than :data:`MAX_UNKNOWN_FRACTION` unknown tokens; warn on fewer.
+
+    ``ids`` are the encoded content tokens of every sequence.
+    """
+    if unk_id is None:
+        return
+    counts = [int((t == unk_id).sum()) for t in ids]
+    n_unk, total = sum(counts), sum(len(t) for t in ids)
+    if not n_unk:
+        return
+    frac = n_unk / max(total, 1)
+    worst = max(range(len(counts)), key=counts.__getitem__)
+    what = (f"{n_unk} of {total} tokens ({100 * frac:.1f}%) map to the unknown token "
+            f"{unk_token} (sequence {worst} has {counts[worst]})")
+    if frac > MAX_UNKNOWN_FRACTION:
+        _opt_out(f"{what}: more than {100 * MAX_UNKNOWN_FRACTION:g}% unknown tokens means the "
+                 "tokenizer does not fit the text (wrong tokenizer, lower-casing, or another "
+                 "alphabet).", allow_unknown)
+    else:
+        warnings.warn(f"{what}; they are scored as such.", stacklevel=3)
