@@ -1,26 +1,33 @@
-"""Text loaders for masked-LM scoring: GLUE via Hugging Face ``datasets``, local files.
+"""Text loaders for masked-LM scoring: GLUE and local tables through Hugging Face ``datasets``.
 
-Local formats (by extension):
+Sources:
 
+- ``glue:TASK`` (``cola``, ``sst2``, ``mrpc``, ``qnli``, ``ax``): the hub's
+  ``nyu-mll/glue`` through ``datasets.load_dataset``, cache first: the local
+  ``datasets`` cache is tried offline before the hub (so a cached GLUE works
+  without a network); with ``HF_HUB_OFFLINE=1`` only the cache. Split
+  ``validation`` by default (AX has only ``test``).
+- ``.csv`` / ``.tsv`` / ``.parquet`` / ``.jsonl`` / ``.json``: read by
+  ``datasets.load_dataset("csv" | "parquet" | "json", data_files=...)``.
+  ``column`` names the text column (needed when there is more than one;
+  JSON defaults to ``text``); ``"sentence1,sentence2"`` joins a sentence pair.
+  A header-less CSV/TSV (the original CoLA TSVs) is addressed by 0-based
+  column positions (``column="3"``). TSVs are read without quote handling, as
+  GLUE's are. A file is one split: ``split`` is refused for files.
 - ``.txt``: one sequence per line (a blank line is an error: empty sequence);
-- ``.csv`` / ``.tsv``: a header row; ``column`` names the text column
-  (required when there is more than one column);
-- ``.jsonl``: one JSON object per line; ``column`` names the field (default ``text``);
-- ``.fasta`` / ``.fa``: one sequence per record (ids from the headers).
+  ``.fasta`` / ``.fa``: one sequence per record (ids from the headers).
 
-GLUE (``glue:cola``, ``glue:sst2``, ``glue:mrpc``, ``glue:qnli``, ``glue:ax``)
-needs the Hugging Face hub. Split: ``validation`` by default (AX has only
-``test``). Sentence pairs (MRPC sentence1/sentence2, QNLI question/sentence,
-AX premise/hypothesis) are joined into one text with a single space, so the
-pair is scored as one sequence of non-special tokens.
+Sentence pairs (MRPC sentence1/sentence2, QNLI question/sentence, AX
+premise/hypothesis, or several ``column`` names) are joined into one text
+with a single space, so the pair is scored as one sequence of non-special tokens.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = ["GLUE_FIELDS", "TextData", "bundled_antibodies", "load_texts"]
 
@@ -78,25 +85,96 @@ def _read_fasta(path: Path) -> TextData:
     return TextData(texts, ids, f"fasta:{path}")
 
 
+def _load_dataset(*args: Any, **kwargs: Any) -> Any:
+    """``datasets.load_dataset`` without progress bars."""
+    import datasets
+
+    was_off = datasets.is_progress_bar_enabled() is False
+    datasets.disable_progress_bars()
+    try:
+        return datasets.load_dataset(*args, **kwargs)
+    finally:
+        if not was_off:
+            datasets.enable_progress_bars()
+
+
 def _glue(task: str, split: str | None) -> TextData:
     task = _GLUE_ALIASES.get(task.lower(), task.lower())
     if task not in GLUE_FIELDS:
         raise ValueError(f"unknown GLUE task {task!r}; choose one of {sorted(GLUE_FIELDS)}.")
     split = split or ("test" if task == "ax" else "validation")
-    from ..models.masked_lm import hub_reachable
+    from ..models.hf_loading import hf_offline_mode, hub_offline
 
-    if not hub_reachable():
-        raise ValueError(
-            f"GLUE {task} needs the Hugging Face hub, which is not reachable. Offline, pass a "
-            "local file instead (--data texts.txt, or a CSV/TSV/JSONL with --column)."
-        )
-    import datasets
-
-    ds = datasets.load_dataset("nyu-mll/glue", task, split=split)
+    try:
+        with hf_offline_mode():  # cache first
+            ds = _load_dataset("nyu-mll/glue", task, split=split)
+    except (OSError, ValueError) as cached_exc:
+        if hub_offline():
+            raise ValueError(
+                f"GLUE {task} ({split}) is not in the local datasets cache and HF_HUB_OFFLINE is "
+                f"set ({type(cached_exc).__name__}). Load it once online, or pass a local file: "
+                "--data cola.parquet/.tsv/.csv with --column sentence (or sentence1,sentence2)."
+            ) from cached_exc
+        try:
+            ds = _load_dataset("nyu-mll/glue", task, split=split)
+        except (OSError, ValueError) as exc:
+            raise ValueError(
+                f"GLUE {task} ({split}) is neither in the local datasets cache nor loadable from "
+                f"the Hugging Face hub ({type(exc).__name__}: {_first_line(exc)}). Offline, set "
+                "HF_HUB_OFFLINE=1 and pass a local file: --data cola.parquet/.tsv/.csv with "
+                "--column sentence."
+            ) from exc
     fields = GLUE_FIELDS[task]
     texts = [" ".join(str(row[f]) for f in fields) for row in ds]
     ids = [str(row.get("idx", i)) for i, row in enumerate(ds)]
     return TextData(texts, ids, f"glue:{task}:{split} (fields {'+'.join(fields)} joined by ' ')")
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else ""
+
+
+_BUILDERS = {".csv": "csv", ".tsv": "csv", ".parquet": "parquet", ".jsonl": "json",
+             ".json": "json"}
+
+
+def _table(path: Path, ext: str, column: str | None) -> TextData:
+    """A CSV/TSV/parquet/JSON(L) table through ``datasets``; ``column`` may join several."""
+    cols = [c.strip() for c in column.split(",") if c.strip()] if column else None
+    kwargs: dict[str, Any] = {}
+    if ext == ".tsv":
+        kwargs.update(delimiter="\t", quoting=csv.QUOTE_NONE)
+    if ext in (".csv", ".tsv") and cols and all(c.isdigit() for c in cols):
+        kwargs["header"] = None  # header-less: columns by 0-based position
+    try:
+        ds = _load_dataset(_BUILDERS[ext], data_files=str(path), split="train", **kwargs)
+    except Exception as exc:  # datasets raises many types for an unreadable file
+        raise ValueError(f"cannot read {path} as {ext[1:]} ({type(exc).__name__}: "
+                         f"{_first_line(exc)}).") from exc
+    names = list(ds.column_names)
+    if cols is None:
+        if ext in (".jsonl", ".json") and "text" in names:
+            cols = ["text"]
+        elif len(names) == 1:
+            cols = names
+        else:
+            raise ValueError(f"{path} has columns {names}; pass column=NAME (--column) to say "
+                             "which holds the text (NAME1,NAME2 joins a sentence pair).")
+    for c in cols:
+        if c not in names:
+            what = "field" if ext in (".jsonl", ".json") else "column"
+            raise ValueError(f"{what} {c!r} not in {path} (has {names}); pass one of these with "
+                             "--column.")
+    values = [ds[c] for c in cols]
+    texts = []
+    for r, row in enumerate(zip(*values, strict=True)):
+        for c, v in zip(cols, row, strict=True):
+            if v is None:
+                raise ValueError(f"{path}: row {r + 1} has no field {c!r} (an empty cell); fill "
+                                 "it or remove the row.")
+        texts.append(" ".join(str(v) for v in row))
+    ids = [str(v) for v in ds["idx"]] if "idx" in names else [str(i) for i in range(len(texts))]
+    return TextData(texts, ids, f"{ext[1:]}:{path}:{'+'.join(cols)}")
 
 
 def load_texts(source: str | Path, *, column: str | None = None, split: str | None = None,
@@ -106,18 +184,20 @@ def load_texts(source: str | Path, *, column: str | None = None, split: str | No
     Parameters
     ----------
     source : str or path
-        A file (.txt, .csv, .tsv, .jsonl, .fasta/.fa) or ``glue:TASK``.
+        A file (.txt, .csv, .tsv, .parquet, .jsonl, .json, .fasta/.fa) or ``glue:TASK``.
     column : str, optional
-        CSV/TSV column or JSONL field holding the text.
+        Column (field) holding the text; ``"a,b"`` joins columns a and b with
+        a space; 0-based positions (``"3"``) for a header-less CSV/TSV.
     split : str, optional
-        GLUE split (default ``validation``; ``test`` for AX).
+        GLUE split (default ``validation``; ``test`` for AX); refused for files.
     limit : int, optional
         Keep the first ``limit`` texts.
 
     Raises
     ------
     ValueError
-        Unknown format, missing column/field, blank line, missing file.
+        Unknown format, missing column/field or cell, blank line, missing
+        file, ``split`` given for a file, GLUE neither cached nor reachable.
     """
     s = str(source)
     if s.lower().startswith("glue:") or s.lower().startswith("glue/"):
@@ -125,8 +205,11 @@ def load_texts(source: str | Path, *, column: str | None = None, split: str | No
     else:
         path = Path(s)
         if not path.is_file():
-            raise ValueError(f"data file {path} does not exist; pass a .txt/.csv/.tsv/.jsonl/"
-                             ".fasta file or glue:TASK.")
+            raise ValueError(f"data file {path} does not exist; pass a .txt/.csv/.tsv/.parquet/"
+                             ".jsonl/.fasta file or glue:TASK.")
+        if split is not None:
+            raise ValueError(f"split={split!r} (--split) applies to glue:TASK; a file is one "
+                             f"split: pass the file of the split you want instead of {path}.")
         ext = path.suffix.lower()
         if ext in (".txt", ".text"):
             lines = path.read_text(encoding="utf-8").splitlines()
@@ -138,40 +221,13 @@ def load_texts(source: str | Path, *, column: str | None = None, split: str | No
                                      "remove blank lines.")
             data = TextData([ln.strip() for ln in lines], [str(i) for i in range(len(lines))],
                             f"txt:{path}")
-        elif ext in (".csv", ".tsv"):
-            with open(path, newline="", encoding="utf-8") as f:
-                reader = csv.DictReader(f, delimiter="\t" if ext == ".tsv" else ",")
-                rows = list(reader)
-                cols = reader.fieldnames or []
-            if column is None:
-                if len(cols) != 1:
-                    raise ValueError(f"{path} has columns {cols}; pass column=NAME (--column) "
-                                     "to say which holds the text.")
-                column = cols[0]
-            if column not in cols:
-                raise ValueError(f"column {column!r} not in {path} (columns: {cols}); pass one "
-                                 "of these with --column.")
-            data = TextData([r[column] or "" for r in rows], [str(i) for i in range(len(rows))],
-                            f"{ext[1:]}:{path}:{column}")
-        elif ext == ".jsonl":
-            field = column or "text"
-            texts = []
-            with open(path, encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    obj = json.loads(line)
-                    if not isinstance(obj, dict) or field not in obj:
-                        keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-                        raise ValueError(f"{path}: line {n} has no field {field!r} (has {keys});"
-                                         " pass the field name with --column.")
-                    texts.append(str(obj[field]))
-            data = TextData(texts, [str(i) for i in range(len(texts))], f"jsonl:{path}:{field}")
+        elif ext in _BUILDERS:
+            data = _table(path, ext, column)
         elif ext in (".fasta", ".fa", ".faa"):
             data = _read_fasta(path)
         else:
             raise ValueError(f"unknown data format {ext!r} for {path}; use .txt, .csv, .tsv, "
-                             ".jsonl or .fasta, or glue:TASK.")
+                             ".parquet, .jsonl, .json or .fasta, or glue:TASK.")
     if limit is not None:
         data = TextData(data.texts[:limit], data.ids[:limit], data.source)
     if not data.texts:

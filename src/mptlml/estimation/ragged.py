@@ -48,7 +48,7 @@ from .runner import run_pairs
 __all__ = ["RAGGED_ESTIMATORS", "estimate_ragged", "mlm_curve", "pll"]
 
 RAGGED_ESTIMATORS: dict[str, EstimatorSpec] = {}
-_RUN_OPTIONS = ("token_budget", "chunk_size", "checkpoint_dir")
+_RUN_OPTIONS = ("token_budget", "batch_size", "chunk_size", "checkpoint_dir")
 
 
 def encode(model: Any, sequences: Any) -> list[torch.Tensor]:
@@ -80,13 +80,15 @@ def _sum_se(values: np.ndarray, se: np.ndarray | None) -> float:
 
 
 def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[int]], *,
-        token_budget: int = 8192, chunk_size: int = 8,
+        token_budget: int = 8192, chunk_size: int = 8, batch_size: int | None = None,
         checkpoint_dir: str | os.PathLike | None = None, progress: bool = False) -> torch.Tensor:
     """Pseudo-log-likelihood of each sequence, ``sum_j log p(x_j | x_{-j})``.
 
     Every non-special token is masked alone (D_i masked copies per sequence),
     exactly; this is what MLM scorers (mlm-scoring, minicons with a sum
-    reduction) report, and it equals ``D_i * S(x_i; 1)``.
+    reduction) report, and it equals ``D_i * S(x_i; 1)``. The run options
+    (``token_budget``, ``batch_size``, ``chunk_size``, ``checkpoint_dir``) are
+    those of :func:`mlm_curve`.
 
     Returns
     -------
@@ -97,7 +99,7 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
     total = sum(len(t) for t in ids)
     out = run_pairs(model, ids, lambda i, d, g: torch.eye(d, dtype=torch.bool), seed=0,
                     tag="pll", spec={"kind": "pll", "total_pairs": total},
-                    chunk_size=chunk_size, token_budget=token_budget,
+                    chunk_size=chunk_size, token_budget=token_budget, batch_size=batch_size,
                     checkpoint_dir=checkpoint_dir, progress=progress, desc="PLL")
     return torch.tensor([float(v.sum()) for v in out.sums], dtype=torch.float64)
 
@@ -105,7 +107,7 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
 def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[int]], *,
               rates: Any = None, num_masks: int = 1, seed: int = 0,
               nominal_length: float | None = None, exact: bool = False,
-              token_budget: int = 8192, chunk_size: int = 8,
+              token_budget: int = 8192, chunk_size: int = 8, batch_size: int | None = None,
               checkpoint_dir: str | os.PathLike | None = None, progress: bool = False,
               ids: list[str] | None = None) -> MPTCurve:
     """MPT curve, area and per-sequence LML estimates on ragged sequences.
@@ -132,6 +134,9 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
         Also compute ``sum_{M=1..D_i} S_hat(x_i; M)`` (P masks per M).
     token_budget, chunk_size : int
         Padded tokens per forward pass; sequences per checkpointed chunk.
+    batch_size : int, optional
+        Most inputs per forward pass (besides the token budget). None: the
+        budget alone decides.
     checkpoint_dir : path, optional
         Finished chunks are saved atomically under ``checkpoint_dir/curve``
         (``/exact``, ``/pll``) and reused when the same run is started again.
@@ -158,8 +163,8 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
     def curve_masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
         return sample_masks(d, torch.as_tensor(sizes[i]).repeat_interleave(p), generator=g)
 
-    run = dict(chunk_size=chunk_size, token_budget=token_budget, checkpoint_dir=checkpoint_dir,
-               progress=progress)
+    run = dict(chunk_size=chunk_size, token_budget=token_budget, batch_size=batch_size,
+               checkpoint_dir=checkpoint_dir, progress=progress)
     out = run_pairs(model, toks, curve_masks, seed=int(seed), tag="curve",
                     spec={"kind": "curve", "rates": r.tolist(), "num_masks": p,
                           "total_pairs": int(len(toks) * k * p)}, desc="MPT curve", **run)

@@ -15,7 +15,8 @@ from the maths of the estimators (:mod:`mptlml.estimation.ragged`):
   the run (model, data, settings), and a later run with the same fingerprint
   reuses them;
 - under ``torchrun``/``accelerate launch`` chunks are sharded across
-  processes and the results gathered.
+  processes and the results gathered (:mod:`mptlml.estimation.distributed`,
+  on accelerate's ``PartialState``).
 """
 
 from __future__ import annotations
@@ -34,54 +35,9 @@ import torch
 from .._io import atomic_save_npz, atomic_write_text
 from .._validation import check_positive_int
 from ..models.protocols import RaggedMaskedModel
+from .distributed import distributed_context, gather, shard, shutdown_distributed
 
 __all__ = ["RunOutput", "distributed_context", "run_pairs", "seq_seed", "shutdown_distributed"]
-
-
-@dataclass
-class _Dist:
-    rank: int = 0
-    world: int = 1
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def distributed_context() -> _Dist:
-    """Rank and world size; initialises ``torch.distributed`` under torchrun/accelerate.
-
-    Uses the ``RANK``/``WORLD_SIZE`` environment both launchers set, the gloo
-    backend on CPU and nccl on CUDA.
-    """
-    import torch.distributed as dist
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return _Dist()
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend=backend)
-    return _Dist(dist.get_rank(), dist.get_world_size())
-
-
-def shutdown_distributed(*, synchronise: bool = True) -> None:
-    """Tear down the process group that :func:`distributed_context` opened.
-
-    Every rank waits for the others (``synchronise``) and then destroys the
-    group, so that no rank exits while gloo/nccl threads still run (which
-    aborts the process with ``terminate called without an active exception``).
-    A no-op outside ``torchrun``/``accelerate launch``.
-    """
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    try:
-        if synchronise:
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def seq_seed(seed: int, index: int) -> int:
@@ -119,23 +75,29 @@ class RunOutput:
 def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
               make_masks: Callable[[int, int, torch.Generator], torch.Tensor], *, seed: int,
               tag: str, spec: dict, chunk_size: int = 8, token_budget: int = 8192,
-              checkpoint_dir: str | os.PathLike | None = None, progress: bool = False,
+              batch_size: int | None = None, checkpoint_dir: str | os.PathLike | None = None,
+              progress: bool = False,
               desc: str = "scoring") -> RunOutput:
     """Sum of log p(x_j | x_R) over each mask of each sequence: ``(Q_i,)`` arrays.
 
     ``make_masks(i, D_i, generator)`` gives the ``(Q_i, D_i)`` masks of sequence
     i; the same generator then drives the model's input corruption, so
-    everything is a function of (seed, i).
+    everything is a function of (seed, i). ``token_budget`` bounds the padded
+    tokens and ``batch_size`` (optional) the inputs of one forward pass.
     """
     from tqdm.auto import tqdm
 
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     token_budget = check_positive_int(token_budget, "token_budget")
-    ctx = distributed_context()
+    extra = {}  # batch_size is an optional keyword of the protocol: passed only when set
+    if batch_size is not None:
+        extra["batch_size"] = check_positive_int(batch_size, "batch_size")
+    device = getattr(model, "device", None)
+    ctx = distributed_context(cpu=None if device is None else torch.device(device).type == "cpu")
     lengths = np.array([len(t) for t in ids])
     order = np.argsort(lengths, kind="stable")
     chunks = [order[c:c + chunk_size] for c in range(0, len(order), chunk_size)]
-    mine = [c for c in range(len(chunks)) if c % ctx.world == ctx.rank]
+    mine = shard(list(range(len(chunks))), ctx)
 
     ckpt: Path | None = None
     done: dict[int, np.ndarray] = {}
@@ -174,7 +136,7 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
         gens = [torch.Generator().manual_seed(seq_seed(seed, i)) for i in seqs]
         masks = [make_masks(i, int(lengths[i]), g) for i, g in zip(seqs, gens, strict=True)]
         sums = model.ragged_masked_log_prob([ids[i] for i in seqs], masks, gens,
-                                            token_budget=token_budget, progress=calls)
+                                            token_budget=token_budget, progress=calls, **extra)
         arrays = {str(i): v.numpy().astype(np.float64) for i, v in zip(seqs, sums, strict=True)}
         if ckpt is not None:
             atomic_save_npz(ckpt / f"chunk_{c:06d}.npz", arrays)
@@ -182,12 +144,8 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
     bar.close()
     num_calls = calls.calls
     if ctx.world > 1:
-        import torch.distributed as dist
-
-        gathered: list[Any] = [None] * ctx.world
-        dist.all_gather_object(gathered, (results, num_calls))
         num_calls = 0
-        for part, part_calls in gathered:
+        for part, part_calls in gather((results, num_calls), ctx):
             results.update(part)
             num_calls += part_calls
     return RunOutput([results[i] for i in range(len(ids))], num_calls)

@@ -11,17 +11,19 @@ local cache only. There is no network probe of our own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["DTYPES", "PretrainedLoaders", "hub_offline", "hub_reachable", "load_antiberty",
-           "load_pretrained", "resolve_dtype", "space_residues", "tokenizer_files"]
+__all__ = ["DTYPES", "PretrainedLoaders", "hf_offline_mode", "hub_offline", "hub_reachable",
+           "load_antiberty", "load_pretrained", "resolve_dtype", "space_residues",
+           "tokenizer_files"]
 
 _AMINO_ACIDS = set("ACDEFGHIKLMNPQRSTVWY")
 _TRUE = ("1", "on", "true", "yes")
@@ -51,6 +53,34 @@ def hub_offline() -> bool:
     except ImportError:  # pragma: no cover - old huggingface_hub
         return False
     return bool(is_offline_mode())
+
+
+@contextlib.contextmanager
+def hf_offline_mode() -> Iterator[None]:
+    """Hugging Face's offline switch, on for the duration of a block.
+
+    ``HF_HUB_OFFLINE`` is read once, when ``huggingface_hub`` and ``datasets``
+    are imported; this sets the constants they read (``huggingface_hub.constants``
+    and ``datasets.config``) so that a cache-first lookup makes no network
+    request, then restores them.
+    """
+    import huggingface_hub.constants as hub_constants
+
+    targets: list[Any] = [hub_constants]
+    try:
+        import datasets.config as ds_config
+
+        targets.append(ds_config)
+    except ImportError:  # pragma: no cover - datasets is a dependency
+        pass
+    old = [t.HF_HUB_OFFLINE for t in targets]
+    try:
+        for t in targets:
+            t.HF_HUB_OFFLINE = True
+        yield
+    finally:
+        for t, v in zip(targets, old, strict=True):
+            t.HF_HUB_OFFLINE = v
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:  # noqa: ARG001 - kept for the old signature

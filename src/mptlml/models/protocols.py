@@ -47,7 +47,7 @@ class RaggedMaskedModel(Protocol):
 
     def ragged_masked_log_prob(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor],
                                generators: Sequence[torch.Generator | None], *,
-                               token_budget: int = 8192,
+                               token_budget: int = 8192, batch_size: int | None = None,
                                progress: Any = None) -> list[torch.Tensor]:
         """Sum of log p(x_j | x_R) over each mask of each sequence.
 
@@ -62,6 +62,9 @@ class RaggedMaskedModel(Protocol):
             result depends only on (seed, i), not on batching.
         token_budget : int
             Bound on padded tokens per forward pass.
+        batch_size : int, optional
+            Bound on the inputs of one forward pass. Optional in an
+            implementation: callers pass it only when the user set it.
         progress : tqdm-like, optional
             ``progress.update(n)`` after each forward pass of n pairs.
 
