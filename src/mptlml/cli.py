@@ -50,6 +50,39 @@ def _parse_override(cfg_cls: type, text: str) -> tuple[str, typing.Any]:
     return key, value
 
 
+_MLM_FLAGS = ("device", "dtype", "autocast", "batch_size")
+
+
+def _add_mlm_flags(p: argparse.ArgumentParser) -> None:
+    """--device, --dtype, --autocast/--no-autocast, --batch-size: where and how an MLM runs."""
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda, cuda:1, ... (default: the rank's CUDA device when "
+                        "available, else cpu; under torchrun each rank takes cuda:LOCAL_RANK)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16", "float64"),
+                   default=None, help="model dtype (default: the checkpoint's)")
+    p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=None,
+                   help="mixed-precision forward (bfloat16; float16 on GPUs without it); "
+                        "default off; recorded in results.json")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="most inputs per forward pass, besides --token-budget (default: none)")
+
+
+def _mlm_overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, dict]:
+    """Config overrides from the MLM flags, for the experiments (``names``) that take them."""
+    given = {k: getattr(args, k) for k in _MLM_FLAGS if getattr(args, k, None) is not None}
+    if not given:
+        return {}
+    from .experiments import get_experiment
+
+    out = {n: given for n in names
+           if set(given) <= {f.name for f in dataclasses.fields(get_experiment(n).Config)}}
+    if not out:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise ValueError(f"{flags} apply to the masked-LM experiments (antibody, bert), not to "
+                         f"{', '.join(names)}.")
+    return out
+
+
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from .experiments import EXPERIMENTS, get_experiment, run_all, run_experiment
 
@@ -62,6 +95,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
                 cfg = get_experiment(name).Config
                 if "reference" in {f.name for f in dataclasses.fields(cfg)}:
                     overrides[name] = {"reference": args.reference}
+        for name, mlm in _mlm_overrides(args, list(EXPERIMENTS)).items():
+            overrides[name] = {**overrides.get(name, {}), **mlm}
         out = args.out or f"runs/all{'-quick' if args.quick else ''}"
         status = run_all(out, quick=args.quick, overwrite=args.overwrite, resume=args.resume,
                          overrides=overrides)
@@ -72,6 +107,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         if "reference" not in {f.name for f in dataclasses.fields(mod.Config)}:
             raise ValueError(f"--reference does not apply to {args.name}; it is for bert.")
         overrides["reference"] = args.reference
+    overrides.update(_mlm_overrides(args, [args.name]).get(args.name, {}))
     out = args.out or f"runs/{args.name}{'-quick' if args.quick else ''}"
     run_experiment(args.name, out, quick=args.quick, overwrite=args.overwrite,
                    overrides=overrides, resume=getattr(args, "resume", False))
@@ -86,7 +122,10 @@ def _cmd_curve(args: argparse.Namespace) -> int:
               seed=args.seed, nominal_length=args.nominal_length, exact=args.exact,
               with_pll=args.pll, truncate=args.truncate, corruption=args.corruption,
               token_budget=args.token_budget, chunk_size=args.chunk_size,
-              overwrite=args.overwrite, resume=args.resume, progress=not args.no_progress)
+              batch_size=args.batch_size, device=args.device, dtype=args.dtype,
+              autocast=args.autocast, tokenizer=args.tokenizer,
+              allow_unknown=args.allow_unknown, overwrite=args.overwrite, resume=args.resume,
+              progress=not args.no_progress)
     return 0
 
 
@@ -149,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", default=None,
                    help="published BERT curves CSV (bert and all; default: "
                         "../shared/reference/bert_mpt_curves.csv when it exists)")
+    _add_mlm_flags(p)
     p.set_defaults(func=_cmd_reproduce)
 
     p = sub.add_parser("curve", help="MPT curve of any Hugging Face masked LM on texts",
@@ -158,9 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True,
                    help="hub name, local directory (save_pretrained) or 'antiberty'")
     p.add_argument("--data", required=True,
-                   help="a .txt/.csv/.tsv/.jsonl/.fasta file, glue:TASK, or 'antibodies'")
-    p.add_argument("--column", default=None, help="CSV/TSV column or JSONL field with the text")
-    p.add_argument("--split", default=None, help="GLUE split (default validation; ax: test)")
+                   help="a .txt/.csv/.tsv/.parquet/.jsonl/.fasta file, glue:TASK, or "
+                        "'antibodies'")
+    p.add_argument("--column", default=None,
+                   help="column/field with the text; A,B joins a sentence pair; 0-based "
+                        "positions for a header-less CSV/TSV")
+    p.add_argument("--split", default=None,
+                   help="GLUE split (default validation; ax: test); not for files")
     p.add_argument("--limit", type=int, default=None, help="use the first N texts")
     p.add_argument("--random-init", action="store_true",
                    help="score a randomly initialised model of the same config")
@@ -181,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="padded tokens per forward pass (default 8192)")
     p.add_argument("--chunk-size", type=int, default=8,
                    help="sequences per checkpointed chunk (default 8)")
+    _add_mlm_flags(p)
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer name or directory, for a model directory saved without one")
+    p.add_argument("--allow-unknown", action="store_true",
+                   help="accept more than 5%% unknown tokens (an error by default)")
     p.add_argument("--out", default="runs/curve", help="run directory (default runs/curve)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run")

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import torch
 
 __all__ = ["DistContext", "barrier", "default_device", "distributed_context", "gather",
-           "launched", "shard", "shutdown_distributed"]
+           "launched", "resolve_device", "shard", "shutdown_distributed"]
 
 T = TypeVar("T")
 
@@ -129,3 +129,26 @@ def shutdown_distributed(*, synchronise: bool = True) -> None:
             dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """The device a rank scores on, from the user's ``--device`` (None: :func:`default_device`).
+
+    ``"cuda"`` means this rank's GPU (``cuda:LOCAL_RANK`` under a launcher); an
+    explicit index is refused when there are several ranks (they would share
+    one GPU). The first call decides the backend: nccl for CUDA, gloo for CPU.
+    """
+    if device is None:
+        return default_device()
+    d = torch.device(device)
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available "
+                         "(torch.cuda.is_available() is False); pass --device cpu.")
+    if launched():
+        if d.type == "cuda":
+            if d.index is not None:
+                raise ValueError(f"--device {device} names one GPU for every rank; pass "
+                                 "--device cuda and each rank takes cuda:LOCAL_RANK.")
+            return distributed_context(cpu=False).device
+        distributed_context(cpu=True)
+    return d

@@ -19,9 +19,8 @@ from typing import Any
 import numpy as np
 
 from ..data.text import bundled_antibodies
-from ..models.masked_lm import MaskedLM
 from .common import RunDir
-from .mlm import score_models, write_curves
+from .mlm import load_model, score_models, write_curves
 
 __all__ = ["Config", "claims", "run", "summary"]
 
@@ -40,6 +39,10 @@ class Config:
     exact: bool = False
     token_budget: int = 8192
     chunk_size: int = 8
+    batch_size: int | None = None
+    device: str | None = None  # None: the rank's CUDA device when available, else the CPU
+    dtype: str | None = None  # float32, float16, bfloat16, float64; None: the checkpoint's
+    autocast: bool | None = None
     progress: bool = True
 
     @classmethod
@@ -60,12 +63,15 @@ class Config:
 def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     """Score both models, write curve/per-sequence CSVs and the figure."""
     data = bundled_antibodies(limit=cfg.num_sequences)
-    models = {"pretrained": MaskedLM.antiberty(),
-              "random_init": MaskedLM.antiberty(random_init=True, init_seed=cfg.init_seed)}
+    place = dict(device=cfg.device, dtype=cfg.dtype, autocast=cfg.autocast)
+    models = {"pretrained": load_model("antiberty", **place),
+              "random_init": load_model("antiberty", random_init=True,
+                                        init_seed=cfg.init_seed, **place)}
     scored = score_models(models, data.texts, rates=cfg.rates(), num_masks=cfg.num_masks,
                           seed=cfg.seed, run_dir=run_dir, nominal_length=None, exact=cfg.exact,
                           with_pll=cfg.pll, token_budget=cfg.token_budget,
-                          chunk_size=cfg.chunk_size, progress=cfg.progress, ids=data.ids)
+                          chunk_size=cfg.chunk_size, batch_size=cfg.batch_size,
+                          progress=cfg.progress, ids=data.ids)
     summ = write_curves(run_dir, scored, title="AntiBERTy: pre-trained vs random init")
     return {"data": data.source, "num_sequences": len(data), "models": summ,
             "log_uniform": -math.log(25),

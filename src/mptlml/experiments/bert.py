@@ -1,10 +1,11 @@
 """Table 2 / Fig. 5 (right): BERT-base pre-trained vs random init on GLUE.
 
-With the Hugging Face hub reachable, scores ``bert-base-uncased`` and a
-random initialisation of its config on the first ``num_sequences`` texts of
-each GLUE task (split and pair joining as in :mod:`mptlml.data.text`), with
-L = 512 in the area ``(L/100) * sum_rates mean log-prob``. Offline it says
-so and goes on with the rest.
+When ``bert-base-uncased`` and GLUE load (from the Hugging Face cache, or
+the hub), scores it and a random initialisation of its config on the first
+``num_sequences`` texts of each GLUE task (split and pair joining as in
+:mod:`mptlml.data.text`), with L = 512 in the area
+``(L/100) * sum_rates mean log-prob``. When they cannot be loaded (offline:
+``HF_HUB_OFFLINE=1`` and not cached) it says so and goes on with the rest.
 
 In both cases Table 2 is reproduced from the authors' published curves
 (``--reference``, default ``../shared/reference/bert_mpt_curves.csv`` from
@@ -22,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from ..models.masked_lm import MaskedLM, hub_reachable
+from ..estimation.distributed import resolve_device
+from ..models.hf_loading import resolve_dtype
 from ..sequences import mpt_area
 from .common import RunDir
-from .mlm import project_root, score_models, write_curves
+from .mlm import load_model, project_root, score_models, write_curves
 
 __all__ = ["PAPER_TABLE2", "Config", "claims", "default_reference", "read_reference", "run",
            "summary", "table2_from_reference"]
@@ -51,6 +53,10 @@ class Config:
     seed: int = 0
     reference: str | None = None
     token_budget: int = 16384
+    batch_size: int | None = None
+    device: str | None = None  # None: the rank's CUDA device when available, else the CPU
+    dtype: str | None = None  # float32, float16, bfloat16, float64; None: the checkpoint's
+    autocast: bool | None = None
     progress: bool = True
 
     @classmethod
@@ -125,20 +131,26 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     else:
         print("no reference curves found (../shared/reference/bert_mpt_curves.csv); pass "
               "--reference PATH to reproduce Table 2 from the authors' curves.")
-    if hub_reachable():
+    resolve_device(cfg.device)  # a bad device or dtype is an error, not "offline"
+    resolve_dtype(cfg.dtype)
+    try:
         from ..data.text import load_texts
 
-        models = {"pretrained": MaskedLM.from_pretrained(cfg.model, truncate=True),
-                  "random_init": MaskedLM.from_pretrained(cfg.model, random_init=True,
-                                                          truncate=True)}
+        place = dict(device=cfg.device, dtype=cfg.dtype, autocast=cfg.autocast, truncate=True)
+        models = {"pretrained": load_model(cfg.model, **place),
+                  "random_init": load_model(cfg.model, random_init=True, **place)}
+        glue = {task: load_texts(f"glue:{task}", limit=cfg.num_sequences) for task in cfg.tasks}
+    except ValueError as exc:  # not cached and the hub not reachable (or HF_HUB_OFFLINE)
+        print(f"cannot load {cfg.model} or GLUE: {str(exc).splitlines()[0][:300]}")
+        models = {}
+    if models:
         ours = {}
-        for task in cfg.tasks:
-            data = load_texts(f"glue:{task}", limit=cfg.num_sequences)
+        for task, data in glue.items():
             scored = score_models({f"{task}-{k}": m for k, m in models.items()}, data.texts,
                                   rates=None, num_masks=cfg.num_masks, seed=cfg.seed,
                                   run_dir=run_dir, nominal_length=cfg.nominal_length,
-                                  token_budget=cfg.token_budget, progress=cfg.progress,
-                                  ids=data.ids)
+                                  token_budget=cfg.token_budget, batch_size=cfg.batch_size,
+                                  progress=cfg.progress, ids=data.ids)
             ours.update(scored)
         results["computed"] = write_curves(run_dir, ours, reference=reference_curves,
                                            title="BERT-base: pre-trained vs random init")

@@ -9,7 +9,9 @@ Shared by ``mptlml curve`` and the ``antibody``/``bert`` reproductions. Files:
 - ``checkpoint/``: finished chunks, so an interrupted run resumes (``--resume``).
 
 Under ``torchrun``/``accelerate launch`` every process scores its share of
-the sequences and only rank 0 writes the result files.
+the sequences on its own device and only rank 0 writes the result files.
+``results.json`` records each model's device, dtype and autocast and the
+world size.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from ..estimation.distributed import barrier, distributed_context, resolve_device
 from ..models.masked_lm import MaskedLM
-from ..sequences import MLMCurveResult, distributed_context, mlm_curve, pll
+from ..sequences import MLMCurveResult, mlm_curve, pll
 from .common import RunDir
 
-__all__ = ["parse_rates", "prepare_run_dir", "project_root", "run_curve", "score_models",
-           "write_curves"]
+__all__ = ["load_model", "parse_rates", "prepare_run_dir", "project_root", "run_curve",
+           "score_models", "write_curves"]
 
 
 def parse_rates(text: str | None) -> np.ndarray | None:
@@ -53,10 +56,7 @@ def prepare_run_dir(out: str | os.PathLike, name: str, *, overwrite: bool,
         rd = RunDir(out, name, overwrite=overwrite, resume=resume)
         if overwrite and not resume and (rd.path / "checkpoint").exists():
             shutil.rmtree(rd.path / "checkpoint")
-    if ctx.world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
+    barrier(ctx)
     if not ctx.main:
         rd = RunDir(out, name, resume=True)
     return rd
@@ -65,20 +65,24 @@ def prepare_run_dir(out: str | os.PathLike, name: str, *, overwrite: bool,
 def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], *, rates: Any,
                  num_masks: int, seed: int, run_dir: RunDir, nominal_length: float | None,
                  exact: bool = False, with_pll: bool = False, token_budget: int = 8192,
-                 chunk_size: int = 8, progress: bool = True,
+                 chunk_size: int = 8, batch_size: int | None = None, progress: bool = True,
                  ids: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    """Curve (and optionally PLL) of each model; checkpoints under ``run_dir/checkpoint``."""
+    """Curve (and optionally PLL) of each model; checkpoints under ``run_dir/checkpoint``.
+
+    Each entry also holds ``settings``: the model's device, dtype, autocast
+    and the world size, which :func:`write_curves` records.
+    """
     out: dict[str, dict[str, Any]] = {}
+    world = distributed_context().world
     for label, model in models.items():
+        run = dict(token_budget=token_budget, chunk_size=chunk_size, batch_size=batch_size,
+                   checkpoint_dir=run_dir.path / "checkpoint" / label, progress=progress)
         res = mlm_curve(model, texts, rates=rates, num_masks=num_masks, seed=seed,
-                        nominal_length=nominal_length, exact=exact, token_budget=token_budget,
-                        chunk_size=chunk_size, checkpoint_dir=run_dir.path / "checkpoint" / label,
-                        progress=progress, ids=ids)
-        entry: dict[str, Any] = {"curve": res}
+                        nominal_length=nominal_length, exact=exact, ids=ids, **run)
+        entry: dict[str, Any] = {"curve": res, "settings": {**model.settings(),
+                                                            "world_size": world}}
         if with_pll:
-            entry["pll"] = pll(model, texts, token_budget=token_budget, chunk_size=chunk_size,
-                               checkpoint_dir=run_dir.path / "checkpoint" / label,
-                               progress=progress)
+            entry["pll"] = pll(model, texts, **run)
         out[label] = entry
     return out
 
@@ -120,6 +124,7 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
             "mean_log_prob_per_token": float(res.curve.mean()),
             "rates": res.rates, "curve": res.curve, "curve_se": res.curve_se,
             "num_masks": res.num_masks, "corruption": res.corruption,
+            **entry.get("settings", {}),
         }
         if res.lml_exact is not None:
             summary[label]["mean_lml_exact"] = float(res.lml_exact.mean())
@@ -148,12 +153,33 @@ def project_root() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
+def load_model(model: str, *, random_init: bool = False, tokenizer: str | None = None,
+               device: str | None = None, dtype: str | None = None,
+               autocast: bool | None = None, **kwargs: Any) -> MaskedLM:
+    """A masked LM by name (``antiberty``, hub id or directory) on this rank's device.
+
+    ``device`` None: the rank's CUDA device when CUDA is available, else the
+    CPU (:func:`mptlml.estimation.distributed.resolve_device`).
+    """
+    dev = resolve_device(device)
+    if model.lower() == "antiberty":
+        if tokenizer is not None:
+            raise ValueError("--tokenizer does not apply to antiberty (it has its own).")
+        return MaskedLM.antiberty(random_init=random_init, device=dev, dtype=dtype,
+                                  autocast=autocast, **kwargs)
+    return MaskedLM.from_pretrained(model, random_init=random_init, tokenizer=tokenizer,
+                                    device=dev, dtype=dtype, autocast=autocast, **kwargs)
+
+
 def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: bool = False,
               column: str | None = None, split: str | None = None, limit: int | None = None,
               rates: str | None = None, num_masks: int = 1, seed: int = 0,
               nominal_length: float | None = None, exact: bool = False, with_pll: bool = False,
               truncate: bool = False, corruption: str = "mask", token_budget: int = 8192,
-              chunk_size: int = 8, overwrite: bool = False, resume: bool = False,
+              chunk_size: int = 8, batch_size: int | None = None, device: str | None = None,
+              dtype: str | None = None, autocast: bool | None = None,
+              tokenizer: str | None = None, allow_unknown: bool = False,
+              overwrite: bool = False, resume: bool = False,
               progress: bool = True) -> dict[str, Any]:
     """``mptlml curve``: MPT curve of one masked LM on texts, into a run directory.
 
@@ -161,6 +187,8 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
     local file, ``glue:TASK`` or ``antibodies`` (the bundled FASTA). All input
     is validated (model, data, every sequence's length, the rates) before the
     run directory is created, so a bad input leaves no result file.
+    ``device``/``dtype``/``autocast`` place the model (see :func:`load_model`)
+    and are recorded with the world size in ``results.json``.
     """
     import json
 
@@ -168,12 +196,9 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
     from ..sequences import _check_rates
 
     r = _check_rates(parse_rates(rates))
-    if model.lower() == "antiberty":
-        lm = MaskedLM.antiberty(random_init=random_init, truncate=truncate,
-                                corruption=corruption)
-    else:
-        lm = MaskedLM.from_pretrained(model, random_init=random_init, truncate=truncate,
-                                      corruption=corruption)
+    lm = load_model(model, random_init=random_init, tokenizer=tokenizer, device=device,
+                    dtype=dtype, autocast=autocast, truncate=truncate, corruption=corruption,
+                    allow_unknown=allow_unknown)
     texts = (bundled_antibodies(limit) if data == "antibodies"
              else load_texts(data, column=column, split=split, limit=limit))
     lm.encode(texts.texts)  # raises on empty / too long sequences before any file is made
@@ -182,15 +207,16 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
     scored = score_models({label: lm}, texts.texts, rates=r, num_masks=num_masks, seed=seed,
                           run_dir=run_dir, nominal_length=nominal_length, exact=exact,
                           with_pll=with_pll, token_budget=token_budget, chunk_size=chunk_size,
-                          progress=progress, ids=texts.ids)
+                          batch_size=batch_size, progress=progress, ids=texts.ids)
     if not distributed_context().main:
         return {}
     summ = write_curves(run_dir, scored, title=f"MPT curve: {lm.name}")
     config = {"model": model, "data": texts.source, "random_init": random_init,
               "rates": r, "num_masks": num_masks, "nominal_length": nominal_length,
               "exact": exact, "pll": with_pll, "truncate": truncate, "corruption": corruption,
-              "token_budget": token_budget, "chunk_size": chunk_size,
-              "world_size": distributed_context().world}
+              "token_budget": token_budget, "chunk_size": chunk_size, "batch_size": batch_size,
+              "tokenizer": tokenizer, "allow_unknown": allow_unknown,
+              **scored[label]["settings"]}
     path = run_dir.write_results(config, {"models": summ}, seed=seed)
     s = summ[label]
     print(f"{lm.name}: {s['num_sequences']} sequences, area {s['area']:.2f} "
