@@ -5,8 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -155,25 +153,7 @@ def test_reproduce_antibody_quick(tmp_path):
     assert (tmp_path / "a" / "mpt_curve.pdf").is_file()
 
 
-# ---------------------------------------------------------------------- data parallel
-def test_two_gloo_processes_equal_one(tiny_dir, texts_file, tmp_path):
-    src = str(Path(mptlml.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    common = ["curve", "--model", str(tiny_dir), "--data", str(texts_file),
-              "--rates", "0.1:0.9:0.1", "--num-masks", "2", "--chunk-size", "2",
-              "--seed", "3", "--no-progress"]
-    one = subprocess.run([sys.executable, "-m", "mptlml", *common, "--out", str(tmp_path / "one")],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc_per_node", "2", "-m", "mptlml", *common,
-                          "--out", str(tmp_path / "two")],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
-    res2 = json.loads((tmp_path / "two" / "results.json").read_text())
-    assert res2["config"]["world_size"] == 2
-    a, b = _per_seq(tmp_path / "one"), _per_seq(tmp_path / "two")
-    assert a == b
+# data parallel (torchrun, accelerate launch): tests/test_devices.py
 
 
 # ---------------------------------------------------------------------- loaders

@@ -74,8 +74,8 @@ def _mlm_overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, 
         return {}
     from .experiments import get_experiment
 
-    out = {n: given for n in names
-           if set(given) <= {f.name for f in dataclasses.fields(get_experiment(n).Config)}}
+    out = {n: given for n in names  # the MLM experiments: their Config has every MLM flag
+           if set(_MLM_FLAGS) <= {f.name for f in dataclasses.fields(get_experiment(n).Config)}}
     if not out:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise ValueError(f"{flags} apply to the masked-LM experiments (antibody, bert), not to "

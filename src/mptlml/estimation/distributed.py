@@ -48,6 +48,24 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+_ONE_CPU_PROCESS = (
+    "accelerate launch --cpu --num_processes N starts ONE process (accelerate's --cpu launcher "
+    "runs several only through mpirun, --mpirun_hostfile), so this run would score alone "
+    "(world_size 1). For N CPU processes use `accelerate launch --multi_gpu --num_processes N "
+    "-m mptlml ...` (torchrun underneath; on a GPU machine add --device cpu) or `torchrun "
+    "--nproc_per_node N -m mptlml ...`."
+)
+
+
+def _check_single_launch() -> None:
+    """Refuse the launch that asks for several processes and starts one (see README)."""
+    env = os.environ
+    asked_several = "MASTER_ADDR" in env and env.get("ACCELERATE_USE_CPU", "").lower() == "true"
+    mpi = any(k in env for k in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"))
+    if asked_several and not mpi and "WORLD_SIZE" not in env:
+        raise ValueError(_ONE_CPU_PROCESS)
+
+
 def distributed_context(*, cpu: bool | None = None) -> DistContext:
     """Rank, world size and device of this process (opens the process group once).
 
@@ -58,6 +76,7 @@ def distributed_context(*, cpu: bool | None = None) -> DistContext:
         Only the first call of a process decides (``PartialState`` is shared).
     """
     if not launched():
+        _check_single_launch()
         if cpu is None:
             cpu = not torch.cuda.is_available()
         return DistContext(device=torch.device("cpu" if cpu else "cuda"))
@@ -73,7 +92,7 @@ def distributed_context(*, cpu: bool | None = None) -> DistContext:
 def default_device() -> torch.device:
     """The rank's CUDA device (``cuda:LOCAL_RANK``) when CUDA is available, else the CPU."""
     if not torch.cuda.is_available():
-        return torch.device("cpu")
+        return distributed_context(cpu=True).device
     if launched():
         return distributed_context(cpu=False).device
     return torch.device("cuda", torch.cuda.current_device())
