@@ -25,17 +25,7 @@ from mptlml.estimation import distributed
 from mptlml.estimation.ragged import mlm_curve
 from mptlml.models import MaskedLM
 
-from .mlm_helpers import SENTENCES, make_tiny_bert
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    return MaskedLM.from_pretrained(tiny_dir)
+from .mlm_helpers import SENTENCES
 
 
 @pytest.fixture(scope="module")

@@ -16,22 +16,6 @@ from mptlml.models import MaskedLM
 from .mlm_helpers import SENTENCES, make_tiny_bert, minicons_pll
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    return MaskedLM.from_pretrained(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def antiberty():
-    pytest.importorskip("antiberty")
-    return MaskedLM.antiberty()
-
-
 def _assert_pll_per_token(got: torch.Tensor, ref, lengths: np.ndarray) -> None:
     """S(x; 1) = PLL / D_i agrees per token to 1e-5."""
     np.testing.assert_allclose(got.numpy() / lengths, np.asarray(ref) / lengths, atol=1e-5,

@@ -17,15 +17,10 @@ from mptlml.data import load_texts
 from mptlml.estimation.ragged import mlm_curve
 from mptlml.models import MaskedLM
 
-from .mlm_helpers import SENTENCES, make_tiny_bert
+from .mlm_helpers import SENTENCES
 
 REFERENCE = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / \
     "bert_mpt_curves.csv"
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
 
 
 @pytest.fixture(scope="module")

@@ -14,23 +14,7 @@ from mptlml.cli import main
 from mptlml.models import MaskedLM
 from mptlml.models.tokenizer_checks import MAX_UNKNOWN_FRACTION
 
-from .mlm_helpers import SENTENCES, WORDS, make_tiny_bert
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    return MaskedLM.from_pretrained(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def antiberty():
-    pytest.importorskip("antiberty")
-    return MaskedLM.antiberty()
+from .mlm_helpers import SENTENCES, WORDS
 
 
 def _lowercasing_antiberty_tokenizer():

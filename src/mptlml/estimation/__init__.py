@@ -6,7 +6,8 @@ Rooms:
               the same fields for dense models and masked LMs;
 ``engine``    blocks of masks scored through the model's reductions (dense data);
 ``dense``     one function per estimator of dense data, in a registry;
-``runner``    the ragged-sequence runner (buckets, token budget, checkpoints, torch.distributed);
+``runner``    the ragged-sequence runner (buckets, token budget, checkpoints, data parallel);
+``distributed`` ranks, devices, sharding and gathering on accelerate's ``PartialState``;
 ``rates``     rate grids and the paper's area under the MPT curve;
 ``ragged``    PLL, curves and LML estimators of ragged sequences, in a registry;
 ``api``       :func:`estimate_lml` and :func:`mpt_curve`, which dispatch on the
