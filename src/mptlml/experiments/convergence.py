@@ -43,9 +43,18 @@ import torch
 from .._validation import check_positive_int, check_rate
 from ..estimators import fixed_rate_size, score_masks
 from ..models import PPCA
-from .common import RunDir
+from .common import RunDir, pyplot
 
-__all__ = ["Config", "claims", "run", "summary"]
+__all__ = ["PAPER", "TITLE", "Config", "claims", "run", "summary"]
+
+#: the report's section: what the paper shows, and its statement that the claims check.
+TITLE = "Figure 1 and Table 1: the MPT estimate converges to the LML"
+PAPER = (
+    "PPCA (K=2, beta=5). The negative cumulative MPT loss approaches the exact LML as the "
+    "number of masks P grows, and its spread over seeds shrinks (Table 1: 0.47, 0.12, 0.03 "
+    "for P = 1, 10, 100, true LML -60.34 for unstated D, N). A fixed 15% mask (D = 512) "
+    "converges to a biased value."
+)
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -244,10 +253,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
 
 
 def _figure(cfg: Config, panels: dict[str, dict[str, Any]], run_dir: RunDir) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
     for ax, (name, pan) in zip(axes[0], panels.items(), strict=True):

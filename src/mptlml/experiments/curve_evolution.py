@@ -30,9 +30,15 @@ from ..models import PPCA
 from ..objectives import MPTLoss
 from ..training import exact_lml, mpt_curve_monitor, train
 from ._synthetic import dtype_of, synthetic_ppca
-from .common import RunDir
+from .common import RunDir, pyplot
 
-__all__ = ["Config", "claims", "run", "summary"]
+__all__ = ["PAPER", "TITLE", "Config", "claims", "run", "summary"]
+
+#: the report's section: what the paper shows, and its statement that the claims check.
+TITLE = "Figure 5 (left): the curve during training"
+PAPER = (
+    "Under MPT training the area under the curve converges to the true LML."
+)
 
 
 @dataclass
@@ -136,10 +142,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
 
 def _figure(cfg: Config, run_dir: RunDir, curves: list[dict[str, Any]],
             checkpoints: list[dict[str, Any]], gt_lml: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     cmap = plt.get_cmap("viridis")
