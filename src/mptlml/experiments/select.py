@@ -37,13 +37,6 @@ from .common import RunDir, print_table, pyplot
 __all__ = ["PAPER", "TITLE", "Config", "claims", "plot_scores", "run", "run_selection",
            "summary"]
 
-#: the report's section: what the paper shows, and its statement that the claims check.
-TITLE = "Beyond the paper: model selection by the MPT estimate"
-PAPER = (
-    "Not in the paper; the held-out LML estimated by MPT should choose the same latent "
-    "dimension as the exact held-out LML."
-)
-
 
 @dataclass
 class Config:
@@ -127,6 +120,14 @@ def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"case": c["case"], "true K": c["true_k"] if c["true_k"] is not None else "-",
              **{k: v for k, v in c["choices"].items()}, "P": c["num_masks"]}
             for c in results["cases"]]
+
+
+#: the report's section: the figure or table, and the paper's statement that ``claims`` checks.
+TITLE = "Beyond the paper: model selection by the MPT estimate"
+PAPER = (
+    "Not in the paper; the held-out LML estimated by MPT should choose the same latent "
+    "dimension as the exact held-out LML."
+)
 
 
 def claims(results: dict[str, Any]) -> list[dict[str, Any]]:

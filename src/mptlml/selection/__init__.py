@@ -24,7 +24,7 @@ Tipping & Bishop (1999); Minka (2000), "Automatic choice of dimensionality for P
 
 from __future__ import annotations
 
-from .data import BUILTIN_DATASETS, load_dataset, load_matrix, standardise
+from .data import BUILTIN_DATASETS, load_dataset, load_matrix, standardise_split
 from .families import FAMILIES, BernoulliFamily, ModelFamily, PPCAFamily
 from .latent_dim import SelectionResult, select_latent_dim
 
@@ -38,5 +38,5 @@ __all__ = [
     "load_dataset",
     "load_matrix",
     "select_latent_dim",
-    "standardise",
+    "standardise_split",
 ]

@@ -10,7 +10,7 @@ from .._validation import check_positive_int
 from ..models import PPCA
 from .families import FAMILIES
 
-__all__ = ["BUILTIN_DATASETS", "load_dataset", "load_matrix", "standardise"]
+__all__ = ["BUILTIN_DATASETS", "load_dataset", "load_matrix", "standardise_split"]
 
 #: data sets ``load_dataset`` knows by name.
 BUILTIN_DATASETS = ("digits", "wine", "breast_cancer", "synthetic")
@@ -94,7 +94,7 @@ def load_matrix(path: str) -> np.ndarray:
 
 
 
-def standardise(x_train: np.ndarray, x_test: np.ndarray
+def standardise_split(x_train: np.ndarray, x_test: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Drop columns constant on the training split, then z-score with training statistics.
 

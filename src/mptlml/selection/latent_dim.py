@@ -42,7 +42,7 @@ from .._validation import check_data, check_positive_int
 from ..estimators import BLOCK_ELEMENTS
 from ..masks import sample_masks
 from ..models.base import MaskedModel
-from .data import standardise
+from .data import standardise_split
 from .families import FAMILIES
 
 __all__ = ["SelectionResult", "select_latent_dim"]
@@ -185,7 +185,7 @@ def select_latent_dim(x: Any, k_max: int, *, x_test: Any = None, test_fraction: 
         raise ValueError("standardise=True makes binary data continuous; the bernoulli family "
                          "needs 0/1 data: pass standardise=False.")
     if standardise:
-        x_tr, x_te, more = standardise(x_tr, x_te)
+        x_tr, x_te, more = standardise_split(x_tr, x_te)
         notes.extend(more)
     n_tr, d = x_tr.shape
     if k_max > fam.max_k(d):

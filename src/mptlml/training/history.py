@@ -129,16 +129,3 @@ def _parse_csv_row(row: Mapping[str, str]) -> dict[str, Any]:
             val = v
         out[k] = int(val) if k == "epoch" else val
     return out
-
-
-def _parse_csv_row(row: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in row.items():
-        if v == "":
-            continue
-        try:
-            val: Any = json.loads(v)
-        except json.JSONDecodeError:
-            val = v
-        out[k] = int(val) if k == "epoch" else val
-    return out
