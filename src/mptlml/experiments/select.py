@@ -207,8 +207,6 @@ def run_selection(data: str, k_max: int, out: str, *, true_k: int | None = None,
     return res
 
 
-
-
 def plot_scores(res: SelectionResult, desc: str, run: RunDir, stem: str = "scores") -> None:
     """Held-out LML per K (MPT with 2 SE bars, exact) beside training BIC (and Minka's K)."""
     fig, (ax, ax2) = pyplot().subplots(1, 2, figsize=(10, 3.8))

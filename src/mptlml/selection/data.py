@@ -93,7 +93,6 @@ def load_matrix(path: str) -> np.ndarray:
     return x.astype(np.float64)
 
 
-
 def standardise_split(x_train: np.ndarray, x_test: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Drop columns constant on the training split, then z-score with training statistics.
