@@ -10,8 +10,7 @@ import torch
 
 import mptlml
 import mptlml.masks
-from mptlml.estimators import fixed_rate_size
-from mptlml.masks import all_masks
+from mptlml.masks import all_masks, fixed_rate_size
 from mptlml.models import PPCA, MaskedModel
 from mptlml.objectives import ExactLML, MPTLoss, Objective
 from mptlml.training import History, Monitor, StopTraining, exact_lml, mpt_curve_monitor, train

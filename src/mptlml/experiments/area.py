@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int
-from ..estimators import mpt_curve
+from ..estimation import mpt_curve
 from ._synthetic import SyntheticPPCAConfig, mean_lml
 from .common import RunDir, pyplot
 

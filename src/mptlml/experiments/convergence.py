@@ -41,7 +41,8 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int, check_rate
-from ..estimators import fixed_rate_size, score_masks
+from ..estimation.engine import score_masks
+from ..masks import fixed_rate_size
 from ._synthetic import SyntheticPPCAConfig, mean_lml
 from .common import RunDir, pyplot
 

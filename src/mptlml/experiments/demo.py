@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..estimators import estimate_lml, mpt_curve
+from ..estimation import estimate_lml, mpt_curve
 from ..models import PPCA
 from .common import RunDir, print_table, pyplot
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int, check_rate
-from ..estimators import fixed_rate_size
+from ..masks import fixed_rate_size
 from ..models import PPCA
 from ..objectives import MPTLoss
 from ..training import Monitor, exact_lml, train

@@ -7,7 +7,7 @@ conditionals
 
 through :meth:`MaskedModel.log_conditionals`, and optionally its exact
 log-marginal likelihood log p(x) through :meth:`MaskedModel.log_marginal`.
-Estimators (``mptlml.estimators``) and objectives (``mptlml.objectives``)
+Estimators (``mptlml.estimation``) and objectives (``mptlml.objectives``)
 use nothing else, so they work for any model family.
 
 Shapes

@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 from .._validation import check_data, check_positive_int
-from ..estimators import BLOCK_ELEMENTS
-from ..masks import sample_masks
+from ..estimation.engine import rows_per_block
+from ..masks import draw_mask_sizes, sample_masks
 from ..models.base import MaskedModel
 from .data import standardise_split
 from .families import FAMILIES
@@ -105,13 +105,13 @@ def _mpt_samples(models: list[MaskedModel], x: torch.Tensor, p: int, seed: int,
     The masks are drawn once and scored by every model (common random numbers).
     """
     n, d = x.shape
-    rows = torch.arange(1, d + 1).repeat_interleave(p)
+    rows = draw_mask_sizes("cumulative", d, p)
     masks = sample_masks(d, rows, num_data=None if share_masks else n,
                          generator=torch.Generator().manual_seed(seed))
     out = []
     with torch.no_grad():
         for model in models:
-            per = max(1, BLOCK_ELEMENTS // max(1, model.block_cost(n, share_masks)))
+            per = rows_per_block(n, d, model, share_masks)
             s = torch.cat([model.masked_log_prob(x, masks[i:i + per], None).double()
                            for i in range(0, masks.shape[0], per)])  # (D * P, N)
             s = s / rows[:, None].double()
