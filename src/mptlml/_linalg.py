@@ -1,0 +1,85 @@
+"""Small dense linear algebra shared by the Gaussian models: SPD inverses and Woodbury.
+
+The models' masked conditionals go through a K x K latent precision per mask
+(K the latent dimension, a handful), never through a D x D covariance. These
+helpers are the only place that inverts such matrices.
+
+- :func:`spd_inverse`: batched inverse of small symmetric positive-definite
+  matrices, closed forms for K = 1, 2 and a Cholesky inverse beyond.
+- :func:`woodbury_posterior`: the latent posterior of a linear-Gaussian model
+  x = W z + mu + eps given every coordinate, by the Woodbury identity.
+
+Nothing here imports the rest of the package (bottom layer).
+
+References
+----------
+Golub & Van Loan (2013), *Matrix Computations*, 4th ed., Sec. 2.1.4 (Woodbury)
+and 4.2 (Cholesky).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["spd_inverse", "woodbury_posterior"]
+
+
+def spd_inverse(a: torch.Tensor) -> torch.Tensor:
+    """Inverse of a batch of small symmetric positive-definite matrices.
+
+    Parameters
+    ----------
+    a : torch.Tensor of shape (..., K, K)
+        Symmetric positive definite.
+
+    Returns
+    -------
+    torch.Tensor of shape (..., K, K)
+        ``a^{-1}``: ``1 / a`` for K = 1; for K = 2 the adjugate over the
+        determinant, ``[[s, -q], [-q, p]] / (p s - q^2)``; otherwise
+        ``cholesky_inverse(cholesky(a))``. The closed forms avoid batched LAPACK
+        calls on tiny matrices (about 40 times slower).
+
+    Notes
+    -----
+    No check of positive-definiteness is made for K <= 2 (the callers pass
+    ``I + G`` with G positive semi-definite, in a dtype that represents it).
+    """
+    k = a.shape[-1]
+    if k == 1:
+        return 1.0 / a
+    if k == 2:
+        p, q, s = a[..., 0, 0], a[..., 0, 1], a[..., 1, 1]
+        det = p * s - q * q
+        row0 = torch.stack([s, -q], dim=-1)
+        row1 = torch.stack([-q, p], dim=-1)
+        return torch.stack([row0, row1], dim=-2) / det[..., None, None]
+    return torch.cholesky_inverse(torch.linalg.cholesky(a))
+
+
+def woodbury_posterior(w: torch.Tensor, sigma2: torch.Tensor, y: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Latent posterior mean of y = W z + eps, z ~ N(0, I_K), eps ~ N(0, sigma2 I_D).
+
+    With the latent precision ``A = I_K + W^T W / sigma2`` (K x K), the
+    posterior mean given all D coordinates is ``z* = A^{-1} W^T y / sigma2``
+    and the residual ``e = y - W z*`` satisfies ``W^T e = sigma2 z*``. By the
+    Woodbury identity ``(W W^T + sigma2 I)^{-1} y = e / sigma2``, so
+    ``y^T C^{-1} y = |e|^2 / sigma2 + |z*|^2`` without a D x D solve.
+
+    Parameters
+    ----------
+    w : (D, K) tensor
+    sigma2 : scalar tensor
+    y : (N, D) tensor, the data minus the mean
+
+    Returns
+    -------
+    z_star : (N, K) tensor
+    e : (N, D) tensor
+    a : (K, K) tensor, the precision A
+    """
+    a = torch.eye(w.shape[1], dtype=w.dtype, device=w.device) + w.T @ w / sigma2
+    zs = torch.linalg.solve(a, (y @ w).T / sigma2).T
+    e = y - zs @ w.T
+    return zs, e, a
