@@ -102,36 +102,64 @@ def gemm_columns(w: torch.Tensor, e: torch.Tensor
 
 
 def shared_sum(e: torch.Tensor, s2: torch.Tensor, ww: torch.Tensor, rhs: torch.Tensor,
-               m: torch.Tensor, a_inv: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+               m: torch.Tensor, a_inv: torch.Tensor, g: torch.Tensor,
+               var: torch.Tensor | None = None) -> torch.Tensor:
     """Masked sums of log p(x_j | x_R) for shared masks from A_R^-1 and g = W_M^T e_M.
 
     ``m`` is the ``(B, D)`` masked indicator, ``a_inv`` ``(B, K, K)``, ``g``
     ``(B, K N)`` (k-major) and ``rhs`` the columns ``[w w^T | e w | e^2]``.
     Returns ``(B, N)``: ``-0.5 (sum_j m_j (log 2 pi + log v_j) + quad)`` with
-    the expanded quadratic form of the module docstring.
+    the expanded quadratic form of the module docstring. ``a_inv`` and the
+    variances ``var`` (computed here when not given) may be float64 for a
+    float32 model (:func:`latent_inverse`): the GEMM over the data stays in
+    the dtype of ``rhs``, the ``(B, K, N)`` terms after it (where the
+    expansion cancels) follow ``a_inv``.
     """
     b, d = m.shape
     n = e.shape[0]
     k = a_inv.shape[-1]
-    # (B, D): v_j = s2 + w_j^T A^-1 w_j, s2 folded into the GEMM (no pass of its own)
-    var = torch.cat([a_inv.reshape(b, k * k), s2.expand(b, 1)], dim=1) @ torch.cat(
-        [ww.T, torch.ones_like(ww[:, :1]).T], dim=0)
+    dtype = rhs.dtype
+    if var is None:
+        # (B, D): v_j = s2 + w_j^T A^-1 w_j, s2 folded into the GEMM (no pass of its own)
+        var = torch.cat([a_inv.reshape(b, k * k), s2.expand(b, 1)], dim=1) @ torch.cat(
+            [ww.T, torch.ones_like(ww[:, :1]).T], dim=0)
+    ldt = a_inv.dtype  # float64 for a float32 model with float64 latent terms
     c = m / var
-    cb = c @ rhs  # sum_j c_j [w_j w_j^T | e_j w_j | e_j^2]
+    cb = (c.to(dtype) @ rhs).to(ldt)  # sum_j c_j [w_j w_j^T | e_j w_j | e_j^2]
     cww, f, quad = cb[:, :k * k].reshape(b, k, k), cb[:, k * k:-n], cb[:, -n:]
     pm = a_inv / s2
-    g = g.reshape(b, k, n)
+    g = g.reshape(b, k, n).to(ldt)
     t = torch.baddbmm(torch.bmm(pm @ cww @ pm, g), pm, f.reshape(b, k, n),
                       alpha=2.0)  # (B, K, N)
     for i in range(k):  # contiguous adds over K, no strided reduce
         quad = torch.addcmul(quad, g[:, i], t[:, i])
-    logv = torch.linalg.vecdot(torch.log(var), m)  # (B,): sum_j m_j log v_j
-    return -0.5 * ((m.sum(-1) * LOG_2PI + logv)[:, None] + quad)
+    logv = torch.linalg.vecdot(torch.log(var), m.to(ldt))  # (B,): sum_j m_j log v_j
+    return (-0.5 * ((m.sum(-1) * LOG_2PI + logv)[:, None] + quad)).to(dtype)
+
+
+def latent_inverse(w: torch.Tensor, s2: torch.Tensor, observed: torch.Tensor,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A_R^{-1} ``(..., K, K)`` and v_j ``(..., D)`` in ``dtype``; ``observed`` is ``(..., D)``.
+
+    W_R^T W_R is summed in ``dtype`` from the outer products w_j w_j^T
+    (exact in float64 for a float32 ``w``), so a float32 model gets float64
+    latent terms where ``I + W_R^T W_R / sigma2`` is too ill-conditioned to
+    be represented in float32 (observed sets that cannot pin the latent space).
+    """
+    d, k = w.shape
+    wl, s2l = w.to(dtype), s2.to(dtype)
+    ww = outer_rows(wl)
+    obs = observed.to(dtype).reshape(-1, d) @ ww
+    eye = torch.eye(k, dtype=dtype, device=w.device)
+    a_inv = spd_inverse(eye + obs.reshape(-1, k, k) / s2l)
+    var = s2l + a_inv.reshape(-1, k * k) @ ww.T
+    return a_inv.reshape(*observed.shape[:-1], k, k), var.reshape(observed.shape)
 
 
 def shared_masked_sum(w: torch.Tensor, s2: torch.Tensor, zs: torch.Tensor, e: torch.Tensor,
                       columns: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                      mask: torch.Tensor) -> torch.Tensor:
+                      mask: torch.Tensor, latent_dtype: torch.dtype | None = None
+                      ) -> torch.Tensor:
     """sum_{j in M} log p(x_nj | x_nR) for shared masks ``(B, D)``: ``(B, N)``.
 
     ``columns`` are :func:`gemm_columns` of ``(w, e)``. float64 takes
@@ -151,33 +179,45 @@ def shared_masked_sum(w: torch.Tensor, s2: torch.Tensor, zs: torch.Tensor, e: to
         mg = m @ rhs[:, :k * k + k * n]  # [W_M^T W_M | W_M^T e_M], one read of m
         obs, g = ww.sum(0) - mg[:, :k * k], mg[:, k * k:]
     else:
-        obs = (1.0 - m) @ ww
+        precise = latent_dtype not in (None, dtype)  # A_R too ill-conditioned for float32
+        if not precise:
+            obs = (1.0 - m) @ ww
         flag = (m.sum(-1) > d / 2).to(dtype)
         g = torch.addr(m.sub(flag[:, None]) @ ew, flag, (s2 * zs).T.reshape(k * n))
+        if precise:
+            a_inv, var = latent_inverse(w, s2, 1.0 - m, latent_dtype)
+            return shared_sum(e, s2, ww, rhs, m, a_inv, g, var)
     a_inv = spd_inverse(eye + obs.reshape(-1, k, k) / s2)
     return shared_sum(e, s2, ww, rhs, m, a_inv, g)
 
 
 def per_datum_masked_sum(w: torch.Tensor, s2: torch.Tensor, zs: torch.Tensor, e: torch.Tensor,
-                         mask: torch.Tensor) -> torch.Tensor:
+                         mask: torch.Tensor, latent_dtype: torch.dtype | None = None
+                         ) -> torch.Tensor:
     """sum_{j in M} log p(x_nj | x_nR) for one mask per datum ``(B, N, D)``: ``(B, N)``.
 
     Forms the ``(B, N, D)`` residuals once, in place when no gradient is
-    needed.
+    needed. With a ``latent_dtype`` other than the model's, A_R^{-1}, v_j and
+    u come from :func:`latent_inverse` in it.
     """
     dtype = w.dtype
     d, k = w.shape
     m = mask.to(dtype)
-    eye = torch.eye(k, dtype=dtype, device=w.device)
-    ww = outer_rows(w)
     num_masked = m.sum(-1)
     r = 1.0 - m  # observed indicator
-    g = (r.reshape(-1, d) @ ww).reshape(*mask.shape[:-1], k, k)  # W_R^T W_R, observed
-    a_inv = spd_inverse(eye + g / s2)
-    var = s2 + a_inv.reshape(-1, k * k) @ ww.T  # v_j = s2 + w_j^T A^-1 w_j
-    var = var.reshape(mask.shape)
+    ldt = dtype if latent_dtype is None else latent_dtype
+    if ldt == dtype:
+        eye = torch.eye(k, dtype=dtype, device=w.device)
+        ww = outer_rows(w)
+        g = (r.reshape(-1, d) @ ww).reshape(*mask.shape[:-1], k, k)  # W_R^T W_R, observed
+        a_inv = spd_inverse(eye + g / s2)
+        var = s2 + a_inv.reshape(-1, k * k) @ ww.T  # v_j = s2 + w_j^T A^-1 w_j
+        var = var.reshape(mask.shape)
+    else:
+        a_inv, var = latent_inverse(w, s2, r, ldt)
+        var = var.to(dtype)
     h = (r * e) @ w / s2
-    u = (a_inv @ (h - zs)[..., None])[..., 0]
+    u = (a_inv @ (h - zs).to(ldt)[..., None])[..., 0].to(dtype)
     inplace = not (torch.is_grad_enabled() and (w.requires_grad or s2.requires_grad
                                                 or e.requires_grad))
     res = e - u @ w.T
@@ -191,28 +231,33 @@ def per_datum_masked_sum(w: torch.Tensor, s2: torch.Tensor, zs: torch.Tensor, e:
 
 def nested_masked_sum(w: torch.Tensor, s2: torch.Tensor, zs: torch.Tensor, e: torch.Tensor,
                       columns: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                      orders: torch.Tensor) -> torch.Tensor:
+                      orders: torch.Tensor, latent_dtype: torch.dtype | None = None
+                      ) -> torch.Tensor:
     """Masked sums for every prefix of each shared order ``(P, D)``: ``(P, D, N)``.
 
     Along an order pi the observed set of the mask of size M is pi[M:], so
     W_R^T W_R for all M is one suffix sum of w_i w_i^T, and g = W_M^T e_M one
     prefix sum of e_i w_i (a suffix sum subtracted from sigma2 z* past
-    M = D/2): no GEMM over the tokens for them.
+    M = D/2): no GEMM over the tokens for them. With a ``latent_dtype`` other
+    than the model's, the suffix sums, A_R^{-1} and v_j are computed in it.
     """
     dtype = w.dtype
     d, k = w.shape
     n, p = e.shape[0], orders.shape[0]
     ww, ew, rhs = columns
     o = orders.to(w.device)
-    obs_ww = sum_after(ww[o])  # size M (row M-1): W_R^T W_R over R = pi[M:]
-    eye = torch.eye(k, dtype=dtype, device=w.device)
-    a_inv = spd_inverse(eye + obs_ww.reshape(p * d, k, k) / s2)
+    ldt = dtype if latent_dtype is None else latent_dtype
+    wwl, s2l = (ww, s2) if ldt == dtype else (outer_rows(w.to(ldt)), s2.to(ldt))
+    obs_ww = sum_after(wwl[o])  # size M (row M-1): W_R^T W_R over R = pi[M:]
+    eye = torch.eye(k, dtype=ldt, device=w.device)
+    a_inv = spd_inverse(eye + obs_ww.reshape(p * d, k, k) / s2l)
+    var = None if ldt == dtype else s2l + a_inv.reshape(p * d, k * k) @ wwl.T
     h = d // 2  # sizes 1..h: prefix sums; h+1..D: sigma2 z* minus suffix sums
     ewp = ew[o]  # (P, D, K N): rows in the order's sequence
     g = torch.cat([ewp[:, :h].cumsum(1),
                    (s2 * zs).T.reshape(1, 1, k * n) - sum_after(ewp[:, h:])], dim=1)
     m = prefix_masks(o).to(dtype).reshape(p * d, d)
-    out = shared_sum(e, s2, ww, rhs, m, a_inv, g.reshape(p * d, k * n))
+    out = shared_sum(e, s2, ww, rhs, m, a_inv, g.reshape(p * d, k * n), var)
     return out.reshape(p, d, n)
 
 

@@ -51,6 +51,11 @@ from .base import MaskedModel
 __all__ = ["PPCA"]
 
 _LOG_2PI = red.LOG_2PI
+#: kappa * eps above which the latent K x K terms are computed in float64
+_LATENT_TOL = 1e-3
+#: condition number of I + W^T W / sigma2 up to which the conditionals keep their digits
+#: (float32 with float64 latent terms: ~3e-3 nats per token at 1e11; float64: kappa eps 1e-3)
+_MAX_KAPPA = {torch.float32: 1e11, torch.float64: _LATENT_TOL / torch.finfo(torch.float64).eps}
 
 
 class PPCA(MaskedModel):
@@ -64,8 +69,8 @@ class PPCA(MaskedModel):
     mu : array-like of shape (D,), optional
         Mean (zeros by default).
     sigma2 : float
-        Isotropic noise variance, > 0 (stored as its log, so it stays positive
-        under training).
+        Isotropic noise variance, one number > 0 (stored as its log, so it stays
+        positive under training).
     learn_mu, learn_sigma2 : bool
         Make ``mu`` / ``sigma2`` trainable parameters (buffers otherwise).
 
@@ -93,7 +98,13 @@ class PPCA(MaskedModel):
             raise ValueError(f"mu must have shape (D,) = ({d},), got {tuple(m.shape)}.")
         if not torch.isfinite(m).all():
             raise ValueError("mu contains NaN or infinite values.")
-        s2 = as_tensor(sigma2, "sigma2", dtype=w.dtype).reshape(())
+        s2 = as_tensor(sigma2, "sigma2", dtype=w.dtype)
+        if s2.numel() != 1:
+            raise ValueError(
+                f"sigma2 must be one number (PPCA's noise is isotropic, sigma2 I); got an array "
+                f"of shape {tuple(s2.shape)}. A noise variance per dimension is factor "
+                "analysis, not PPCA.")
+        s2 = s2.reshape(())
         if not bool(torch.isfinite(s2)) or float(s2) <= 0:
             raise ValueError(f"sigma2 must be a finite positive variance, got {float(s2)}.")
         self.num_tokens = d
@@ -145,19 +156,38 @@ class PPCA(MaskedModel):
         With the sample covariance S = (1/N) sum_n (x_n - mean)(x_n - mean)^T and
         its eigenpairs (lambda_i, u_i) sorted decreasingly:
         ``sigma2 = mean(lambda_{K+1..D})``, ``W = U_K (Lambda_K - sigma2 I)^{1/2}``.
+
+        Raises
+        ------
+        ValueError
+            If ``k >= D``, or if the centred data have rank <= k (in particular
+            N <= k + 1): then sigma2 = 0 and the model is degenerate.
         """
         xt = check_data(x)
         n, d = xt.shape
         k = check_positive_int(k, "k")
         if k >= d:
             raise ValueError(f"k must be smaller than D={d} so that sigma2 is defined; got k={k}.")
+        if n <= k + 1:
+            raise ValueError(
+                f"PPCA.fit needs more than k + 1 = {k + 1} rows: the {n} centred rows span at "
+                f"most {n - 1} dimensions, so the maximum-likelihood sigma2 would be 0. Pass "
+                f"more rows or a smaller k.")
         x64 = xt.double()
         mean = x64.mean(0)
         xc = x64 - mean
         cov = xc.T @ xc / n
         evals, evecs = torch.linalg.eigh(cov)
         evals, evecs = evals.flip(0), evecs.flip(1)
-        sigma2 = evals[k:].mean().clamp_min(1e-12)
+        # numerical rank of the centred data, as numpy.linalg.matrix_rank counts it
+        rank = int((evals > float(evals[0]) * max(n, d) * torch.finfo(torch.float64).eps).sum())
+        if rank <= k:
+            raise ValueError(
+                f"PPCA.fit: the centred data (N={n}, D={d}) have rank {rank} <= k={k}, so the "
+                f"maximum-likelihood noise variance sigma2 (the mean of the D - k smallest "
+                f"covariance eigenvalues) is 0 and the model is degenerate. Use k < {rank}, or "
+                f"data that are not confined to a {rank}-dimensional subspace.")
+        sigma2 = evals[k:].mean()
         w = evecs[:, :k] * torch.sqrt((evals[:k] - sigma2).clamp_min(0.0))
         return cls(w.to(xt.dtype), mean.to(xt.dtype), sigma2.to(xt.dtype), **kwargs)
 
@@ -209,14 +239,45 @@ class PPCA(MaskedModel):
         return woodbury_posterior(self.W.double(), self.sigma2.double(), y)
 
     def _split(self, x: torch.Tensor) -> tuple[torch.dtype, torch.Tensor, torch.Tensor,
-                                               torch.Tensor, torch.Tensor]:
-        """dtype, W, sigma2, z* and e of :meth:`_recentre` in the model's dtype."""
+                                               torch.Tensor, torch.Tensor, torch.dtype]:
+        """dtype, W, sigma2, z* and e of :meth:`_recentre` in the model's dtype, and
+        the dtype of the K x K latent terms (:meth:`_latent_dtype`)."""
         def split() -> tuple[torch.dtype, torch.Tensor, torch.Tensor, torch.Tensor,
-                             torch.Tensor]:
+                             torch.Tensor, torch.dtype]:
+            ldt = self._latent_dtype()
             zs, e, _ = self._cached(x, "recentre", lambda: self._recentre(x))
-            return self.dtype, self.W, self.sigma2, zs.to(self.dtype), e.to(self.dtype)
+            dtype = self.dtype
+            return dtype, self.W, self.sigma2, zs.to(dtype), e.to(dtype), ldt
 
         return self._cached(x, "split", split)
+
+    def _latent_dtype(self) -> torch.dtype:
+        """dtype of the K x K latent terms; a clear error where no dtype is accurate.
+
+        For every observed set R, ``A_R = I + W_R^T W_R / sigma2`` has condition
+        number at most ``kappa = 1 + ||W||_2^2 / sigma2`` (a set that cannot pin
+        the latent space reaches it). Where ``kappa * eps > 1e-3`` in float32 the
+        K x K solves are done in float64 (float32 returns NaN, fails a Cholesky
+        factorisation or loses digits there); the GEMMs over the data stay in
+        float32. Beyond ``kappa = 1e11`` (float32) or ``1e-3 / eps`` (float64)
+        the conditionals lose their digits whatever is done: ValueError.
+        """
+        w = self.W.detach().double()
+        s2 = float(self.sigma2.detach())
+        kappa = 1.0 + float(torch.linalg.eigvalsh(w.T @ w)[-1]) / s2
+        dtype = self.dtype
+        limit = _MAX_KAPPA.get(dtype, _LATENT_TOL / torch.finfo(torch.float64).eps)
+        if not kappa <= limit:
+            what = ("use a float64 model (model.double(), or dtype=torch.float64) and "
+                    "float64 data" if dtype != torch.float64 else
+                    "sigma2 is too small for the scale of W: rescale the data, or fit or "
+                    "set a larger sigma2")
+            raise ValueError(
+                f"PPCA: the latent precision I + W^T W / sigma2 has condition number "
+                f"{kappa:.3g} (sigma2 = {s2:.3g}, ||W||_2^2 = {(kappa - 1) * s2:.3g}); "
+                f"{str(dtype).replace('torch.', '')} masked conditionals are accurate up to "
+                f"{limit:.3g} only; {what}.")
+        return torch.float64 if kappa * torch.finfo(dtype).eps > _LATENT_TOL else dtype
 
     def _columns(self, x: torch.Tensor, w: torch.Tensor, e: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -253,10 +314,11 @@ class PPCA(MaskedModel):
         fewer passes over it when they are not
         (:func:`~mptlml.models._ppca_reductions.per_datum_masked_sum`).
         """
-        _, w, s2, zs, e = self._split(x)
+        _, w, s2, zs, e, ldt = self._split(x)
         if mask.ndim == 2:  # (B, D): shared masks, no (B, N, D) array
-            return red.shared_masked_sum(w, s2, zs, e, self._columns(x, w, e), mask)
-        return red.per_datum_masked_sum(w, s2, zs, e, mask)
+            return red.shared_masked_sum(w, s2, zs, e, self._columns(x, w, e), mask,
+                                         ldt)
+        return red.per_datum_masked_sum(w, s2, zs, e, mask, ldt)
 
     def nested_masked_log_prob(self, x: torch.Tensor, orders: torch.Tensor,
                                generator: torch.Generator | None) -> torch.Tensor:
@@ -268,8 +330,9 @@ class PPCA(MaskedModel):
         """
         if orders.ndim != 2:
             return super().nested_masked_log_prob(x, orders, generator)
-        _, w, s2, zs, e = self._split(x)
-        return red.nested_masked_sum(w, s2, zs, e, self._columns(x, w, e), orders)
+        _, w, s2, zs, e, ldt = self._split(x)
+        return red.nested_masked_sum(w, s2, zs, e, self._columns(x, w, e), orders,
+                                     ldt)
 
     def grid_masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor,
                              generator: torch.Generator | None, *, data_means: bool = True
@@ -297,6 +360,7 @@ class PPCA(MaskedModel):
                               data_means: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:func:`~mptlml.models._ppca_reductions.grid_quadratic_forms`, in float64."""
         f64 = torch.float64
+        self._latent_dtype()  # refuses a model no dtype can score
         _, e, _ = self._cached(x, "recentre", lambda: self._recentre(x))
         return red.grid_quadratic_forms(self.W.to(f64), self.sigma2.to(f64), e, mask, weight,
                                         data_means)
@@ -311,28 +375,33 @@ class PPCA(MaskedModel):
         if mask.ndim != 2:
             return super().masked_log_prob_mean(x, mask, generator)
         f64 = torch.float64
+        self._latent_dtype()  # refuses a model no dtype can score
         return red.masked_mean_by_moments(self.W.to(f64), self.sigma2.to(f64), self.mu.to(f64),
                                           x, mask)
 
     # ------------------------------------------------------------------ reference path
     def _log_conditionals(self, x: torch.Tensor, mask: torch.Tensor,
                           generator: torch.Generator | None) -> torch.Tensor:
-        dtype, w, s2, zs, e = self._split(x)
+        dtype, w, s2, zs, e, ldt = self._split(x)
         d, k = w.shape
         r = (~mask).to(dtype)  # observed indicator
-        ww = red.outer_rows(w)
-        g = (r @ ww).reshape(*r.shape[:-1], k, k)  # W_R^T W_R, summed over observed dims
-        a_inv = spd_inverse(torch.eye(k, dtype=dtype, device=w.device) + g / s2)
+        if ldt == dtype:
+            ww = red.outer_rows(w)
+            g = (r @ ww).reshape(*r.shape[:-1], k, k)  # W_R^T W_R, summed over observed dims
+            a_inv = spd_inverse(torch.eye(k, dtype=dtype, device=w.device) + g / s2)
+        else:  # A_R^{-1} in float64 (red.latent_inverse), the rest in the model's dtype
+            a_inv = red.latent_inverse(w, s2, r, ldt)[0]
         if mask.ndim == 2:  # (B, D): masks shared across the data
             b, n = mask.shape[0], x.shape[0]
             ew = (e.T[:, :, None] * w[:, None, :]).reshape(d, n * k)
             h = (r @ ew).reshape(b, n, k) / s2
-            u = torch.einsum("bkl,bnl->bnk", a_inv, h - zs)
-            var = s2 + torch.einsum("dk,bkl,dl->bd", w, a_inv, w)[:, None, :]
+            u = torch.einsum("bkl,bnl->bnk", a_inv, (h - zs).to(ldt)).to(dtype)
+            var = s2 + torch.einsum("dk,bkl,dl->bd", w.to(ldt), a_inv, w.to(ldt))[:, None, :]
         else:  # (B, N, D): one mask per datum
             h = (r * e) @ w / s2
-            u = (a_inv @ (h - zs)[..., None])[..., 0]
-            var = s2 + torch.einsum("dk,bnkl,dl->bnd", w, a_inv, w)
+            u = (a_inv @ (h - zs).to(ldt)[..., None])[..., 0].to(dtype)
+            var = s2 + torch.einsum("dk,bnkl,dl->bnd", w.to(ldt), a_inv, w.to(ldt))
+        var = var.to(dtype)
         res = e - u @ w.T
         logp = -0.5 * (_LOG_2PI + torch.log(var) + res * res / var)
         m = mask[:, None, :] if mask.ndim == 2 else mask
