@@ -262,11 +262,17 @@ class PPCA(MaskedModel):
         float32. Beyond ``kappa = 1e11`` (float32) or ``1e-3 / eps`` (float64)
         the conditionals lose their digits whatever is done: ValueError.
         """
-        w = self.W.detach().double()
-        s2 = float(self.sigma2.detach())
-        kappa = 1.0 + float(torch.linalg.eigvalsh(w.T @ w)[-1]) / s2
         dtype = self.dtype
+        eps = torch.finfo(dtype).eps
         limit = _MAX_KAPPA.get(dtype, _LATENT_TOL / torch.finfo(torch.float64).eps)
+        s2 = float(self.sigma2.detach())
+        w = self.W.detach()
+        # cheap bound first (||W||_2 <= ||W||_F): the common case needs no eigenvalues
+        kappa = 1.0 + 1.01 * float(w.square().sum()) / s2
+        if kappa * eps <= _LATENT_TOL and kappa <= limit:
+            return dtype
+        w = w.double()
+        kappa = 1.0 + float(torch.linalg.eigvalsh(w.T @ w)[-1]) / s2
         if not kappa <= limit:
             what = ("use a float64 model (model.double(), or dtype=torch.float64) and "
                     "float64 data" if dtype != torch.float64 else
@@ -277,7 +283,7 @@ class PPCA(MaskedModel):
                 f"{kappa:.3g} (sigma2 = {s2:.3g}, ||W||_2^2 = {(kappa - 1) * s2:.3g}); "
                 f"{str(dtype).replace('torch.', '')} masked conditionals are accurate up to "
                 f"{limit:.3g} only; {what}.")
-        return torch.float64 if kappa * torch.finfo(dtype).eps > _LATENT_TOL else dtype
+        return torch.float64 if kappa * eps > _LATENT_TOL else dtype
 
     def _columns(self, x: torch.Tensor, w: torch.Tensor, e: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
