@@ -13,8 +13,7 @@ from sklearn.decomposition import PCA
 import mptlml
 from mptlml.masks import random_orders, sample_masks
 from mptlml.models import PPCA
-
-from .conformance import ModelConformance
+from mptlml.testing import ModelConformance
 
 
 class TestPPCAConformance(ModelConformance):

@@ -16,14 +16,7 @@ from mptlml.models import PPCA, MaskedModel
 from mptlml.objectives import ExactLML, MPTLoss, Objective
 from mptlml.training import History, Monitor, StopTraining, exact_lml, mpt_curve_monitor, train
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny ops: one intra-op thread avoids oversubscription stalls on a busy 2-core machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _data(d=10, k=2, sigma2=0.2, n=500, seed=0):
