@@ -25,6 +25,15 @@ masks against the columns ``[w w^T | e w | e^2]`` (:func:`gemm_columns`).
   (chosen by :func:`grid_by_quadratic_forms` from a flop count);
 - :func:`masked_mean_by_moments`: the data mean from the second moment of x.
 
+Precision. float32 sums A_R over the observed set and g over the smaller of
+the masked and observed sets (no cancellation); the grid forms and the data
+mean are computed in float64. Where a float32 model's latent precisions are
+too ill-conditioned for float32 (:func:`mptlml._linalg.latent_dtype`), the
+reductions take a ``latent_dtype`` of float64: A_R^{-1} and v_j come from
+W_R^T W_R summed in float64 (:func:`latent_inverse`), and the ``(B, K, N)``
+terms after the GEMM over the data are formed in float64; that GEMM stays
+in float32.
+
 References
 ----------
 Tipping & Bishop (1999), JRSS-B; Moreno-Munoz, Recasens, Hauberg (2023),

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._linalg import spd_inverse, woodbury_posterior
+from .._linalg import latent_dtype, woodbury_posterior
 from .._validation import as_tensor, check_data, check_positive_int, make_generator
 from . import _ppca_reductions as red
 from .base import MaskedModel
@@ -51,11 +51,6 @@ from .base import MaskedModel
 __all__ = ["PPCA"]
 
 _LOG_2PI = red.LOG_2PI
-#: kappa * eps above which the latent K x K terms are computed in float64
-_LATENT_TOL = 1e-3
-#: condition number of I + W^T W / sigma2 up to which the conditionals keep their digits
-#: (float32 with float64 latent terms: ~3e-3 nats per token at 1e11; float64: kappa eps 1e-3)
-_MAX_KAPPA = {torch.float32: 1e11, torch.float64: _LATENT_TOL / torch.finfo(torch.float64).eps}
 
 
 class PPCA(MaskedModel):
@@ -252,38 +247,8 @@ class PPCA(MaskedModel):
         return self._cached(x, "split", split)
 
     def _latent_dtype(self) -> torch.dtype:
-        """dtype of the K x K latent terms; a clear error where no dtype is accurate.
-
-        For every observed set R, ``A_R = I + W_R^T W_R / sigma2`` has condition
-        number at most ``kappa = 1 + ||W||_2^2 / sigma2`` (a set that cannot pin
-        the latent space reaches it). Where ``kappa * eps > 1e-3`` in float32 the
-        K x K solves are done in float64 (float32 returns NaN, fails a Cholesky
-        factorisation or loses digits there); the GEMMs over the data stay in
-        float32. Beyond ``kappa = 1e11`` (float32) or ``1e-3 / eps`` (float64)
-        the conditionals lose their digits whatever is done: ValueError.
-        """
-        dtype = self.dtype
-        eps = torch.finfo(dtype).eps
-        limit = _MAX_KAPPA.get(dtype, _LATENT_TOL / torch.finfo(torch.float64).eps)
-        s2 = float(self.sigma2.detach())
-        w = self.W.detach()
-        # cheap bound first (||W||_2 <= ||W||_F): the common case needs no eigenvalues
-        kappa = 1.0 + 1.01 * float(w.square().sum()) / s2
-        if kappa * eps <= _LATENT_TOL and kappa <= limit:
-            return dtype
-        w = w.double()
-        kappa = 1.0 + float(torch.linalg.eigvalsh(w.T @ w)[-1]) / s2
-        if not kappa <= limit:
-            what = ("use a float64 model (model.double(), or dtype=torch.float64) and "
-                    "float64 data" if dtype != torch.float64 else
-                    "sigma2 is too small for the scale of W: rescale the data, or fit or "
-                    "set a larger sigma2")
-            raise ValueError(
-                f"PPCA: the latent precision I + W^T W / sigma2 has condition number "
-                f"{kappa:.3g} (sigma2 = {s2:.3g}, ||W||_2^2 = {(kappa - 1) * s2:.3g}); "
-                f"{str(dtype).replace('torch.', '')} masked conditionals are accurate up to "
-                f"{limit:.3g} only; {what}.")
-        return torch.float64 if kappa * eps > _LATENT_TOL else dtype
+        """dtype of the K x K latent terms (:func:`mptlml._linalg.latent_dtype`)."""
+        return latent_dtype(self.W.detach(), float(self.sigma2.detach()), self.dtype, "PPCA")
 
     def _columns(self, x: torch.Tensor, w: torch.Tensor, e: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -322,8 +287,7 @@ class PPCA(MaskedModel):
         """
         _, w, s2, zs, e, ldt = self._split(x)
         if mask.ndim == 2:  # (B, D): shared masks, no (B, N, D) array
-            return red.shared_masked_sum(w, s2, zs, e, self._columns(x, w, e), mask,
-                                         ldt)
+            return red.shared_masked_sum(w, s2, zs, e, self._columns(x, w, e), mask, ldt)
         return red.per_datum_masked_sum(w, s2, zs, e, mask, ldt)
 
     def nested_masked_log_prob(self, x: torch.Tensor, orders: torch.Tensor,
@@ -337,8 +301,7 @@ class PPCA(MaskedModel):
         if orders.ndim != 2:
             return super().nested_masked_log_prob(x, orders, generator)
         _, w, s2, zs, e, ldt = self._split(x)
-        return red.nested_masked_sum(w, s2, zs, e, self._columns(x, w, e), orders,
-                                     ldt)
+        return red.nested_masked_sum(w, s2, zs, e, self._columns(x, w, e), orders, ldt)
 
     def grid_masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor,
                              generator: torch.Generator | None, *, data_means: bool = True
@@ -388,15 +351,11 @@ class PPCA(MaskedModel):
     # ------------------------------------------------------------------ reference path
     def _log_conditionals(self, x: torch.Tensor, mask: torch.Tensor,
                           generator: torch.Generator | None) -> torch.Tensor:
+        """Reference conditionals, token by token (the closed form of the module docstring)."""
         dtype, w, s2, zs, e, ldt = self._split(x)
         d, k = w.shape
         r = (~mask).to(dtype)  # observed indicator
-        if ldt == dtype:
-            ww = red.outer_rows(w)
-            g = (r @ ww).reshape(*r.shape[:-1], k, k)  # W_R^T W_R, summed over observed dims
-            a_inv = spd_inverse(torch.eye(k, dtype=dtype, device=w.device) + g / s2)
-        else:  # A_R^{-1} in float64 (red.latent_inverse), the rest in the model's dtype
-            a_inv = red.latent_inverse(w, s2, r, ldt)[0]
+        a_inv = red.latent_inverse(w, s2, r, ldt)[0]  # A_R^{-1}, W_R^T W_R over observed dims
         if mask.ndim == 2:  # (B, D): masks shared across the data
             b, n = mask.shape[0], x.shape[0]
             ew = (e.T[:, :, None] * w[:, None, :]).reshape(d, n * k)
