@@ -34,6 +34,7 @@ def _check_common(out, name, csvs, figures):
     return data["results"]
 
 
+@pytest.mark.slow
 def test_training_quick(tmp_path, capsys):
     out = tmp_path / "training"
     assert main(["reproduce", "training", "--quick", "--out", str(out)]) == 0

@@ -130,6 +130,7 @@ def test_fixed_rate_objective_expectation_is_d_times_s():
 
 
 # ---------------------------------------------------------------------- training
+@pytest.mark.slow
 def test_cumulative_mpt_training_reaches_mle():
     _, x = _data(n=500)
     mle = _mle_lml(x, 2)
@@ -144,6 +145,7 @@ def test_cumulative_mpt_training_reaches_mle():
     assert epochs[0] == 0 and epochs[-1] == 600 and lml[-1] > lml[0]
 
 
+@pytest.mark.slow
 def test_fixed_rate_training_converges_with_constant_bias():
     _, x = _data(sigma2=1.0, n=500)
     mle = _mle_lml(x, 2)

@@ -21,6 +21,8 @@ and 4.2 (Cholesky).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["latent_dtype", "spd_inverse", "woodbury_posterior"]
@@ -129,8 +131,8 @@ def latent_dtype(w: torch.Tensor, sigma2: float, dtype: torch.dtype, model: str 
     eps = torch.finfo(dtype).eps
     limit = MAX_KAPPA.get(dtype, MAX_KAPPA[torch.float64])
     kappa = 1.0 + 1.01 * float(w.square().sum()) / sigma2  # Frobenius bound
-    if kappa * eps <= LATENT_TOL and kappa <= limit:
-        return dtype
+    if not math.isfinite(kappa) or (kappa * eps <= LATENT_TOL and kappa <= limit):
+        return dtype  # non-finite parameters: left to the callers' NaN checks (e.g. training)
     w64 = w.double()
     kappa = 1.0 + float(torch.linalg.eigvalsh(w64.T @ w64)[-1]) / sigma2
     if not kappa <= limit:
