@@ -6,19 +6,11 @@ import csv
 import json
 
 import pytest
-import torch
 
 from mptlml.cli import main
 from mptlml.experiments import run_experiment
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny ops: one intra-op thread avoids oversubscription stalls on a busy 2-core machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _columns(path):
@@ -42,6 +34,7 @@ def _check_common(out, name, csvs, figures):
     return data["results"]
 
 
+@pytest.mark.slow
 def test_training_quick(tmp_path, capsys):
     out = tmp_path / "training"
     assert main(["reproduce", "training", "--quick", "--out", str(out)]) == 0

@@ -145,6 +145,7 @@ def test_curve_cli_and_bad_inputs(tiny_dir, texts_file, tmp_path, capsys):
         del os.environ["HF_HUB_OFFLINE"]
 
 
+@pytest.mark.slow
 def test_reproduce_antibody_quick(tmp_path):
     pytest.importorskip("antiberty")
     assert main(["reproduce", "antibody", "--quick", "--out", str(tmp_path / "a")]) == 0
@@ -156,6 +157,7 @@ def test_reproduce_antibody_quick(tmp_path):
 
 
 # ---------------------------------------------------------------------- data parallel
+@pytest.mark.slow
 def test_two_gloo_processes_equal_one(tiny_dir, texts_file, tmp_path):
     src = str(Path(mptlml.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

@@ -8,8 +8,7 @@ import torch
 import mptlml
 from mptlml.masks import sample_masks
 from mptlml.models import GaussianVAE, latent_quadrature
-
-from .conformance import ModelConformance
+from mptlml.testing import ModelConformance
 
 
 class TestGaussianVAEConformance(ModelConformance):
