@@ -21,17 +21,19 @@ and its gradient with respect to W, then take an Adam step.
 Run by hand (not a test)::
 
     python benchmarks/bench_training.py [--repeats 200] [--threads 1]
+    python benchmarks/bench_training.py --smoke     # tiny: checks that it runs
 
-Prints the median step time of each and the speed-up ratios.
+First checks that the two routes give the same objective on the same masks
+(to 1e-9 relative), then times every side the same way
+(``benchmarks/_timing.py``: the same warm-up steps, interleaved timed steps,
+the median) and prints the median step time of each and the speed-up ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -41,6 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from mptlml.models import PPCA  # noqa: E402
 from mptlml.objectives import MPTLoss  # noqa: E402
 from mptlml.settings import keep_heap  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import check_same, ratio, time_sides  # noqa: E402
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -73,17 +78,6 @@ def paper_step_value(w: torch.Tensor, sigma2: float, x: torch.Tensor,
     return total
 
 
-def time_steps(step, repeats: int, warmup: int = 10) -> list[float]:
-    for _ in range(warmup):
-        step()
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        step()
-        out.append(time.perf_counter() - t)
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-data", type=int, default=2000)
@@ -91,9 +85,13 @@ def main() -> None:
     ap.add_argument("--latent-dim", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed steps per side first")
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    ap.add_argument("--smoke", action="store_true", help="N=50, 3 steps: checks that it runs")
     args = ap.parse_args()
     keep_heap()  # opt in to glibc's larger heap thresholds (mptlml.settings), as the CLI does
+    if args.smoke:
+        args.num_data, args.repeats, args.warmup = 50, 3, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
@@ -112,7 +110,21 @@ def main() -> None:
         (-paper_step_value(w, 0.2, x, paper_perms(d, g))).backward()
         opt.step()
 
-    results = {"paper loop (per-mask inverse)": time_steps(paper_step, args.repeats)}
+    # the two routes compute the same objective: same W, same shared masks -> equal values
+    check = PPCA(w.detach(), None, 0.2)
+    perms = paper_perms(d, torch.Generator().manual_seed(1))
+    masks = torch.zeros(d, d, dtype=torch.bool)
+    for m, perm in enumerate(perms, start=1):
+        masks[m - 1, perm[:m]] = True
+    with torch.no_grad():
+        ours = (check.masked_log_prob_mean(x, masks, None)
+                / torch.arange(1, d + 1, dtype=torch.float64)).sum()
+        ref = paper_step_value(w.detach(), 0.2, x, perms)
+    print(check_same("same objective on the same masks (paper loop vs mptlml)", float(ours),
+                     float(ref), atol=1e-12,
+                     rtol=1e-9 if dtype == torch.float64 else 1e-4))
+
+    sides = {"paper loop (per-mask inverse)": paper_step}
     for share in (False, True):
         model = PPCA.random(d, k, 0.2, seed=7, dtype=dtype)
         obj = MPTLoss(model, "cumulative", num_masks=1, share_masks=share)
@@ -124,28 +136,14 @@ def main() -> None:
             (-obj(x, generator=g2)).backward()
             opt2.step()
 
-        label = "mptlml MPTLoss, " + ("shared masks" if share else "masks per datum")
-        results[label] = time_steps(step, args.repeats)
-
-    # the two routes compute the same objective: same W, same shared masks -> equal values
-    check = PPCA(w.detach(), None, 0.2)
-    perms = paper_perms(d, torch.Generator().manual_seed(1))
-    masks = torch.zeros(d, d, dtype=torch.bool)
-    for m, perm in enumerate(perms, start=1):
-        masks[m - 1, perm[:m]] = True
-    with torch.no_grad():
-        ours = (check.masked_log_prob_mean(x, masks, None)
-                / torch.arange(1, d + 1, dtype=torch.float64)).sum()
-        ref = paper_step_value(w.detach(), 0.2, x, perms)
-    print(f"same objective on the same masks: paper loop {float(ref):.10f}, "
-          f"mptlml {float(ours):.10f} (|diff| {abs(float(ref) - float(ours)):.1e})")
+        sides["mptlml MPTLoss, " + ("shared masks" if share else "masks per datum")] = step
+    timed = time_sides(sides, warmup=args.warmup, repeats=args.repeats)
     print(f"PPCA MPT training step, N={n}, D={d}, K={k}, P=1, all sizes, forward+backward, "
           f"{args.dtype}, torch {torch.__version__}, threads={torch.get_num_threads()}, "
-          f"median of {args.repeats}")
-    base = statistics.median(results["paper loop (per-mask inverse)"])
-    for label, ts in results.items():
-        med = statistics.median(ts)
-        print(f"  {label:40s} {1e3 * med:8.3f} ms   x{base / med:5.2f} vs paper loop")
+          f"median of {args.repeats} after {args.warmup} warm-up steps, each side alike")
+    base = timed["paper loop (per-mask inverse)"]
+    for label, t in timed.items():
+        print(f"  {label:40s} {1e3 * t.median:8.3f} ms   x{ratio(base, t):5.2f} vs paper loop")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,33 @@
-"""Test-session settings: the tests never download (Hugging Face's own offline switch).
+"""Fixtures shared by the test modules, and the session's offline switch.
 
-``HF_HUB_OFFLINE`` is read when ``huggingface_hub``/``datasets`` are imported,
-so it is set here, before any test module imports them. Without it a hub id
-that is not cached is retried over the network for about a minute.
+The tests never download: ``HF_HUB_OFFLINE`` (Hugging Face's own switch) is
+read when ``huggingface_hub``/``datasets`` are imported, so it is set here,
+before any test module imports them. Without it a hub id that is not cached
+is retried over the network for about a minute.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+
+import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-import pytest  # noqa: E402  (after the environment is set)
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread for the test (restored after it).
+
+    Tiny ops: one thread avoids oversubscription stalls on a busy 2-core machine. A module
+    opts in with ``pytestmark = pytest.mark.usefixtures("one_thread")``.
+    """
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,7 @@ import mptlml
 from mptlml.masks import sample_masks
 from mptlml.models import BernoulliLVM, LinearVAE, latent_quadrature
 from mptlml.objectives import ELBO, IWAE
-
-from .conformance import ModelConformance
+from mptlml.testing import ModelConformance
 
 
 class TestBernoulliLVMConformance(ModelConformance):

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from mptlml.cli import main
 
 
+@pytest.mark.slow
 def test_demo_writes_results(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--out", str(out), "--num-masks", "2"]) == 0

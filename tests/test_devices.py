@@ -162,6 +162,7 @@ def test_curve_device_and_dtype_recorded(tiny_dir, texts_file, tmp_path):
     assert ac["config"]["autocast"] == "bfloat16" and ac["config"]["dtype"] == "float32"
 
 
+@pytest.mark.slow
 def test_reproduce_antibody_takes_the_mlm_flags(tmp_path, capsys):
     pytest.importorskip("antiberty")
     out = tmp_path / "a"
@@ -210,6 +211,7 @@ def _assert_equal_runs(one: Path, two: Path) -> None:
     assert a == b  # on the CPU even bit for bit: a chunk is scored whole, by one rank
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_equal_one(one_process, tmp_path):
     one, common, env = one_process
     _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
@@ -217,6 +219,7 @@ def test_torchrun_two_processes_equal_one(one_process, tmp_path):
     _assert_equal_runs(one, tmp_path / "two")
 
 
+@pytest.mark.slow
 def test_accelerate_launch_two_processes_equal_one(one_process, tmp_path):
     """The README's CPU line: accelerate launch --multi_gpu --num_processes 2 (no GPU here)."""
     one, common, env = one_process

@@ -18,6 +18,7 @@ def quick_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # quick_run runs the quick experiment (~15 s)
 def test_outputs_written(quick_run):
     names = {p.name for p in quick_run.iterdir()}
     assert {"results.json", "linear.csv", "deep.csv", "fig3.png", "fig3.pdf"} <= names
@@ -29,6 +30,7 @@ def test_outputs_written(quick_run):
     assert len(rows) == 2 * (cfg.linear_epochs // cfg.eval_every + 1)
 
 
+@pytest.mark.slow  # quick_run runs the quick experiment (~15 s)
 def test_mpt_reaches_the_elbo_lml_on_digits(quick_run):
     """Paper, Fig. 3 top: both objectives reach a similar LML (MPT no more than 2% below)."""
     r = json.loads((quick_run / "results.json").read_text())["results"]["linear"]["digits"]
@@ -39,6 +41,7 @@ def test_mpt_reaches_the_elbo_lml_on_digits(quick_run):
     assert float(rows[-1]["lml"]) > float(rows[0]["lml"]) + 1  # it learned
 
 
+@pytest.mark.slow  # quick_run runs the quick experiment (~15 s)
 def test_deep_vae_is_lml_increases_under_mpt(quick_run):
     r = json.loads((quick_run / "results.json").read_text())["results"]["deep"]["digits"]
     assert r["mpt"]["is_lml"] > r["mpt"]["is_lml_initial"] + 10

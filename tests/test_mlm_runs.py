@@ -138,6 +138,7 @@ def test_curve_cli_and_bad_inputs(tiny_dir, texts_file, tmp_path, capsys):
         del os.environ["HF_HUB_OFFLINE"]
 
 
+@pytest.mark.slow
 def test_reproduce_antibody_quick(tmp_path):
     pytest.importorskip("antiberty")
     assert main(["reproduce", "antibody", "--quick", "--out", str(tmp_path / "a")]) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -12,8 +13,7 @@ from sklearn.decomposition import PCA
 import mptlml
 from mptlml.masks import random_orders, sample_masks
 from mptlml.models import PPCA
-
-from .conformance import ModelConformance
+from mptlml.testing import ModelConformance
 
 
 class TestPPCAConformance(ModelConformance):
@@ -267,3 +267,104 @@ def test_small_blocks_and_mask_groups_keep_the_estimate(shared):
     assert abs(res.mean - exact) < 4 * res.stderr
     assert float(res.size_scores.sum()) == pytest.approx(res.mean, abs=1e-10)
     assert abs(curve.area - exact) < 4 * res.stderr * 3
+
+
+# ---------------------------------------------------------------- degenerate fits and inputs
+@pytest.mark.parametrize("n,k", [(2, 2), (3, 2), (3, 5), (6, 5)])
+def test_fit_with_too_few_rows_is_an_error(n, k):
+    """N <= k + 1 centred rows span at most k dimensions: sigma2 = 0, refused."""
+    x = np.random.default_rng(0).normal(size=(n, 8))
+    with pytest.raises(ValueError, match=r"more than k \+ 1"):
+        PPCA.fit(x, k)
+
+
+def test_fit_rank_deficient_sample_is_an_error():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(50, 3)) @ rng.normal(size=(3, 7)) + 2.0  # rank 3 after centring
+    for k in (3, 4):
+        with pytest.raises(ValueError, match=f"rank 3 <= k={k}"):
+            PPCA.fit(x, k)
+    model = PPCA.fit(x + 1e-3 * rng.normal(size=x.shape), 3)  # full rank: a proper fit
+    assert float(model.sigma2) > 0 and PPCA.fit(x, 2).sigma2 > 0
+    assert PPCA.fit(rng.normal(size=(4, 8)), 2).sigma2 > 0  # N = k + 2: rank k + 1 suffices
+
+
+@pytest.mark.parametrize("sigma2", [[0.5, 0.5], np.ones((2, 2)), torch.ones(3)])
+def test_non_scalar_sigma2_is_an_error(sigma2):
+    with pytest.raises(ValueError, match="sigma2 must be one number"):
+        PPCA(np.ones((4, 2)), sigma2=sigma2)
+    assert float(PPCA(np.ones((4, 2)), sigma2=torch.tensor([0.5])).sigma2) == 0.5
+
+
+# ---------------------------------------------------------------- float32 at extreme conditioning
+def _extreme_pair(k, s2=1e-7, d=512, n=20):
+    """A float32 model and the float64 model with the same (float32) numbers, float32 data."""
+    w = PPCA.random(d, k, sigma2=s2, seed=k).W.detach().float()
+    m32 = PPCA(w, None, s2)
+    m64 = PPCA(w.double(), None, float(torch.tensor(s2, dtype=torch.float32)))
+    return m32, m64, m64.sample(n, generator=1).float()
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_float32_extreme_conditioning_stays_accurate(k):
+    """sigma2 = 1e-7, D = 512 (cond(A_R) up to ~5e9): the K x K latent terms go to float64,
+    so float32 gives finite sums within 3e-3 nats per token of float64 (was NaN for K = 2
+    and a raw LinAlgError for K >= 3)."""
+    m32, m64, x = _extreme_pair(k)
+    assert m32._latent_dtype() == torch.float64
+    sizes = torch.tensor([1, 2, 76, 256, 508, 510, 511, 512])
+    with torch.no_grad():
+        for num_data in (None, x.shape[0]):
+            mask = sample_masks(512, sizes, num_data=num_data, generator=2)
+            out = m32.masked_log_prob(x, mask, None).double()
+            ref = m64.masked_log_prob(x.double(), mask, None)
+            assert torch.isfinite(out).all()
+            assert ((out - ref).abs() / sizes[:, None]).max() < 3e-3
+            lc = m32.log_conditionals(x, mask).double()
+            assert torch.isfinite(lc).all()
+            assert (lc - m64.log_conditionals(x.double(), mask)).abs().max() < 3e-3
+        orders = random_orders(512, 1, generator=3)
+        out = m32.nested_masked_log_prob(x, orders, None).double()
+        ref = m64.nested_masked_log_prob(x.double(), orders, None)
+        assert ((out - ref).abs() / torch.arange(1, 513)[None, :, None]).max() < 3e-3
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_float32_extreme_conditioning_estimates(k):
+    """The estimators on that float32 model agree with float64 to 0.05 nats (of ~3400)."""
+    m32, m64, x = _extreme_pair(k, n=6)
+    exact = float(m64.log_marginal(x.double()).detach().mean())
+    for est, kw in (("cumulative", {"num_masks": 1}), ("chain-rule", {"num_masks": 1})):
+        for shared in (True, False):
+            r32 = mptlml.estimate_lml(m32, x, est, seed=0, share_masks=shared, **kw)
+            r64 = mptlml.estimate_lml(m64, x.double(), est, seed=0, share_masks=shared, **kw)
+            assert math.isfinite(r32.mean) and abs(r32.mean - r64.mean) < 0.05, (est, shared)
+    assert abs(r64.mean - exact) < 1e-6  # chain rule: exact for any order
+
+
+def test_ordinary_float32_keeps_float32_latent_terms():
+    """The float64 latent terms are a fallback: the benchmark's float32 model does not use it."""
+    assert PPCA.random(512, 2, sigma2=0.2, seed=0, dtype=torch.float32)._latent_dtype() \
+        == torch.float32
+    assert PPCA.random(50, 2, sigma2=0.2, seed=0)._latent_dtype() == torch.float64
+
+
+@pytest.mark.parametrize("dtype,s2,match", [
+    (torch.float32, 1e-9, "use a float64 model"),
+    (torch.float64, 1e-11, "sigma2 is too small for the scale of W"),
+])
+def test_beyond_any_dtype_is_a_clear_error(dtype, s2, match):
+    """Past the condition number a dtype can score, every reduction says so (no NaN, no
+    LinAlgError): the message names the condition number and what to do."""
+    model = PPCA.random(512, 3, sigma2=s2, seed=0, dtype=dtype)
+    x = PPCA.random(512, 3, sigma2=1e-3, seed=0).sample(20, generator=1).to(dtype)
+    mask = sample_masks(512, torch.tensor([1, 511]), generator=0)
+    calls = [lambda: model.log_conditionals(x, mask),
+             lambda: model.masked_log_prob(x, mask, None),
+             lambda: model.masked_log_prob_mean(x, mask, None),
+             lambda: model.nested_masked_log_prob(x, random_orders(512, 1, generator=0), None),
+             lambda: mptlml.estimate_lml(model, x, "random-size", num_masks=4, seed=0)]
+    for call in calls:
+        with pytest.raises(ValueError, match="condition number") as info:
+            call()
+        assert match in str(info.value)

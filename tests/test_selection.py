@@ -51,7 +51,8 @@ def test_exact_scores_are_held_out_log_likelihoods():
         assert res.bic[k - 1] == pytest.approx(-2 * ll + p * np.log(n))
 
 
-@pytest.mark.parametrize("name,k_max", [("wine", 12), ("breast_cancer", 20), ("digits", 20)])
+@pytest.mark.parametrize("name,k_max", [("wine", 12), ("breast_cancer", 20),
+                                         pytest.param("digits", 20, marks=pytest.mark.slow)])
 def test_real_data_mpt_agrees_with_exact(name, k_max):
     x, _ = load_dataset(name)
     res = select_latent_dim(x, k_max, standardise=True, seed=0)
@@ -130,6 +131,7 @@ def test_library_errors():
 
 
 # ---------------------------------------------------------------------- Bernoulli family
+@pytest.mark.slow
 def test_bernoulli_synthetic_mpt_agrees_with_exact(tmp_path, capsys):
     """Bernoulli latent linear model (K <= 3): MPT picks the true K, as the exact LML does."""
     assert main(["select", "--data", "synthetic", "--family", "bernoulli", "--true-k", "2",
@@ -143,6 +145,7 @@ def test_bernoulli_synthetic_mpt_agrees_with_exact(tmp_path, capsys):
         assert abs(m - e) < 5 * s, (m, e, s)  # unbiased for the quadrature LML
 
 
+@pytest.mark.slow
 def test_bernoulli_exact_is_quadrature_lml_of_fitted_model():
     x, _ = load_dataset("synthetic", true_k=1, num_data=120, num_tokens=8, seed=0,
                         family="bernoulli")

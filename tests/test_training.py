@@ -10,20 +10,12 @@ import torch
 
 import mptlml
 import mptlml.masks
-from mptlml.estimators import fixed_rate_size
-from mptlml.masks import all_masks
+from mptlml.masks import all_masks, fixed_rate_size
 from mptlml.models import PPCA, MaskedModel
 from mptlml.objectives import ExactLML, MPTLoss, Objective
 from mptlml.training import History, Monitor, StopTraining, exact_lml, mpt_curve_monitor, train
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny ops: one intra-op thread avoids oversubscription stalls on a busy 2-core machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _data(d=10, k=2, sigma2=0.2, n=500, seed=0):
@@ -137,6 +129,7 @@ def test_fixed_rate_objective_expectation_is_d_times_s():
 
 
 # ---------------------------------------------------------------------- training
+@pytest.mark.slow
 def test_cumulative_mpt_training_reaches_mle():
     _, x = _data(n=500)
     mle = _mle_lml(x, 2)
@@ -151,6 +144,7 @@ def test_cumulative_mpt_training_reaches_mle():
     assert epochs[0] == 0 and epochs[-1] == 600 and lml[-1] > lml[0]
 
 
+@pytest.mark.slow
 def test_fixed_rate_training_converges_with_constant_bias():
     _, x = _data(sigma2=1.0, n=500)
     mle = _mle_lml(x, 2)

@@ -85,6 +85,7 @@ def _mlm_overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from .experiments import EXPERIMENTS, get_experiment, run_all, run_experiment
+    from .report import build_report
 
     if args.name == "all":
         if args.set:
@@ -99,7 +100,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
             overrides[name] = {**overrides.get(name, {}), **mlm}
         out = args.out or f"runs/all{'-quick' if args.quick else ''}"
         status = run_all(out, quick=args.quick, overwrite=args.overwrite, resume=args.resume,
-                         overrides=overrides)
+                         overrides=overrides, build_report=build_report)
         return 0 if all(not str(v).startswith("failed") for v in status.values()) else 1
     mod = get_experiment(args.name)
     overrides = dict(_parse_override(mod.Config, s) for s in args.set or [])
@@ -144,14 +145,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .experiments.demo import run_demo
 
     run_demo(args.out, overwrite=args.overwrite, num_masks=args.num_masks, seed=args.seed)
     return 0
 
 
 def _cmd_select(args: argparse.Namespace) -> int:
-    from .selection import run_selection
+    from .experiments.select import run_selection
 
     std = None if args.standardise is None else args.standardise == "yes"
     run_selection(args.data, args.k_max, args.out, true_k=args.true_k, standardise=std,

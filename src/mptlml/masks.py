@@ -15,9 +15,11 @@ ten times cheaper than sorting float noise with torch.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import math
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -35,6 +37,7 @@ __all__ = [
     "prefix_masks",
     "random_orders",
     "sample_masks",
+    "shutdown_mask_pool",
 ]
 
 
@@ -93,7 +96,68 @@ _MIN_PARTITION_ROWS = 16
 #: masks whatever the number of threads that draw the chunks
 _CHUNK_KEYS = 1 << 17
 
-_pool: dict[tuple[int, int], ThreadPoolExecutor] = {}
+
+class _MaskPool:
+    """The threads that draw sorted chunks of masks: owned, created lazily, closable.
+
+    One executor per thread count, per process: a forked child never waits on
+    its parent's threads (they do not exist in the child; the child starts
+    its own, see :func:`os.register_at_fork`). :func:`shutdown_mask_pool`
+    closes them (also registered with :mod:`atexit`); the next draw that needs
+    threads starts a fresh pool.
+    """
+
+    def __init__(self) -> None:
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop every executor without joining it (fresh state; in a forked child)."""
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._executors: dict[int, ThreadPoolExecutor] = {}
+
+    def get(self, threads: int) -> ThreadPoolExecutor:
+        """The executor with ``threads`` workers for this process, started if needed."""
+        if self._pid != os.getpid():  # forked without the at-fork hook (belt and braces)
+            self._forget()
+        with self._lock:
+            executor = self._executors.get(threads)
+            if executor is None:
+                executor = ThreadPoolExecutor(threads, thread_name_prefix="mptlml-masks")
+                self._executors[threads] = executor
+            return executor
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop this process's worker threads (a no-op when none were started)."""
+        if self._pid != os.getpid():
+            self._forget()
+        with self._lock:
+            executors, self._executors = list(self._executors.values()), {}
+        for executor in executors:
+            executor.shutdown(wait=wait)
+
+
+_pool = _MaskPool()
+
+
+def shutdown_mask_pool(wait: bool = True) -> None:
+    """Shut down the thread pool that draws masks (restarted lazily by the next draw).
+
+    The sampler keeps ``torch.get_num_threads()`` worker threads alive between
+    draws (starting them costs more than a small draw). Call this to release
+    them, e.g. before forking many workers; it also runs at interpreter exit.
+
+    Parameters
+    ----------
+    wait : bool
+        Wait for draws in progress to finish.
+    """
+    _pool.shutdown(wait=wait)
+
+
+atexit.register(shutdown_mask_pool)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_pool._forget)
 
 
 def _masks_of_sizes(g: torch.Generator, sizes: np.ndarray, d: int) -> np.ndarray:
@@ -124,10 +188,7 @@ def _masks_of_sizes(g: torch.Generator, sizes: np.ndarray, d: int) -> np.ndarray
         for job in jobs:
             draw(job)
     else:
-        key = (os.getpid(), threads)  # a forked child gets a pool of its own
-        if key not in _pool:
-            _pool[key] = ThreadPoolExecutor(threads, thread_name_prefix="mptlml-masks")
-        list(_pool[key].map(draw, jobs))
+        list(_pool.get(threads).map(draw, jobs))  # a forked child gets a pool of its own
     return out
 
 

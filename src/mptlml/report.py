@@ -8,13 +8,16 @@ experiments: a module in :mod:`mptlml.experiments` may define
 ``holds`` (bool, or None when it cannot be decided). The report is rebuilt
 from run directories alone, so a long run and a later report are separate
 steps; an incomplete run directory is listed as missing, not fatal.
+
+The report sits above the experiments: it reads their registry
+(:mod:`mptlml.experiments.registry`) and each module's ``TITLE``, ``PAPER``
+and ``claims``; no experiment imports it.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import importlib
 import json
 import time
 from collections.abc import Sequence
@@ -22,58 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .experiments import EXPERIMENTS
-from .experiments.common import atomic_write_text, environment, load_results
+from ._io import atomic_write_text
+from .experiments.common import environment, load_results
+from .experiments.registry import EXPERIMENTS, get_experiment
 
 __all__ = ["ERRATA", "PAPER_SECTIONS", "Report", "build_report", "collect_runs", "report_json"]
 
-#: the paper's figures and tables, in reading order: experiment name -> (title, statement).
+#: the paper's figures and tables, in reading order: experiment name -> (title, statement);
+#: each experiment module holds its own (``TITLE``, ``PAPER``).
 PAPER_SECTIONS: dict[str, tuple[str, str]] = {
-    "convergence": (
-        "Figure 1 and Table 1: the MPT estimate converges to the LML",
-        "PPCA (K=2, beta=5). The negative cumulative MPT loss approaches the exact LML as the "
-        "number of masks P grows, and its spread over seeds shrinks (Table 1: 0.47, 0.12, 0.03 "
-        "for P = 1, 10, 100, true LML -60.34 for unstated D, N). A fixed 15% mask (D = 512) "
-        "converges to a biased value.",
-    ),
-    "training": (
-        "Figure 2: training with the MPT loss maximises the LML",
-        "PPCA, N=2000, D=10, K=2, P=1: training by the cumulative MPT loss drives the exact LML "
-        "to that of the generating parameters; with a fixed 20% mask the LML converges too and "
-        "the MPT loss differs from it by a constant bias.",
-    ),
-    "latent": (
-        "Figure 3: latent-variable models with approximate conditionals",
-        "A linear Bernoulli latent model trained by MPT reaches a log-marginal likelihood "
-        "similar to ELBO training (quadrature LML); a deep VAE's LML increases under MPT "
-        "training with a fixed 33% mask.",
-    ),
-    "area": (
-        "Figure 4: the area under the MPT curve is the LML",
-        "The curve S(x;M) against the masking rate, summed over all M, equals the LML; more "
-        "masks (P = 100 vs 1) give a smoother curve; marks at 15% and 85%.",
-    ),
-    "curve-evolution": (
-        "Figure 5 (left): the curve during training",
-        "Under MPT training the area under the curve converges to the true LML.",
-    ),
-    "bert": (
-        "Table 2 and Figure 5 (right): BERT pre-trained vs random initialisation",
-        "Area under the MPT curve on GLUE: AX -1715.75 / -5245.31, CoLA -1657.68 / -5283.52, "
-        "QNLI -1770.28 / -5343.98, MRPC -1773.45 / -5362.21 (pre-trained / random): "
-        "pre-training raises the area far above random initialisation.",
-    ),
-    "antibody": (
-        "Beyond the paper: AntiBERTy pre-trained vs random initialisation (offline)",
-        "Not in the paper; the same analysis as Table 2 on a real pre-trained antibody masked "
-        "LM: the pre-trained area should lie far above the random-init one (about -ln 25 per "
-        "token).",
-    ),
-    "select": (
-        "Beyond the paper: model selection by the MPT estimate",
-        "Not in the paper; the held-out LML estimated by MPT should choose the same latent "
-        "dimension as the exact held-out LML.",
-    ),
+    name: (get_experiment(name).TITLE, get_experiment(name).PAPER) for name in EXPERIMENTS
 }
 
 #: errata found in the paper's text (see shared/paper/NOTES.md).
@@ -137,13 +98,9 @@ def collect_runs(paths: Sequence[str | Path]) -> tuple[dict[str, tuple[Path, dic
 
 
 def _claims_for(name: str, results: dict) -> list[dict[str, Any]]:
-    module = EXPERIMENTS.get(name)
-    if module is None:
+    if name not in EXPERIMENTS:
         return []
-    try:
-        mod = importlib.import_module(module)
-    except ImportError:
-        return []
+    mod = get_experiment(name)
     if not hasattr(mod, "claims"):
         return []
     try:

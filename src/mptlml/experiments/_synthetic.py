@@ -1,15 +1,25 @@
-"""Shared pieces of the PPCA training experiments: synthetic data and exact fixed-rate scores."""
+"""Shared pieces of the PPCA experiments on synthetic data: settings, data, exact fixed-rate scores.
+
+:class:`SyntheticPPCAConfig` holds the settings every such experiment has (N,
+sigma2, the noise generator, seeds, dtype) and draws the data;
+:class:`PPCATrainingConfig` adds those of training a PPCA by the MPT loss (D, K,
+learning rate, masks per step). Each experiment's ``Config`` subclasses one of
+them, so ``--set`` reaches the shared fields too.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
+from .._validation import check_positive_int
 from ..masks import all_masks
 from ..models import PPCA
 
-__all__ = ["exact_fixed_rate", "synthetic_ppca"]
+__all__ = ["PPCATrainingConfig", "SyntheticPPCAConfig", "exact_fixed_rate", "mean_lml",
+           "synthetic_ppca"]
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -24,6 +34,98 @@ def dtype_of(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
+def check_finite_positive(value: float, name: str, what: str) -> None:
+    """Raise ``ValueError`` unless ``value`` is a finite positive number (``what`` names it)."""
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite positive {what}, got {value}.")
+
+
+@dataclass
+class SyntheticPPCAConfig:
+    """Settings shared by the PPCA experiments on data drawn from a PPCA (Figs. 1, 2, 4, 5).
+
+    Attributes
+    ----------
+    num_data : int
+        N observations drawn from the generating PPCA.
+    sigma2 : float
+        Noise variance of the generating model (1 / beta).
+    noise : str
+        ``"independent"`` (faithful: eps ~ N(0, sigma2 I)) or ``"shared"`` (the
+        authors' generator: one noise value per observation, sd sigma2).
+    data_seed : int
+        Seed of the generating W (N(0, 1) entries) and of the data.
+    seed : int
+        Base seed of the masks (and of initialisations, where there are any).
+    dtype : str
+        ``"float64"`` or ``"float32"``.
+    """
+
+    num_data: int = 1000
+    sigma2: float = 0.2
+    noise: str = "independent"
+    data_seed: int = 0
+    seed: int = 0
+    dtype: str = "float64"
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` on inconsistent settings (before anything is written)."""
+        check_positive_int(self.num_data, "num_data")
+        check_finite_positive(self.sigma2, "sigma2", "variance")
+        if self.noise not in ("independent", "shared"):
+            raise ValueError(f"noise must be 'independent' or 'shared', got {self.noise!r}.")
+        dtype_of(self.dtype)
+
+    def synthetic(self, num_tokens: int, latent_dim: int, *,
+                  seed: int | None = None) -> tuple[PPCA, torch.Tensor]:
+        """The generating PPCA and its N draws (``seed`` defaults to ``data_seed``)."""
+        return synthetic_ppca(num_tokens, latent_dim, self.sigma2, self.num_data,
+                              seed=self.data_seed if seed is None else seed, noise=self.noise,
+                              dtype=dtype_of(self.dtype))
+
+
+@dataclass
+class PPCATrainingConfig(SyntheticPPCAConfig):
+    """Settings shared by the experiments that train a PPCA by the MPT loss (Figs. 2, 5).
+
+    Attributes
+    ----------
+    num_tokens, latent_dim : int
+        D and K, of the generating and of the trained model.
+    lr : float
+        Adam learning rate.
+    num_masks : int
+        P of the training objective, masks per size (or per datum) per epoch.
+    seed : int
+        Seed of the initialisations and of the masks (default 1).
+    """
+
+    num_tokens: int = 10
+    latent_dim: int = 2
+    seed: int = 1
+    lr: float = 1e-2
+    num_masks: int = 1
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` on inconsistent settings (before anything is written)."""
+        super().validate()
+        for name in ("num_tokens", "latent_dim", "num_masks"):
+            check_positive_int(getattr(self, name), name)
+        if self.latent_dim >= self.num_tokens:
+            raise ValueError(f"latent_dim={self.latent_dim} must be smaller than "
+                             f"num_tokens={self.num_tokens}.")
+        check_finite_positive(self.lr, "lr", "learning rate")
+
+    def data(self) -> tuple[PPCA, torch.Tensor]:
+        """The generating PPCA of D tokens and K latent dimensions, and its N draws."""
+        return self.synthetic(self.num_tokens, self.latent_dim)
+
+    def init(self, seed: int) -> PPCA:
+        """A random initialisation of the trained PPCA (W0 with N(0, 1) entries, sigma2 fixed)."""
+        return PPCA.random(self.num_tokens, self.latent_dim, self.sigma2, seed=seed,
+                           dtype=dtype_of(self.dtype))
+
+
 def synthetic_ppca(num_tokens: int, latent_dim: int, sigma2: float, num_data: int, *,
                    seed: int, noise: str = "independent",
                    dtype: torch.dtype = torch.float64) -> tuple[PPCA, torch.Tensor]:
@@ -31,6 +133,12 @@ def synthetic_ppca(num_tokens: int, latent_dim: int, sigma2: float, num_data: in
     true = PPCA.random(num_tokens, latent_dim, sigma2, seed=seed, dtype=dtype)
     x = true.sample(num_data, generator=seed + 1, noise=noise)
     return true, x
+
+
+def mean_lml(model: PPCA, x: torch.Tensor) -> float:
+    """The exact mean log-marginal likelihood (1/N) sum_n log p(x_n), without gradients."""
+    with torch.no_grad():
+        return float(model.log_marginal(x).double().mean())
 
 
 def exact_fixed_rate(model: PPCA, x: torch.Tensor, mask_size: int,

@@ -1,5 +1,9 @@
 """Run directories: safe creation, atomic result files, figures, environment block.
 
+What every experiment and job shares: :class:`RunDir`, :func:`load_results`,
+:func:`environment`, :func:`print_table` and :func:`pyplot`. Atomic writes and
+JSON conversion live one floor down, in :mod:`mptlml._io`.
+
 Every experiment writes into one run directory:
 
 - ``results.json``: format version, experiment name, config, seed, package
@@ -30,12 +34,10 @@ from .._io import atomic_write_bytes, atomic_write_text, jsonable
 __all__ = [
     "RESULTS_FORMAT",
     "RunDir",
-    "atomic_write_bytes",
-    "atomic_write_text",
     "environment",
-    "jsonable",
     "load_results",
     "print_table",
+    "pyplot",
 ]
 
 #: version of the results.json layout; ``mptlml report`` refuses newer ones.
@@ -189,6 +191,16 @@ class RunDir:
     def _track(self, name: str) -> None:
         if name != "results.json":
             self.files.append(name)
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (figures go to files only)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,

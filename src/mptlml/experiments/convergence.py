@@ -41,27 +41,24 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int, check_rate
-from ..estimators import fixed_rate_size, score_masks
-from ..models import PPCA
-from .common import RunDir
+from ..estimation.engine import score_masks
+from ..masks import fixed_rate_size
+from ._synthetic import SyntheticPPCAConfig, mean_lml
+from .common import RunDir, pyplot
 
-__all__ = ["Config", "claims", "run", "summary"]
-
-_DTYPES = {"float64": torch.float64, "float32": torch.float32}
-
+__all__ = ["PAPER", "TITLE", "Config", "claims", "run", "summary"]
 
 @dataclass
-class Config:
+class Config(SyntheticPPCAConfig):
     """Settings of the convergence experiment (defaults: the paper's full settings).
+
+    Besides N, sigma2, noise, seeds and dtype (:class:`~._synthetic.SyntheticPPCAConfig`;
+    ``seed`` is the base seed of the masks, repetition ``s`` using ``seed + s``):
 
     Attributes
     ----------
-    num_data : int
-        N observations.
     latent_dim : int
         K of the PPCA.
-    sigma2 : float
-        Noise variance (1 / beta).
     dims : tuple of int
         D of the all-sizes panels (cumulative estimator).
     fixed_dim : int
@@ -74,33 +71,20 @@ class Config:
         Largest P, masks per size and datum.
     table_masks : tuple of int
         P values of ``table1.csv`` (each <= max_masks).
-    noise : str
-        ``"independent"`` (faithful) or ``"shared"`` (the authors' generator).
     share_masks : bool
         Share each mask across the data (the paper's code) instead of one
         mask per datum.
-    data_seed : int
-        Seed of W and of the data.
-    seed : int
-        Base seed of the masks; seed ``s`` of the repetition uses ``seed + s``.
-    dtype : str
-        ``"float64"`` or ``"float32"``.
     """
 
     num_data: int = 100
     latent_dim: int = 2
-    sigma2: float = 0.2
     dims: tuple[int, ...] = (5, 50)
     fixed_dim: int = 512
     fixed_rate: float = 0.15
     num_seeds: int = 5
     max_masks: int = 300
     table_masks: tuple[int, ...] = (1, 10, 100)
-    noise: str = "independent"
     share_masks: bool = False
-    data_seed: int = 0
-    seed: int = 0
-    dtype: str = "float64"
 
     @classmethod
     def quick(cls) -> Config:
@@ -110,17 +94,10 @@ class Config:
 
     def validate(self) -> None:
         """Raise ``ValueError`` on inconsistent settings."""
-        check_positive_int(self.num_data, "num_data")
-        check_positive_int(self.latent_dim, "latent_dim")
-        check_positive_int(self.num_seeds, "num_seeds")
-        check_positive_int(self.max_masks, "max_masks")
+        super().validate()
+        for name in ("latent_dim", "num_seeds", "max_masks"):
+            check_positive_int(getattr(self, name), name)
         check_rate(self.fixed_rate, "fixed_rate")
-        if not self.sigma2 > 0:
-            raise ValueError(f"sigma2 must be positive, got {self.sigma2}.")
-        if self.noise not in ("independent", "shared"):
-            raise ValueError(f"noise must be 'independent' or 'shared', got {self.noise!r}.")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}.")
         if not self.dims and not self.fixed_dim:
             raise ValueError("nothing to run: give at least one of dims or fixed_dim.")
         for d in (*self.dims, *((self.fixed_dim,) if self.fixed_dim else ())):
@@ -146,12 +123,8 @@ def _panel(cfg: Config, d: int, mask_size: int | None, grid: list[int]) -> dict[
     Returns the estimates ``(num_seeds, len(grid))``, the exact mean LML, and
     the pooled estimate over all seeds' masks with its standard error.
     """
-    dtype = _DTYPES[cfg.dtype]
-    model = PPCA.random(d, cfg.latent_dim, sigma2=cfg.sigma2, seed=cfg.data_seed * 1000 + d,
-                        dtype=dtype)
-    x = model.sample(cfg.num_data, generator=cfg.data_seed * 1000 + d + 1, noise=cfg.noise)
-    with torch.no_grad():
-        exact = float(model.log_marginal(x).double().mean())
+    model, x = cfg.synthetic(d, cfg.latent_dim, seed=cfg.data_seed * 1000 + d)
+    exact = mean_lml(model, x)
     p_max = cfg.max_masks
     sizes = list(range(1, d + 1)) if mask_size is None else [mask_size]
     rows = torch.tensor(sizes, dtype=torch.long).repeat_interleave(p_max)
@@ -244,10 +217,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
 
 
 def _figure(cfg: Config, panels: dict[str, dict[str, Any]], run_dir: RunDir) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
     for ax, (name, pan) in zip(axes[0], panels.items(), strict=True):
@@ -278,6 +248,16 @@ def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Table 1 rows: panel, P, mean ± sd over seeds, exact LML."""
     return [{"panel": r["panel"], "P": r["P"], "MPT estimate": r["estimate"],
              "exact LML": round(r["exact_lml"], 3)} for r in results["table1"]]
+
+
+#: the report's section: the figure or table, and the paper's statement that ``claims`` checks.
+TITLE = "Figure 1 and Table 1: the MPT estimate converges to the LML"
+PAPER = (
+    "PPCA (K=2, beta=5). The negative cumulative MPT loss approaches the exact LML as the "
+    "number of masks P grows, and its spread over seeds shrinks (Table 1: 0.47, 0.12, 0.03 "
+    "for P = 1, 10, 100, true LML -60.34 for unstated D, N). A fixed 15% mask (D = 512) "
+    "converges to a biased value."
+)
 
 
 def claims(results: dict[str, Any]) -> list[dict[str, Any]]:

@@ -18,61 +18,44 @@ Reference: Moreno-Munoz, Recasens, Hauberg (NeurIPS 2023), Sec. 3.2, Fig. 5.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from .._validation import check_positive_int
 from ..models import PPCA
 from ..objectives import MPTLoss
 from ..training import exact_lml, mpt_curve_monitor, train
-from ._synthetic import dtype_of, synthetic_ppca
-from .common import RunDir
+from ._synthetic import PPCATrainingConfig, mean_lml
+from .common import RunDir, pyplot
 
-__all__ = ["Config", "claims", "run", "summary"]
+__all__ = ["PAPER", "TITLE", "Config", "claims", "run", "summary"]
 
 
 @dataclass
-class Config:
+class Config(PPCATrainingConfig):
     """Settings of the Fig. 5-left experiment.
+
+    Besides N, D, K, sigma2, lr, P, noise, seeds and dtype
+    (:class:`~._synthetic.PPCATrainingConfig`):
 
     Attributes
     ----------
-    num_data, num_tokens, latent_dim : int
-        N, D, K.
-    sigma2 : float
     epochs : int
         Training epochs (600 in the paper).
     every : int
         Epochs between curves (100 in the paper).
-    lr : float
-        Adam learning rate.
-    num_masks : int
-        P of the training objective (masks per size per epoch).
     curve_masks : int
         Masks per size when measuring each curve.
-    noise : str
-    data_seed, seed : int
-        Seed of the generating W and data; seed of the initialisation and masks.
-    dtype : str
     """
 
-    num_data: int = 1000
     num_tokens: int = 50
     latent_dim: int = 5
-    sigma2: float = 0.2
+    lr: float = 2e-2
     epochs: int = 600
     every: int = 100
-    lr: float = 2e-2
-    num_masks: int = 1
     curve_masks: int = 10
-    noise: str = "independent"
-    data_seed: int = 0
-    seed: int = 1
-    dtype: str = "float64"
 
     @classmethod
     def quick(cls) -> Config:
@@ -82,31 +65,17 @@ class Config:
 
     def validate(self) -> None:
         """Raise ``ValueError`` on inconsistent settings (before anything is written)."""
-        for name in ("num_data", "num_tokens", "latent_dim", "epochs", "every", "num_masks",
-                     "curve_masks"):
+        super().validate()
+        for name in ("epochs", "every", "curve_masks"):
             check_positive_int(getattr(self, name), name)
-        if self.latent_dim >= self.num_tokens:
-            raise ValueError(f"latent_dim={self.latent_dim} must be smaller than "
-                             f"num_tokens={self.num_tokens}.")
-        if not (self.sigma2 > 0 and math.isfinite(self.sigma2)):
-            raise ValueError(f"sigma2 must be a finite positive variance, got {self.sigma2}.")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a finite positive learning rate, got {self.lr}.")
-        if self.noise not in ("independent", "shared"):
-            raise ValueError(f"noise must be 'independent' or 'shared', got {self.noise!r}.")
-        dtype_of(self.dtype)
 
 
 def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     """Train, measure the curve every ``every`` epochs, write CSVs and the figure."""
     cfg.validate()
-    dtype = dtype_of(cfg.dtype)
-    true, x = synthetic_ppca(cfg.num_tokens, cfg.latent_dim, cfg.sigma2, cfg.num_data,
-                             seed=cfg.data_seed, noise=cfg.noise, dtype=dtype)
-    with torch.no_grad():
-        gt_lml = float(true.log_marginal(x).double().mean())
-        mle_lml = float(PPCA.fit(x, cfg.latent_dim).log_marginal(x).double().mean())
-    model = PPCA.random(cfg.num_tokens, cfg.latent_dim, cfg.sigma2, seed=cfg.seed, dtype=dtype)
+    true, x = cfg.data()
+    gt_lml, mle_lml = mean_lml(true, x), mean_lml(PPCA.fit(x, cfg.latent_dim), x)
+    model = cfg.init(cfg.seed)
     hist = train(model, MPTLoss(model, "cumulative", num_masks=cfg.num_masks), x,
                  epochs=cfg.epochs, lr=cfg.lr, seed=cfg.seed + 1,
                  monitors={"exact_lml": exact_lml(),
@@ -136,10 +105,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
 
 def _figure(cfg: Config, run_dir: RunDir, curves: list[dict[str, Any]],
             checkpoints: list[dict[str, Any]], gt_lml: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     cmap = plt.get_cmap("viridis")
@@ -173,6 +139,13 @@ def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"epoch": c["epoch"], "area": c["area"], "exact_LML": c["exact_lml"],
              "GT_LML": results["gt_lml"], "area-exact": c["area_minus_exact"]}
             for c in results["checkpoints"]]
+
+
+#: the report's section: the figure or table, and the paper's statement that ``claims`` checks.
+TITLE = "Figure 5 (left): the curve during training"
+PAPER = (
+    "Under MPT training the area under the curve converges to the true LML."
+)
 
 
 def claims(results: dict[str, Any]) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ import numpy as np
 from ..estimation.distributed import barrier, distributed_context, resolve_device
 from ..models.masked_lm import MaskedLM
 from ..sequences import MLMCurveResult, mlm_curve, pll
-from .common import RunDir
+from .common import RunDir, pyplot
 
 __all__ = ["load_model", "parse_rates", "prepare_run_dir", "project_root", "run_curve",
            "score_models", "write_curves"]
@@ -91,10 +91,7 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
                  reference: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
                  title: str = "MPT curve") -> dict[str, Any]:
     """Write curve.csv, per_sequence.csv and the figure; return the summary numbers."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     curve_rows, seq_rows, summary = [], [], {}
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -1,4 +1,4 @@
-"""The model protocol: what an estimator may ask of a model.
+"""The model protocol: what an estimator may ask of a model, and how to implement it.
 
 A model over D-token observations exposes its masked self-predictive
 conditionals
@@ -7,7 +7,8 @@ conditionals
 
 through :meth:`MaskedModel.log_conditionals`, and optionally its exact
 log-marginal likelihood log p(x) through :meth:`MaskedModel.log_marginal`.
-Estimators (``mptlml.estimators``) and objectives (``mptlml.objectives``)
+The estimation engine (``mptlml.estimate_lml``, ``mptlml.mpt_curve``), the
+objectives (``mptlml.objectives``), the training monitors and model selection
 use nothing else, so they work for any model family.
 
 Shapes
@@ -20,6 +21,44 @@ Shapes
 
 The result holds log p(x_j | x_R) at masked positions and 0 elsewhere. A
 fully masked row (R empty) gives the marginals log p(x_j).
+
+Subclass API
+------------
+Public entry points (``log_conditionals``, ``log_marginal``) validate their
+inputs (:meth:`MaskedModel.validate_data`, :meth:`MaskedModel.validate_mask`)
+and call the protected hooks. Everything a subclass implements receives
+*already validated* tensors: ``x`` finite, ``(N, D)``, in the model's dtype
+and on its device; masks bool on the model's device, never 1-D (a 1-D mask is
+lifted to ``(1, D)``); ``generator`` a ``torch.Generator`` or None.
+
+Must override
+
+- :meth:`MaskedModel._log_conditionals` -- the conditionals, ``(B, N, D)``.
+  Also set ``num_tokens`` (D, an int) in ``__init__``.
+
+May override (defaults are correct, derived from the hooks above)
+
+- :meth:`MaskedModel._log_marginal` -- exact (or consistent) log p(x), ``(N,)``;
+  turns on :attr:`MaskedModel.has_log_marginal`.
+- :meth:`MaskedModel.masked_log_prob` -- the per-mask sums the estimators
+  score, ``(B, N)``; override when the sum is cheaper than the ``(B, N, D)``
+  array (PPCA: one GEMM against ``[w w^T | e w | e^2]``).
+- :meth:`MaskedModel.masked_log_prob_mean` -- its data mean, ``(B,)`` (what a
+  training step with shared masks needs; PPCA: from the data's second moment).
+- :meth:`MaskedModel.grid_masked_log_prob` -- weighted sums over a grid of
+  masks (the cumulative estimator; PPCA: D x D quadratic forms).
+- :meth:`MaskedModel.nested_masked_log_prob` -- the sums for every prefix of
+  random orders (nested masks; PPCA: prefix sums along the order).
+- :meth:`MaskedModel.block_cost` -- elements of temporaries per mask, which
+  sizes the engine's blocks of masks.
+- :meth:`MaskedModel.reuse_data` -- a scope in which the parameters are fixed
+  and terms of ``x`` may be cached (:meth:`MaskedModel._cached`).
+
+An override must return the same numbers as the default up to rounding; the
+conformance suite (:mod:`mptlml.testing`) checks every reduction against the
+summed ``_log_conditionals``. Set :attr:`MaskedModel.stochastic` when the
+conditionals are Monte Carlo estimates (then they must be reproducible from
+``generator``).
 
 Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
 Marginal Likelihood", NeurIPS 2023, Proposition 1.
@@ -43,18 +82,18 @@ _T = TypeVar("_T")
 
 
 class MaskedModel(nn.Module):
-    """Base class of every model in :mod:`mptlml.models`.
+    """Base class of every model in :mod:`mptlml.models` (see the module docstring).
 
     Subclasses implement :meth:`_log_conditionals` (inputs already validated)
-    and, when they can, :meth:`_log_marginal`. They may override
-    :meth:`masked_log_prob` (and :meth:`masked_log_prob_mean`,
-    :meth:`grid_masked_log_prob`, :meth:`nested_masked_log_prob`) with a
-    faster reduction.
+    and, when they can, :meth:`_log_marginal`. They may override the public
+    reductions :meth:`masked_log_prob`, :meth:`masked_log_prob_mean`,
+    :meth:`grid_masked_log_prob`, :meth:`nested_masked_log_prob` with faster
+    algorithms, and :meth:`block_cost` to size the engine's blocks.
 
     Attributes
     ----------
     num_tokens : int
-        D, the number of tokens of one observation.
+        D, the number of tokens of one observation (set by the subclass).
     stochastic : bool
         True when the conditionals are Monte Carlo estimates (then they are
         reproducible from the ``generator`` argument).
@@ -139,9 +178,12 @@ class MaskedModel(nn.Module):
     def reuse_data(self) -> Iterator[None]:
         """Scope in which the parameters do not change, so terms of ``x`` may be reused.
 
-        The estimators score masks in blocks and open one scope per call (under
-        ``torch.no_grad``); a model caches what depends only on ``x`` and its
-        parameters through :meth:`_cached`, and the cache is dropped on exit.
+        The engine scores masks in blocks and opens one scope per estimate
+        (under ``torch.no_grad``); a model caches what depends only on ``x``
+        and its parameters through :meth:`_cached` (PPCA: the re-centred
+        residuals and its GEMM columns), and the cache is dropped on exit.
+        Scopes nest and share one cache. Override only to add set-up or
+        tear-down around the scope (call ``super().reuse_data()``).
         """
         outer = self._data_scope
         self._data_scope = {} if outer is None else outer
@@ -165,45 +207,115 @@ class MaskedModel(nn.Module):
     # ------------------------------------------------------------------ to implement
     def _log_conditionals(self, x: torch.Tensor, mask: torch.Tensor,
                           generator: torch.Generator | None) -> torch.Tensor:
-        """Unvalidated conditionals; mask ``(B, D)`` or ``(B, N, D)``, result ``(B, N, D)``."""
-        raise NotImplementedError
+        """The masked conditionals log p(x_j | x_R). Subclasses must override it.
+
+        Called by :meth:`log_conditionals` after validation, and by the
+        default reductions below.
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (N, D)
+            Validated data, in the model's dtype and on its device.
+        mask : bool torch.Tensor of shape (B, D) or (B, N, D)
+            True marks the masked set M of each row; shared across the data
+            when 2-D.
+        generator : torch.Generator or None
+            Randomness for Monte Carlo conditionals (ignored by exact models).
+
+        Returns
+        -------
+        torch.Tensor of shape (B, N, D)
+            log p(x_nj | x_nR) at masked positions, exactly 0 elsewhere, in the
+            model's dtype. Differentiable in the parameters.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement _log_conditionals.")
 
     def _log_marginal(self, x: torch.Tensor) -> torch.Tensor:
+        """log p(x_n) of each validated row ``(N, D)``: ``(N,)``. Optional.
+
+        Called by :meth:`log_marginal`, :class:`~mptlml.objectives.ExactLML`,
+        the training monitors and the estimators (to report the exact value
+        beside an estimate). Overriding it turns on :attr:`has_log_marginal`.
+        """
         raise NotImplementedError
 
     def masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
-                         generator: torch.Generator | None) -> torch.Tensor:
-        """Sum of log p(x_j | x_R) over the masked positions of each mask: ``(B, N)``."""
+                        generator: torch.Generator | None) -> torch.Tensor:
+        """Sum of log p(x_j | x_R) over the masked positions of each mask.
+
+        The reduction every estimator and :class:`~mptlml.objectives.MPTLoss`
+        score; may be overridden by a cheaper algorithm with the same value.
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (N, D)
+            Validated data.
+        mask : bool torch.Tensor of shape (B, D) or (B, N, D)
+        generator : torch.Generator or None
+
+        Returns
+        -------
+        torch.Tensor of shape (B, N)
+            ``_log_conditionals(x, mask, generator).sum(-1)``, in the model's
+            dtype, differentiable in the parameters.
+        """
         return self._log_conditionals(x, mask, generator).sum(dim=-1)
 
     def masked_log_prob_mean(self, x: torch.Tensor, mask: torch.Tensor,
-                              generator: torch.Generator | None) -> torch.Tensor:
-        """Mean over the data of :meth:`masked_log_prob` for shared masks ``(B, D)``: ``(B,)``.
+                             generator: torch.Generator | None) -> torch.Tensor:
+        """Mean over the data of :meth:`masked_log_prob` for shared masks.
 
         What a training step needs when every datum shares the masks (the
-        paper's code). A model whose conditionals are linear-Gaussian can
-        compute it from sufficient statistics of the data (PPCA does).
+        paper's code; called by :class:`~mptlml.objectives.MPTLoss`). A model
+        whose conditionals are linear-Gaussian can compute it from sufficient
+        statistics of the data (PPCA does, in O(D^2 K) per mask).
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (N, D)
+            Validated data.
+        mask : bool torch.Tensor of shape (B, D)
+            Shared masks (an override may defer other shapes to this default).
+        generator : torch.Generator or None
+
+        Returns
+        -------
+        torch.Tensor of shape (B,)
+            float64, ``masked_log_prob(x, mask, generator).mean(-1)``,
+            differentiable in the parameters.
         """
         return self.masked_log_prob(x, mask, generator).double().mean(dim=-1)
 
     def grid_masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor,
-                              generator: torch.Generator | None, *, data_means: bool = True
-                              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                             generator: torch.Generator | None, *, data_means: bool = True
+                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Weighted sums of :meth:`masked_log_prob` over a grid of masks.
 
-        ``mask`` is ``(A, C, D)`` (shared across the data) or ``(A, C, N, D)``
-        (one per datum), ``weight`` is ``(A, C)``. With
-        lp[a, c, n] = sum_{j in mask[a, c]} log p(x_nj | x_nR) it returns
+        Called by the engine for the cumulative estimator and the MPT curve:
+        the grid is (draws x sizes) with weight 1/M, so ``rows`` are per-draw
+        estimates of log p(x_n) and ``cols`` per-size scores. A model can do
+        better than scoring every (mask, datum) pair when the masks are shared
+        (PPCA does, with one D x D quadratic form per grid row).
 
-        - ``rows``, ``(A, N)`` float64: sum_c weight[a, c] * lp[a, c, n];
-        - ``cols``, ``(C,)`` float64: sum_a weight[a, c] * mean_n lp[a, c, n]
-          (None unless ``data_means``).
+        Parameters
+        ----------
+        x : torch.Tensor of shape (N, D)
+            Validated data.
+        mask : bool torch.Tensor of shape (A, C, D) or (A, C, N, D)
+            Shared across the data, or one per datum.
+        weight : torch.Tensor of shape (A, C)
+        generator : torch.Generator or None
+        data_means : bool
+            Whether ``cols`` is wanted.
 
-        The cumulative estimator is the grid (draws x sizes) with weight 1/M:
-        ``rows`` are its per-draw estimates of log p(x_n) and ``cols`` its
-        per-size scores. A model can do better than scoring every (mask,
-        datum) pair when the masks are shared (PPCA does, with one D x D
-        quadratic form per grid row).
+        Returns
+        -------
+        rows : torch.Tensor of shape (A, N)
+            float64, ``sum_c weight[a, c] * lp[a, c, n]`` with
+            ``lp[a, c, n] = sum_{j in mask[a, c]} log p(x_nj | x_nR)``.
+        cols : torch.Tensor of shape (C,) or None
+            float64, ``sum_a weight[a, c] * mean_n lp[a, c, n]``; None unless
+            ``data_means``.
         """
         a, c = mask.shape[:2]
         lp = self.masked_log_prob(x, mask.reshape(a * c, *mask.shape[2:]), generator)
@@ -214,15 +326,27 @@ class MaskedModel(nn.Module):
         return rows, cols
 
     def nested_masked_log_prob(self, x: torch.Tensor, orders: torch.Tensor,
-                                generator: torch.Generator | None) -> torch.Tensor:
-        """:meth:`masked_log_prob` of nested masks, every prefix of each order: ``(P, D, N)``.
+                               generator: torch.Generator | None) -> torch.Tensor:
+        """:meth:`masked_log_prob` of nested masks, every prefix of each order.
 
-        ``orders`` is ``(P, D)`` (shared across the data) or ``(P, N, D)`` (one
-        per datum), each row a permutation pi of the tokens. Entry ``[p, M-1, n]``
-        is sum_{j in pi[:M]} log p(x_j | x_{pi[M:]}): the mask of size M is the
-        first M positions of the order, for M = 1..D. Default: build the D masks
-        of each order and call :meth:`masked_log_prob`; a model can do better
-        with prefix sums over the order (PPCA does).
+        Called by the engine for the nested cumulative estimator and curve.
+        Default: build the D masks of each order (:func:`~mptlml.masks.prefix_masks`)
+        and call :meth:`masked_log_prob`; a model can do better with prefix
+        sums over the order (PPCA does).
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (N, D)
+            Validated data.
+        orders : long torch.Tensor of shape (P, D) or (P, N, D)
+            Permutations pi of the tokens, shared or one per datum.
+        generator : torch.Generator or None
+
+        Returns
+        -------
+        torch.Tensor of shape (P, D, N)
+            Entry ``[p, M-1, n]`` is ``sum_{j in pi[:M]} log p(x_nj | x_n,pi[M:])``:
+            the mask of size M is the first M positions of the order, M = 1..D.
         """
         d = self.num_tokens
         masks = prefix_masks(orders)  # (P, D sizes, [N,] D tokens)
@@ -230,10 +354,24 @@ class MaskedModel(nn.Module):
         return out.reshape(orders.shape[0], d, x.shape[0])
 
     def block_cost(self, num_data: int, shared: bool) -> int:
-        """Elements of temporaries per mask (sizes the blocks of masks in the estimators).
+        """Elements of temporaries one mask costs in :meth:`masked_log_prob`.
 
-        Default: one ``(N, D)`` array per mask. A model whose reduction over the
-        masked tokens needs less (e.g. PPCA with shared masks) overrides it.
+        The engine and model selection score ``block_elements // block_cost``
+        masks per call. Default: one ``(N, D)`` array per mask. A model whose
+        reduction needs less (PPCA with shared masks: O(D + N K)) overrides it.
+
+        Parameters
+        ----------
+        num_data : int
+            N, the rows scored per call.
+        shared : bool
+            Whether the masks are shared across the data (``(B, D)``) or one
+            per datum (``(B, N, D)``).
+
+        Returns
+        -------
+        int
+            Positive number of array elements per mask.
         """
         return num_data * self.num_tokens
 

@@ -15,29 +15,16 @@ For accuracy in float32 the data are re-centred on z* (the posterior mean
 given all D tokens) with residuals e = x - mu - W z*. Since W^T e = sigma2 z*,
 
     x_j - E[x_j | x_R] = e_j - w_j^T u,   u = -A_R^{-1} g / sigma2,
-    g = W_M^T e_M = sigma2 z* - W_R^T e_R,
+    g = W_M^T e_M = sigma2 z* - W_R^T e_R.
 
-In float32, g is summed over the smaller of the masked and observed sets
-(fewer rounded terms, no cancellation against z*) and W_R^T W_R over the
-observed dimensions only (a sum of positive terms); float64 takes both from
-one GEMM over the masked set, whose rounding is far below any tolerance.
-
-The sum over the masked tokens that the estimators need
-(:meth:`PPCA.masked_log_prob`) never forms a ``(T, N, D)`` array when the
-masks are shared across the data: with c_j = m_j / v_j (m the masked
-indicator, v_j the conditional variance, which then depends on the mask only),
-P = A_R^{-1} / sigma2, C = sum_j c_j w_j w_j^T and f = sum_j c_j e_j w_j,
-
-    sum_j m_j (e_j - w_j^T u)^2 / v_j = sum_j c_j e_j^2 + g^T P C P g + 2 g^T P f.
-
-Cost per block of T shared masks: GEMMs of the T x D indicator matrices
-against ``[w w^T | e w | e^2]`` (about 2 T D N (2K + 1) flops) plus T K x K
-inverses. When D is small next to N, a grid of shared masks (draws x sizes,
-:meth:`PPCA.grid_masked_log_prob`) is summed per draw as one D x D quadratic
-form in e_n instead (2 T K D^2 + 2 A N D^2 flops for A draws). Nested masks
-(the prefixes of one order, :meth:`PPCA.nested_masked_log_prob`) get
-W_R^T W_R and g for every size from suffix and prefix sums along the order,
-leaving one GEMM.
+This module holds the model, its constructors, sampling, the exact LML and
+the reference conditionals (:meth:`PPCA._log_conditionals`). The fast
+reductions the estimators call (:meth:`PPCA.masked_log_prob`,
+:meth:`PPCA.grid_masked_log_prob`, :meth:`PPCA.nested_masked_log_prob`,
+:meth:`PPCA.masked_log_prob_mean`) are pure functions in
+:mod:`mptlml.models._ppca_reductions`, whose docstring gives their algebra
+and cost; the SPD inverse and the Woodbury re-centring live in
+:mod:`mptlml._linalg`.
 
 References
 ----------
@@ -56,64 +43,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._linalg import latent_dtype, woodbury_posterior
 from .._validation import as_tensor, check_data, check_positive_int, make_generator
-from ..masks import prefix_masks
+from . import _ppca_reductions as red
 from .base import MaskedModel
 
 __all__ = ["PPCA"]
 
-_LOG_2PI = math.log(2.0 * math.pi)
-
-
-def _outer_rows(w: torch.Tensor) -> torch.Tensor:
-    """Row-wise outer products w_j w_j^T of ``W`` (D, K), flattened: ``(D, K^2)``."""
-    d, k = w.shape
-    return (w[:, :, None] * w[:, None, :]).reshape(d, k * k)
-
-
-def _ew_columns(w: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """Columns e_nj w_jk of the masked sums, k-major: ``(D, K N)``, contiguous."""
-    (d, k), n = w.shape, e.shape[0]
-    return (w[:, :, None] * e.T[:, None, :]).reshape(d, k * n)
-
-
-def _sum_after(t: torch.Tensor) -> torch.Tensor:
-    """Sum over the positions strictly after each one along dim 1 (0 at the last)."""
-    rest = t[:, 1:].flip(1).cumsum(1).flip(1)
-    return torch.cat([rest, torch.zeros_like(t[:, :1])], dim=1)
-
-
-def _times_wt(coef: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``coef @ W^T`` for ``coef`` (B, K): ``(B, D)``; K outer products when K is small.
-
-    A GEMM with an inner dimension of 2 runs far below peak; K rank-one
-    updates over the (B, D) output are cheaper up to K = 4.
-    """
-    k = coef.shape[1]
-    if k > 4:
-        return coef @ w.T
-    out = torch.outer(coef[:, 0], w[:, 0])
-    for i in range(1, k):
-        out = torch.addr(out, coef[:, i], w[:, i])
-    return out
-
-
-def _spd_inverse(a: torch.Tensor) -> torch.Tensor:
-    """Inverse of a batch of small symmetric positive-definite matrices ``(..., K, K)``.
-
-    Closed forms for K = 1 and 2 (batched LAPACK on tiny matrices is ~40x
-    slower), a Cholesky inverse otherwise.
-    """
-    k = a.shape[-1]
-    if k == 1:
-        return 1.0 / a
-    if k == 2:
-        p, q, s = a[..., 0, 0], a[..., 0, 1], a[..., 1, 1]
-        det = p * s - q * q
-        row0 = torch.stack([s, -q], dim=-1)
-        row1 = torch.stack([-q, p], dim=-1)
-        return torch.stack([row0, row1], dim=-2) / det[..., None, None]
-    return torch.cholesky_inverse(torch.linalg.cholesky(a))
+_LOG_2PI = red.LOG_2PI
 
 
 class PPCA(MaskedModel):
@@ -127,8 +64,8 @@ class PPCA(MaskedModel):
     mu : array-like of shape (D,), optional
         Mean (zeros by default).
     sigma2 : float
-        Isotropic noise variance, > 0 (stored as its log, so it stays positive
-        under training).
+        Isotropic noise variance, one number > 0 (stored as its log, so it stays
+        positive under training).
     learn_mu, learn_sigma2 : bool
         Make ``mu`` / ``sigma2`` trainable parameters (buffers otherwise).
 
@@ -156,7 +93,13 @@ class PPCA(MaskedModel):
             raise ValueError(f"mu must have shape (D,) = ({d},), got {tuple(m.shape)}.")
         if not torch.isfinite(m).all():
             raise ValueError("mu contains NaN or infinite values.")
-        s2 = as_tensor(sigma2, "sigma2", dtype=w.dtype).reshape(())
+        s2 = as_tensor(sigma2, "sigma2", dtype=w.dtype)
+        if s2.numel() != 1:
+            raise ValueError(
+                f"sigma2 must be one number (PPCA's noise is isotropic, sigma2 I); got an array "
+                f"of shape {tuple(s2.shape)}. A noise variance per dimension is factor "
+                "analysis, not PPCA.")
+        s2 = s2.reshape(())
         if not bool(torch.isfinite(s2)) or float(s2) <= 0:
             raise ValueError(f"sigma2 must be a finite positive variance, got {float(s2)}.")
         self.num_tokens = d
@@ -208,19 +151,38 @@ class PPCA(MaskedModel):
         With the sample covariance S = (1/N) sum_n (x_n - mean)(x_n - mean)^T and
         its eigenpairs (lambda_i, u_i) sorted decreasingly:
         ``sigma2 = mean(lambda_{K+1..D})``, ``W = U_K (Lambda_K - sigma2 I)^{1/2}``.
+
+        Raises
+        ------
+        ValueError
+            If ``k >= D``, or if the centred data have rank <= k (in particular
+            N <= k + 1): then sigma2 = 0 and the model is degenerate.
         """
         xt = check_data(x)
         n, d = xt.shape
         k = check_positive_int(k, "k")
         if k >= d:
             raise ValueError(f"k must be smaller than D={d} so that sigma2 is defined; got k={k}.")
+        if n <= k + 1:
+            raise ValueError(
+                f"PPCA.fit needs more than k + 1 = {k + 1} rows: the {n} centred rows span at "
+                f"most {n - 1} dimensions, so the maximum-likelihood sigma2 would be 0. Pass "
+                f"more rows or a smaller k.")
         x64 = xt.double()
         mean = x64.mean(0)
         xc = x64 - mean
         cov = xc.T @ xc / n
         evals, evecs = torch.linalg.eigh(cov)
         evals, evecs = evals.flip(0), evecs.flip(1)
-        sigma2 = evals[k:].mean().clamp_min(1e-12)
+        # numerical rank of the centred data, as numpy.linalg.matrix_rank counts it
+        rank = int((evals > float(evals[0]) * max(n, d) * torch.finfo(torch.float64).eps).sum())
+        if rank <= k:
+            raise ValueError(
+                f"PPCA.fit: the centred data (N={n}, D={d}) have rank {rank} <= k={k}, so the "
+                f"maximum-likelihood noise variance sigma2 (the mean of the D - k smallest "
+                f"covariance eigenvalues) is 0 and the model is degenerate. Use k < {rank}, or "
+                f"data that are not confined to a {rank}-dimensional subspace.")
+        sigma2 = evals[k:].mean()
         w = evecs[:, :k] * torch.sqrt((evals[:k] - sigma2).clamp_min(0.0))
         return cls(w.to(xt.dtype), mean.to(xt.dtype), sigma2.to(xt.dtype), **kwargs)
 
@@ -268,38 +230,30 @@ class PPCA(MaskedModel):
 
     def _recentre(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Posterior mean z* given all tokens, residuals e = x - mu - W z*, and A (float64)."""
-        w = self.W.double()
-        s2 = self.sigma2.double()
         y = x.double() - self.mu.double()
-        a = torch.eye(self.latent_dim, dtype=torch.float64, device=x.device) + w.T @ w / s2
-        zs = torch.linalg.solve(a, (y @ w).T / s2).T
-        e = y - zs @ w.T
-        return zs, e, a
+        return woodbury_posterior(self.W.double(), self.sigma2.double(), y)
 
     def _split(self, x: torch.Tensor) -> tuple[torch.dtype, torch.Tensor, torch.Tensor,
-                                               torch.Tensor, torch.Tensor]:
-        """dtype, W, sigma2, z* and e of :meth:`_recentre` in the model's dtype."""
+                                               torch.Tensor, torch.Tensor, torch.dtype]:
+        """dtype, W, sigma2, z* and e of :meth:`_recentre` in the model's dtype, and
+        the dtype of the K x K latent terms (:meth:`_latent_dtype`)."""
         def split() -> tuple[torch.dtype, torch.Tensor, torch.Tensor, torch.Tensor,
-                             torch.Tensor]:
+                             torch.Tensor, torch.dtype]:
+            ldt = self._latent_dtype()
             zs, e, _ = self._cached(x, "recentre", lambda: self._recentre(x))
-            return self.dtype, self.W, self.sigma2, zs.to(self.dtype), e.to(self.dtype)
+            dtype = self.dtype
+            return dtype, self.W, self.sigma2, zs.to(dtype), e.to(dtype), ldt
 
         return self._cached(x, "split", split)
 
+    def _latent_dtype(self) -> torch.dtype:
+        """dtype of the K x K latent terms (:func:`mptlml._linalg.latent_dtype`)."""
+        return latent_dtype(self.W.detach(), float(self.sigma2.detach()), self.dtype, "PPCA")
+
     def _columns(self, x: torch.Tensor, w: torch.Tensor, e: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """GEMM columns ``[w w^T | e w | e^2]`` of ``x``, with views of their first blocks.
-
-        Returns w_j w_j^T ``(D, K^2)``, e_nj w_jk ``(D, K N)`` and the whole
-        ``(D, K^2 + K N + N)`` matrix, computed once per :meth:`reuse_data` scope.
-        """
-        def columns() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            k, n = w.shape[1], e.shape[0]
-            et = e.T.contiguous()  # cat of a transposed view copies element by element
-            rhs = torch.cat([_outer_rows(w), _ew_columns(w, e), et * et], dim=1)
-            return rhs[:, :k * k], rhs[:, k * k:-n], rhs
-
-        return self._cached(x, "columns", columns)
+        """:func:`~mptlml.models._ppca_reductions.gemm_columns`, once per reuse scope."""
+        return self._cached(x, "columns", lambda: red.gemm_columns(w, e))
 
     def _log_marginal(self, x: torch.Tensor) -> torch.Tensor:
         """log N(x; mu, W W^T + sigma2 I) via Woodbury and the matrix determinant lemma.
@@ -320,114 +274,38 @@ class PPCA(MaskedModel):
             return 4 * self.num_tokens + 4 * num_data * (k + 1)
         return num_data * self.num_tokens
 
-    @staticmethod
-    def _shared_sum(e: torch.Tensor, s2: torch.Tensor, ww: torch.Tensor, rhs: torch.Tensor,
-                    m: torch.Tensor, a_inv: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        """Masked sums of log p(x_j | x_R) for shared masks from A_R^-1 and g = W_M^T e_M.
-
-        ``m`` is the ``(B, D)`` masked indicator, ``a_inv`` ``(B, K, K)``, ``g``
-        ``(B, K N)`` (k-major) and ``rhs`` the columns ``[w w^T | e w | e^2]``.
-        With u = -A_R^-1 g / sigma2 and c_j = m_j / v_j,
-        ``sum_j c_j (e_j - w_j^T u)^2 = sum_j c_j e_j^2 + g^T P C P g + 2 g^T P f``,
-        P = A_R^-1 / sigma2, C = sum_j c_j w_j w_j^T, f = sum_j c_j e_j w_j.
-        """
-        b, d = m.shape
-        n = e.shape[0]
-        k = a_inv.shape[-1]
-        # (B, D): v_j = s2 + w_j^T A^-1 w_j, s2 folded into the GEMM (no pass of its own)
-        var = torch.cat([a_inv.reshape(b, k * k), s2.expand(b, 1)], dim=1) @ torch.cat(
-            [ww.T, torch.ones_like(ww[:, :1]).T], dim=0)
-        c = m / var
-        cb = c @ rhs  # sum_j c_j [w_j w_j^T | e_j w_j | e_j^2]
-        cww, f, quad = cb[:, :k * k].reshape(b, k, k), cb[:, k * k:-n], cb[:, -n:]
-        pm = a_inv / s2
-        g = g.reshape(b, k, n)
-        t = torch.baddbmm(torch.bmm(pm @ cww @ pm, g), pm, f.reshape(b, k, n),
-                          alpha=2.0)  # (B, K, N)
-        for i in range(k):  # contiguous adds over K, no strided reduce
-            quad = torch.addcmul(quad, g[:, i], t[:, i])
-        logv = torch.linalg.vecdot(torch.log(var), m)  # (B,): sum_j m_j log v_j
-        return -0.5 * ((m.sum(-1) * _LOG_2PI + logv)[:, None] + quad)
-
-    def nested_masked_log_prob(self, x: torch.Tensor, orders: torch.Tensor,
-                                generator: torch.Generator | None) -> torch.Tensor:
-        """Masked sums for every prefix of each shared order, by prefix sums: ``(P, D, N)``.
-
-        Along an order pi the observed set of the mask of size M is pi[M:], so
-        W_R^T W_R for all M is one suffix sum of w_i w_i^T, and g = W_M^T e_M
-        one prefix sum of e_i w_i (a suffix sum subtracted from sigma2 z* past
-        M = D/2): no GEMM over the tokens for them. Per-datum orders
-        ``(P, N, D)`` take the generic path.
-        """
-        if orders.ndim != 2:
-            return super().nested_masked_log_prob(x, orders, generator)
-        dtype, w, s2, zs, e = self._split(x)
-        d, k = w.shape
-        n, p = e.shape[0], orders.shape[0]
-        ww, ew, rhs = self._columns(x, w, e)
-        o = orders.to(w.device)
-        obs_ww = _sum_after(ww[o])  # size M (row M-1): W_R^T W_R over R = pi[M:]
-        eye = torch.eye(k, dtype=dtype, device=w.device)
-        a_inv = _spd_inverse(eye + obs_ww.reshape(p * d, k, k) / s2)
-        h = d // 2  # sizes 1..h: prefix sums; h+1..D: sigma2 z* minus suffix sums
-        ewp = ew[o]  # (P, D, K N): rows in the order's sequence
-        g = torch.cat([ewp[:, :h].cumsum(1),
-                       (s2 * zs).T.reshape(1, 1, k * n) - _sum_after(ewp[:, h:])], dim=1)
-        m = prefix_masks(o).to(dtype).reshape(p * d, d)
-        out = self._shared_sum(e, s2, ww, rhs, m, a_inv, g.reshape(p * d, k * n))
-        return out.reshape(p, d, n)
-
+    # ------------------------------------------------------------------ fast reductions
     def masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor,
-                         generator: torch.Generator | None) -> torch.Tensor:
+                        generator: torch.Generator | None) -> torch.Tensor:
         """Sum of log p(x_j | x_R) over the masked tokens of each mask: ``(B, N)``.
 
         Same quantity as ``_log_conditionals(...).sum(-1)``, computed without
-        the per-token array when masks are shared (see the module docstring)
-        and with fewer passes over it when they are not.
+        the per-token array when masks are shared
+        (:func:`~mptlml.models._ppca_reductions.shared_masked_sum`) and with
+        fewer passes over it when they are not
+        (:func:`~mptlml.models._ppca_reductions.per_datum_masked_sum`).
         """
-        dtype, w, s2, zs, e = self._split(x)
-        d, k = w.shape
-        n = e.shape[0]
-        m = mask.to(dtype)  # masked indicator
-        eye = torch.eye(k, dtype=dtype, device=w.device)
+        _, w, s2, zs, e, ldt = self._split(x)
         if mask.ndim == 2:  # (B, D): shared masks, no (B, N, D) array
-            ww, ew, rhs = self._columns(x, w, e)
-            if dtype == torch.float64:  # rounding far below any tolerance: fewest passes
-                mg = m @ rhs[:, :k * k + k * n]  # [W_M^T W_M | W_M^T e_M], one read of m
-                obs, g = ww.sum(0) - mg[:, :k * k], mg[:, k * k:]
-            else:
-                # A_R from the observed set (a sum of positive terms: no cancellation);
-                # g = W_M^T e_M (= sigma2 z* - W_R^T e_R, since W^T e = sigma2 z*) summed
-                # over the masked set when M <= D/2, over the observed one otherwise
-                # (fewer rounded terms, no cancellation): g = (m - f) @ [e w] + f sigma2 z*.
-                obs = (1.0 - m) @ ww
-                flag = (m.sum(-1) > d / 2).to(dtype)
-                g = torch.addr(m.sub(flag[:, None]) @ ew, flag, (s2 * zs).T.reshape(k * n))
-            a_inv = _spd_inverse(eye + obs.reshape(-1, k, k) / s2)
-            return self._shared_sum(e, s2, ww, rhs, m, a_inv, g)
-        ww = _outer_rows(w)
-        num_masked = m.sum(-1)
-        r = 1.0 - m  # observed indicator
-        g = (r.reshape(-1, d) @ ww).reshape(*mask.shape[:-1], k, k)  # W_R^T W_R, observed
-        a_inv = _spd_inverse(eye + g / s2)
-        var = s2 + a_inv.reshape(-1, k * k) @ ww.T  # v_j = s2 + w_j^T A^-1 w_j
-        # (B, N, D): one mask per datum
-        var = var.reshape(mask.shape)
-        h = (r * e) @ w / s2
-        u = (a_inv @ (h - zs)[..., None])[..., 0]
-        inplace = not (torch.is_grad_enabled() and (w.requires_grad or s2.requires_grad
-                                                    or e.requires_grad))
-        res = e - u @ w.T
-        if inplace:
-            res.square_().div_(var).add_(var.log_()).mul_(m)
-            terms = res
-        else:
-            terms = m * (res * res / var + torch.log(var))
-        return -0.5 * (num_masked * _LOG_2PI + terms.sum(-1))
+            return red.shared_masked_sum(w, s2, zs, e, self._columns(x, w, e), mask, ldt)
+        return red.per_datum_masked_sum(w, s2, zs, e, mask, ldt)
+
+    def nested_masked_log_prob(self, x: torch.Tensor, orders: torch.Tensor,
+                               generator: torch.Generator | None) -> torch.Tensor:
+        """Masked sums for every prefix of each order: ``(P, D, N)``.
+
+        Shared orders ``(P, D)`` by prefix sums along the order
+        (:func:`~mptlml.models._ppca_reductions.nested_masked_sum`); per-datum
+        orders ``(P, N, D)`` take the generic path.
+        """
+        if orders.ndim != 2:
+            return super().nested_masked_log_prob(x, orders, generator)
+        _, w, s2, zs, e, ldt = self._split(x)
+        return red.nested_masked_sum(w, s2, zs, e, self._columns(x, w, e), orders, ldt)
 
     def grid_masked_log_prob(self, x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor,
-                              generator: torch.Generator | None, *, data_means: bool = True
-                              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                             generator: torch.Generator | None, *, data_means: bool = True
+                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Grid sums (see :meth:`MaskedModel.grid_masked_log_prob`) by quadratic forms.
 
         With shared masks, and when it is cheaper than scoring every (mask,
@@ -443,134 +321,52 @@ class PPCA(MaskedModel):
 
     def _grid_by_quadratic_forms(self, rows: int, cols: int, num_data: int,
                                  data_means: bool) -> bool:
-        """Whether :meth:`_grid_quadratic_forms` costs fewer flops than the direct sums.
-
-        Direct: GEMMs of the masks against ``[w w^T | e w | e^2]``, about
-        2 B D N (2K + 1), plus O(B N K) after them. Quadratic forms: two
-        (one without ``data_means``) batched GEMMs of 2 B K D^2, the forms
-        2 A N D^2, plus O(B D K). So the forms win when D is small next to N.
-        """
-        d, k = self.num_tokens, self.latent_dim
-        b = rows * cols
-        direct = b * num_data * (2 * d * (2 * k + 1) + 10 * k)
-        forms = b * d * (2 * k * d * (1 + int(data_means)) + 10 * k) + 2 * rows * num_data * d * d
-        return forms < direct
+        """:func:`~mptlml.models._ppca_reductions.grid_by_quadratic_forms` for this model."""
+        return red.grid_by_quadratic_forms(self.num_tokens, self.latent_dim, rows, cols,
+                                           num_data, data_means)
 
     def _grid_quadratic_forms(self, x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor,
                               data_means: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Grid sums for shared masks ``(A, C, D)`` through one D x D form per row, float64.
-
-        For one mask (module docstring), u = -P g with g = W_M^T e = R^T e,
-        R = (m o W) and P = A_R^{-1} / sigma2, so the masked sum is
-        ``const - 0.5 e^T (diag(c) + L^T R^T) e`` with L = H R^T + 2 P (c o W)^T,
-        H = P C P. Summed over a grid row with weights omega::
-
-            rows[a, n] = sum_c omega k_c - 0.5 (sum_c omega c_c . e_n^2
-                         + e_n^T G_a e_n),   G_a = sum_c L_c^T (omega R_c)^T,
-
-        and ``cols`` uses sum_a omega L^T R^T contracted with the data second
-        moment (1/N) sum_n e_n e_n^T. Cost: batched GEMMs of 2 B K D^2 and
-        2 A N D^2 flops and passes over (B, D) arrays, against
-        2 B D N (2K + 1) and passes over (B, N, K) arrays for the direct sums.
-        Computed in float64 (the expanded form cancels; the arrays are small).
-        """
+        """:func:`~mptlml.models._ppca_reductions.grid_quadratic_forms`, in float64."""
         f64 = torch.float64
-        zs, e, _ = self._cached(x, "recentre", lambda: self._recentre(x))
-        w, s2 = self.W.to(f64), self.sigma2.to(f64)
-        d, k = w.shape
-        n = e.shape[0]
-        a, c = mask.shape[:2]
-        b = a * c
-        m = mask.reshape(b, d).to(f64)
-        omega = weight.reshape(b).to(dtype=f64, device=w.device)
-        ww = _outer_rows(w)
-        eye = torch.eye(k, dtype=f64, device=w.device)
-        a_inv = _spd_inverse(eye + ((1.0 - m) @ ww).reshape(b, k, k) / s2)
-        var = s2 + a_inv.reshape(b, k * k) @ ww.T  # (B, D): v_j = s2 + w_j^T A^-1 w_j
-        cm = m / var
-        const = -0.5 * (m.sum(-1) * _LOG_2PI + torch.log(var).mul_(m).sum(-1))  # (B,)
-        pm = a_inv / s2
-        h = pm @ (cm @ ww).reshape(b, k, k) @ pm
-        mw = m * omega[:, None]
-        g_rows = torch.zeros(a, d, d, dtype=f64, device=w.device)
-        g_cols = torch.zeros(c, d, d, dtype=f64, device=w.device) if data_means else None
-        for i in range(k):  # row i of L and of R, each (B, D)
-            left = _times_wt(h[:, i], w).mul_(m).addcmul_(cm, _times_wt(2.0 * pm[:, i], w))
-            left, right = left.view(a, c, d), (mw * w[:, i]).view(a, c, d)
-            g_rows.baddbmm_(left.transpose(1, 2), right)
-            if g_cols is not None:
-                g_cols.baddbmm_(left.permute(1, 2, 0), right.transpose(0, 1))
-        et = e.T.contiguous()  # (D, N)
-        cw = (cm * omega[:, None]).view(a, c, d)
-        quad = cw.sum(1) @ (et * et) + (g_rows.view(a * d, d) @ et).view(a, d, n).mul_(et).sum(1)
-        weighted = (omega * const).view(a, c)
-        rows = weighted.sum(1)[:, None] - 0.5 * quad
-        if g_cols is None:
-            return rows, None
-        second = et @ e / n  # (1/N) sum_n e_n e_n^T
-        cols = weighted.sum(0) - 0.5 * (cw.sum(0) @ torch.diagonal(second)
-                                        + (g_cols * second).sum((1, 2)))
-        return rows, cols
+        self._latent_dtype()  # refuses a model no dtype can score
+        _, e, _ = self._cached(x, "recentre", lambda: self._recentre(x))
+        return red.grid_quadratic_forms(self.W.to(f64), self.sigma2.to(f64), e, mask, weight,
+                                        data_means)
 
     def masked_log_prob_mean(self, x: torch.Tensor, mask: torch.Tensor,
-                              generator: torch.Generator | None) -> torch.Tensor:
-        """Mean over the data of the masked-token log-likelihood, shared masks: ``(B,)``.
+                             generator: torch.Generator | None) -> torch.Tensor:
+        """Mean over the data of :meth:`masked_log_prob` for shared masks: ``(B,)`` float64.
 
-        For a mask with observed set R, the residual of token j is linear in
-        ``y = x - mu``::
-
-            x_j - E[x_j | x_R] = y_j - sum_{i in R} (w_i^T v_j) y_i,
-            v_j = A_R^{-1} w_j / sigma2,   A_R = I + W_R^T W_R / sigma2
-
-        (Woodbury: ``C_jR C_RR^{-1} = v_j^T W_R^T``), so its mean square over the
-        data is ``c_j^T S c_j`` with ``S = (1/N) sum_n y_n y_n^T``, computed once
-        for all masks as the data covariance plus ``(xbar - mu)(xbar - mu)^T``.
-        The cost per mask is O(D^2 K), independent of N, and the value equals
-        ``masked_log_prob(x, mask).mean(-1)`` (tested). Computed in float64
-        (the arrays are D x D), returned as float64.
+        From the data's second moment in O(D^2 K) per mask, independent of N
+        (:func:`~mptlml.models._ppca_reductions.masked_mean_by_moments`).
         """
         if mask.ndim != 2:
             return super().masked_log_prob_mean(x, mask, generator)
         f64 = torch.float64
-        w, s2, mu = self.W.to(f64), self.sigma2.to(f64), self.mu.to(f64)
-        d, k = w.shape
-        with torch.no_grad():
-            xd = x.detach().to(f64)
-            xbar = xd.mean(0)
-            xc = xd - xbar
-            cov = xc.T @ xc / xd.shape[0]
-        dm = xbar - mu
-        sy = cov + dm[:, None] * dm[None, :]  # (1/N) sum_n (x_n - mu)(x_n - mu)^T
-        m = mask.to(f64)
-        r = 1.0 - m
-        ww = _outer_rows(w)
-        eye = torch.eye(k, dtype=f64, device=w.device)
-        a_inv = _spd_inverse(eye + (r @ ww).reshape(-1, k, k) / s2)  # (B, K, K)
-        v = a_inv @ w.T / s2  # (B, K, D): column j is v_j
-        var = s2 * (1.0 + (w.T[None] * v).sum(1))  # (B, D): s2 + w_j^T A^-1 w_j
-        coef = torch.eye(d, dtype=f64, device=w.device) - r[:, :, None] * (w @ v)  # (B, D, D)
-        msq = (coef * (sy @ coef)).sum(1)  # (B, D): mean squared residual of each token
-        terms = m * (torch.log(var) + msq / var)
-        return -0.5 * (m.sum(-1) * _LOG_2PI + terms.sum(-1))
+        self._latent_dtype()  # refuses a model no dtype can score
+        return red.masked_mean_by_moments(self.W.to(f64), self.sigma2.to(f64), self.mu.to(f64),
+                                          x, mask)
 
+    # ------------------------------------------------------------------ reference path
     def _log_conditionals(self, x: torch.Tensor, mask: torch.Tensor,
                           generator: torch.Generator | None) -> torch.Tensor:
-        dtype, w, s2, zs, e = self._split(x)
+        """Reference conditionals, token by token (the closed form of the module docstring)."""
+        dtype, w, s2, zs, e, ldt = self._split(x)
         d, k = w.shape
         r = (~mask).to(dtype)  # observed indicator
-        ww = _outer_rows(w)
-        g = (r @ ww).reshape(*r.shape[:-1], k, k)  # W_R^T W_R, summed over observed dims
-        a_inv = _spd_inverse(torch.eye(k, dtype=dtype, device=w.device) + g / s2)
+        a_inv = red.latent_inverse(w, s2, r, ldt)[0]  # A_R^{-1}, W_R^T W_R over observed dims
         if mask.ndim == 2:  # (B, D): masks shared across the data
             b, n = mask.shape[0], x.shape[0]
             ew = (e.T[:, :, None] * w[:, None, :]).reshape(d, n * k)
             h = (r @ ew).reshape(b, n, k) / s2
-            u = torch.einsum("bkl,bnl->bnk", a_inv, h - zs)
-            var = s2 + torch.einsum("dk,bkl,dl->bd", w, a_inv, w)[:, None, :]
+            u = torch.einsum("bkl,bnl->bnk", a_inv, (h - zs).to(ldt)).to(dtype)
+            var = s2 + torch.einsum("dk,bkl,dl->bd", w.to(ldt), a_inv, w.to(ldt))[:, None, :]
         else:  # (B, N, D): one mask per datum
             h = (r * e) @ w / s2
-            u = (a_inv @ (h - zs)[..., None])[..., 0]
-            var = s2 + torch.einsum("dk,bnkl,dl->bnd", w, a_inv, w)
+            u = (a_inv @ (h - zs).to(ldt)[..., None])[..., 0].to(dtype)
+            var = s2 + torch.einsum("dk,bnkl,dl->bnd", w.to(ldt), a_inv, w.to(ldt))
+        var = var.to(dtype)
         res = e - u @ w.T
         logp = -0.5 * (_LOG_2PI + torch.log(var) + res * res / var)
         m = mask[:, None, :] if mask.ndim == 2 else mask

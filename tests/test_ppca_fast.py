@@ -1,10 +1,10 @@
-"""The fast paths of the engine against the per-token reference paths."""
+"""PPCA's fast reductions against the per-token reference paths: shared, per-datum,
+nested (prefix sums) and grid (quadratic forms) sums, in float64 and ill-conditioned float32."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -126,85 +126,6 @@ def test_grid_dispatch_by_cost():
     torch.testing.assert_close(rows_g.detach(), rows, atol=1e-10, rtol=0)
 
 
-def test_masks_exact_sizes_mixed_groups_and_reproducible():
-    sizes = torch.randint(1, 65, (40, 30), generator=torch.Generator().manual_seed(0))
-    m = sample_masks(64, sizes, num_data=30, generator=3)
-    assert (m.sum(-1) == sizes).all()
-    assert torch.equal(m, sample_masks(64, sizes, num_data=30, generator=3))
-    assert not torch.equal(m, sample_masks(64, sizes, num_data=30, generator=4))
-
-
-def test_masks_uniform_over_positions_and_pairs():
-    """Each token is masked with probability M/D, each pair with M(M-1)/(D(D-1))."""
-    d, m_size, b = 8, 3, 40000
-    m = sample_masks(d, torch.full((b,), m_size), generator=5).double()
-    p1 = m.mean(0).numpy()
-    se1 = math.sqrt((m_size / d) * (1 - m_size / d) / b)
-    assert np.abs(p1 - m_size / d).max() < 5 * se1
-    pair = (m.T @ m / b).numpy()[np.triu_indices(d, 1)]
-    q = m_size * (m_size - 1) / (d * (d - 1))
-    assert np.abs(pair - q).max() < 5 * math.sqrt(q * (1 - q) / b)
-
-
-def test_masks_wide_rows_by_partition():
-    """D > 128 selects by partition, per distinct size: exact sizes, uniform positions."""
-    d, b = 200, 3000
-    sizes = torch.tensor([1, 30, 199, 200]).repeat(b // 4)
-    m = sample_masks(d, sizes, generator=8)
-    assert (m.sum(-1) == sizes).all()
-    rows = m[sizes == 30].double()
-    se = math.sqrt(0.15 * 0.85 / rows.shape[0])
-    assert (rows.mean(0) - 0.15).abs().max() < 5 * se
-    wide = sample_masks(5000, torch.tensor([1, 2500, 4999]), generator=8)  # 64-bit keys
-    assert wide.sum(-1).tolist() == [1, 2500, 4999]
-
-
-def test_masks_redraw_rows_with_a_tie_at_the_threshold(monkeypatch):
-    """Keys with one random bit tie all the time; index tie-breaks would favour low
-    columns, so rows tied at the M-th key are drawn again and stay uniform."""
-    import mptlml.masks as masks_mod
-
-    full = masks_mod._random_keys
-
-    def one_bit(rng, rows, d):
-        keys, shift = full(rng, rows, d)
-        top = keys.dtype.type(keys.dtype.itemsize * 8 - 1)
-        return ((keys >> top) << keys.dtype.type(shift)) | (keys & keys.dtype.type(
-            (1 << shift) - 1)), shift
-
-    monkeypatch.setattr(masks_mod, "_random_keys", one_bit)
-    d, m_size, b = 8, 3, 20000
-    m = sample_masks(d, torch.full((b,), m_size), generator=5).double()
-    assert (m.sum(-1) == m_size).all()
-    se1 = math.sqrt((m_size / d) * (1 - m_size / d) / b)
-    assert np.abs(m.mean(0).numpy() - m_size / d).max() < 5 * se1
-
-
-def test_masks_same_whatever_the_number_of_threads():
-    """Chunks are seeded in turn and fixed in size, so threads do not change the draw."""
-    sizes = torch.arange(1, 301).repeat(4)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = sample_masks(300, sizes, generator=11)
-        torch.set_num_threads(2)
-        two = sample_masks(300, sizes, generator=11)
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(one, two) and (one.sum(-1) == sizes).all()
-
-
-def test_keep_heap_opt_out_and_idempotent(monkeypatch):
-    from mptlml import _heap
-
-    monkeypatch.setenv("MPTLML_KEEP_HEAP", "0")
-    assert _heap._set_thresholds() is False
-    monkeypatch.delenv("MPTLML_KEEP_HEAP")
-    first = _heap.keep_heap()
-    assert isinstance(first, bool) and _heap.keep_heap() is first
-    assert _heap.heap_kept() is first
-
-
 def test_reuse_data_scope_caches_per_tensor_and_clears():
     """Inside reuse_data the terms of x are computed once; a new x or a closed scope recomputes."""
     model = _model(10, 2, 0.3)
@@ -223,25 +144,3 @@ def test_reuse_data_scope_caches_per_tensor_and_clears():
         with model.reuse_data():  # nested scopes share the cache
             assert model._cached(x, "t", compute) == 3
     assert model._data_scope is None and model._cached(x, "t", compute) == 5
-
-
-@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
-def test_mask_thread_pool_in_a_forked_child():
-    """The mask thread pool is per process: a forked child draws masks on threads of its own.
-
-    (Calls the sampler's core directly: torch's own OpenMP reductions are not fork-safe
-    once the parent has used them, which is torch's limitation, not the pool's.)
-    """
-    import multiprocessing as mp
-
-    sizes = torch.arange(1, 101).repeat(30)  # sorted chunks: the threaded path
-    sample_masks(100, sizes, generator=1)  # start the pool in the parent
-    with mp.get_context("fork").Pool(1) as pool:
-        total = pool.apply_async(_child_mask_total, (sizes.numpy(),)).get(timeout=60)
-    assert total == int(sizes.sum())
-
-
-def _child_mask_total(sizes):
-    from mptlml.masks import _masks_of_sizes
-
-    return int(_masks_of_sizes(torch.Generator().manual_seed(2), sizes, 100).sum())

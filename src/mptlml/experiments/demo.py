@@ -1,4 +1,4 @@
-"""The main job on built-in data: PPCA on scikit-learn's handwritten digits.
+"""``mptlml demo``, the main job on built-in data: PPCA on scikit-learn's handwritten digits.
 
 Fits PPCA (scikit-learn's PCA mapped to PPCA) to a training split of the 8x8
 digits, then estimates the held-out log-marginal likelihood with every MPT
@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from .estimators import estimate_lml, mpt_curve
-from .experiments.common import RunDir, print_table
-from .models import PPCA
+from ..estimation import estimate_lml, mpt_curve
+from ..models import PPCA
+from .common import RunDir, print_table, pyplot
 
 __all__ = ["run_demo"]
 
@@ -24,10 +24,6 @@ __all__ = ["run_demo"]
 def run_demo(out: str | Path = "runs/demo", *, overwrite: bool = False, num_masks: int = 10,
              seed: int = 0, latent_dim: int = 10) -> dict[str, Any]:
     """Run the demo and return its results (also written to ``out/results.json``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from sklearn.datasets import load_digits
     from sklearn.decomposition import PCA
     from sklearn.model_selection import train_test_split
@@ -67,7 +63,7 @@ def run_demo(out: str | Path = "runs/demo", *, overwrite: bool = False, num_mask
         {"size": m, "rate": r, "mean_S": float(s), "stderr": float(e)}
         for m, r, s, e in zip(curve.sizes, curve.rates, curve.mean, curve.stderr, strict=True)
     ])
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     mean, se = curve.mean.numpy(), curve.stderr.numpy()
     ax.plot(curve.rates, mean, color="C0", label=f"S(x; M), area = {curve.area:.1f}")
     ax.fill_between(curve.rates, mean - 2 * se, mean + 2 * se, color="C0", alpha=0.25)

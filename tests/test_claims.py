@@ -1,0 +1,317 @@
+"""Each experiment's ``claims(results)`` as a unit: fabricated results that hold and that fail.
+
+The results dicts copy the structure each experiment's ``run()`` returns
+(only the keys ``claims`` reads). For every claim a "good" dict must hold and
+a dict broken in one number must flip that claim (and only that one) to
+False, so a claim forced to "holds" or one that cannot fail is caught.
+
+The area claim (Fig. 4) is also run end to end on a small setting: the true
+area holds and the same area biased by 4% of the LML is refused; its Monte
+Carlo SE (``area_mc_stderr``) matches the spread of areas over mask seeds.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import mptlml
+from mptlml.experiments.antibody import claims as antibody_claims
+from mptlml.experiments.area import area_mc_stderr
+from mptlml.experiments.area import claims as area_claims
+from mptlml.experiments.bert import claims as bert_claims
+from mptlml.experiments.convergence import claims as convergence_claims
+from mptlml.experiments.curve_evolution import claims as curve_evolution_claims
+from mptlml.experiments.latent import claims as latent_claims
+from mptlml.experiments.select import claims as select_claims
+from mptlml.experiments.training import claims as training_claims
+from mptlml.models import PPCA
+
+
+def _verdicts(claims_fn, results) -> dict[str, bool | None]:
+    out = {}
+    for c in claims_fn(results):
+        assert set(c) >= {"claim", "paper", "ours", "holds"}, c
+        assert c["holds"] in (True, False, None), c  # a verdict, not a numpy bool or a number
+        assert c["claim"] not in out, f"duplicate claim {c['claim']!r}"
+        out[c["claim"]] = c["holds"]
+    return out
+
+
+def _check_flip(claims_fn, good, broken: dict[str, tuple], expected_claims: int) -> None:
+    """All of ``good`` holds; each broken variant flips exactly the named claim to False.
+
+    ``broken``: name -> (edit(results), substring of the claim that must fail).
+    """
+    base = _verdicts(claims_fn, good)
+    assert len(base) == expected_claims, base
+    assert all(v is True for v in base.values()), base
+    for name, (edit, target) in broken.items():
+        bad = copy.deepcopy(good)
+        edit(bad)
+        got = _verdicts(claims_fn, bad)
+        failed = [k for k, v in got.items() if v is False]
+        assert len(failed) == 1 and target in failed[0], (name, failed)
+        assert all(v is True for k, v in got.items() if k != failed[0]), (name, got)
+
+
+# ---------------------------------------------------------------------- convergence (Fig. 1)
+def _convergence_good():
+    return {
+        "paper_table1_sd": {"1": 0.47, "10": 0.12, "100": 0.03},
+        "panels": {
+            "D=5, all sizes": {"estimator": "cumulative", "P": [1, 10, 100],
+                               "sd_over_seeds": [0.4, 0.1, 0.03], "exact_lml": -7.0,
+                               "pooled_estimate": -7.004, "pooled_stderr": 0.002,
+                               "pooled_num_masks": 500, "bias": -0.004},
+            "D=512, fixed 15% (M=76)": {"estimator": "fixed-rate", "P": [1, 10, 100],
+                                        "sd_over_seeds": [0.3, 0.1, 0.03], "exact_lml": -600.0,
+                                        "pooled_estimate": -590.0, "pooled_stderr": 0.05,
+                                        "pooled_num_masks": 500, "bias": 10.0},
+        },
+    }
+
+
+def test_convergence_claims_flip():
+    cum, fix = "D=5, all sizes", "D=512, fixed 15% (M=76)"
+
+    def sd_grows(r):
+        r["panels"][cum]["sd_over_seeds"] = [0.1, 0.2, 0.03]
+
+    def cum_biased(r):  # 5 SE off the exact LML
+        p = r["panels"][cum]
+        p["bias"] = 5 * p["pooled_stderr"]
+        p["pooled_estimate"] = p["exact_lml"] + p["bias"]
+
+    def fixed_unbiased(r):  # a fixed rate that landed on the LML: its "bias" claim fails
+        p = r["panels"][fix]
+        p["bias"] = 2 * p["pooled_stderr"]
+
+    _check_flip(convergence_claims, _convergence_good(),
+                {"sd": (sd_grows, "spread over seeds shrinks"),
+                 "bias": (cum_biased, "converges to the exact LML"),
+                 "fixed": (fixed_unbiased, "biased value")}, expected_claims=3)
+
+
+# ---------------------------------------------------------------------- training (Fig. 2)
+def _training_good():
+    return {
+        "gt_lml": -10.0, "mle_lml": -9.98, "gt_fixed_rate_bias": 1.00,
+        "settings": {
+            "all-sizes": {"final_exact_lml_min": -10.02, "max_rel_gap_to_gt": 0.002,
+                          "epochs": 1000},
+            "fixed-rate": {"final_exact_lml_min": -10.05, "max_rel_gap_to_gt": 0.005,
+                           "epochs": 4000, "bias_last_half_mean": 1.02,
+                           "bias_rel_spread_max": 0.01},
+        },
+    }
+
+
+def test_training_claims_flip():
+    def gap_all(r):
+        r["settings"]["all-sizes"]["max_rel_gap_to_gt"] = 0.02
+
+    def gap_fixed(r):
+        r["settings"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.011
+
+    def spread(r):
+        r["settings"]["fixed-rate"]["bias_rel_spread_max"] = 0.03
+
+    def trained_bias(r):
+        r["settings"]["fixed-rate"]["bias_last_half_mean"] = 1.08
+
+    _check_flip(training_claims, _training_good(),
+                {"all": (gap_all, "all sizes"), "fixed": (gap_fixed, "fixed-rate MPT: final"),
+                 "spread": (spread, "is constant"), "bias": (trained_bias, "trained bias")},
+                expected_claims=4)
+
+
+# ---------------------------------------------------------------------- latent (Fig. 3)
+def _latent_good():
+    return {
+        "linear": {"mnist": {"mpt_relative_gap": -0.004, "mpt": {"lml": -100.4},
+                             "elbo": {"lml": -100.0}}},
+        "deep": {"mnist": {"mpt": {"is_lml_initial": -500.0, "is_lml": -120.0},
+                           "elbo": {"is_lml": -110.0}}},
+        "skipped": {},
+    }
+
+
+def test_latent_claims_flip():
+    def gap(r):
+        r["linear"]["mnist"]["mpt_relative_gap"] = -0.02
+
+    def falls(r):
+        r["deep"]["mnist"]["mpt"]["is_lml"] = -501.0
+
+    _check_flip(latent_claims, _latent_good(),
+                {"gap": (gap, "linear Bernoulli"), "deep": (falls, "deep VAE")},
+                expected_claims=2)
+    skipped = _latent_good()
+    skipped["skipped"] = {"fashion": "no network"}
+    assert _verdicts(latent_claims, skipped)["fashion: data available"] is None
+
+
+# ---------------------------------------------------------------------- curve evolution (Fig. 5)
+def _curve_evolution_good():
+    cps = [{"epoch": e, "area": lml + d, "exact_lml": lml, "area_minus_exact": d}
+           for e, lml, d in ((0, -60.0, 0.3), (100, -20.0, -0.1), (600, -10.01, 0.02))]
+    return {"gt_lml": -10.0, "mle_lml": -9.98, "checkpoints": cps, "final_area": -9.99,
+            "final_rel_gap_to_gt": 0.001}
+
+
+def test_curve_evolution_claims_flip():
+    def final(r):
+        r["final_rel_gap_to_gt"] = 0.015
+
+    def track(r):
+        r["checkpoints"][1]["area_minus_exact"] = 0.5  # 2.5% of |-20|
+
+    _check_flip(curve_evolution_claims, _curve_evolution_good(),
+                {"final": (final, "final area"), "track": (track, "every checkpoint")},
+                expected_claims=2)
+
+
+# ---------------------------------------------------------------------- antibody (Table 2 style)
+def _antibody_good():
+    return {"models": {"pretrained": {"area": -200.0, "area_se": 3.0},
+                       "random_init": {"area": -330.0, "area_se": 2.0,
+                                       "mean_log_prob_per_token": -3.25}},
+            "log_uniform": -math.log(25)}
+
+
+def test_antibody_claims_flip():
+    def close(r):  # 4 combined SEs apart: not "far above"
+        r["models"]["pretrained"]["area"] = -330.0 + 4 * math.hypot(3.0, 2.0)
+
+    def not_uniform(r):
+        r["models"]["random_init"]["mean_log_prob_per_token"] = -2.8
+
+    _check_flip(antibody_claims, _antibody_good(),
+                {"close": (close, "above random-init"), "uniform": (not_uniform, "-ln 25")},
+                expected_claims=2)
+
+
+# ---------------------------------------------------------------------- BERT (Table 2)
+def _bert_good():
+    return {"table2": [{"task": "cola", "pretrained": -1200.004, "random": -9000.0,
+                        "paper_pretrained": -1200.0, "paper_random": -9000.005}],
+            "computed": None}
+
+
+def test_bert_claims_flip():
+    def off(r):
+        r["table2"][0]["random"] = -9000.03
+
+    def close(r):  # both match the paper but the paper's gap would not be reproduced
+        r["table2"][0].update(pretrained=-8500.0, paper_pretrained=-8500.0)
+
+    _check_flip(bert_claims, _bert_good(),
+                {"off": (off, "random"), "gap": (close, "pre-trained area >>")},
+                expected_claims=3)
+    computed = _bert_good()
+    computed["computed"] = {"cola-pretrained": {"area": -1201.0}}
+    assert _verdicts(bert_claims, computed)["recomputed area, cola-pretrained"] is None
+
+
+# ---------------------------------------------------------------------- select
+def _select_good():
+    return {"cases": [{"case": "ppca-synthetic-k3", "true_k": 3, "num_masks": 4,
+                       "resolved": True, "choices": {"MPT": 3, "Exact": 3, "BIC": 3}},
+                      {"case": "ppca-digits", "true_k": None, "num_masks": 4,
+                       "resolved": True, "choices": {"MPT": 9, "Exact": 9, "BIC": 7}}]}
+
+
+def test_select_claims_flip():
+    def wrong_vs_exact(r):
+        r["cases"][1]["choices"]["MPT"] = 8
+
+    def wrong_true(r):  # MPT agrees with the exact LML, which is not the true K
+        r["cases"][0]["choices"].update(MPT=4, Exact=4)
+
+    _check_flip(select_claims, _select_good(),
+                {"exact": (wrong_vs_exact, "ppca-digits: MPT picks"),
+                 "true": (wrong_true, "recovers the true K")}, expected_claims=3)
+
+
+# ---------------------------------------------------------------------- area (Fig. 4)
+def _area_good():
+    # numbers of the quick setting: the spread across data is ~3x the Monte Carlo SE
+    return {"num_tokens": 40, "num_data": 200, "panels": [
+        {"panel": 0, "latent_dim": 5, "num_masks": 1, "area": -37.90, "area_stderr": 0.35,
+         "area_mc_stderr": 0.10, "exact_lml": -37.71, "roughness": 0.05},
+        {"panel": 1, "latent_dim": 5, "num_masks": 20, "area": -37.75, "area_stderr": 0.31,
+         "area_mc_stderr": 0.024, "exact_lml": -37.71, "roughness": 0.01},
+    ]}
+
+
+def test_area_claims_flip():
+    def biased(r):  # +4% of the LML: well inside 4 spreads across data, 15 MC SEs out
+        p = r["panels"][0]
+        p["area"] = p["exact_lml"] + 0.04 * abs(p["exact_lml"])
+
+    def biased_small(r):  # 5 MC SEs at P = 20 (0.3% of the LML)
+        p = r["panels"][1]
+        p["area"] = p["exact_lml"] - 5 * p["area_mc_stderr"]
+
+    def rough(r):
+        r["panels"][1]["roughness"] = 0.06
+
+    _check_flip(area_claims, _area_good(),
+                {"bias": (biased, "K=5, P=1)"), "small": (biased_small, "K=5, P=20)"),
+                 "rough": (rough, "smoother")}, expected_claims=3)
+
+
+def test_area_claim_without_mc_stderr_is_unchecked():
+    res = _area_good()
+    del res["panels"][0]["area_mc_stderr"]
+    got = _verdicts(area_claims, res)
+    assert got["area = LML (K=5, P=1)"] is None
+
+
+@pytest.fixture(scope="module")
+def area_run(tmp_path_factory):
+    from mptlml.experiments import run_experiment
+
+    out = tmp_path_factory.mktemp("area")
+    return run_experiment("area", out / "area", quick=True, overrides={
+        "num_data": 100, "num_tokens": 16, "panels": ("3:1", "3:8")})["results"]
+
+
+def test_area_run_true_holds_biased_refused(area_run):
+    res = area_run
+    panels = res["panels"]
+    assert all(p["area_mc_stderr"] > 0 for p in panels)
+    v = _verdicts(area_claims, res)
+    assert v["area = LML (K=3, P=1)"] is True and v["area = LML (K=3, P=8)"] is True
+    for i in range(len(panels)):
+        bad = copy.deepcopy(res)
+        bad["panels"][i]["area"] = panels[i]["exact_lml"] + 0.04 * abs(panels[i]["exact_lml"])
+        k, p = panels[i]["latent_dim"], panels[i]["num_masks"]
+        assert _verdicts(area_claims, bad)[f"area = LML (K={k}, P={p})"] is False
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_area_mc_stderr_matches_spread_over_mask_seeds(shared):
+    """The MC SE of the area (given the data) equals the SD of the area over mask seeds."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = PPCA.random(8, 2, sigma2=0.2, seed=3)
+        x = model.sample(40, generator=4)
+        p = 3
+        areas = np.array([mptlml.mpt_curve(model, x, num_masks=p, seed=500 + s,
+                                           share_masks=shared).area for s in range(300)])
+        ses = np.array([area_mc_stderr(model, x, p, seed=2000 + s, share_masks=shared)
+                        for s in range(40)])
+    finally:
+        torch.set_num_threads(old)
+    ratio = areas.std(ddof=1) / math.sqrt(np.mean(ses ** 2))
+    assert 0.8 < ratio < 1.25, ratio
+    if not shared:  # and it is not the spread across data points, larger here
+        curve = mptlml.mpt_curve(model, x, num_masks=p, seed=0, share_masks=shared)
+        assert curve.area_stderr > 2 * areas.std(ddof=1)
