@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 __all__ = ["DTYPES", "PretrainedLoaders", "hf_offline_mode", "hub_offline", "hub_reachable",
-           "load_antiberty", "load_pretrained", "resolve_dtype", "space_residues",
+           "dtype_name", "load_antiberty", "load_pretrained", "resolve_dtype", "space_residues",
            "tokenizer_files"]
 
 _AMINO_ACIDS = set("ACDEFGHIKLMNPQRSTVWY")
@@ -112,6 +112,11 @@ def resolve_dtype(dtype: Any = None, torch_dtype: Any = None) -> torch.dtype | s
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {d!r}; choose one of {sorted(DTYPES)} or 'auto'.")
     return DTYPES[name]
+
+
+def dtype_name(dtype: Any) -> str | None:
+    """``torch.bfloat16`` or ``"torch.bfloat16"`` -> ``"bfloat16"``; None stays None."""
+    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def tokenizer_files(directory: str | os.PathLike) -> list[str]:

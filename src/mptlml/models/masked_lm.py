@@ -34,13 +34,14 @@ import torch
 from torch import nn
 
 from .._validation import make_generator
-from .hf_loading import DTYPES, PretrainedLoaders, hub_reachable
+from .hf_loading import DTYPES, PretrainedLoaders, dtype_name, hub_reachable
 from .tokenizer_checks import check_tokenizer, check_unknown_tokens
 
 __all__ = ["CORRUPTIONS", "MaskedLM", "hub_reachable"]
 
 CORRUPTIONS = ("mask", "bert")
 _HEAD_NAMES = ("cls", "lm_head", "predictions")
+_AUTOCAST = ("bfloat16", "float16")
 
 
 class MaskedLM(PretrainedLoaders, nn.Module):
@@ -68,13 +69,10 @@ class MaskedLM(PretrainedLoaders, nn.Module):
     name : str, optional
         Label used in results (defaults to the model's ``name_or_path``).
     allow_unknown : bool
-        Accept a flood of unknown tokens (more than 5% of the encoded tokens,
-        or vocabulary tokens the tokenizer cannot reproduce) with a warning
-        instead of an error.
+        Unknown-token floods (:mod:`~mptlml.models.tokenizer_checks`) warn instead of raising.
     autocast : None, bool or {"bfloat16", "float16"}
-        Mixed precision of the forward pass (``torch.autocast`` on the model's
-        device). None or False: off (the model's own dtype). True: bfloat16
-        (float16 on a CUDA device without bfloat16). Recorded in results.
+        Mixed-precision forward (``torch.autocast``). None/False: off; True:
+        bfloat16 (float16 on a CUDA device without it). Recorded in results.
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, corruption: str = "mask",
@@ -90,6 +88,9 @@ class MaskedLM(PretrainedLoaders, nn.Module):
         if corruption not in CORRUPTIONS:
             raise ValueError(f"corruption must be one of {CORRUPTIONS}, got {corruption!r}.")
         check_tokenizer(model, tokenizer, allow_unknown=allow_unknown)
+        if autocast not in (None, True, False) and dtype_name(autocast) not in _AUTOCAST:
+            raise ValueError(f"autocast must be None, True, False, 'bfloat16' or 'float16'; "
+                             f"got {autocast!r}.")
         vocab = int(model.config.vocab_size)
         self.allow_unknown = bool(allow_unknown)
         self.autocast = autocast
@@ -125,8 +126,8 @@ class MaskedLM(PretrainedLoaders, nn.Module):
         first = next(self.parameters()).detach().flatten()[:64].double().cpu().numpy()
         return {"model": self.name, "num_parameters": int(params),
                 "weights_probe": hashlib.sha256(first.tobytes()).hexdigest()[:16],
-                "corruption": self.corruption, "dtype": str(self.dtype).removeprefix("torch."),
-                "autocast": _dtype_name(self.autocast_dtype)}
+                "corruption": self.corruption, "dtype": dtype_name(self.dtype),
+                "autocast": dtype_name(self.autocast_dtype)}
 
     @property
     def device(self) -> torch.device:
@@ -144,18 +145,15 @@ class MaskedLM(PretrainedLoaders, nn.Module):
         a = self.autocast
         if a is None or a is False:
             return None
-        if a is True:
-            if self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-                return torch.float16
-            return torch.bfloat16
-        if isinstance(a, str) and a.removeprefix("torch.") in ("bfloat16", "float16"):
-            return DTYPES[a.removeprefix("torch.")]
-        raise ValueError(f"autocast must be None, True, False, 'bfloat16' or 'float16'; got {a!r}.")
+        if a is not True:
+            return DTYPES[str(a).removeprefix("torch.")]
+        cuda_fp16 = self.device.type == "cuda" and not torch.cuda.is_bf16_supported()
+        return torch.float16 if cuda_fp16 else torch.bfloat16
 
     def settings(self) -> dict[str, Any]:
         """Device, dtype and autocast in use, as written into results."""
-        return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
-                "autocast": _dtype_name(self.autocast_dtype)}
+        return {"device": str(self.device), "dtype": dtype_name(self.dtype),
+                "autocast": dtype_name(self.autocast_dtype)}
 
     # ------------------------------------------------------------------ tokens
     def _special_frame(self) -> tuple[list[int], list[int]]:
@@ -230,7 +228,6 @@ class MaskedLM(PretrainedLoaders, nn.Module):
                     )
                 out.append(t)
         limit = self.max_content_length
-        unk = self.tokenizer.unk_token_id
         for i, t in enumerate(out):
             if t.numel() == 0:
                 raise ValueError(f"sequence {i} is empty (no tokens); remove it from the data.")
@@ -242,11 +239,10 @@ class MaskedLM(PretrainedLoaders, nn.Module):
                         "Shorten it, or pass truncate=True (--truncate) to cut it."
                     )
                 out[i] = t[:limit]
-        check_unknown_tokens(out, unk, str(self.tokenizer.unk_token),
+        check_unknown_tokens(out, self.tokenizer.unk_token_id, str(self.tokenizer.unk_token),
                              allow_unknown=self.allow_unknown)
         return out
 
-    # ------------------------------------------------------------------ inputs
     def corrupt(self, ids: torch.Tensor, masks: torch.Tensor,
                 generator: torch.Generator | None = None) -> torch.Tensor:
         """Model inputs ``(Q, T)`` for content ids ``(D,)`` and masks ``(Q, D)``.
@@ -452,7 +448,3 @@ class MaskedLM(PretrainedLoaders, nn.Module):
 
     def forward(self, x: Any, mask: Any) -> Any:  # pragma: no cover - alias
         return self.log_conditionals(x, mask)
-
-
-def _dtype_name(dt: torch.dtype | None) -> str | None:
-    return None if dt is None else str(dt).removeprefix("torch.")
