@@ -35,6 +35,7 @@ EXPERIMENTS: dict[str, str] = {
     "antibody": "mptlml.experiments.antibody",
     "bert": "mptlml.experiments.bert",
     "select": "mptlml.experiments.select",
+    "mlm-training": "mptlml.experiments.mlm_training",
 }
 
 
