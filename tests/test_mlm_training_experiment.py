@@ -63,13 +63,15 @@ def test_chain_rule_matches_a_hand_written_random_order(tmp_path):
     got = chain_rule_lml(mlm, ids, num_orders=2, seed=5)
     orders = random_orders(ids.shape[1], 2, num_data=2, generator=5)
     masks = prefix_masks(orders)
+    d = ids.shape[1]
+    # one call: every prefix mask of every order, all masked positions scored; keep pi(t)
+    lc = mlm.log_conditionals([row.tolist() for row in ids],
+                              [masks[:, :, i].reshape(2 * d, d) for i in range(2)])
     want = torch.zeros(2, dtype=torch.float64)
     for i in range(2):
         for p in range(2):
-            for t in range(ids.shape[1]):
-                j = int(orders[p, i, t])
-                lc = mlm.log_conditionals([ids[i].tolist()], [masks[p, t, i]])[0]
-                want[i] += lc[j] / 2
+            for t in range(d):
+                want[i] += lc[i][p * d + t, int(orders[p, i, t])] / 2
     torch.testing.assert_close(torch.as_tensor(got), want, rtol=1e-5, atol=1e-5)
 
 

@@ -7,7 +7,8 @@ scikit-learn's 8x8 digits, binarised exactly as ``load_images("digits")``, as
 64-token sequences over a two-pixel vocabulary, under
 
 - ``bert-15``: BERT's recipe, 15% Bernoulli masking with 80/10/10 corruption
-  (transformers' own ``DataCollatorForLanguageModeling``, the model's loss);
+  (transformers' own ``DataCollatorForLanguageModeling``, whose random tokens
+  come from the whole vocabulary, and the model's mean masked-token loss);
 - ``fixed-15``: exactly floor(0.15 D) = 9 tokens masked, pure [MASK], loss
   ``D * S_hat(x; 9)`` (:class:`mptlml.hf.DataCollatorForMPT`, fixed rate);
 - ``random-size``: M ~ U{1..D}, loss ``D * S_hat(x; M)``, the unbiased MPT
@@ -23,6 +24,16 @@ images: the exact (quadrature) LML of the Bernoulli latent linear model
 (K = 2) fitted by maximum likelihood on the same training images, and the
 exact LML of independent pixels. Samples are drawn from each model by
 unmasking one position at a time in a random order.
+
+Conventions: curve sizes are M = max(1, round(r D)) as in
+:func:`mptlml.mpt_curve`; the "15% score" uses the training size
+floor(0.15 D) = 9. Every model is scored with the same evaluation masks
+(``eval_seed``), so differences between objectives are paired over images
+and masks; a mean's standard error is over held-out images (it includes the
+mask-sampling noise), and a difference pooled over seeds takes the larger of
+the within-seed and between-seed standard errors. The variance of the
+batch-mean random-size loss with and without stratified sizes is measured on
+the seed-0 random-size model (``stratified`` in results.json).
 """
 
 from __future__ import annotations
@@ -210,13 +221,16 @@ def _train(cfg: Config, objective: str, seed: int, train_ids: torch.Tensor,
 
 
 # ---------------------------------------------------------------------- evaluation
+# The two adapters below are the only places that read the field names of the
+# MaskedLM results of estimate_lml / mpt_curve (to be unified with PPCA's).
 def _lml_per_sequence(est: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Per-sequence LML estimates and their Monte Carlo standard errors.
-
-    The one place that reads the field names of a MaskedLM ``estimate_lml``
-    result (``lml``, ``lml_se`` today).
-    """
+    """Per-sequence LML estimates and their Monte Carlo standard errors (``lml``, ``lml_se``)."""
     return np.asarray(est.lml, dtype=np.float64), np.asarray(est.lml_se, dtype=np.float64)
+
+
+def _curve_per_sequence(curve: Any) -> np.ndarray:
+    """``(N, K)`` per-sequence S(x_i; M_ik) of a MaskedLM MPT curve (``scores``)."""
+    return np.asarray(curve.scores, dtype=np.float64)
 
 
 def chain_rule_lml(mlm: MaskedLM, ids: torch.Tensor, num_orders: int, seed: int,
@@ -254,9 +268,12 @@ def _evaluate(cfg: Config, mlm: MaskedLM, test_ids: torch.Tensor) -> dict[str, A
                                                  seed=cfg.eval_seed, **kw))
     chain = chain_rule_lml(mlm, test_ids, cfg.chain_orders, cfg.eval_seed, cfg.token_budget)
     m15 = fixed_rate_size(cfg.rate, _D)
-    s15 = mpt_curve(mlm, seqs, rates=[m15 / _D], num_masks=cfg.score15_num_masks,
-                    seed=cfg.eval_seed, **kw).scores[:, 0]
-    return {"curve": curve.curve, "curve_se": curve.curve_se, "curve_scores": curve.scores,
+    s15 = _curve_per_sequence(mpt_curve(mlm, seqs, rates=[m15 / _D],
+                                        num_masks=cfg.score15_num_masks,
+                                        seed=cfg.eval_seed, **kw))[:, 0]
+    scores = _curve_per_sequence(curve)
+    mean, se = zip(*(_mean_se(col) for col in scores.T), strict=True)
+    return {"curve": np.array(mean), "curve_se": np.array(se), "curve_scores": scores,
             "lml": lml, "lml_mc_se": lml_se, "chain": chain,
             "pll": pll(mlm, seqs, **kw).numpy(), "score15": s15, "m15": m15}
 
