@@ -9,7 +9,15 @@ import torch
 
 from mptlml import estimate_lml
 from mptlml.estimators import fixed_rate_size
-from mptlml.hf import DataCollatorForMPT, draw_sequence_mask_sizes, mpt_batch_loss, mpt_loss
+from mptlml.hf import (
+    DataCollatorForMPT,
+    chain_rule_lml,
+    draw_sequence_mask_sizes,
+    mpt_batch_loss,
+    mpt_loss,
+    sample_random_order,
+)
+from mptlml.masks import prefix_masks, random_orders
 from mptlml.models import MaskedLM
 
 from .mlm_helpers import SENTENCES, make_tiny_bert
@@ -210,6 +218,48 @@ def test_weighted_loss_is_unbiased_for_the_mpt_sum(tiny):
     assert abs(z) < 4, "stratified: " + msg
     z, msg = z_of(DataCollatorForMPT(tok, estimator="fixed-rate", seed=9))
     assert abs(z) > 4, "the fixed-rate loss should be biased here: " + msg
+
+
+# ---------------------------------------------------------------------- random orders
+def test_chain_rule_matches_a_hand_written_random_order(tiny):
+    """chain_rule_lml = sum_t log q(x_pi(t) | x_pi(t+1..D)), scored one position at a time."""
+    model, tok = tiny
+    mlm = MaskedLM(model, tok)
+    ids = torch.tensor(tok(["the cat sat on a mat", "a big dog ran far away"],
+                           add_special_tokens=False)["input_ids"])
+    got = chain_rule_lml(mlm, ids, num_orders=2, seed=5)
+    orders = random_orders(ids.shape[1], 2, num_data=2, generator=5)
+    masks = prefix_masks(orders)
+    d = ids.shape[1]
+    # one call: every prefix mask of every order, all masked positions scored; keep pi(t)
+    lc = mlm.log_conditionals([row.tolist() for row in ids],
+                              [masks[:, :, i].reshape(2 * d, d) for i in range(2)])
+    want = torch.zeros(2, dtype=torch.float64)
+    for i in range(2):
+        for p in range(2):
+            for t in range(d):
+                want[i] += lc[i][p * d + t, int(orders[p, i, t])] / 2
+    torch.testing.assert_close(torch.as_tensor(got), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="special"):
+        chain_rule_lml(mlm, torch.tensor([[tok.cls_token_id, 5]]))
+
+
+def test_random_order_samples_follow_the_conditionals(tiny):
+    model, tok = tiny
+    mlm = MaskedLM(model, tok)
+    allowed = tok.convert_tokens_to_ids(["cat", "dog", "tree"])
+    x = sample_random_order(mlm, 3000, 1, allowed_ids=allowed, generator=0)
+    assert x.shape == (3000, 1) and set(x.flatten().tolist()) <= set(allowed)
+    # one position: the draw is the model's conditional given nothing, renormalised on allowed
+    with torch.no_grad():
+        inp = torch.tensor([[tok.cls_token_id, tok.mask_token_id, tok.sep_token_id]])
+        p = torch.softmax(model(input_ids=inp).logits[0, 1, allowed], -1).double()
+    counts = torch.tensor([(x == a).sum().item() for a in allowed], dtype=torch.float64)
+    chi2 = float(((counts - 3000 * p) ** 2 / (3000 * p)).sum())
+    assert chi2 < 2 + 5 * 2.0, f"chi2={chi2:.1f} with 2 degrees of freedom"
+    a = sample_random_order(mlm, 4, 6, generator=3)
+    assert torch.equal(a, sample_random_order(mlm, 4, 6, generator=3))
+    assert not torch.isin(a, torch.tensor(tok.all_special_ids)).any()
 
 
 # ---------------------------------------------------------------------- Trainer

@@ -5,14 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from mptlml.experiments import mlm_training
-from mptlml.experiments.mlm_training import chain_rule_lml, claims
-from mptlml.masks import prefix_masks, random_orders
-from mptlml.models import MaskedLM
-
-from .mlm_helpers import make_tiny_bert
+from mptlml.experiments.mlm_training import claims
 
 
 def _fabricated(*, lml_gap: float, at15: float, high: float, bern_gap: float,
@@ -49,30 +44,6 @@ def test_claims_fail_on_contrary_results():
     # a gap within noise is not evidence either way: the hypothesis is not confirmed
     res = _fabricated(lml_gap=0.1, at15=0.0, high=-0.005, bern_gap=0.2, z_chain=1.0)
     assert [c["holds"] for c in claims(res)] == [False, False, False, True]
-
-
-def test_chain_rule_matches_a_hand_written_random_order(tmp_path):
-    """chain_rule_lml = sum_t log q(x_pi(t) | x_pi(t+1..D)), scored one position at a time."""
-    from transformers import AutoTokenizer, BertForMaskedLM
-
-    path = make_tiny_bert(tmp_path / "bert", seed=1)
-    tok = AutoTokenizer.from_pretrained(path)
-    mlm = MaskedLM(BertForMaskedLM.from_pretrained(path), tok)
-    ids = torch.tensor(tok(["the cat sat on a mat", "a big dog ran far away"],
-                           add_special_tokens=False)["input_ids"])
-    got = chain_rule_lml(mlm, ids, num_orders=2, seed=5)
-    orders = random_orders(ids.shape[1], 2, num_data=2, generator=5)
-    masks = prefix_masks(orders)
-    d = ids.shape[1]
-    # one call: every prefix mask of every order, all masked positions scored; keep pi(t)
-    lc = mlm.log_conditionals([row.tolist() for row in ids],
-                              [masks[:, :, i].reshape(2 * d, d) for i in range(2)])
-    want = torch.zeros(2, dtype=torch.float64)
-    for i in range(2):
-        for p in range(2):
-            for t in range(d):
-                want[i] += lc[i][p * d + t, int(orders[p, i, t])] / 2
-    torch.testing.assert_close(torch.as_tensor(got), want, rtol=1e-5, atol=1e-5)
 
 
 def test_config_refuses_bad_settings():

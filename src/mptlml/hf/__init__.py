@@ -48,6 +48,9 @@ In a plain PyTorch loop::
     for examples in loader:              # lists of tokenizer outputs
         loss = mpt_batch_loss(model, collate(examples))
         loss.backward(); opt.step(); opt.zero_grad()
+
+Sampling and the chain rule over random orders: :func:`sample_random_order`,
+:func:`chain_rule_lml` (:mod:`mptlml.hf.orders`).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from typing import Any
 
 from .collator import CORRUPTIONS, ESTIMATORS, DataCollatorForMPT, draw_sequence_mask_sizes
 from .loss import IGNORE_INDEX, mpt_batch_loss, mpt_loss
+from .orders import chain_rule_lml, sample_random_order
 
 __all__ = [
     "CORRUPTIONS",
@@ -63,9 +67,11 @@ __all__ = [
     "IGNORE_INDEX",
     "DataCollatorForMPT",
     "MPTTrainer",
+    "chain_rule_lml",
     "draw_sequence_mask_sizes",
     "mpt_batch_loss",
     "mpt_loss",
+    "sample_random_order",
 ]
 
 
