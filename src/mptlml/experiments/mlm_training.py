@@ -77,9 +77,9 @@ class Config:
     intermediate_size: int = 128
     dropout: float = 0.1
     # optimisation (identical for every objective)
-    steps: int = 1500
+    steps: int = 3000
     batch_size: int = 64
-    lr: float = 2e-3
+    lr: float = 3e-3
     weight_decay: float = 0.01
     warmup_steps: int = 100
     rate: float = 0.15
@@ -239,7 +239,7 @@ def _evaluate(cfg: Config, mlm: MaskedLM, test_ids: torch.Tensor) -> dict[str, A
     lml, lml_se = _lml_per_sequence(estimate_lml(mlm, seqs, "cumulative",
                                                  num_masks=cfg.lml_num_masks,
                                                  seed=cfg.eval_seed, **kw))
-    chain = chain_rule_lml(mlm, test_ids, cfg.chain_orders, cfg.eval_seed, cfg.token_budget)
+    chain = chain_rule_lml(mlm, test_ids, cfg.chain_orders, cfg.eval_seed, **kw)
     m15 = fixed_rate_size(cfg.rate, _D)
     s15 = _curve_per_sequence(mpt_curve(mlm, seqs, rates=[m15 / _D],
                                         num_masks=cfg.score15_num_masks,
