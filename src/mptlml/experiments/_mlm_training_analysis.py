@@ -103,7 +103,8 @@ def figures(cfg: Config, run_dir: RunDir, evals: dict, refs: dict,
     ax.axvline(cfg.rate, color="0.5", ls=":", lw=1)
     ax.set_xlabel("masking rate M / D")
     ax.set_ylabel("S(x; M): mean log-prob of a masked pixel")
-    ax.set_title(f"held-out MPT curves (mean of {len(cfg.seeds)} seeds, +/-1 SE)")
+    ns = len(cfg.seeds)
+    ax.set_title(f"held-out MPT curves (mean of {ns} seed{'s' if ns > 1 else ''}, +/-1 SE)")
     ax.legend(frameon=False)
     for key, ls, label in (("bernoulli_lvm", "--", "Bernoulli LVM (exact)"),
                            ("independent", ":", "independent pixels (exact)")):
