@@ -28,6 +28,7 @@ import torch
 from ._validation import check_positive_int, check_rate, check_size, make_generator
 
 __all__ = [
+    "draw_sequence_mask_sizes",
     "MASK_SIZE_ESTIMATORS",
     "all_masks",
     "check_mask_size_args",
@@ -393,3 +394,48 @@ def draw_mask_sizes(estimator: str, num_tokens: int, num_masks: int, *,
         shape = (p,) if num_data is None else (p, check_positive_int(num_data, "num_data"))
         return torch.randint(1, d + 1, shape, generator=make_generator(generator))
     return torch.full((p,), size, dtype=torch.long)
+
+
+def draw_sequence_mask_sizes(num_maskable: torch.Tensor, estimator: str, *,
+                             rate: float = 0.15,
+                             stratified: bool = False,
+                             generator: torch.Generator | None = None) -> torch.Tensor:
+    """Mask size M_i of each sequence of a batch, from its D_i maskable tokens.
+
+    Parameters
+    ----------
+    num_maskable : LongTensor ``(B,)``
+        D_i per sequence (0 allowed: M_i = 0).
+    estimator : {"random-size", "fixed-rate"}
+        ``"random-size"``: M_i ~ U{1..D_i}, i.e. ``floor(U_i * D_i) + 1`` with
+        U_i ~ U[0, 1). ``"fixed-rate"``: ``max(1, floor(rate * D_i))``
+        (:func:`mptlml.masks.fixed_rate_size`).
+    rate : float
+        Masking rate of ``"fixed-rate"``.
+    stratified : bool
+        ``"random-size"`` only: U_i = (pi_i + V_i) / B with pi a uniformly
+        random permutation of 0..B-1 and V_i ~ U[0, 1). Each U_i is still
+        U[0, 1) (so each M_i is still U{1..D_i}: same expectation), but the
+        batch covers the B quantile strata of the sizes once each.
+    generator : torch.Generator, optional
+
+    Returns
+    -------
+    LongTensor ``(B,)``
+    """
+    if estimator not in ("random-size", "fixed-rate"):
+        raise ValueError(f"estimator must be 'random-size' or 'fixed-rate', got {estimator!r}.")
+    if stratified and estimator != "random-size":
+        raise ValueError("stratified=True applies to estimator='random-size' only.")
+    d = torch.as_tensor(num_maskable).long().flatten()
+    if bool((d < 0).any()):
+        raise ValueError(f"num_maskable must be >= 0, got {d.tolist()}.")
+    b = d.numel()
+    if estimator == "fixed-rate":
+        sizes = [fixed_rate_size(rate, int(n)) if int(n) > 0 else 0 for n in d.tolist()]
+        return torch.tensor(sizes, dtype=torch.long)
+    u = torch.rand(b, generator=generator, dtype=torch.float64)
+    if stratified and b > 1:
+        u = (torch.randperm(b, generator=generator).double() + u) / b
+    m = (u * d.double()).floor().long() + 1
+    return torch.where(d > 0, torch.minimum(m, d), torch.zeros_like(d))

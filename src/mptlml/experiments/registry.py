@@ -32,6 +32,7 @@ EXPERIMENTS: dict[str, str] = {
     "bert": "mptlml.experiments.bert",
     "antibody": "mptlml.experiments.antibody",
     "select": "mptlml.experiments.select",
+    "mlm-training": "mptlml.experiments.mlm_training",
 }
 
 

@@ -1,0 +1,136 @@
+"""Analysis and figures of ``reproduce mlm-training`` (:mod:`mptlml.experiments.mlm_training`).
+
+- :func:`comparisons`: paired differences between objectives (same held-out
+  images, same evaluation masks), pooled over seeds;
+- ``mpt_curve``: held-out MPT curves per objective (mean of the seeds' curves
+  per image, +/-1 standard error over images; Paired colours: dark line,
+  light band) and the cumulative LML per seed beside the exact references;
+- ``samples``: held-out digits, then samples of each seed-0 model by
+  random-order unmasking.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from .common import RunDir
+
+__all__ = ["OBJECTIVES", "comparisons", "figures", "mean_se"]
+
+#: objective name -> label in tables and figures
+OBJECTIVES = {"bert-15": "BERT 15% (80/10/10)", "fixed-15": "fixed 15% MPT",
+              "random-size": "random-size MPT"}
+
+
+def mean_se(v: np.ndarray) -> tuple[float, float]:
+    """Mean and its standard error (NaN for a single value)."""
+    v = np.asarray(v, dtype=np.float64)
+    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else math.nan
+
+
+def comparisons(cfg: Any, evals: dict, refs: dict) -> dict[str, Any]:
+    """Paired (same held-out images, same masks) differences between objectives."""
+    out: dict[str, Any] = {}
+    rates = cfg.rates()
+    hi = rates >= 0.7
+    i15 = int(np.argmin(np.abs(rates - cfg.rate)))
+
+    def pooled(a: str, b: str, fn: Any) -> dict[str, float] | None:
+        if a not in cfg.objectives or b not in cfg.objectives:
+            return None
+        d = [fn(evals[(a, s)]) - fn(evals[(b, s)]) for s in cfg.seeds]
+        per_seed = [mean_se(v) for v in d]
+        means = np.array([m for m, _ in per_seed])
+        within = math.sqrt(sum(se ** 2 for _, se in per_seed)) / len(per_seed)
+        between = float(means.std(ddof=1) / math.sqrt(means.size)) if means.size > 1 else 0.0
+        return {"mean": float(means.mean()), "stderr": max(within, between),
+                "per_seed": means.tolist(), "stderr_within": within, "stderr_between": between}
+
+    out["lml_random_minus_fixed"] = pooled("random-size", "fixed-15", lambda e: e["lml"])
+    out["lml_random_minus_bert"] = pooled("random-size", "bert-15", lambda e: e["lml"])
+    out["curve15_fixed_minus_random"] = pooled(
+        "fixed-15", "random-size", lambda e: e["curve_scores"][:, i15])
+    out["curve_high_fixed_minus_random"] = pooled(
+        "fixed-15", "random-size", lambda e: e["curve_scores"][:, hi].mean(1))
+    out["high_rate_threshold"] = 0.7
+    out["curve15_rate"] = float(rates[i15])
+    best = max(cfg.objectives, key=lambda o: np.mean([evals[(o, s)]["lml"].mean()
+                                                      for s in cfg.seeds]))
+    out["best_objective"] = best
+    gap = np.mean([evals[(best, s)]["lml"] for s in cfg.seeds], axis=0) - refs["bernoulli_lvm"]
+    m, se = mean_se(gap)
+    out["best_minus_bernoulli"] = {"mean": m, "stderr": se}
+    z = []
+    for e in evals.values():
+        d = e["lml"] - e["chain"]
+        m, se = mean_se(d)
+        z.append(m / se if se > 0 else 0.0)
+    out["chain_vs_cumulative_max_abs_z"] = float(np.max(np.abs(z)))
+    return out
+
+
+
+
+def figures(cfg: Any, run_dir: RunDir, evals: dict, refs: dict,
+            samples: dict[str, torch.Tensor], test_x: torch.Tensor) -> None:
+    """``mpt_curve.png`` (curves and LML per seed) and ``samples.png`` (random-order samples)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paired = plt.get_cmap("Paired").colors  # (light, dark) pairs
+    rates = cfg.rates()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    for k, obj in enumerate(cfg.objectives):
+        light, dark = paired[2 * k], paired[2 * k + 1]
+        scores = np.mean([evals[(obj, s)]["curve_scores"] for s in cfg.seeds], axis=0)  # (N, K)
+        mean = scores.mean(0)
+        se = scores.std(0, ddof=1) / math.sqrt(scores.shape[0])
+        ax.fill_between(rates, mean - se, mean + se, color=light, alpha=0.55, lw=0)
+        ax.plot(rates, mean, color=dark, lw=1.8, label=OBJECTIVES[obj])
+        for j, s in enumerate(cfg.seeds):
+            m, se_ = mean_se(evals[(obj, s)]["lml"])
+            bx.errorbar(k + (j - (len(cfg.seeds) - 1) / 2) * 0.15, m, yerr=se_, fmt="o",
+                        color=dark, ms=4, capsize=2)
+    ax.axvline(cfg.rate, color="0.5", ls=":", lw=1)
+    ax.set_xlabel("masking rate M / D")
+    ax.set_ylabel("S(x; M): mean log-prob of a masked pixel")
+    ns = len(cfg.seeds)
+    ax.set_title(f"held-out MPT curves (mean of {ns} seed{'s' if ns > 1 else ''}, +/-1 SE)")
+    ax.legend(frameon=False)
+    for key, ls, label in (("bernoulli_lvm", "--", "Bernoulli LVM (exact)"),
+                           ("independent", ":", "independent pixels (exact)")):
+        m, se = mean_se(refs[key])
+        bx.axhline(m, color="k", ls=ls, lw=1, label=label)
+        bx.axhspan(m - se, m + se, color="0.85", zorder=0)
+    bx.set_xticks(range(len(cfg.objectives)))
+    bx.set_xticklabels([OBJECTIVES[o].replace(" (", "\n(") for o in cfg.objectives], fontsize=8)
+    bx.set_ylabel("held-out log p(x) bound (nats / image)")
+    bx.set_title("cumulative LML estimate per seed (+/-1 SE)")
+    bx.legend(frameon=False, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+              ncol=2)
+    fig.tight_layout()
+    run_dir.save_figure(fig, "mpt_curve")
+
+    rows = [("held-out data", test_x[:cfg.num_samples])] + [
+        (OBJECTIVES[o], samples[o]) for o in cfg.objectives if o in samples]
+    n = cfg.num_samples
+    fig, axes = plt.subplots(len(rows), n, figsize=(1.0 * n + 1.6, 1.05 * len(rows)),
+                             squeeze=False)
+    for r, (label, imgs) in enumerate(rows):
+        for c in range(n):
+            a = axes[r, c]
+            if c < imgs.shape[0]:
+                a.imshow(imgs[c].reshape(8, 8).numpy(), cmap="gray_r", vmin=0, vmax=1,
+                         interpolation="nearest")
+            a.set_xticks([])
+            a.set_yticks([])
+        axes[r, 0].set_ylabel(label.replace(" (", "\n("), rotation=0, ha="right",
+                              va="center", fontsize=8)
+    fig.suptitle("samples by random-order unmasking (seed-0 models)", fontsize=9)
+    run_dir.save_figure(fig, "samples")
