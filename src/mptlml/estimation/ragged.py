@@ -44,23 +44,12 @@ from .rates import check_rates, mask_sizes, rate_widths
 from .registry import EstimatorSpec, check_options, lookup, register
 from .results import LMLEstimate, MPTCurve, as_float64
 from .runner import run_pairs
-from .words import TokenScores, encode_words, pll_scores, word_counts
+from .words import TokenScores, encode, encode_words, pll_scores, word_counts
 
 __all__ = ["RAGGED_ESTIMATORS", "estimate_ragged", "mlm_curve", "pll"]
 
 RAGGED_ESTIMATORS: dict[str, EstimatorSpec] = {}
 _RUN_OPTIONS = ("token_budget", "batch_size", "chunk_size", "checkpoint_dir")
-
-
-def encode(model: Any, sequences: Any) -> list[torch.Tensor]:
-    """``model.encode(sequences)`` after checking the model implements the ragged protocol."""
-    if not isinstance(model, RaggedMaskedModel):
-        raise TypeError(
-            f"model must implement mptlml.models.protocols.RaggedMaskedModel (a masked "
-            f"language model), got {type(model).__name__}; wrap a transformers model: "
-            "mptlml.models.MaskedLM(model, tokenizer) or MaskedLM.from_pretrained(name_or_dir)."
-        )
-    return model.encode(sequences)
 
 
 def _nan_se(a: np.ndarray, axis: int) -> np.ndarray:

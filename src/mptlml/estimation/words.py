@@ -17,6 +17,8 @@ fast tokenizer's ``word_ids()``), three pseudo-log-likelihoods:
   ``sum_t log p(x_t | x without {s in word(t): s >= t})``; a word's score is
   the sum over its sub-tokens (a left-to-right chain rule inside the word).
 
+:func:`encode` (a ragged model's content tokens) and :func:`encode_words`
+(its tokens and words) are the units every ragged estimator starts from.
 A whole-word MPT curve (:func:`mptlml.estimation.ragged.mlm_curve` with
 ``whole_word=True``) counts words: D_i is the number of words, M_ik words are
 masked, and S is the mean word score over the masked words.
@@ -34,10 +36,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..models.protocols import WordMaskedModel
+from ..models.protocols import RaggedMaskedModel, WordMaskedModel
 from .runner import run_pairs
 
-__all__ = ["VARIANTS", "TokenScores", "encode_words", "pll_scores", "word_counts"]
+__all__ = ["VARIANTS", "TokenScores", "encode", "encode_words", "pll_scores", "word_counts"]
 
 VARIANTS = ("original", "word_l2r")
 
@@ -98,6 +100,17 @@ class TokenScores:
                     row["word"] = int(self.words[i][j])
                 out.append(row)
         return out
+
+
+def encode(model: Any, sequences: Any) -> list[torch.Tensor]:
+    """Content token ids: ``model.encode(sequences)`` after checking the ragged protocol."""
+    if not isinstance(model, RaggedMaskedModel):
+        raise TypeError(
+            f"model must implement mptlml.models.protocols.RaggedMaskedModel (a masked "
+            f"language model), got {type(model).__name__}; wrap a transformers model: "
+            "mptlml.models.MaskedLM(model, tokenizer) or MaskedLM.from_pretrained(name_or_dir)."
+        )
+    return model.encode(sequences)
 
 
 def _word_model(model: Any, what: str) -> WordMaskedModel:
@@ -174,8 +187,6 @@ def pll_scores(model: Any, sequences: Any, *, per_token: bool, whole_word: bool,
         what = "whole-word scoring" if whole_word else "PLL-word-l2r"
         ids, words, texts = _word_model(model, what).encode_words(sequences)
     else:
-        from .ragged import encode
-
         ids = encode(model, sequences)
     maps = words or []
 
