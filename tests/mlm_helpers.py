@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,17 @@ SENTENCES = [
 ]
 
 
-def make_tiny_bert(path: Path, *, seed: int = 0, max_position_embeddings: int = 64) -> Path:
-    """Save a random 2-layer BERT masked LM and its WordPiece tokenizer to ``path``."""
+def make_tiny_bert(path: Path, *, seed: int = 0, max_position_embeddings: int = 64,
+                   words: Sequence[str] = WORDS) -> Path:
+    """Save a random 2-layer BERT masked LM and its WordPiece tokenizer to ``path``.
+
+    ``words`` is the vocabulary after the special tokens (``##`` marks a
+    word-continuing piece).
+    """
     from transformers import BertConfig, BertForMaskedLM, BertTokenizer
 
     path.mkdir(parents=True, exist_ok=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
     (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
     tok = BertTokenizer(str(path / "vocab.txt"), do_lower_case=True)
     assert len(tok) == len(vocab)

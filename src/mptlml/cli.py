@@ -126,7 +126,8 @@ def _cmd_curve(args: argparse.Namespace) -> int:
               batch_size=args.batch_size, device=args.device, dtype=args.dtype,
               autocast=args.autocast, tokenizer=args.tokenizer,
               allow_unknown=args.allow_unknown, overwrite=args.overwrite, resume=args.resume,
-              progress=not args.no_progress)
+              progress=not args.no_progress, whole_word=args.whole_word,
+              pll_variant=args.pll_variant)
     return 0
 
 
@@ -217,7 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="L of the area (L/100)*sum (paper: 512; default mean length)")
     p.add_argument("--exact", action="store_true",
                    help="also the exact cumulative sum over M=1..D_i (D_i*P pairs)")
-    p.add_argument("--pll", action="store_true", help="also the pseudo-log-likelihood")
+    p.add_argument("--pll", action="store_true",
+                   help="also the pseudo-log-likelihood, per token in pll_tokens.csv")
+    p.add_argument("--pll-variant", choices=("original", "word_l2r"), default="original",
+                   help="PLL masking: one token at a time, or word_l2r (Kauf & Ivanova 2023: "
+                        "a word's later sub-tokens masked too)")
+    p.add_argument("--whole-word", action="store_true",
+                   help="mask whole words (fast tokenizer's word_ids), curve and PLL: D_i "
+                        "counts words")
     p.add_argument("--truncate", action="store_true",
                    help="cut sequences longer than the model maximum instead of failing")
     p.add_argument("--corruption", choices=("mask", "bert"), default="mask",

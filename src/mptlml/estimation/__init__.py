@@ -10,6 +10,7 @@ Rooms:
 ``distributed`` ranks, devices, sharding and gathering on accelerate's ``PartialState``;
 ``rates``     rate grids and the paper's area under the MPT curve;
 ``ragged``    PLL, curves and LML estimators of ragged sequences, in a registry;
+``words``     per-token/per-word PLL (whole-word masking, PLL-word-l2r) and word masks;
 ``api``       :func:`estimate_lml` and :func:`mpt_curve`, which dispatch on the
               model's protocol (never on its family).
 
@@ -24,6 +25,7 @@ from .ragged import RAGGED_ESTIMATORS, mlm_curve, pll
 from .rates import default_rates, mask_sizes, mpt_area, rate_widths
 from .registry import EstimatorSpec
 from .results import LMLEstimate, MPTCurve
+from .words import TokenScores
 
 __all__ = [
     "DENSE_ESTIMATORS",
@@ -32,6 +34,7 @@ __all__ = [
     "EstimatorSpec",
     "LMLEstimate",
     "MPTCurve",
+    "TokenScores",
     "default_rates",
     "estimate_lml",
     "mask_sizes",

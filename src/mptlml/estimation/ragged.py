@@ -44,22 +44,12 @@ from .rates import check_rates, mask_sizes, rate_widths
 from .registry import EstimatorSpec, check_options, lookup, register
 from .results import LMLEstimate, MPTCurve, as_float64
 from .runner import run_pairs
+from .words import TokenScores, encode, encode_words, pll_scores, word_counts
 
 __all__ = ["RAGGED_ESTIMATORS", "estimate_ragged", "mlm_curve", "pll"]
 
 RAGGED_ESTIMATORS: dict[str, EstimatorSpec] = {}
 _RUN_OPTIONS = ("token_budget", "batch_size", "chunk_size", "checkpoint_dir")
-
-
-def encode(model: Any, sequences: Any) -> list[torch.Tensor]:
-    """``model.encode(sequences)`` after checking the model implements the ragged protocol."""
-    if not isinstance(model, RaggedMaskedModel):
-        raise TypeError(
-            f"model must implement mptlml.models.protocols.RaggedMaskedModel (a masked "
-            f"language model), got {type(model).__name__}; wrap a transformers model: "
-            "mptlml.models.MaskedLM(model, tokenizer) or MaskedLM.from_pretrained(name_or_dir)."
-        )
-    return model.encode(sequences)
 
 
 def _nan_se(a: np.ndarray, axis: int) -> np.ndarray:
@@ -80,8 +70,10 @@ def _sum_se(values: np.ndarray, se: np.ndarray | None) -> float:
 
 
 def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[int]], *,
+        per_token: bool = False, whole_word: bool = False, variant: str = "original",
         token_budget: int = 8192, chunk_size: int = 8, batch_size: int | None = None,
-        checkpoint_dir: str | os.PathLike | None = None, progress: bool = False) -> torch.Tensor:
+        checkpoint_dir: str | os.PathLike | None = None,
+        progress: bool = False) -> torch.Tensor | TokenScores:
     """Pseudo-log-likelihood of each sequence, ``sum_j log p(x_j | x_{-j})``.
 
     Every non-special token is masked alone (D_i masked copies per sequence),
@@ -90,18 +82,30 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
     (``token_budget``, ``batch_size``, ``chunk_size``, ``checkpoint_dir``) are
     those of :func:`mlm_curve`.
 
+    Parameters
+    ----------
+    per_token : bool
+        Return :class:`~mptlml.estimation.words.TokenScores`: one log-prob per
+        token (per word with ``whole_word``) and the token strings, as
+        minicons' ``token_score`` gives them.
+    whole_word : bool
+        Mask every word's sub-tokens together (words from a fast tokenizer's
+        ``word_ids()``): ``sum_w sum_{t in w} log p(x_t | x_{-w})``.
+    variant : {"original", "word_l2r"}
+        ``"word_l2r"``: PLL-word-l2r (Kauf & Ivanova 2023), token t scored with
+        the later sub-tokens of its word also masked. See
+        :mod:`mptlml.estimation.words`.
+
     Returns
     -------
     torch.Tensor
-        float64, shape ``(N,)``.
+        float64, shape ``(N,)``; a :class:`~mptlml.estimation.words.TokenScores`
+        with ``per_token=True``.
     """
-    ids = encode(model, sequences)
-    total = sum(len(t) for t in ids)
-    out = run_pairs(model, ids, lambda i, d, g: torch.eye(d, dtype=torch.bool), seed=0,
-                    tag="pll", spec={"kind": "pll", "total_pairs": total},
-                    chunk_size=chunk_size, token_budget=token_budget, batch_size=batch_size,
-                    checkpoint_dir=checkpoint_dir, progress=progress, desc="PLL")
-    return torch.tensor([float(v.sum()) for v in out.sums], dtype=torch.float64)
+    res = pll_scores(model, sequences, per_token=per_token, whole_word=whole_word,
+                     variant=variant, chunk_size=chunk_size, token_budget=token_budget,
+                     batch_size=batch_size, checkpoint_dir=checkpoint_dir, progress=progress)
+    return res if per_token else res.total
 
 
 def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[int]], *,
@@ -109,7 +113,7 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
               nominal_length: float | None = None, exact: bool = False,
               token_budget: int = 8192, chunk_size: int = 8, batch_size: int | None = None,
               checkpoint_dir: str | os.PathLike | None = None, progress: bool = False,
-              ids: list[str] | None = None) -> MPTCurve:
+              ids: list[str] | None = None, whole_word: bool = False) -> MPTCurve:
     """MPT curve, area and per-sequence LML estimates on ragged sequences.
 
     What :func:`mptlml.mpt_curve` computes for a
@@ -144,6 +148,12 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
         Show a progress bar over (sequence, mask) pairs.
     ids : list of str, optional
         Sequence identifiers, kept in the result.
+    whole_word : bool
+        Units are words (a fast tokenizer's ``word_ids()``), not tokens: D_i
+        counts words, M_ik words are masked with all their sub-tokens, and a
+        word's log-prob is the sum of its sub-tokens' (the whole-word-masking
+        score, :mod:`mptlml.estimation.words`). Recorded as
+        ``extra["unit"] = "word"``.
 
     Returns
     -------
@@ -155,19 +165,31 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
     p = check_positive_int(num_masks, "num_masks")
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
         raise TypeError(f"seed must be an int, got {seed!r}.")
-    toks = encode(model, sequences)
-    lengths = np.array([len(t) for t in toks], dtype=np.int64)
+    if not isinstance(whole_word, bool):
+        raise TypeError(f"whole_word must be bool, got {whole_word!r}.")
+    words: list[torch.Tensor] | None = None
+    if whole_word:
+        toks, words, _ = encode_words(model, sequences)
+        lengths = word_counts(words)
+    else:
+        toks = encode(model, sequences)
+        lengths = np.array([len(t) for t in toks], dtype=np.int64)
     sizes = np.stack([mask_sizes(int(d), r) for d in lengths])  # (N, K)
     k = r.size
+    unit = {"unit": "word"} if whole_word else {}
+    suffix = "_whole_word" if whole_word else ""
 
     def curve_masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
-        return sample_masks(d, torch.as_tensor(sizes[i]).repeat_interleave(p), generator=g)
+        m = sample_masks(int(lengths[i]), torch.as_tensor(sizes[i]).repeat_interleave(p),
+                         generator=g)
+        return m if words is None else m[:, words[i]]
 
     run = dict(chunk_size=chunk_size, token_budget=token_budget, batch_size=batch_size,
                checkpoint_dir=checkpoint_dir, progress=progress)
-    out = run_pairs(model, toks, curve_masks, seed=int(seed), tag="curve",
+    out = run_pairs(model, toks, curve_masks, seed=int(seed), tag="curve" + suffix,
                     spec={"kind": "curve", "rates": r.tolist(), "num_masks": p,
-                          "total_pairs": int(len(toks) * k * p)}, desc="MPT curve", **run)
+                          "total_pairs": int(len(toks) * k * p), **unit},
+                    desc="MPT curve", **run)
     per_mask = np.stack([s.reshape(k, p) for s in out.sums]) / sizes[:, :, None]  # (N, K, P)
     scores = per_mask.mean(axis=2)
     scores_se = _nan_se(per_mask, axis=2)
@@ -183,25 +205,33 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
         num_model_calls=out.num_model_calls, seed=int(seed),
         per_sample_stderr=as_float64(scores_se), lml=as_float64(lengths * scores.mean(axis=1)),
         lml_stderr=as_float64(lml_se), nominal_length=length, model=model.name,
-        corruption=model.fingerprint().get("corruption"), ids=ids)
+        corruption=model.fingerprint().get("corruption"), ids=ids, extra=dict(unit))
     if exact:
-        tot, tse, calls = _exact_sum(model, toks, p, int(seed), **run)
+        tot, tse, calls = _exact_sum(model, toks, p, int(seed), words=words, **run)
         res.lml_exact, res.lml_exact_stderr = as_float64(tot), as_float64(tse)
         res.num_model_calls += calls
     return res
 
 
 def _exact_sum(model: RaggedMaskedModel, toks: list[torch.Tensor], p: int, seed: int,
+               words: list[torch.Tensor] | None = None,
                **kwargs: Any) -> tuple[np.ndarray, np.ndarray, int]:
-    """sum_{M=1..D_i} S_hat(x_i; M) with P masks per M, its standard error, model calls."""
-    lengths = np.array([len(t) for t in toks], dtype=np.int64)
+    """sum_{M=1..D_i} S_hat(x_i; M) with P masks per M, its standard error, model calls.
+
+    With ``words`` (word of each token) the units are words: M words masked.
+    """
+    lengths = (np.array([len(t) for t in toks], dtype=np.int64) if words is None
+               else word_counts(words))
 
     def all_sizes(i: int, d: int, g: torch.Generator) -> torch.Tensor:
-        return sample_masks(d, torch.arange(1, d + 1).repeat_interleave(p), generator=g)
+        n = int(lengths[i])
+        m = sample_masks(n, torch.arange(1, n + 1).repeat_interleave(p), generator=g)
+        return m if words is None else m[:, words[i]]
 
-    ex = run_pairs(model, toks, all_sizes, seed=seed, tag="exact",
+    unit = {} if words is None else {"unit": "word"}
+    ex = run_pairs(model, toks, all_sizes, seed=seed, tag="exact" + ("_whole_word" if unit else ""),
                    spec={"kind": "exact", "num_masks": p,
-                         "total_pairs": int(lengths.sum() * p)},
+                         "total_pairs": int(lengths.sum() * p), **unit},
                    desc="exact sum over M", **kwargs)
     tot, tse = [], []
     for s, d in zip(ex.sums, lengths, strict=True):

@@ -5,6 +5,8 @@ Shared by ``mptlml curve`` and the ``antibody``/``bert`` reproductions. Files:
 - ``curve.csv``: model, rate, mean log-prob of the masked tokens, standard error;
 - ``per_sequence.csv``: model, id, D_i, LML estimate D_i * mean_k S_ik (and
   the exact cumulative sum when computed), PLL when computed;
+- ``pll_tokens.csv`` (with the PLL): model, id, position, token, log_prob per
+  token (per word with whole-word masking; a ``word`` column for word-level runs);
 - ``mpt_curve.png/.pdf``: the curves with +-1 standard error bands;
 - ``checkpoint/``: finished chunks, so an interrupted run resumes (``--resume``).
 
@@ -30,7 +32,7 @@ from ..sequences import MLMCurveResult, mlm_curve, pll
 from .common import RunDir, pyplot
 
 __all__ = ["load_model", "parse_rates", "prepare_run_dir", "project_root", "run_curve",
-           "score_models", "write_curves"]
+           "score_models", "write_curves", "write_pll_tokens"]
 
 
 def parse_rates(text: str | None) -> np.ndarray | None:
@@ -66,11 +68,15 @@ def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], *, rates:
                  num_masks: int, seed: int, run_dir: RunDir, nominal_length: float | None,
                  exact: bool = False, with_pll: bool = False, token_budget: int = 8192,
                  chunk_size: int = 8, batch_size: int | None = None, progress: bool = True,
-                 ids: list[str] | None = None) -> dict[str, dict[str, Any]]:
+                 ids: list[str] | None = None, whole_word: bool = False,
+                 pll_variant: str = "original") -> dict[str, dict[str, Any]]:
     """Curve (and optionally PLL) of each model; checkpoints under ``run_dir/checkpoint``.
 
     Each entry also holds ``settings``: the model's device, dtype, autocast
-    and the world size, which :func:`write_curves` records.
+    and the world size, which :func:`write_curves` records; with the PLL,
+    ``pll_tokens`` (:class:`~mptlml.estimation.words.TokenScores`) for
+    :func:`write_pll_tokens`. ``whole_word`` masks words (curve and PLL);
+    ``pll_variant`` is the PLL's ``variant``.
     """
     out: dict[str, dict[str, Any]] = {}
     world = distributed_context().world
@@ -78,11 +84,14 @@ def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], *, rates:
         run = dict(token_budget=token_budget, chunk_size=chunk_size, batch_size=batch_size,
                    checkpoint_dir=run_dir.path / "checkpoint" / label, progress=progress)
         res = mlm_curve(model, texts, rates=rates, num_masks=num_masks, seed=seed,
-                        nominal_length=nominal_length, exact=exact, ids=ids, **run)
+                        nominal_length=nominal_length, exact=exact, ids=ids,
+                        whole_word=whole_word, **run)
         entry: dict[str, Any] = {"curve": res, "settings": {**model.settings(),
                                                             "world_size": world}}
         if with_pll:
-            entry["pll"] = pll(model, texts, **run)
+            tokens = pll(model, texts, per_token=True, whole_word=whole_word,
+                         variant=pll_variant, **run)
+            entry["pll"], entry["pll_tokens"] = tokens.total, tokens
         out[label] = entry
     return out
 
@@ -145,6 +154,15 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
     return summary
 
 
+def write_pll_tokens(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]],
+                     ids: list[str] | None = None) -> None:
+    """``pll_tokens.csv``: one row per token (word) of each sequence and model, if scored."""
+    rows = [r for label, e in scored.items() if "pll_tokens" in e
+            for r in e["pll_tokens"].rows(label, ids)]
+    if rows:
+        run_dir.write_csv("pll_tokens.csv", rows, columns=list(rows[0]))
+
+
 def project_root() -> Path:
     """The project root (``src/mptlml/experiments`` three levels up)."""
     return Path(__file__).resolve().parents[3]
@@ -176,8 +194,8 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
               chunk_size: int = 8, batch_size: int | None = None, device: str | None = None,
               dtype: str | None = None, autocast: bool | None = None,
               tokenizer: str | None = None, allow_unknown: bool = False,
-              overwrite: bool = False, resume: bool = False,
-              progress: bool = True) -> dict[str, Any]:
+              overwrite: bool = False, resume: bool = False, progress: bool = True,
+              whole_word: bool = False, pll_variant: str = "original") -> dict[str, Any]:
     """``mptlml curve``: MPT curve of one masked LM on texts, into a run directory.
 
     ``model`` is a hub name, a local directory, or ``antiberty``; ``data`` a
@@ -185,7 +203,8 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
     is validated (model, data, every sequence's length, the rates) before the
     run directory is created, so a bad input leaves no result file.
     ``device``/``dtype``/``autocast`` place the model (see :func:`load_model`)
-    and are recorded with the world size in ``results.json``.
+    and are recorded with the world size in ``results.json``. ``whole_word``
+    masks words (curve and PLL); ``pll_variant`` ``"word_l2r"`` is PLL-word-l2r.
     """
     import json
 
@@ -193,26 +212,33 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
     from ..sequences import _check_rates
 
     r = _check_rates(parse_rates(rates))
+    if pll_variant != "original" and not with_pll:
+        raise ValueError(f"--pll-variant {pll_variant} applies to the PLL; add --pll.")
     lm = load_model(model, random_init=random_init, tokenizer=tokenizer, device=device,
                     dtype=dtype, autocast=autocast, truncate=truncate, corruption=corruption,
                     allow_unknown=allow_unknown)
     texts = (bundled_antibodies(limit) if data == "antibodies"
              else load_texts(data, column=column, split=split, limit=limit))
     lm.encode(texts.texts)  # raises on empty / too long sequences before any file is made
+    if whole_word or pll_variant != "original":
+        lm.encode_words(texts.texts)  # and on a tokenizer without words
     run_dir = prepare_run_dir(out, "curve", overwrite=overwrite, resume=resume)
     label = "random_init" if random_init else "pretrained"
     scored = score_models({label: lm}, texts.texts, rates=r, num_masks=num_masks, seed=seed,
                           run_dir=run_dir, nominal_length=nominal_length, exact=exact,
                           with_pll=with_pll, token_budget=token_budget, chunk_size=chunk_size,
-                          batch_size=batch_size, progress=progress, ids=texts.ids)
+                          batch_size=batch_size, progress=progress, ids=texts.ids,
+                          whole_word=whole_word, pll_variant=pll_variant)
     if not distributed_context().main:
         return {}
     summ = write_curves(run_dir, scored, title=f"MPT curve: {lm.name}")
+    write_pll_tokens(run_dir, scored, texts.ids)
     config = {"model": model, "data": texts.source, "random_init": random_init,
               "rates": r, "num_masks": num_masks, "nominal_length": nominal_length,
               "exact": exact, "pll": with_pll, "truncate": truncate, "corruption": corruption,
               "token_budget": token_budget, "chunk_size": chunk_size, "batch_size": batch_size,
               "tokenizer": tokenizer, "allow_unknown": allow_unknown,
+              "whole_word": whole_word, "pll_variant": pll_variant,
               **scored[label]["settings"]}
     path = run_dir.write_results(config, {"models": summ}, seed=seed)
     s = summ[label]

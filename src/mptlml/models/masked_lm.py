@@ -36,6 +36,7 @@ from torch import nn
 from .._validation import make_generator
 from .hf_loading import DTYPES, PretrainedLoaders, dtype_name, hub_reachable
 from .tokenizer_checks import check_tokenizer, check_unknown_tokens
+from .word_units import WordUnits
 
 __all__ = ["CORRUPTIONS", "MaskedLM", "hub_reachable"]
 
@@ -44,7 +45,7 @@ _HEAD_NAMES = ("cls", "lm_head", "predictions")
 _AUTOCAST = ("bfloat16", "float16")
 
 
-class MaskedLM(PretrainedLoaders, nn.Module):
+class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
     """A Hugging Face masked LM plus its tokenizer, scored on masked content tokens.
 
     Implements :class:`~mptlml.models.protocols.RaggedMaskedModel` (sequences of
@@ -91,7 +92,6 @@ class MaskedLM(PretrainedLoaders, nn.Module):
         if autocast not in (None, True, False) and dtype_name(autocast) not in _AUTOCAST:
             raise ValueError(f"autocast must be None, True, False, 'bfloat16' or 'float16'; "
                              f"got {autocast!r}.")
-        vocab = int(model.config.vocab_size)
         self.allow_unknown = bool(allow_unknown)
         self.autocast = autocast
         self.model = model.eval()
@@ -100,7 +100,7 @@ class MaskedLM(PretrainedLoaders, nn.Module):
         self.truncate = bool(truncate)
         self.preprocess = preprocess
         self.name = name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
-        self.vocab_size = vocab
+        self.vocab_size = int(model.config.vocab_size)
         self.mask_token_id = int(tokenizer.mask_token_id)
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                                 else 0)
@@ -430,15 +430,15 @@ class MaskedLM(PretrainedLoaders, nn.Module):
 
     def _score_pairs(self, ids: list[torch.Tensor], masks: list[torch.Tensor],
                      generators: list[torch.Generator | None], token_budget: int,
-                     progress: Any, batch_size: int | None = None,
+                     progress: Any, batch_size: int | None = None, targets: Any = None,
                      ) -> tuple[list[tuple[int, int, torch.Tensor]], list[torch.Tensor]]:
-        """Per-position log-probs of every (sequence, mask) pair and who owns them."""
+        """Per-position log-probs of each (sequence, mask) pair, at ``targets`` (default: M)."""
         inputs, pos, tgt, owner = [], [], [], []
         off = len(self.prefix)
         for i, (t, m, g) in enumerate(zip(ids, masks, generators, strict=True)):
             x = self.corrupt(t, m, g)
             for q in range(m.shape[0]):
-                p = m[q].nonzero().flatten()
+                p = (m[q] if targets is None else targets[i][q]).nonzero().flatten()
                 inputs.append(x[q])
                 pos.append(p + off)
                 tgt.append(t[p])

@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["RaggedMaskedModel"]
+__all__ = ["RaggedMaskedModel", "WordMaskedModel"]
 
 
 @runtime_checkable
@@ -79,4 +79,31 @@ class RaggedMaskedModel(Protocol):
 
         A checkpoint records it and refuses to resume under another model.
         """
+        ...
+
+
+@runtime_checkable
+class WordMaskedModel(RaggedMaskedModel, Protocol):
+    """A ragged masked model that also knows its tokens' strings and words.
+
+    Needed by per-token output and word-level scoring (whole-word masking,
+    PLL-word-l2r) in :mod:`mptlml.estimation.words`; implemented by
+    :class:`~mptlml.models.masked_lm.MaskedLM` (:mod:`mptlml.models.word_units`).
+    """
+
+    def token_strings(self, ids: torch.Tensor) -> list[str]:
+        """The vocabulary strings of content ids ``(D,)``."""
+        ...
+
+    def encode_words(self, sequences: Sequence[str],
+                     ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[list[str]]]:
+        """Content ids ``(D_i,)``, the word (0..W_i-1) of each token, and the words' texts."""
+        ...
+
+    def ragged_target_log_prob(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor],
+                               targets: Sequence[torch.Tensor],
+                               generators: Sequence[torch.Generator | None], *,
+                               token_budget: int = 8192, batch_size: int | None = None,
+                               progress: Any = None) -> list[torch.Tensor]:
+        """``sum_{j in T} log p(x_j | x_{-M})`` per mask M, targets T a subset of M: ``(Q_i,)``."""
         ...
