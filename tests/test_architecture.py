@@ -140,3 +140,20 @@ def test_no_source_file_over_the_limit():
             if not (PACKAGE / r).is_file()
             or len((PACKAGE / r).read_text().splitlines()) <= MAX_LINES]
     assert not done, f"remove from OVER_LIMIT_FOR_NOW (now within the limit or gone): {done}"
+
+
+def test_estimation_names_no_model_family():
+    """The estimators see models only through the protocols (no isinstance side doors).
+
+    Every class that ``mptlml.models`` exports, other than the protocols, is a model family;
+    none of their names may appear in the estimation package, code or text.
+    """
+    import mptlml.models as models
+
+    protocols = {"MaskedModel", "RaggedMaskedModel", "WordMaskedModel"}
+    families = {n for n in models.__all__
+                if isinstance(getattr(models, n), type) and n not in protocols}
+    assert {"PPCA", "MaskedLM", "BernoulliLVM"} <= families
+    found = {(p.name, n) for p in (PACKAGE / "estimation").glob("*.py")
+             for n in families if n in p.read_text()}
+    assert not found, f"estimation/ names model families: {sorted(found)}"

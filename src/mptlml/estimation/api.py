@@ -67,7 +67,7 @@ def _ragged_seed(seed: Any) -> int:
 def _check_model(model: Any) -> None:
     if not isinstance(model, MaskedModel):
         raise TypeError(
-            f"model must be an mptlml.models.MaskedModel (e.g. mptlml.models.PPCA) or a "
+            f"model must be an mptlml.models.MaskedModel (a model of (N, D) data) or a "
             f"RaggedMaskedModel (a masked LM), got {type(model).__name__}."
         )
 

@@ -75,8 +75,8 @@ def score_masks(model: MaskedModel, x: torch.Tensor, sizes: torch.Tensor, *,
         independent masks per datum.
     mean_over_data : bool
         Return the mean over the data of each row's scores, ``(B,)``, through
-        the model's ``masked_log_prob_mean`` (shared masks only; PPCA computes
-        it from sufficient statistics). The masks drawn are the same.
+        the model's ``masked_log_prob_mean`` (shared masks only; a model may compute
+        it from sufficient statistics of the data). The masks drawn are the same.
 
     Returns
     -------
@@ -130,7 +130,7 @@ def score_grid(model: MaskedModel, x: torch.Tensor, sizes: Sequence[int], num_dr
     Each of the P draws holds one independent uniform mask of each size M in
     ``sizes``, with score S_hat = (1/M) sum_{j in mask} log p(x_j | x_R).
     The reduction goes through :meth:`MaskedModel.grid_masked_log_prob`, so a
-    model can sum a whole grid row at once (PPCA: one quadratic form).
+    model can sum a whole grid row at once (e.g. as one quadratic form).
 
     Parameters
     ----------

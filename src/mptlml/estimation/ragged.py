@@ -121,7 +121,7 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
 
     Parameters
     ----------
-    model : RaggedMaskedModel (e.g. ``mptlml.models.MaskedLM``)
+    model : RaggedMaskedModel (a masked language model)
     sequences : list of str or of token-id sequences
         Ragged: each sequence has its own D_i (non-special tokens).
     rates : array-like, optional

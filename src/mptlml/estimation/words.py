@@ -107,8 +107,8 @@ def encode(model: Any, sequences: Any) -> list[torch.Tensor]:
     if not isinstance(model, RaggedMaskedModel):
         raise TypeError(
             f"model must implement mptlml.models.protocols.RaggedMaskedModel (a masked "
-            f"language model), got {type(model).__name__}; wrap a transformers model: "
-            "mptlml.models.MaskedLM(model, tokenizer) or MaskedLM.from_pretrained(name_or_dir)."
+            f"language model), got {type(model).__name__}; wrap a transformers model in the "
+            "masked-LM adapter of mptlml.models (its from_pretrained loads one by name or path)."
         )
     return model.encode(sequences)
 
@@ -116,7 +116,8 @@ def encode(model: Any, sequences: Any) -> list[torch.Tensor]:
 def _word_model(model: Any, what: str) -> WordMaskedModel:
     if not isinstance(model, WordMaskedModel):
         raise TypeError(f"{what} needs a model implementing mptlml.models.protocols."
-                        f"WordMaskedModel (token strings and words, e.g. mptlml.models.MaskedLM); "
+                        f"WordMaskedModel (token strings and words, as the masked-LM adapter of "
+                        f"mptlml.models has); "
                         f"got {type(model).__name__}.")
     return model
 
