@@ -14,6 +14,7 @@ the sequences and only rank 0 writes the result files.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,8 @@ from .common import RunDir, pyplot
 
 __all__ = ["parse_rates", "prepare_run_dir", "project_root", "run_curve", "score_models",
            "write_curves"]
+
+_log = logging.getLogger(__name__)
 
 
 def parse_rates(text: str | None) -> np.ndarray | None:
@@ -190,7 +193,7 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
               "world_size": distributed_context().world}
     path = run_dir.write_results(config, {"models": summ}, seed=seed)
     s = summ[label]
-    print(f"{lm.name}: {s['num_sequences']} sequences, area {s['area']:.2f} "
+    _log.info(f"{lm.name}: {s['num_sequences']} sequences, area {s['area']:.2f} "
           f"(+- {s['area_se']:.2f}, L={s['nominal_length']:.1f}), mean LML estimate "
           f"{s['mean_lml_riemann']:.2f}; results in {path.parent}/")
     return json.loads(path.read_text())
