@@ -22,6 +22,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._validation import check_positive_int
+
 __all__ = ["GLUE_FIELDS", "TextData", "bundled_antibodies", "load_texts"]
 
 GLUE_FIELDS: dict[str, tuple[str, ...]] = {
@@ -48,6 +50,8 @@ class TextData:
 
 def bundled_antibodies(limit: int | None = None) -> TextData:
     """The bundled human IMGT germline V sequences (see ``data/README.md``)."""
+    if limit is not None:
+        limit = check_positive_int(limit, "limit")
     path = Path(__file__).with_name("antibody_germline_v.fasta")
     data = _read_fasta(path)
     if limit is not None:
@@ -119,6 +123,8 @@ def load_texts(source: str | Path, *, column: str | None = None, split: str | No
     ValueError
         Unknown format, missing column/field, blank line, missing file.
     """
+    if limit is not None:
+        limit = check_positive_int(limit, "limit")  # a negative limit is no slice
     s = str(source)
     if s.lower().startswith("glue:") or s.lower().startswith("glue/"):
         data = _glue(s[5:], split)

@@ -55,7 +55,9 @@ __all__ = [
     "ExperimentConfig",
     "apply_overrides",
     "check_settings",
+    "check_value",
     "describe_settings",
+    "format_value",
     "parse_setting",
     "resolve_key",
     "setting",
@@ -131,7 +133,7 @@ def _optional_inner(t: Any) -> Any | None:
     return None
 
 
-def _check_value(name: str, value: Any, t: Any, meta: dict[str, Any], shown: Any) -> None:
+def check_value(name: str, value: Any, t: Any, meta: dict[str, Any], shown: Any) -> None:
     """Check one value (or one tuple element) against its type and metadata."""
     inner = _optional_inner(t)
     if inner is not None:
@@ -144,7 +146,7 @@ def _check_value(name: str, value: Any, t: Any, meta: dict[str, Any], shown: Any
             raise ValueError(f"{name} must be a comma-separated list, got {value!r}.")
         elem = (typing.get_args(t) or (Any,))[0]
         for v in value:
-            _check_value(name, v, elem, meta, shown)
+            check_value(name, v, elem, meta, shown)
         return
     if t is bool:
         if not isinstance(value, bool):
@@ -157,7 +159,8 @@ def _check_value(name: str, value: Any, t: Any, meta: dict[str, Any], shown: Any
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ValueError(f"{name} must be a number, got {shown!r}.")
         if not math.isfinite(value):
-            raise ValueError(f"{name} must be finite, got {shown!r}.")
+            what = "a finite positive number" if meta.get("gt") == 0 else "finite"
+            raise ValueError(f"{name} must be {what}, got {shown!r}.")
     elif t is str and not isinstance(value, str):
         raise ValueError(f"{name} must be a string, got {shown!r}.")
     lo, hi, choices = meta.get("min"), meta.get("max"), meta.get("choices")
@@ -188,7 +191,7 @@ def check_settings(cfg: Any) -> None:
     hints = _hints(type(cfg))
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
-        _check_value(f.name, value, hints.get(f.name, Any), dict(f.metadata), value)
+        check_value(f.name, value, hints.get(f.name, Any), dict(f.metadata), value)
 
 
 def validate_config(cfg: Any) -> None:
@@ -228,7 +231,7 @@ def parse_setting(cls: type, text: str, *, where: str = "") -> tuple[str, Any]:
         value = _convert(raw.strip(), typ)
     except ValueError:
         raise ValueError(f"cannot read {key}={raw!r}{where} as {_type_name(typ)}.") from None
-    _check_value(key, value, typ, dict(_fields(cls)[key].metadata), raw)
+    check_value(key, value, typ, dict(_fields(cls)[key].metadata), raw)
     return key, value
 
 
@@ -279,12 +282,13 @@ def describe_settings(cls: type) -> list[dict[str, Any]]:
         if meta.get("aliases"):
             text += f" (formerly {', '.join(meta['aliases'])})"
         rows.append({"key": f.name, "type": _type_name(hints.get(f.name, Any)),
-                     "default": _show(getattr(default, f.name)),
-                     "quick": _show(getattr(quick, f.name)), "meaning": text})
+                     "default": format_value(getattr(default, f.name)),
+                     "quick": format_value(getattr(quick, f.name)), "meaning": text})
     return rows
 
 
-def _show(v: Any) -> str:
+def format_value(v: Any) -> str:
+    """A setting's value as ``--set`` would take it (lists comma-separated, booleans lower-case)."""
     if isinstance(v, tuple | list):
         return ",".join(map(str, v))
     if isinstance(v, bool):

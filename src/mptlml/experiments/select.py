@@ -193,13 +193,13 @@ def run_selection(data: str, k_max: int, out: str, *, true_k: int | None = None,
     res = select_latent_dim(x, k_max, standardise=std, num_masks=num_masks,
                             max_masks=max_masks, seed=seed, family=family)
     for note in res.notes:
-        _log.warning("note: %s", note)
+        _log.info("note: %s", note)
     rows = res.rows()
     print_table(rows, ["K", "mpt_lml", "mpt_stderr", "exact_lml", "bic"],
                 title=f"held-out log p(x) per datum (MPT, P={res.num_masks} masks per size; "
                       "exact) and training BIC")
-    print_table([{"criterion": c, "K": k} for c, k in res.choices.items()],
-                title="chosen latent dimension")
+    for crit, k in res.choices.items():
+        print(f"{crit}: K = {k}")  # the answer of the command, on stdout beside the table
     run.write_csv("scores.csv", rows)
     plot_scores(res, desc, run)
     run.write_results({"data": data, "family": family, "k_max": k_max, "true_k": true_k,

@@ -94,6 +94,12 @@ class SelectionResult:
         """JSON-ready dictionary."""
         return asdict(self)
 
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame`` with one row per K (the columns of :meth:`rows`)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows())
+
     def rows(self) -> list[dict[str, Any]]:
         """One row per K (for scores.csv and the printed table)."""
         return [{"K": k, "mpt_lml": m, "mpt_stderr": s, "exact_lml": e, "bic": b}
