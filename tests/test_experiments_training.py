@@ -123,8 +123,8 @@ def test_refuses_non_empty_run_dir_and_bad_settings(tmp_path, capsys):
 
 
 def test_set_reaches_the_shared_settings():
-    from mptlml.experiments.config import parse_setting as _parse_override
     from mptlml.experiments import get_experiment
+    from mptlml.experiments.config import parse_setting as _parse_override
 
     assert _parse_override(get_experiment("area").Config, "sigma2=0.5") == ("sigma2", 0.5)
     assert _parse_override(get_experiment("training").Config, "data_seed=3") == ("data_seed", 3)

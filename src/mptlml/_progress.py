@@ -14,6 +14,7 @@ one helper.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,15 +23,31 @@ __all__ = ["is_quiet", "progress_bar", "progress_enabled", "set_quiet"]
 _QUIET = False
 
 
+#: environment switches of the Hugging Face libraries, read when they are imported
+_HF_QUIET = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+             "TRANSFORMERS_VERBOSITY": "error"}
+_SET_BY_US: set[str] = set()
+
+
 def set_quiet(quiet: bool = True) -> None:
     """Turn every progress bar of the package off (``True``) or back on, process-wide.
 
-    Also silences the loading bars of ``transformers`` and ``datasets`` when they
-    are installed (their own switches; set back to their defaults on ``False``).
+    Quiet also silences the loading bars and advisory messages of
+    ``transformers``, ``huggingface_hub`` and ``datasets``: through their
+    environment switches (read when they are imported, so the command line does
+    not import them just for this) and, when they are already imported, their
+    own functions. ``False`` undoes what ``True`` did.
     """
     global _QUIET
     _QUIET = bool(quiet)
-    try:
+    for key, value in _HF_QUIET.items():
+        if quiet and key not in os.environ:
+            os.environ[key] = value
+            _SET_BY_US.add(key)
+        elif not quiet and key in _SET_BY_US:
+            os.environ.pop(key, None)
+            _SET_BY_US.discard(key)
+    if "transformers" in sys.modules:
         import transformers.utils.logging as hf_logging
 
         if quiet:
@@ -39,17 +56,10 @@ def set_quiet(quiet: bool = True) -> None:
         else:
             hf_logging.enable_progress_bar()
             hf_logging.set_verbosity_warning()
-    except ImportError:  # pragma: no cover - transformers is optional
-        pass
-    try:
+    if "datasets" in sys.modules:
         import datasets
 
-        if quiet:
-            datasets.disable_progress_bars()
-        else:
-            datasets.enable_progress_bars()
-    except ImportError:  # pragma: no cover - datasets is optional
-        pass
+        (datasets.disable_progress_bars if quiet else datasets.enable_progress_bars)()
 
 
 def is_quiet() -> bool:
