@@ -29,20 +29,25 @@ _log = logging.getLogger(__name__)
 
 
 def _arg(typ: type, **bounds: Any) -> Callable[[str], Any]:
-    """An argparse ``type=`` that reads ``typ`` and checks ``bounds`` as a Config field would."""
+    """An argparse ``type=`` reading ``typ``, whose ``bounds`` (Config metadata keys:
+    ``min``, ``gt``, ...) :func:`_check_bounds` checks after parsing, naming the flag."""
 
     def read(text: str) -> Any:
-        try:
-            value = typ(text)
-            check_value("value", value, typ, bounds, text)
-        except ValueError as exc:
-            msg = str(exc).removeprefix("value ") if str(exc).startswith("value ") else \
-                f"cannot read {text!r} as {typ.__name__}"
-            raise argparse.ArgumentTypeError(msg) from None
-        return value
+        return typ(text)
 
     read.__name__ = typ.__name__  # argparse names the type in its messages
+    read.bounds = (typ, bounds)  # type: ignore[attr-defined]
     return read
+
+
+def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Check every bounded option of the chosen command, as the Configs check their fields."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for action in sub.choices[args.command]._actions:
+        typ, bounds = getattr(action.type, "bounds", (None, None))
+        value = getattr(args, action.dest, None)
+        if typ is not None and value is not None:
+            check_value(action.option_strings[-1], value, typ, bounds, value)
 
 
 _COUNT = _arg(int, min=1)  # a count: a positive integer (negative ones would slice)
@@ -360,7 +365,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     (argparse's convention), an invalid setting or input exits with 2 too.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error (argparse printed it)
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
     if args.command is None:
         parser.print_help()
         return 0
@@ -372,6 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ok = False
     try:
+        _check_bounds(parser, args)
         code = int(args.func(args) or 0)
         ok = True
         return code
