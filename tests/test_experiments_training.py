@@ -123,8 +123,8 @@ def test_refuses_non_empty_run_dir_and_bad_settings(tmp_path, capsys):
 
 
 def test_set_reaches_the_shared_settings():
-    from mptlml.cli import _parse_override
     from mptlml.experiments import get_experiment
+    from mptlml.experiments.config import parse_setting as _parse_override
 
     assert _parse_override(get_experiment("area").Config, "sigma2=0.5") == ("sigma2", 0.5)
     assert _parse_override(get_experiment("training").Config, "data_seed=3") == ("data_seed", 3)
@@ -137,5 +137,5 @@ def test_set_reaches_the_shared_settings():
     assert (fig2.num_data, fig2.num_tokens, fig2.lr, fig2.seed) == (2000, 10, 1e-2, 1)
     assert (fig5.num_data, fig5.num_tokens, fig5.lr, fig5.seed) == (1000, 50, 2e-2, 1)
     assert get_experiment("convergence").Config().num_data == 100
-    with pytest.raises(ValueError, match="sigma2 must be a finite positive variance"):
+    with pytest.raises(ValueError, match="sigma2 must be a finite positive"):
         get_experiment("convergence").Config(sigma2=float("inf")).validate()

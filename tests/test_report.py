@@ -56,8 +56,8 @@ def test_newer_format_and_missing_results_are_clear(tmp_path):
 def test_report_cli(tmp_path, capsys):
     _fake_run(tmp_path / "c", "convergence")
     assert main(["report", str(tmp_path / "c"), "--out", str(tmp_path / "o")]) == 0
-    out = capsys.readouterr().out
-    assert "missing: training" in out
+    err = capsys.readouterr().err  # messages go to stderr through the mptlml logger
+    assert "mptlml: warning: missing: training" in err
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert "none of the run directories exist" in capsys.readouterr().err
     assert not (tmp_path / "nope").exists()

@@ -34,10 +34,10 @@ def test_reproduce_all_quick_report_has_every_section(tmp_path, capsys):
     assert "not empty" in capsys.readouterr().err
     # resume keeps every finished part
     assert main(["reproduce", "all", "--quick", "--out", str(out), "--resume"]) == 0
-    assert capsys.readouterr().out.count("finished earlier: kept") == len(EXPERIMENTS)
+    assert capsys.readouterr().err.count("finished earlier: kept") == len(EXPERIMENTS)
 
 
-def test_run_all_builds_the_report_only_when_given_a_builder(tmp_path, capsys):
+def test_run_all_builds_the_report_only_when_given_a_builder(tmp_path, caplog):
     from mptlml.experiments import run_all
     from mptlml.report import build_report
 
@@ -45,7 +45,8 @@ def test_run_all_builds_the_report_only_when_given_a_builder(tmp_path, capsys):
     assert list(status) == ["area"] and status["area"].startswith("ok")
     assert json.loads((tmp_path / "a" / "status.json").read_text()) == status
     assert not (tmp_path / "a" / "report.md").exists()  # the experiments know no report
-    status = run_all(tmp_path / "b", quick=True, only=["area"], build_report=build_report)
+    with caplog.at_level("INFO", logger="mptlml"):  # messages go through the mptlml logger
+        status = run_all(tmp_path / "b", quick=True, only=["area"], build_report=build_report)
     rep = json.loads((tmp_path / "b" / "report.json").read_text())
     assert "area" not in rep["missing"] and "training" in rep["missing"]
-    assert "checked claims hold" in capsys.readouterr().out
+    assert "checked claims hold" in caplog.text

@@ -6,48 +6,121 @@
     mptlml report RUN_DIR...         rebuild the report from run directories
     mptlml curve --model M --data D  MPT curve of any Hugging Face masked LM on texts
     mptlml select --data D --k-max K choose PPCA's latent dimension by held-out MPT
+
+    mptlml reproduce NAME --show-config    every setting of NAME; change one with --set KEY=VALUE
+    mptlml --quiet ...                     no progress bars, only warnings (or TQDM_DISABLE=1)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
-import typing
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
 
-__all__ = ["main"]
+from .experiments.config import check_value, parse_setting
+
+__all__ = ["build_parser", "configure_output", "main"]
+
+_log = logging.getLogger(__name__)
 
 
-def _parse_override(cfg_cls: type, text: str) -> tuple[str, typing.Any]:
-    if "=" not in text:
-        raise ValueError(f"--set expects KEY=VALUE, got {text!r}.")
-    key, value = text.split("=", 1)
-    fields = {f.name: f for f in dataclasses.fields(cfg_cls)}
-    if key not in fields:
-        raise ValueError(f"unknown setting {key!r}; valid settings: {', '.join(sorted(fields))}.")
-    hints = typing.get_type_hints(cfg_cls)
-    typ = hints.get(key, str)
-    origin = typing.get_origin(typ)
-    args = typing.get_args(typ)
-    try:
-        if typ is bool:
-            low = value.lower()
-            if low not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(value)
-            return key, low in ("true", "1", "yes")
-        if origin in (tuple, list):
-            elem = args[0] if args else float
-            parts = [p for p in value.split(",") if p]
-            return key, (tuple if origin is tuple else list)(elem(p) for p in parts)
-        if typ in (int, float, str):
-            return key, typ(value)
-        if type(None) in args:  # Optional[T]
-            inner = next(a for a in args if a is not type(None))
-            return key, None if value.lower() == "none" else inner(value)
-    except ValueError as exc:
-        raise ValueError(f"cannot read {key}={value!r} as {typ}.") from exc
-    return key, value
+def _arg(typ: type, **bounds: Any) -> Callable[[str], Any]:
+    """An argparse ``type=`` reading ``typ``, whose ``bounds`` (Config metadata keys:
+    ``min``, ``gt``, ...) :func:`_check_bounds` checks after parsing, naming the flag."""
+
+    def read(text: str) -> Any:
+        return typ(text)
+
+    read.__name__ = typ.__name__  # argparse names the type in its messages
+    read.bounds = (typ, bounds)  # type: ignore[attr-defined]
+    return read
+
+
+def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Check every bounded option of the chosen command, as the Configs check their fields."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for action in sub.choices[args.command]._actions:
+        typ, bounds = getattr(action.type, "bounds", (None, None))
+        value = getattr(args, action.dest, None)
+        if typ is not None and value is not None:
+            check_value(action.option_strings[-1], value, typ, bounds, value)
+
+
+_COUNT = _arg(int, min=1)  # a count: a positive integer (negative ones would slice)
+_SEED = _arg(int, min=0)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """``--set`` / ``--seed`` / ``--reference`` of ``reproduce`` as ``{experiment: {key: value}}``.
+
+    For one experiment every ``KEY=VALUE`` must be one of its settings. For
+    ``all``, ``NAME.KEY=VALUE`` sets KEY of experiment NAME and a bare
+    ``KEY=VALUE`` sets KEY of every experiment that has it (refused when none has).
+    """
+    from .experiments import EXPERIMENTS, get_experiment
+
+    names = list(EXPERIMENTS) if args.name == "all" else [args.name]
+    configs = {n: get_experiment(n).Config for n in names}
+    out: dict[str, dict[str, Any]] = {n: {} for n in names}
+    texts = list(args.set or [])
+    if args.seed is not None:
+        texts.append(f"seed={args.seed}")
+    if args.reference:
+        with_ref = [n for n in names if "reference" in _keys(configs[n])]
+        if not with_ref:
+            raise ValueError(f"--reference does not apply to {args.name}; it is for bert.")
+        texts += [f"{n}.reference={args.reference}" for n in with_ref] if len(names) > 1 else \
+            [f"reference={args.reference}"]
+    for text in texts:
+        key = text.split("=", 1)[0]
+        target, _, bare = key.partition(".")
+        if bare and target in configs:
+            scope, text = [target], text[len(target) + 1:]
+        elif len(names) > 1:
+            scope = [n for n in names if _has_key(configs[n], key)]
+            if not scope:
+                raise ValueError(f"no experiment has a setting {key!r}; use NAME.KEY=VALUE with "
+                                 "a NAME of `mptlml reproduce --help`, or see --show-config.")
+        else:
+            scope = names
+        for n in scope:
+            where = f" for {n}" if len(names) > 1 else ""
+            k, v = parse_setting(configs[n], text, where=where)
+            if k in out[n] and out[n][k] != v:
+                raise ValueError(f"{k}{where} is set twice ({out[n][k]!r} and {v!r}); "
+                                 "give it once.")
+            out[n][k] = v
+    return out
+
+
+def _keys(cfg_cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cfg_cls)}
+
+
+def _has_key(cfg_cls: type, key: str) -> bool:
+    return key in _keys(cfg_cls) or any(key in f.metadata.get("aliases", ())
+                                        for f in dataclasses.fields(cfg_cls))
+
+
+def _show_config(names: list[str], quick: bool, overrides: dict[str, dict[str, Any]]) -> None:
+    """Print every setting of each experiment: key, type, default, quick value, this run's value."""
+    from .experiments import get_experiment
+    from .experiments.common import print_table
+    from .experiments.config import apply_overrides, describe_settings, format_value
+
+    for name in names:
+        cls = get_experiment(name).Config
+        cfg = apply_overrides(cls.quick() if quick else cls(), overrides.get(name), name=name)
+        rows = describe_settings(cls)
+        for r in rows:
+            r["this run"] = format_value(getattr(cfg, r["key"]))
+        print_table(rows, ["key", "type", "default", "quick", "this run", "meaning"],
+                    title=f"{name}: settings (mptlml reproduce {name} --set KEY=VALUE)")
+        print()
 
 
 _MLM_FLAGS = ("device", "dtype", "autocast", "batch_size")
@@ -63,7 +136,7 @@ def _add_mlm_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=None,
                    help="mixed-precision forward (bfloat16; float16 on GPUs without it); "
                         "default off; recorded in results.json")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--batch-size", type=_COUNT, default=None,
                    help="most inputs per forward pass, besides --token-budget (default: none)")
 
 
@@ -84,42 +157,40 @@ def _mlm_overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, 
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from .experiments import EXPERIMENTS, get_experiment, run_all, run_experiment
+    from .experiments import EXPERIMENTS, run_all, run_experiment
     from .report import build_report
 
+    overrides = _overrides(args)
+    for name, mlm in _mlm_overrides(args, list(overrides)).items():
+        overrides[name] = {**overrides[name], **mlm}
+    if args.show_config:
+        _show_config(list(overrides), args.quick, overrides)
+        return 0
     if args.name == "all":
-        if args.set:
-            raise ValueError("--set applies to one experiment; use `mptlml reproduce NAME --set`.")
-        overrides = {}
-        if getattr(args, "reference", None):
-            for name in EXPERIMENTS:
-                cfg = get_experiment(name).Config
-                if "reference" in {f.name for f in dataclasses.fields(cfg)}:
-                    overrides[name] = {"reference": args.reference}
-        for name, mlm in _mlm_overrides(args, list(EXPERIMENTS)).items():
-            overrides[name] = {**overrides.get(name, {}), **mlm}
         out = args.out or f"runs/all{'-quick' if args.quick else ''}"
         status = run_all(out, quick=args.quick, overwrite=args.overwrite, resume=args.resume,
-                         overrides=overrides, build_report=build_report)
+                         overrides={n: o for n, o in overrides.items() if o and n in EXPERIMENTS},
+                         build_report=build_report)
         return 0 if all(not str(v).startswith("failed") for v in status.values()) else 1
-    mod = get_experiment(args.name)
-    overrides = dict(_parse_override(mod.Config, s) for s in args.set or [])
-    if args.reference:
-        if "reference" not in {f.name for f in dataclasses.fields(mod.Config)}:
-            raise ValueError(f"--reference does not apply to {args.name}; it is for bert.")
-        overrides["reference"] = args.reference
-    overrides.update(_mlm_overrides(args, [args.name]).get(args.name, {}))
     out = args.out or f"runs/{args.name}{'-quick' if args.quick else ''}"
     run_experiment(args.name, out, quick=args.quick, overwrite=args.overwrite,
-                   overrides=overrides, resume=getattr(args, "resume", False))
+                   overrides=overrides[args.name], resume=getattr(args, "resume", False))
     return 0
 
 
 def _cmd_curve(args: argparse.Namespace) -> int:
     from .experiments.mlm import run_curve
 
+    limit = args.num_sequences
+    if args.limit is not None:
+        warnings.warn("--limit is deprecated; use --num-sequences (the key of the bert and "
+                      "antibody experiments).", FutureWarning, stacklevel=1)
+        if limit is not None and limit != args.limit:
+            raise ValueError(f"--limit {args.limit} and --num-sequences {limit} disagree; "
+                             "give --num-sequences only.")
+        limit = args.limit
     run_curve(args.model, args.data, args.out, random_init=args.random_init, column=args.column,
-              split=args.split, limit=args.limit, rates=args.rates, num_masks=args.num_masks,
+              split=args.split, limit=limit, rates=args.rates, num_masks=args.num_masks,
               seed=args.seed, nominal_length=args.nominal_length, exact=args.exact,
               with_pll=args.pll, truncate=args.truncate, corruption=args.corruption,
               token_budget=args.token_budget, chunk_size=args.chunk_size,
@@ -136,12 +207,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     rep = build_report(args.runs, args.out)
     out = args.out or args.runs[0]
-    print(f"report written to {out}/report.html and {out}/report.md: "
-          f"{len(rep.sections)} parts, {rep.num_holding} of {rep.num_claims} checked claims hold")
+    _log.info(f"report written to {out}/report.html and {out}/report.md: "
+              f"{len(rep.sections)} parts, {rep.num_holding} of {rep.num_claims} checked claims "
+              "hold")
     for m in rep.missing:
-        print(f"missing: {m} (run `mptlml reproduce {m}`)")
+        _log.warning(f"missing: {m} (run `mptlml reproduce {m}`)")
     for p in rep.problems:
-        print(f"problem: {p}")
+        _log.warning(f"problem: {p}")
     return 0
 
 
@@ -164,27 +236,50 @@ def _cmd_select(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``mptlml`` argument parser."""
+    from . import __version__
     from .experiments import EXPERIMENTS
 
     parser = argparse.ArgumentParser(prog="mptlml", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"mptlml {__version__}")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress bars and only warnings and errors on stderr (also "
+                             "after the command; TQDM_DISABLE=1 turns the bars off too)")
+    # --quiet is also accepted after the command; SUPPRESS keeps a global one from being reset
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress bars; only warnings and errors on stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("demo", help="PPCA on scikit-learn digits: exact LML vs every estimator")
+    p = sub.add_parser("demo", parents=[common],
+                       help="PPCA on scikit-learn digits: exact LML vs every estimator")
     p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
-    p.add_argument("--num-masks", type=int, default=10, help="P masks per size (default 10)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-masks", type=_COUNT, default=10, help="P masks per size (default 10)")
+    p.add_argument("--seed", type=_SEED, default=0)
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("reproduce", help="reproduce one figure or table of the paper")
-    p.add_argument("name", choices=[*sorted(EXPERIMENTS), "all"],
+    p = sub.add_parser("reproduce", parents=[common],
+                       help="reproduce one figure or table of the paper",
+                       description="Reproduce one figure or table of the paper into a run "
+                       "directory (or all of them, then a report). Every setting of an "
+                       "experiment is a --set KEY=VALUE; --show-config lists them.")
+    p.add_argument("name", choices=[*EXPERIMENTS, "all"],
                    help="which experiment ('all' runs every one and writes a report)")
     p.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
     p.add_argument("--out", default=None, help="run directory (default runs/NAME)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a config setting (repeatable), e.g. --set seeds=3")
+                   help="override a setting (repeatable), e.g. --set num_data=500; lists are "
+                        "comma-separated (--set dims=5,50). With 'all': NAME.KEY=VALUE for one "
+                        "experiment (--set training.num_inits=2), a bare KEY=VALUE for every "
+                        "experiment that has KEY")
+    p.add_argument("--seed", type=_SEED, default=None,
+                   help="the run's base seed (masks, initialisations): the setting 'seed' of "
+                        "the experiment (of every experiment, with 'all')")
+    p.add_argument("--show-config", action="store_true",
+                   help="print every setting (key, type, default, quick value, this run's "
+                        "value, meaning) and exit without running")
     p.add_argument("--resume", action="store_true",
                    help="keep finished parts/chunks of an interrupted run")
     p.add_argument("--reference", default=None,
@@ -193,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mlm_flags(p)
     p.set_defaults(func=_cmd_reproduce)
 
-    p = sub.add_parser("curve", help="MPT curve of any Hugging Face masked LM on texts",
+    p = sub.add_parser("curve", parents=[common],
+                       help="MPT curve of any Hugging Face masked LM on texts",
                        description="MPT curve (mean log-prob of masked tokens vs masking rate), "
                        "its area and per-sequence LML estimates. Runs under torchrun / "
                        "accelerate launch for data-parallel scoring.")
@@ -207,14 +303,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "positions for a header-less CSV/TSV")
     p.add_argument("--split", default=None,
                    help="GLUE split (default validation; ax: test); not for files")
-    p.add_argument("--limit", type=int, default=None, help="use the first N texts")
+    p.add_argument("--num-sequences", type=_COUNT, default=None, metavar="N",
+                   help="score the first N texts (default all)")
+    p.add_argument("--limit", type=_COUNT, default=None, help=argparse.SUPPRESS)  # deprecated
     p.add_argument("--random-init", action="store_true",
                    help="score a randomly initialised model of the same config")
     p.add_argument("--rates", default=None,
                    help="START:STOP:STEP or a comma list (default 0.01:0.99:0.01)")
-    p.add_argument("--num-masks", type=int, default=1, help="P masks per rate (default 1)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--nominal-length", type=float, default=None,
+    p.add_argument("--num-masks", type=_COUNT, default=1, help="P masks per rate (default 1)")
+    p.add_argument("--seed", type=_SEED, default=0)
+    p.add_argument("--nominal-length", type=_arg(float, gt=0), default=None,
                    help="L of the area (L/100)*sum (paper: 512; default mean length)")
     p.add_argument("--exact", action="store_true",
                    help="also the exact cumulative sum over M=1..D_i (D_i*P pairs)")
@@ -230,9 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cut sequences longer than the model maximum instead of failing")
     p.add_argument("--corruption", choices=("mask", "bert"), default="mask",
                    help="pure [MASK] (default) or BERT's 80/10/10")
-    p.add_argument("--token-budget", type=int, default=8192,
+    p.add_argument("--token-budget", type=_COUNT, default=8192,
                    help="padded tokens per forward pass (default 8192)")
-    p.add_argument("--chunk-size", type=int, default=8,
+    p.add_argument("--chunk-size", type=_COUNT, default=8,
                    help="sequences per checkpointed chunk (default 8)")
     _add_mlm_flags(p)
     p.add_argument("--tokenizer", default=None,
@@ -245,38 +343,92 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_curve)
 
-    p = sub.add_parser("report", help="build report.html/report.md from run directories")
+    p = sub.add_parser("report", parents=[common],
+                       help="build report.html/report.md from run directories")
     p.add_argument("runs", nargs="+", help="run directories (or a `reproduce all` directory)")
     p.add_argument("--out", default=None, help="where to write the report (default: first RUN)")
     p.set_defaults(func=_cmd_report)
-    p = sub.add_parser("select", help="choose a latent dimension K by held-out MPT",
+    p = sub.add_parser("select", parents=[common],
+                       help="choose a latent dimension K by held-out MPT",
                        description="Choose the latent dimension K of PPCA (or of the Bernoulli "
                        "latent linear model, K <= 3) by the held-out log-marginal likelihood "
                        "estimated with MPT, beside the exact held-out LML, BIC and, for PPCA, "
                        "scikit-learn's PCA(n_components='mle') (Minka).")
     p.add_argument("--data", required=True,
                    help="a .npy/.csv matrix (N, D), or digits, wine, breast_cancer, synthetic")
-    p.add_argument("--k-max", type=int, required=True, help="largest K to try (>= 1, < D)")
+    p.add_argument("--k-max", type=_COUNT, required=True, help="largest K to try (>= 1, < D)")
     p.add_argument("--out", default="runs/select", help="run directory (default runs/select)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     p.add_argument("--family", choices=("ppca", "bernoulli"), default="ppca",
                    help="model family: ppca (continuous data, default) or bernoulli (0/1 data, "
                         "K <= 3)")
-    p.add_argument("--true-k", type=int, default=None, help="latent dimension of --data synthetic")
+    p.add_argument("--true-k", type=_COUNT, default=None,
+                   help="latent dimension of --data synthetic")
     p.add_argument("--standardise", choices=("yes", "no"), default=None,
                    help="z-score columns (default: yes for the built-in real data sets)")
-    p.add_argument("--num-masks", type=int, default=10, help="initial P masks per size")
-    p.add_argument("--max-masks", type=int, default=640,
+    p.add_argument("--num-masks", type=_COUNT, default=10, help="initial P masks per size")
+    p.add_argument("--max-masks", type=_COUNT, default=640,
                    help="largest P while resolving near-ties (default 640)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_SEED, default=0)
     p.set_defaults(func=_cmd_select)
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the current ``sys.stderr`` (which tests and notebooks may swap)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(_Formatter())
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        msg = super().format(record)
+        return msg if record.levelno < logging.WARNING else \
+            f"mptlml: {record.levelname.lower()}: {msg}"
+
+
+def configure_output(quiet: bool = False) -> None:
+    """Messages of the ``mptlml`` logger to stderr (INFO, or WARNING when quiet); bars per quiet.
+
+    The command line calls this once per invocation; a library user configures
+    ``logging.getLogger("mptlml")`` as they like (by default only warnings show).
+    """
+    from ._progress import set_quiet
+
+    logger = logging.getLogger("mptlml")
+    for h in [h for h in logger.handlers if isinstance(h, _StderrHandler)]:
+        logger.removeHandler(h)
+    logger.addHandler(_StderrHandler())
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    set_quiet(quiet)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``mptlml`` command."""
+    """Entry point of the ``mptlml`` command.
+
+    Bare ``mptlml`` (no command) prints the help to stdout and returns 0, like
+    ``mptlml --help``; a wrong argument is a usage error with exit code 2
+    (argparse's convention), an invalid setting or input exits with 2 too.
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error (argparse printed it)
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    if args.command is None:
+        parser.print_help()
+        return 0
+    configure_output(quiet=getattr(args, "quiet", False))
     from .estimation.runner import shutdown_distributed
     from .settings import keep_heap
 
@@ -284,6 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ok = False
     try:
+        _check_bounds(parser, args)
         code = int(args.func(args) or 0)
         ok = True
         return code

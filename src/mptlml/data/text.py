@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._validation import check_positive_int
+
 __all__ = ["GLUE_FIELDS", "TextData", "bundled_antibodies", "load_texts"]
 
 GLUE_FIELDS: dict[str, tuple[str, ...]] = {
@@ -55,6 +57,8 @@ class TextData:
 
 def bundled_antibodies(limit: int | None = None) -> TextData:
     """The bundled human IMGT germline V sequences (see ``data/README.md``)."""
+    if limit is not None:
+        limit = check_positive_int(limit, "limit")
     path = Path(__file__).with_name("antibody_germline_v.fasta")
     data = _read_fasta(path)
     if limit is not None:
@@ -199,6 +203,8 @@ def load_texts(source: str | Path, *, column: str | None = None, split: str | No
         Unknown format, missing column/field or cell, blank line, missing
         file, ``split`` given for a file, GLUE neither cached nor reachable.
     """
+    if limit is not None:
+        limit = check_positive_int(limit, "limit")  # a negative limit is no slice
     s = str(source)
     if s.lower().startswith("glue:") or s.lower().startswith("glue/"):
         data = _glue(s[5:], split)

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from .. import settings
+from .._progress import progress_bar
 from .._validation import check_positive_int, make_generator
 from ..masks import random_orders, sample_masks
 from ..models.base import MaskedModel
@@ -46,7 +46,7 @@ class Counter:
 
 def _blocks(total: int, per_block: int, progress: bool, desc: str) -> Iterator[tuple[int, int]]:
     starts = range(0, total, per_block)
-    for s in tqdm(starts, desc=desc, disable=not progress or len(starts) <= 1, leave=False):
+    for s in progress_bar(starts, enabled=progress and len(starts) > 1, desc=desc):
         yield s, min(s + per_block, total)
 
 
@@ -172,8 +172,7 @@ def score_grid(model: MaskedModel, x: torch.Tensor, sizes: Sequence[int], num_dr
 
     # masks of several blocks are drawn in one call (up to settings.mask_bytes): fewer, larger draws
     per_mask = d * (1 if share_masks else n)
-    bar = tqdm(total=len(spans), desc="masks", leave=False,
-               disable=not progress or len(spans) <= 1)
+    bar = progress_bar(total=len(spans), enabled=progress and len(spans) > 1, desc="masks")
     for group in _span_groups(spans, max(1, settings.mask_bytes.value() // per_mask)):
         drawn = [span_sizes(sp) for sp in group]
         masks = sample_masks(d, torch.cat([sz for sz, _ in drawn]),

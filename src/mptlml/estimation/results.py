@@ -115,6 +115,25 @@ class LMLEstimate(_Result):
     lml = _deprecated("lml", "per_sample")
     lml_se = _deprecated("lml_se", "per_sample_stderr")
 
+    def to_pandas(self) -> Any:
+        """A tidy ``pandas.DataFrame``: one row per datum (or sequence).
+
+        Columns ``datum`` (its index), ``lml`` (``per_sample``), ``lml_stderr``
+        (``per_sample_stderr``) and the settings that identify the estimate:
+        ``estimator``, ``model``, ``num_masks``, ``rate``, ``seed``. The
+        aggregate (``mean``, ``stderr``, ...) stays on the object.
+        """
+        import pandas as pd
+
+        lml = np.asarray(_numpy(self.per_sample), dtype=np.float64).reshape(-1)
+        return pd.DataFrame({
+            "datum": np.arange(lml.shape[0]), "lml": lml,
+            "lml_stderr": np.asarray(_numpy(self.per_sample_stderr),
+                                     dtype=np.float64).reshape(-1),
+            "estimator": self.estimator, "model": self.model, "num_masks": self.num_masks,
+            "rate": self.rate, "seed": self.seed,
+        })
+
 
 @dataclass
 class MPTCurve(_Result):
@@ -199,6 +218,39 @@ class MPTCurve(_Result):
     lml_se = _deprecated("lml_se", "lml_stderr")
     lml_exact_se = _deprecated("lml_exact_se", "lml_exact_stderr")
     lengths = _deprecated("lengths", "num_tokens")
+
+    def to_pandas(self, per_sample: bool = False) -> Any:
+        """A tidy ``pandas.DataFrame`` of the curve.
+
+        By default one row per size (dense models) or rate (ragged sequences):
+        ``rate``, ``size`` (dense only, else None), ``mean``, ``stderr`` and
+        ``num_masks``, ``model``. With ``per_sample=True``, one row per
+        (datum, size/rate): ``datum``, ``id`` (ragged, when given), ``rate``,
+        ``size``, ``score`` (S_hat(x_n; M)) and ``score_stderr`` (ragged; NaN
+        where unknown).
+        """
+        import pandas as pd
+
+        rates = np.asarray(self.rates, dtype=np.float64)
+        dense = not isinstance(self.sizes, torch.Tensor)
+        if not per_sample:
+            return pd.DataFrame({
+                "rate": rates, "size": list(self.sizes) if dense else [None] * len(rates),
+                "mean": np.asarray(_numpy(self.mean), dtype=np.float64),
+                "stderr": np.asarray(_numpy(self.stderr), dtype=np.float64),
+                "num_masks": self.num_masks, "model": self.model,
+            })
+        scores = np.asarray(_numpy(self.per_sample), dtype=np.float64)  # (N, S)
+        n, s = scores.shape
+        sizes = (np.tile(np.asarray(self.sizes), n) if dense
+                 else np.asarray(_numpy(self.sizes)).reshape(-1))
+        se = (np.asarray(_numpy(self.per_sample_stderr), dtype=np.float64).reshape(-1)
+              if self.per_sample_stderr is not None else np.full(n * s, np.nan))
+        out = pd.DataFrame({"datum": np.repeat(np.arange(n), s), "rate": np.tile(rates, n),
+                            "size": sizes, "score": scores.reshape(-1), "score_stderr": se})
+        if self.ids is not None:
+            out.insert(1, "id", np.repeat(np.asarray(self.ids, dtype=object), s))
+        return out
 
 
 def as_float64(a: Any) -> torch.Tensor:

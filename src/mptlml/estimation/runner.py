@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from .._io import atomic_save_npz, atomic_write_text
+from .._progress import progress_bar
 from .._validation import check_positive_int
 from ..models.protocols import RaggedMaskedModel
 from .distributed import distributed_context, gather, shard, shutdown_distributed
@@ -85,8 +86,6 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
     everything is a function of (seed, i). ``token_budget`` bounds the padded
     tokens and ``batch_size`` (optional) the inputs of one forward pass.
     """
-    from tqdm.auto import tqdm
-
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     token_budget = check_positive_int(token_budget, "token_budget")
     extra = {}  # batch_size is an optional keyword of the protocol: passed only when set
@@ -124,8 +123,8 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
                         done[int(k)] = z[k]
 
     total = int(spec.get("total_pairs", 0)) // max(ctx.world, 1) or None
-    bar = tqdm(total=total, desc=desc, unit="pair", disable=not progress or not ctx.main,
-               dynamic_ncols=True)
+    bar = progress_bar(total=total, enabled=progress and ctx.main, desc=desc, unit="pair",
+                       leave=True, dynamic_ncols=True)
     calls = _Calls(bar)
     results: dict[int, np.ndarray] = dict(done)
     for c in mine:

@@ -4,7 +4,9 @@
 sigma2, the noise generator, seeds, dtype) and draws the data;
 :class:`PPCATrainingConfig` adds those of training a PPCA by the MPT loss (D, K,
 learning rate, masks per step). Each experiment's ``Config`` subclasses one of
-them, so ``--set`` reaches the shared fields too.
+them, so ``--set`` reaches the shared fields too. Every field is declared with
+:func:`~.config.setting` (help line, bounds, choices, former names): the
+convention is documented in :mod:`mptlml.experiments.config`.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validation import check_positive_int
 from ..masks import all_masks
 from ..models import PPCA
+from .config import ExperimentConfig, setting
 
 __all__ = ["PPCATrainingConfig", "SyntheticPPCAConfig", "exact_fixed_rate", "mean_lml",
            "synthetic_ppca"]
@@ -34,14 +36,8 @@ def dtype_of(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def check_finite_positive(value: float, name: str, what: str) -> None:
-    """Raise ``ValueError`` unless ``value`` is a finite positive number (``what`` names it)."""
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite positive {what}, got {value}.")
-
-
 @dataclass
-class SyntheticPPCAConfig:
+class SyntheticPPCAConfig(ExperimentConfig):
     """Settings shared by the PPCA experiments on data drawn from a PPCA (Figs. 1, 2, 4, 5).
 
     Attributes
@@ -61,20 +57,14 @@ class SyntheticPPCAConfig:
         ``"float64"`` or ``"float32"``.
     """
 
-    num_data: int = 1000
-    sigma2: float = 0.2
-    noise: str = "independent"
-    data_seed: int = 0
-    seed: int = 0
-    dtype: str = "float64"
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` on inconsistent settings (before anything is written)."""
-        check_positive_int(self.num_data, "num_data")
-        check_finite_positive(self.sigma2, "sigma2", "variance")
-        if self.noise not in ("independent", "shared"):
-            raise ValueError(f"noise must be 'independent' or 'shared', got {self.noise!r}.")
-        dtype_of(self.dtype)
+    num_data: int = setting(1000, "N, observations drawn from the generating PPCA", min=1)
+    sigma2: float = setting(0.2, "noise variance of the generating PPCA (1 / beta)", gt=0)
+    noise: str = setting("independent", "noise generator: independent (faithful, N(0, sigma2 I)) "
+                         "or shared (the authors' code: one value per observation)",
+                         choices=("independent", "shared"))
+    data_seed: int = setting(0, "seed of the generating W and of the data", min=0)
+    seed: int = setting(0, "base seed of the masks (and initialisations)", min=0)
+    dtype: str = setting("float64", "floating-point precision", choices=tuple(_DTYPES))
 
     def synthetic(self, num_tokens: int, latent_dim: int, *,
                   seed: int | None = None) -> tuple[PPCA, torch.Tensor]:
@@ -100,21 +90,18 @@ class PPCATrainingConfig(SyntheticPPCAConfig):
         Seed of the initialisations and of the masks (default 1).
     """
 
-    num_tokens: int = 10
-    latent_dim: int = 2
-    seed: int = 1
-    lr: float = 1e-2
-    num_masks: int = 1
+    num_tokens: int = setting(10, "D, tokens of the generating and of the trained PPCA", min=2)
+    latent_dim: int = setting(2, "K, latent dimension (< num_tokens)", min=1)
+    seed: int = setting(1, "seed of the initialisations and of the masks", min=0)
+    lr: float = setting(1e-2, "Adam learning rate", gt=0)
+    num_masks: int = setting(1, "P of the training objective, masks per size per epoch", min=1)
 
     def validate(self) -> None:
         """Raise ``ValueError`` on inconsistent settings (before anything is written)."""
         super().validate()
-        for name in ("num_tokens", "latent_dim", "num_masks"):
-            check_positive_int(getattr(self, name), name)
         if self.latent_dim >= self.num_tokens:
             raise ValueError(f"latent_dim={self.latent_dim} must be smaller than "
                              f"num_tokens={self.num_tokens}.")
-        check_finite_positive(self.lr, "lr", "learning rate")
 
     def data(self) -> tuple[PPCA, torch.Tensor]:
         """The generating PPCA of D tokens and K latent dimensions, and its N draws."""

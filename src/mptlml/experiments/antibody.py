@@ -20,30 +20,27 @@ import numpy as np
 
 from ..data.text import bundled_antibodies
 from .common import RunDir
-from .mlm import load_model, score_models, write_curves
+from .config import setting
+from .mlm import MLMDeviceSettings, load_model, score_models, write_curves
 
 __all__ = ["PAPER", "TITLE", "Config", "claims", "run", "summary"]
 
 
 @dataclass
-class Config:
+class Config(MLMDeviceSettings):
     """Settings; defaults: all 111 sequences on the paper's 99-rate grid."""
 
-    num_sequences: int = 111
-    rate_start: float = 0.01
-    rate_step: float = 0.01
-    num_masks: int = 1
-    seed: int = 0
-    init_seed: int = 0
-    pll: bool = True
-    exact: bool = False
-    token_budget: int = 8192
-    chunk_size: int = 8
-    batch_size: int | None = None
-    device: str | None = None  # None: the rank's CUDA device when available, else the CPU
-    dtype: str | None = None  # float32, float16, bfloat16, float64; None: the checkpoint's
-    autocast: bool | None = None
-    progress: bool = True
+    num_sequences: int = setting(111, "score the first N bundled sequences", min=1)
+    rate_start: float = setting(0.01, "first masking rate of the grid (up to 0.99)", gt=0, lt=1)
+    rate_step: float = setting(0.01, "step of the masking-rate grid", gt=0, lt=1)
+    num_masks: int = setting(1, "P, masks per rate and sequence", min=1)
+    seed: int = setting(0, "seed of the masks", min=0)
+    init_seed: int = setting(0, "seed of the random initialisation", min=0)
+    pll: bool = setting(True, "also the pseudo-log-likelihood")
+    exact: bool = setting(False, "also the exact cumulative sum over M = 1..D_i")
+    token_budget: int = setting(8192, "padded tokens per forward pass", min=1)
+    chunk_size: int = setting(8, "sequences per checkpointed chunk", min=1)
+    progress: bool = setting(True, "progress bars (off anyway with --quiet or TQDM_DISABLE=1)")
 
     @classmethod
     def quick(cls) -> Config:

@@ -19,6 +19,7 @@ Reference: Moreno-Munoz, Recasens, Hauberg (NeurIPS 2023), Sec. 3.1, Fig. 4.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +31,11 @@ from .._validation import check_positive_int
 from ..estimation import estimate_lml, mpt_curve
 from ._synthetic import SyntheticPPCAConfig, mean_lml
 from .common import RunDir, pyplot
+from .config import setting
 
 __all__ = ["PAPER", "TITLE", "Config", "claims", "run", "summary"]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,10 +56,12 @@ class Config(SyntheticPPCAConfig):
         Share each mask across the data (the paper's code).
     """
 
-    num_tokens: int = 200
-    panels: tuple[str, ...] = ("5:1", "5:100", "50:1")
-    marks: tuple[float, ...] = (0.15, 0.85)
-    share_masks: bool = False
+    num_tokens: int = setting(200, "D, tokens of the PPCA", min=2)
+    panels: tuple[str, ...] = setting(("5:1", "5:100", "50:1"),
+                                      "one K:P per panel (latent dimension, masks per size)")
+    marks: tuple[float, ...] = setting((0.15, 0.85), "masking rates marked on the plot",
+                                       gt=0, lt=1)
+    share_masks: bool = setting(False, "share each mask across the data (the paper's code)")
 
     @classmethod
     def quick(cls) -> Config:
@@ -82,10 +88,7 @@ class Config(SyntheticPPCAConfig):
     def validate(self) -> None:
         """Raise ``ValueError`` on inconsistent settings (before anything is written)."""
         super().validate()
-        check_positive_int(self.num_tokens, "num_tokens")
         self.parsed_panels()
-        if any(not 0 < r < 1 for r in self.marks):
-            raise ValueError(f"marks are masking rates in (0, 1), got {self.marks}.")
 
 
 def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
@@ -98,7 +101,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
         if k not in data:
             data[k] = cfg.synthetic(cfg.num_tokens, k)
         model, x = data[k]
-        print(f"[area] panel {i + 1}: K={k}, P={p}", flush=True)
+        _log.info("[area] panel %d: K=%d, P=%d", i + 1, k, p)
         curve = mpt_curve(model, x, num_masks=p, seed=cfg.seed + i, share_masks=cfg.share_masks,
                           progress=True)
         exact = mean_lml(model, x)

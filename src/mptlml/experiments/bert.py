@@ -17,6 +17,7 @@ reference curves are drawn, and the table is printed and written to
 from __future__ import annotations
 
 import csv
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,13 @@ from ..estimation.distributed import resolve_device
 from ..models.hf_loading import resolve_dtype
 from ..sequences import mpt_area
 from .common import RunDir, pyplot
-from .mlm import load_model, project_root, score_models, write_curves
+from .config import setting
+from .mlm import MLMDeviceSettings, load_model, project_root, score_models, write_curves
 
 __all__ = ["PAPER", "PAPER_TABLE2", "TITLE", "Config", "claims", "default_reference",
            "read_reference", "run", "summary", "table2_from_reference"]
+
+_log = logging.getLogger(__name__)
 
 #: Table 2 of the paper: area under the MPT curve, (pre-trained, random init).
 PAPER_TABLE2: dict[str, tuple[float, float]] = {
@@ -42,22 +46,19 @@ PAPER_TABLE2: dict[str, tuple[float, float]] = {
 
 
 @dataclass
-class Config:
+class Config(MLMDeviceSettings):
     """Settings (the paper: bert-base-uncased, L = 512, rates 1..99%)."""
 
-    model: str = "bert-base-uncased"
-    tasks: tuple[str, ...] = ("ax", "cola", "qnli", "mrpc")
-    num_sequences: int = 64
-    nominal_length: float = 512
-    num_masks: int = 1
-    seed: int = 0
-    reference: str | None = None
-    token_budget: int = 16384
-    batch_size: int | None = None
-    device: str | None = None  # None: the rank's CUDA device when available, else the CPU
-    dtype: str | None = None  # float32, float16, bfloat16, float64; None: the checkpoint's
-    autocast: bool | None = None
-    progress: bool = True
+    model: str = setting("bert-base-uncased", "hub name or local directory of the masked LM")
+    tasks: tuple[str, ...] = setting(("ax", "cola", "qnli", "mrpc"), "GLUE tasks to score")
+    num_sequences: int = setting(64, "score the first N sequences of each task", min=1)
+    nominal_length: float = setting(512, "L of the area (L/100) * sum (the paper: 512)", gt=0)
+    num_masks: int = setting(1, "P, masks per rate and sequence", min=1)
+    seed: int = setting(0, "seed of the masks", min=0)
+    reference: str | None = setting(None, "the authors' published curves CSV (default: "
+                                    "../shared/reference/bert_mpt_curves.csv)")
+    token_budget: int = setting(16384, "padded tokens per forward pass", min=1)
+    progress: bool = setting(True, "progress bars (off anyway with --quiet or TQDM_DISABLE=1)")
 
     @classmethod
     def quick(cls) -> Config:
@@ -129,8 +130,8 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
             if task in cfg.tasks:
                 reference_curves[f"{task} {w}"] = rc
     else:
-        print("no reference curves found (../shared/reference/bert_mpt_curves.csv); pass "
-              "--reference PATH to reproduce Table 2 from the authors' curves.")
+        _log.warning("no reference curves found (../shared/reference/bert_mpt_curves.csv); pass "
+                     "--reference PATH to reproduce Table 2 from the authors' curves.")
     resolve_device(cfg.device)  # a bad device or dtype is an error, not "offline"
     resolve_dtype(cfg.dtype)
     try:
@@ -141,7 +142,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
                   "random_init": load_model(cfg.model, random_init=True, **place)}
         glue = {task: load_texts(f"glue:{task}", limit=cfg.num_sequences) for task in cfg.tasks}
     except ValueError as exc:  # not cached and the hub not reachable (or HF_HUB_OFFLINE)
-        print(f"cannot load {cfg.model} or GLUE: {str(exc).splitlines()[0][:300]}")
+        _log.warning("cannot load %s or GLUE: %s", cfg.model, str(exc).splitlines()[0][:300])
         models = {}
     if models:
         ours = {}
@@ -162,8 +163,9 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
                                if ref_path is not None else
                                "no reference curves were found either, so Table 2 is not "
                                "reproduced (pass --reference PATH)."))
-        print("offline: cannot recompute the BERT curves (bert-base-uncased and GLUE need the "
-              "Hugging Face hub); reproducing Table 2 from the reference curves only.")
+        _log.warning("offline: cannot recompute the BERT curves (bert-base-uncased and GLUE "
+                     "need the Hugging Face hub); reproducing Table 2 from the reference "
+                     "curves only.")
         if reference_curves:
             _plot_reference(run_dir, reference_curves)
     return results

@@ -18,12 +18,12 @@ directory is refused unless ``overwrite=True``.
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import math
 import os
 import platform
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -45,20 +45,32 @@ RESULTS_FORMAT = 1
 
 
 def environment() -> dict[str, Any]:
-    """Package versions and hardware, for the environment block of a report."""
+    """Package versions, hardware, the command line and the git commit, for results.json."""
     import importlib.metadata as md
 
     versions = {}
     for pkg in ("mptlml", "torch", "numpy", "scikit-learn", "transformers", "datasets",
-                "accelerate", "matplotlib"):
+                "accelerate", "matplotlib", "pandas"):
         try:
             versions[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             versions[pkg] = None
+    cpu = platform.processor() or None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f
+                        if ln.lower().startswith("model name")), cpu)
+    except OSError:
+        pass
+    commit, dirty = _git_state()
     env: dict[str, Any] = {
+        "command": list(sys.argv),
+        "git_commit": commit,
+        "git_dirty": dirty,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "machine": platform.machine(),
+        "cpu": cpu,
         "cpu_count": os.cpu_count(),
         "versions": versions,
     }
@@ -66,10 +78,36 @@ def environment() -> dict[str, Any]:
         import torch
 
         env["torch_threads"] = torch.get_num_threads()
+        # the GPU model (None without CUDA); the key keeps its name for older readers
         env["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except ImportError:  # pragma: no cover
         pass
     return env
+
+
+def _git_state() -> tuple[str | None, bool | None]:
+    """HEAD of the git checkout the package runs from and whether it has local changes.
+
+    ``(None, None)`` for an installed package (its files are not tracked by a
+    repository around it), without git, or when git does not answer within 5 s.
+    """
+    import subprocess
+
+    pkg = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=pkg, capture_output=True, text=True,
+                              timeout=5, check=False)
+
+    try:
+        if git("ls-files", "--error-unmatch", "__init__.py").returncode != 0:
+            return None, None
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return None, None
+        return head.stdout.strip(), git("diff", "--quiet", "HEAD", "--", ".").returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        return None, None
 
 
 def load_results(run_dir: str | os.PathLike) -> dict[str, Any]:
@@ -144,16 +182,14 @@ class RunDir:
 
     def write_csv(self, name: str, rows: Iterable[Mapping[str, Any]],
                   columns: Sequence[str] | None = None) -> Path:
-        """Atomically write a CSV from a list of dict rows."""
+        """Atomically write a CSV from a list of dict rows (missing and None cells empty)."""
+        import pandas as pd
+
         rows = [jsonable(r) for r in rows]
         cols = list(columns) if columns is not None else (list(rows[0].keys()) if rows else [])
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
         p = self.file(name)
-        atomic_write_text(p, buf.getvalue())
+        atomic_write_text(p, pd.DataFrame(rows, columns=cols, dtype=object).to_csv(
+            index=False, lineterminator="\n"))
         self._track(name)
         return p
 

@@ -33,6 +33,7 @@ Table 1.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -40,13 +41,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._validation import check_positive_int, check_rate
 from ..estimation.engine import score_masks
 from ..masks import fixed_rate_size
 from ._synthetic import SyntheticPPCAConfig, mean_lml
 from .common import RunDir, pyplot
+from .config import setting
 
 __all__ = ["PAPER", "TITLE", "Config", "claims", "run", "summary"]
+
+_log = logging.getLogger(__name__)
 
 @dataclass
 class Config(SyntheticPPCAConfig):
@@ -76,15 +79,17 @@ class Config(SyntheticPPCAConfig):
         mask per datum.
     """
 
-    num_data: int = 100
-    latent_dim: int = 2
-    dims: tuple[int, ...] = (5, 50)
-    fixed_dim: int = 512
-    fixed_rate: float = 0.15
-    num_seeds: int = 5
-    max_masks: int = 300
-    table_masks: tuple[int, ...] = (1, 10, 100)
-    share_masks: bool = False
+    num_data: int = setting(100, "N, observations drawn from the generating PPCA", min=1)
+    latent_dim: int = setting(2, "K of the PPCA", min=1)
+    dims: tuple[int, ...] = setting((5, 50), "D of the all-sizes panels (cumulative estimator)",
+                                    min=2)
+    fixed_dim: int = setting(512, "D of the fixed-rate panel (0 skips it)", min=0)
+    fixed_rate: float = setting(0.15, "masking rate of the fixed-rate panel", gt=0, lt=1)
+    num_seeds: int = setting(5, "mask seeds (repetitions of the whole mask sequence)", min=1)
+    max_masks: int = setting(300, "largest P, masks per size and datum", min=1)
+    table_masks: tuple[int, ...] = setting((1, 10, 100), "P values of table1.csv (<= max_masks)",
+                                           min=1)
+    share_masks: bool = setting(False, "share each mask across the data (the paper's code)")
 
     @classmethod
     def quick(cls) -> Config:
@@ -95,9 +100,6 @@ class Config(SyntheticPPCAConfig):
     def validate(self) -> None:
         """Raise ``ValueError`` on inconsistent settings."""
         super().validate()
-        for name in ("latent_dim", "num_seeds", "max_masks"):
-            check_positive_int(getattr(self, name), name)
-        check_rate(self.fixed_rate, "fixed_rate")
         if not self.dims and not self.fixed_dim:
             raise ValueError("nothing to run: give at least one of dims or fixed_dim.")
         for d in (*self.dims, *((self.fixed_dim,) if self.fixed_dim else ())):
@@ -173,7 +175,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     if cfg.fixed_dim:
         m = fixed_rate_size(cfg.fixed_rate, cfg.fixed_dim)
         specs.append((f"D={cfg.fixed_dim}, fixed {cfg.fixed_rate:.0%} (M={m})", cfg.fixed_dim, m))
-    print(f"convergence: PPCA K={cfg.latent_dim}, sigma2={cfg.sigma2}, N={cfg.num_data}, "
+    _log.info(f"convergence: PPCA K={cfg.latent_dim}, sigma2={cfg.sigma2}, N={cfg.num_data}, "
           f"{cfg.noise} noise generator "
           f"({'faithful: eps ~ N(0, sigma2 I)' if cfg.noise == 'independent' else 'the authors: one shared noise value per observation, sd sigma2'}), "  # noqa: E501
           f"masks {'shared across data' if cfg.share_masks else 'independent per datum'}, "

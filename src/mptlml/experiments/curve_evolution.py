@@ -3,7 +3,7 @@
 A PPCA from a random initialisation (W0 with N(0, 1) entries; sigma2 and mu
 fixed at their generating values) is trained with the cumulative MPT loss
 (Adam, P = 1 mask per size per epoch) for 600 epochs; every 100 epochs the
-curve S_hat(x; M), M = 1..D, is measured with ``curve_masks`` fresh masks per
+curve S_hat(x; M), M = 1..D, is measured with ``curve_num_masks`` fresh masks per
 size, with its area sum_M S_hat(x; M) (the cumulative estimate of the mean
 LML, Proposition 1) and the exact LML of the current parameters. At random
 initialisation the curve is nearly flat; as training proceeds it rises at
@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_positive_int
 from ..models import PPCA
 from ..objectives import MPTLoss
 from ..training import exact_lml, mpt_curve_monitor, train
 from ._synthetic import PPCATrainingConfig, mean_lml
 from .common import RunDir, pyplot
+from .config import setting
 
 __all__ = ["PAPER", "TITLE", "Config", "claims", "run", "summary"]
 
@@ -44,34 +44,30 @@ class Config(PPCATrainingConfig):
     ----------
     epochs : int
         Training epochs (600 in the paper).
-    every : int
-        Epochs between curves (100 in the paper).
-    curve_masks : int
-        Masks per size when measuring each curve.
+    curve_every : int
+        Epochs between curves (100 in the paper; formerly ``every``).
+    curve_num_masks : int
+        Masks per size when measuring each curve (formerly ``curve_masks``).
     """
 
-    num_tokens: int = 50
-    latent_dim: int = 5
-    lr: float = 2e-2
-    epochs: int = 600
-    every: int = 100
-    curve_masks: int = 10
+    num_tokens: int = setting(50, "D, tokens of the generating and of the trained PPCA", min=2)
+    latent_dim: int = setting(5, "K, latent dimension (< num_tokens)", min=1)
+    lr: float = setting(2e-2, "Adam learning rate", gt=0)
+    epochs: int = setting(600, "training epochs (600 in the paper)", min=1)
+    curve_every: int = setting(100, "epochs between curves (100 in the paper)", min=1,
+                               aliases=("every",))
+    curve_num_masks: int = setting(10, "P, masks per size when measuring each curve", min=1,
+                                   aliases=("curve_masks",))
 
     @classmethod
     def quick(cls) -> Config:
         """A small setting for tests (seconds on 2 cores)."""
-        return cls(num_data=200, num_tokens=16, latent_dim=2, epochs=120, every=20, lr=5e-2,
-                   curve_masks=4)
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` on inconsistent settings (before anything is written)."""
-        super().validate()
-        for name in ("epochs", "every", "curve_masks"):
-            check_positive_int(getattr(self, name), name)
+        return cls(num_data=200, num_tokens=16, latent_dim=2, epochs=120, curve_every=20,
+                   lr=5e-2, curve_num_masks=4)
 
 
 def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
-    """Train, measure the curve every ``every`` epochs, write CSVs and the figure."""
+    """Train, measure the curve every ``curve_every`` epochs, write CSVs and the figure."""
     cfg.validate()
     true, x = cfg.data()
     gt_lml, mle_lml = mean_lml(true, x), mean_lml(PPCA.fit(x, cfg.latent_dim), x)
@@ -79,7 +75,8 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     hist = train(model, MPTLoss(model, "cumulative", num_masks=cfg.num_masks), x,
                  epochs=cfg.epochs, lr=cfg.lr, seed=cfg.seed + 1,
                  monitors={"exact_lml": exact_lml(),
-                           "curve": mpt_curve_monitor(every=cfg.every, num_masks=cfg.curve_masks,
+                           "curve": mpt_curve_monitor(every=cfg.curve_every,
+                                                      num_masks=cfg.curve_num_masks,
                                                       seed=cfg.seed + 2)})
     run_dir.write_json("history.json", hist.to_dict())  # reload with History.load
     run_dir.write_csv("training.csv", [

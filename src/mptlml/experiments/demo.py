@@ -9,6 +9,7 @@ and the MPT curve as PNG/PDF into a run directory.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from ..models import PPCA
 from .common import RunDir, print_table, pyplot
 
 __all__ = ["run_demo"]
+
+_log = logging.getLogger(__name__)
 
 
 def run_demo(out: str | Path = "runs/demo", *, overwrite: bool = False, num_masks: int = 10,
@@ -34,7 +37,7 @@ def run_demo(out: str | Path = "runs/demo", *, overwrite: bool = False, num_mask
     pca = PCA(n_components=latent_dim).fit(x_train)
     model = PPCA.from_sklearn(pca)
     n, d = x_test.shape
-    print(f"PPCA (K={latent_dim}) fitted to {len(x_train)} digits; scoring {n} held-out digits "
+    _log.info(f"PPCA (K={latent_dim}) fitted to {len(x_train)} digits; scoring {n} held-out digits "
           f"(D={d}) with P={num_masks} masks per size.")
 
     exact = model.log_marginal(x_test).detach().numpy()
@@ -87,6 +90,6 @@ def run_demo(out: str | Path = "runs/demo", *, overwrite: bool = False, num_mask
     results["curve"].pop("per_sample", None)
     path = run.write_results({"latent_dim": latent_dim, "num_masks": num_masks,
                               "seed": seed, "test_size": n}, results, seed=seed)
-    print(f"results written to {path.parent}/ (results.json, estimates.csv, curve.csv, "
+    _log.info(f"results written to {path.parent}/ (results.json, estimates.csv, curve.csv, "
           "mpt_curve.png/.pdf)")
     return results

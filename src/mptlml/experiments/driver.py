@@ -10,8 +10,8 @@ this module does not import the report, which sits above the experiments).
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import logging
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -20,33 +20,27 @@ from typing import Any
 
 from .._io import atomic_write_text
 from .common import RunDir, load_results, print_table
+from .config import apply_overrides, validate_config
 from .registry import EXPERIMENTS, get_experiment
 
 __all__ = ["run_all", "run_experiment"]
+
+_log = logging.getLogger(__name__)
 
 
 def run_experiment(name: str, out: str | Path, *, quick: bool = False, overwrite: bool = False,
                    overrides: dict[str, Any] | None = None, resume: bool = False) -> dict[str, Any]:
     """Run one experiment into ``out`` and return the content of its results.json."""
     mod = get_experiment(name)
-    cfg = mod.Config.quick() if quick else mod.Config()
-    if overrides:
-        names = {f.name for f in dataclasses.fields(cfg)}
-        unknown = set(overrides) - names
-        if unknown:
-            raise ValueError(
-                f"unknown setting(s) {sorted(unknown)} for {name}; valid: {sorted(names)}."
-            )
-        cfg = dataclasses.replace(cfg, **overrides)
-    if hasattr(cfg, "validate"):
-        cfg.validate()  # before the run directory exists: a bad setting writes nothing
+    cfg = apply_overrides(mod.Config.quick() if quick else mod.Config(), overrides, name=name)
+    validate_config(cfg)  # before the run directory exists: a bad setting writes nothing
     run_dir = RunDir(out, name, overwrite=overwrite, resume=resume)
     results = mod.run(cfg, run_dir)
     results.setdefault("quick", quick)
     path = run_dir.write_results(cfg, results, seed=getattr(cfg, "seed", None))
     if hasattr(mod, "summary"):
         print_table(mod.summary(results), title=f"{name}: summary")
-    print(f"results written to {path.parent}/")
+    _log.info(f"results written to {path.parent}/")
     return json.loads(path.read_text())
 
 
@@ -82,11 +76,11 @@ def run_all(out: str | Path, *, quick: bool = False, overwrite: bool = False,
             try:
                 load_results(part)
                 status[name] = "kept"
-                print(f"[{name}] finished earlier: kept")
+                _log.info(f"[{name}] finished earlier: kept")
                 continue
             except (FileNotFoundError, ValueError):
                 pass
-        print(f"[{name}] running{' (quick)' if quick else ''} ...", flush=True)
+        _log.info(f"[{name}] running{' (quick)' if quick else ''} ...")
         t0 = time.perf_counter()
         try:
             run_experiment(name, part, quick=quick, overwrite=True,
@@ -95,10 +89,10 @@ def run_all(out: str | Path, *, quick: bool = False, overwrite: bool = False,
         except Exception as exc:  # keep going: the report lists the failed part as missing
             status[name] = f"failed: {exc}"
             atomic_write_text(part.with_suffix(".error.txt"), traceback.format_exc())
-            print(f"[{name}] FAILED: {exc}")
+            _log.error(f"[{name}] FAILED: {exc}")
     if build_report is not None:
         rep = build_report([out], out)
-        print(f"report: {out / 'report.html'} and {out / 'report.md'} "
-              f"({rep.num_holding} of {rep.num_claims} checked claims hold)")
+        _log.info(f"report: {out / 'report.html'} and {out / 'report.md'} "
+                  f"({rep.num_holding} of {rep.num_claims} checked claims hold)")
     atomic_write_text(out / "status.json", json.dumps(status, indent=2) + "\n")
     return status

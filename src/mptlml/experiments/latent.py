@@ -29,6 +29,7 @@ Reference: Moreno-Munoz, Recasens, Hauberg (2023), NeurIPS, Sec. 4 and Fig. 3.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,50 +37,58 @@ from typing import Any
 import torch
 
 from ..data import load_images
+from ..data.images import IMAGE_DATASETS
 from ..models import BernoulliLVM, GaussianVAE, LinearVAE
+from ..models.vae import CONDITIONALS
 from ..objectives import ELBO, MPTLoss
 from ..training import Monitor, exact_lml, train
 from .common import RunDir, pyplot
+from .config import ExperimentConfig, setting
 
 __all__ = ["PAPER", "TITLE", "Config", "claims", "run", "summary"]
 
+_log = logging.getLogger(__name__)
+
 
 @dataclass
-class Config:
+class Config(ExperimentConfig):
     """Settings of Fig. 3 (defaults: the paper's sizes)."""
 
-    datasets: tuple[str, ...] = ("digits", "mnist", "fashion_mnist")
-    data_dir: str | None = None
-    num_data: int = 2000
-    seed: int = 0
+    datasets: tuple[str, ...] = setting(("digits", "mnist", "fashion_mnist"),
+                                        "image data sets of the top row (Bernoulli model)",
+                                        choices=tuple(IMAGE_DATASETS))
+    data_dir: str | None = setting(None, "directory holding <name>/ image files (MNIST, ...)")
+    num_data: int = setting(2000, "N, images per data set (top row)", min=1)
+    seed: int = setting(0, "seed of the data subsample, initialisations and masks", min=0)
     # top row: Bernoulli latent linear model
-    latent_dim: int = 2
-    grid_points: int = 20
-    grid_bound: float = 5.0
-    linear_epochs: int = 500
-    linear_lr: float = 0.05
-    init_scale: float = 0.1
-    mpt_estimator: str = "random-size"
-    mpt_num_masks: int = 1
-    #: "conditional" (true log p(x_j | x_R)) or "marginal" (the paper's code: log p(x_M)).
-    mpt_term: str = "conditional"
-    eval_every: int = 10
+    latent_dim: int = setting(2, "K of the Bernoulli latent linear model", min=1)
+    grid_points: int = setting(20, "quadrature points per latent axis", min=1)
+    grid_bound: float = setting(5.0, "quadrature grid spans [-bound, bound]", gt=0)
+    linear_epochs: int = setting(500, "training epochs of the linear models", min=1)
+    linear_lr: float = setting(0.05, "Adam learning rate of the linear models", gt=0)
+    init_scale: float = setting(0.1, "scale of the random initial W", gt=0)
+    mpt_estimator: str = setting("random-size", "estimator of the MPT training objective")
+    mpt_num_masks: int = setting(1, "P of the MPT training objective", min=1)
+    mpt_term: str = setting("conditional", "conditional (true log p(x_j | x_R)) or marginal "
+                            "(the paper's code: log p(x_M))", choices=("conditional", "marginal"))
+    eval_every: int = setting(10, "epochs between LML evaluations (top row)", min=1)
     # bottom row: deep Gaussian VAE
-    vae_datasets: tuple[str, ...] = ("digits", "mnist")
-    vae_num_data: int = 2000
-    vae_latent_dim: int = 10
-    vae_hidden: tuple[int, ...] = (256,)
-    vae_epochs: int = 300
-    vae_lr: float = 1e-3
-    vae_rate: float = 0.33
-    vae_conditional: str = "iterated"
-    vae_num_samples: int = 8
-    vae_iterations: int = 5
-    vae_lml_samples: int = 256
-    vae_eval_every: int = 10
-    #: torch intra-op threads during the run (restored afterwards); None leaves them as
-    #: they are. These models are small: one thread avoids spin-waits on a busy machine.
-    num_threads: int | None = None
+    vae_datasets: tuple[str, ...] = setting(("digits", "mnist"), "image data sets of the VAE row",
+                                            choices=tuple(IMAGE_DATASETS))
+    vae_num_data: int = setting(2000, "N, images per data set (VAE row)", min=1)
+    vae_latent_dim: int = setting(10, "K of the VAE", min=1)
+    vae_hidden: tuple[int, ...] = setting((256,), "hidden layer widths of the VAE", min=1)
+    vae_epochs: int = setting(300, "training epochs of the VAE", min=1)
+    vae_lr: float = setting(1e-3, "Adam learning rate of the VAE", gt=0)
+    vae_rate: float = setting(0.33, "masking rate of the VAE's MPT objective", gt=0, lt=1)
+    vae_conditional: str = setting("iterated", "how the VAE's masked conditionals are computed",
+                                   choices=tuple(CONDITIONALS))
+    vae_num_samples: int = setting(8, "importance samples per conditional", min=1)
+    vae_iterations: int = setting(5, "iterations of the iterated conditional", min=1)
+    vae_lml_samples: int = setting(256, "importance samples of the VAE's LML estimate", min=1)
+    vae_eval_every: int = setting(10, "epochs between LML evaluations (VAE row)", min=1)
+    num_threads: int | None = setting(None, "torch threads during the run (restored after; none: "
+                                      "as they are)", min=1)
 
     @classmethod
     def quick(cls) -> Config:
@@ -212,7 +221,7 @@ def _run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
             x = _load(name, cfg, cfg.num_data, binarized=True)
         except (FileNotFoundError, ValueError) as exc:
             results["skipped"][name] = str(exc)
-            print(f"latent: skipping {name}: {exc}")
+            _log.warning("latent: skipping %s: %s", name, exc)
             continue
         results["num_data"][name] = x.shape[0]
         rows, final = _linear(cfg, name, x)
@@ -223,7 +232,7 @@ def _run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
             x = _load(name, cfg, cfg.vae_num_data, binarized=False)
         except (FileNotFoundError, ValueError) as exc:
             results["skipped"][f"vae/{name}"] = str(exc)
-            print(f"latent: skipping deep VAE on {name}: {exc}")
+            _log.warning("latent: skipping deep VAE on %s: %s", name, exc)
             continue
         rows, final = _deep(cfg, name, x)
         deep_rows += rows

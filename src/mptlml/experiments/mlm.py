@@ -18,9 +18,11 @@ world size.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +32,29 @@ from ..estimation.distributed import barrier, distributed_context, resolve_devic
 from ..models.masked_lm import MaskedLM
 from ..sequences import MLMCurveResult, mlm_curve, pll
 from .common import RunDir, pyplot
+from .config import ExperimentConfig, setting
 
-__all__ = ["load_model", "parse_rates", "prepare_run_dir", "project_root", "run_curve",
-           "score_models", "write_curves", "write_pll_tokens"]
+__all__ = ["MLMDeviceSettings", "load_model", "parse_rates", "prepare_run_dir", "project_root",
+           "run_curve",           "score_models", "write_curves", "write_pll_tokens"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class MLMDeviceSettings(ExperimentConfig):
+    """Where and how a masked LM runs: the settings every MLM experiment shares.
+
+    Recorded in results.json (with the world size) so that a number says what ran it.
+    """
+
+    batch_size: int | None = setting(None, "sequences per forward pass, beside token_budget "
+                                     "(default: as many as the budget allows)", min=1)
+    device: str | None = setting(None, "torch device (default: the rank's CUDA device when "
+                                 "available, else cpu)")
+    dtype: str | None = setting(None, "model dtype (default: the checkpoint's)",
+                                choices=("float32", "float16", "bfloat16", "float64"))
+    autocast: bool | None = setting(None, "autocast the forward pass to bfloat16/float16 "
+                                    "(default: off)")
 
 
 def parse_rates(text: str | None) -> np.ndarray | None:
@@ -242,7 +264,7 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
               **scored[label]["settings"]}
     path = run_dir.write_results(config, {"models": summ}, seed=seed)
     s = summ[label]
-    print(f"{lm.name}: {s['num_sequences']} sequences, area {s['area']:.2f} "
+    _log.info(f"{lm.name}: {s['num_sequences']} sequences, area {s['area']:.2f} "
           f"(+- {s['area_se']:.2f}, L={s['nominal_length']:.1f}), mean LML estimate "
           f"{s['mean_lml_riemann']:.2f}; results in {path.parent}/")
     return json.loads(path.read_text())

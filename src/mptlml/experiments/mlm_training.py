@@ -55,6 +55,7 @@ from ..hf.orders import chain_rule_lml, sample_random_order
 from ..models import BernoulliLVM, MaskedLM
 from ._mlm_training_analysis import OBJECTIVES, comparisons, figures, mean_se
 from .common import RunDir
+from .config import ExperimentConfig, setting
 
 __all__ = ["OBJECTIVES", "PAPER", "TITLE", "Config", "claims", "run", "summary"]
 
@@ -63,44 +64,54 @@ _D = 64
 
 
 @dataclass
-class Config:
+class Config(ExperimentConfig):
     """Settings (defaults: the full run; ``quick()`` for tests)."""
 
-    objectives: tuple[str, ...] = ("bert-15", "fixed-15", "random-size")
-    seeds: tuple[int, ...] = (0, 1, 2)
-    num_test: int = 297
-    split_seed: int = 0
+    objectives: tuple[str, ...] = setting(("bert-15", "fixed-15", "random-size"),
+                                          "training objectives compared",
+                                          choices=tuple(OBJECTIVES))
+    seed: int = setting(0, "first training seed (seeds seed .. seed + num_seeds - 1)", min=0)
+    num_seeds: int = setting(3, "training seeds per objective", min=1)
+    num_test: int = setting(297, "held-out digits (the rest train)", min=2)
+    split_seed: int = setting(0, "seed of the train/test split and of the Bernoulli model", min=0)
     # model
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 128
-    dropout: float = 0.1
+    hidden_size: int = setting(64, "BERT hidden size", min=1)
+    num_layers: int = setting(2, "BERT layers", min=1)
+    num_heads: int = setting(4, "attention heads", min=1)
+    intermediate_size: int = setting(128, "feed-forward size", min=1)
+    dropout: float = setting(0.1, "dropout of the BERT", min=0, lt=1)
     # optimisation (identical for every objective)
-    steps: int = 3000
-    batch_size: int = 64
-    lr: float = 3e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 100
-    rate: float = 0.15
-    log_every: int = 25
+    steps: int = setting(3000, "optimiser steps per run", min=1)
+    batch_size: int = setting(64, "sequences per step", min=1)
+    lr: float = setting(3e-3, "AdamW learning rate", gt=0)
+    weight_decay: float = setting(0.01, "AdamW weight decay", min=0)
+    warmup_steps: int = setting(100, "linear warm-up steps", min=0)
+    rate: float = setting(0.15, "masking rate of the fixed-rate objectives", gt=0, lt=1)
+    log_every: int = setting(25, "steps between logged training losses", min=1)
     # evaluation
-    eval_seed: int = 1234
-    rate_start: float = 0.01
-    rate_step: float = 0.02
-    curve_num_masks: int = 1
-    lml_num_masks: int = 1
-    chain_orders: int = 1
-    score15_num_masks: int = 4
-    variance_draws: int = 400
-    num_samples: int = 10
+    eval_seed: int = setting(1234, "seed of the evaluation masks (paired across models)", min=0)
+    rate_start: float = setting(0.01, "first masking rate of the curve", gt=0, lt=1)
+    rate_step: float = setting(0.02, "step of the curve's rate grid", gt=0, lt=1)
+    curve_num_masks: int = setting(1, "P, masks per rate and image for the curve", min=1)
+    lml_num_masks: int = setting(1, "P, masks per size for the cumulative LML", min=1)
+    chain_orders: int = setting(1, "random orders of the chain-rule LML", min=1)
+    score15_num_masks: int = setting(4, "masks per image of the 15% score", min=1)
+    variance_draws: int = setting(400, "batches drawn to compare stratified and plain sizes",
+                                  min=2)
+    num_samples: int = setting(10, "images sampled per model by random-order unmasking", min=1)
     # Bernoulli latent linear model (exact quadrature LML reference)
-    bernoulli_latent_dim: int = 2
-    bernoulli_epochs: int = 300
-    bernoulli_lr: float = 0.05
-    token_budget: int = 16384
-    #: torch intra-op threads during the run (restored afterwards); None leaves them.
-    num_threads: int | None = None
+    bernoulli_latent_dim: int = setting(2, "K of the Bernoulli latent model reference", min=1,
+                                        max=2)
+    bernoulli_epochs: int = setting(300, "training epochs of the Bernoulli reference", min=1)
+    bernoulli_lr: float = setting(0.05, "learning rate of the Bernoulli reference", gt=0)
+    token_budget: int = setting(16384, "padded tokens per forward pass", min=1)
+    num_threads: int | None = setting(None, "torch intra-op threads during the run "
+                                      "(restored afterwards; default: leave them)", min=1)
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """The training seeds: ``seed, seed + 1, ..., seed + num_seeds - 1``."""
+        return tuple(range(self.seed, self.seed + self.num_seeds))
 
     @classmethod
     def quick(cls) -> Config:
@@ -115,15 +126,9 @@ class Config:
         return np.round(self.rate_start + self.rate_step * np.arange(n), 10)
 
     def validate(self) -> None:
-        bad = sorted(set(self.objectives) - set(OBJECTIVES))
-        if bad or not self.objectives:
-            raise ValueError(f"unknown objective(s) {bad}; choose from {sorted(OBJECTIVES)}.")
-        if not self.seeds:
-            raise ValueError("seeds is empty; pass at least one training seed.")
-        for name in ("num_test", "steps", "batch_size", "hidden_size", "num_layers",
-                     "num_samples", "lml_num_masks", "chain_orders", "curve_num_masks"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        super().validate()
+        if not self.objectives:
+            raise ValueError(f"objectives is empty; choose from {sorted(OBJECTIVES)}.")
         if not 1 < self.num_test < 1797 - self.batch_size:
             raise ValueError(f"num_test must leave at least batch_size={self.batch_size} "
                              f"training images of the 1797 digits; got {self.num_test}.")

@@ -19,6 +19,7 @@ the use for model selection is ours.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,13 +34,16 @@ from ..selection import (
     select_latent_dim,
 )
 from .common import RunDir, print_table, pyplot
+from .config import ExperimentConfig, setting
 
 __all__ = ["PAPER", "TITLE", "Config", "claims", "plot_scores", "run", "run_selection",
            "summary"]
 
+_log = logging.getLogger(__name__)
+
 
 @dataclass
-class Config:
+class Config(ExperimentConfig):
     """Cases of the model-selection experiment.
 
     Attributes
@@ -53,15 +57,15 @@ class Config:
         Seed of the splits, the synthetic data and the masks.
     """
 
-    cases: tuple[str, ...] = (
+    cases: tuple[str, ...] = setting((
         "ppca:synthetic:8:1", "ppca:synthetic:8:3", "ppca:synthetic:8:5",
         "ppca:wine:12", "ppca:breast_cancer:20", "ppca:digits:20",
         "bernoulli:synthetic:3:1", "bernoulli:synthetic:3:2", "bernoulli:synthetic:3:3",
         "bernoulli:digits:3",
-    )
-    num_masks: int = 10
-    max_masks: int = 640
-    seed: int = 0
+    ), "one FAMILY:DATA:K_MAX[:TRUE_K] per case (e.g. ppca:synthetic:8:3)")
+    num_masks: int = setting(10, "initial P, masks per size and held-out datum", min=1)
+    max_masks: int = setting(640, "largest P while resolving near-ties", min=1)
+    seed: int = setting(0, "seed of the splits, the synthetic data and the masks", min=0)
 
     @classmethod
     def quick(cls) -> Config:
@@ -105,7 +109,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
         x, desc = load_dataset(data, true_k=true_k, seed=cfg.seed, family=fam)
         std = fam == "ppca" and data != "synthetic"
         name = f"{fam}-{data}" + (f"-k{true_k}" if true_k is not None else "")
-        print(f"[select] {name}: {desc}", flush=True)
+        _log.info("[select] %s: %s", name, desc)
         res = select_latent_dim(x, k_max, standardise=std, family=fam, num_masks=cfg.num_masks,
                                 max_masks=cfg.max_masks, seed=cfg.seed)
         run_dir.write_csv(f"scores_{name}.csv", res.rows())
@@ -185,17 +189,17 @@ def run_selection(data: str, k_max: int, out: str, *, true_k: int | None = None,
             raise ValueError(f"--data {data}: the bernoulli family needs a 0/1 matrix; binarise "
                              "it first (e.g. x > 0.5) or use --family ppca.")
     run = RunDir(out, "select", overwrite=overwrite)
-    print(f"model selection on {desc}; {'standardised' if std else 'not standardised'}")
+    _log.info(f"model selection on {desc}; {'standardised' if std else 'not standardised'}")
     res = select_latent_dim(x, k_max, standardise=std, num_masks=num_masks,
                             max_masks=max_masks, seed=seed, family=family)
     for note in res.notes:
-        print(f"  note: {note}")
+        _log.info("note: %s", note)
     rows = res.rows()
     print_table(rows, ["K", "mpt_lml", "mpt_stderr", "exact_lml", "bic"],
                 title=f"held-out log p(x) per datum (MPT, P={res.num_masks} masks per size; "
                       "exact) and training BIC")
     for crit, k in res.choices.items():
-        print(f"{crit}: K = {k}")
+        print(f"{crit}: K = {k}")  # the answer of the command, on stdout beside the table
     run.write_csv("scores.csv", rows)
     plot_scores(res, desc, run)
     run.write_results({"data": data, "family": family, "k_max": k_max, "true_k": true_k,
@@ -203,7 +207,7 @@ def run_selection(data: str, k_max: int, out: str, *, true_k: int | None = None,
                        "num_masks": num_masks, "max_masks": max_masks, "seed": seed},
                       {"data_description": desc, "standardised": std, **res.to_dict()},
                       seed=seed)
-    print(f"results written to {run.path}/ (results.json, scores.csv, scores.png/.pdf)")
+    _log.info(f"results written to {run.path}/ (results.json, scores.csv, scores.png/.pdf)")
     return res
 
 

@@ -27,21 +27,24 @@ Reference: Moreno-Munoz, Recasens, Hauberg (NeurIPS 2023), Sec. 3.1, Fig. 2.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from .._validation import check_positive_int, check_rate
 from ..masks import fixed_rate_size
 from ..models import PPCA
 from ..objectives import MPTLoss
 from ..training import Monitor, exact_lml, train
 from ._synthetic import PPCATrainingConfig, exact_fixed_rate, fixed_rate_masks, mean_lml
 from .common import RunDir, pyplot
+from .config import setting as _setting  # `setting` names the objectives below
 
 __all__ = ["PAPER", "TITLE", "Config", "claims", "run", "summary"]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,26 +68,20 @@ class Config(PPCATrainingConfig):
         Share each mask across the data (the paper's code).
     """
 
-    num_data: int = 2000
-    num_inits: int = 5
-    epochs_all: int = 1000
-    epochs_fixed: int = 10000
-    rate: float = 0.2
-    bias_every: int = 1
-    share_masks: bool = False
+    num_data: int = _setting(2000, "N, observations drawn from the generating PPCA", min=1)
+    num_inits: int = _setting(5, "random initialisations of W (seeds seed + 1000 i)", min=1)
+    epochs_all: int = _setting(1000, "full-batch epochs of the all-sizes objective", min=1)
+    epochs_fixed: int = _setting(10000, "full-batch epochs of the fixed-rate objective", min=1)
+    rate: float = _setting(0.2, "fixed masking rate (0.2: M = 2 at D = 10)", gt=0, lt=1)
+    bias_every: int = _setting(1, "epochs between measurements of the exact fixed-rate bias",
+                              min=1)
+    share_masks: bool = _setting(False, "share each mask across the data (the paper's code)")
 
     @classmethod
     def quick(cls) -> Config:
         """A small setting for tests (seconds on 2 cores)."""
         return cls(num_data=300, num_inits=2, epochs_all=300, epochs_fixed=600, lr=5e-2,
                    bias_every=5)
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` on inconsistent settings (before anything is written)."""
-        super().validate()
-        for name in ("num_inits", "epochs_all", "epochs_fixed", "bias_every"):
-            check_positive_int(getattr(self, name), name)
-        check_rate(self.rate)
 
 
 def _train_one(cfg: Config, x: torch.Tensor, setting: str, init: int,
@@ -146,7 +143,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     finals: dict[str, list[dict[str, Any]]] = {"all-sizes": [], "fixed-rate": []}
     for setting in ("all-sizes", "fixed-rate"):
         for i in range(cfg.num_inits):
-            print(f"[training] {setting}: init {i + 1}/{cfg.num_inits}", flush=True)
+            _log.info("[training] %s: init %d/%d", setting, i + 1, cfg.num_inits)
             r = _train_one(cfg, x, setting, i, masks, mask_size)
             rows.extend(r)
             final = {"init": i, "final_exact_lml": r[-1]["exact_lml"],

@@ -30,6 +30,7 @@ Tipping & Bishop (1999); Minka (2000), "Automatic choice of dimensionality for P
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from dataclasses import asdict, dataclass, field
@@ -46,6 +47,8 @@ from .data import standardise_split
 from .families import FAMILIES
 
 __all__ = ["SelectionResult", "select_latent_dim"]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -90,6 +93,12 @@ class SelectionResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dictionary."""
         return asdict(self)
+
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame`` with one row per K (the columns of :meth:`rows`)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows())
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per K (for scores.csv and the printed table)."""
@@ -213,7 +222,7 @@ def select_latent_dim(x: Any, k_max: int, *, x_test: Any = None, test_fraction: 
               for i in range(len(ks)) if i != best]
         min_z = min(zs) if zs else math.inf
         if verbose:
-            print(f"  P={p}: MPT picks K={ks[best]}, smallest lead {min_z:.1f} paired SE")
+            _log.info("P=%d: MPT picks K=%d, smallest lead %.1f paired SE", p, ks[best], min_z)
         if min_z > z or 2 * p > p_max:
             break
         more = _mpt_samples(models, xte_t, p, seed + 7919 * rnd, share_masks)

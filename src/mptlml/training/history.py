@@ -75,20 +75,22 @@ class History:
         atomic_write_text(p, json.dumps(self.to_dict(), indent=1) + "\n")
         return p
 
+    def to_pandas(self, columns: Sequence[str] | None = None) -> Any:
+        """A ``pandas.DataFrame`` with one row per recorded epoch (missing values None/NaN).
+
+        Columns are :attr:`columns` (or ``columns``); a monitor that returns a
+        list (e.g. a curve) keeps it as one cell.
+        """
+        import pandas as pd
+
+        cols = list(columns) if columns is not None else self.columns
+        return pd.DataFrame([jsonable(r) for r in self.records], columns=cols, dtype=object)
+
     def csv_text(self, columns: Sequence[str] | None = None) -> str:
         """The records as CSV text (non-scalar values JSON-encoded, missing ones empty)."""
-        cols = list(columns) if columns is not None else self.columns
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(cols)
-        for r in self.records:
-            row = []
-            for c in cols:
-                v = jsonable(r.get(c))
-                row.append("" if v is None else (json.dumps(v) if isinstance(v, list | dict)
-                                                 else v))
-            w.writerow(row)
-        return buf.getvalue()
+        df = self.to_pandas(columns).map(
+            lambda v: json.dumps(v) if isinstance(v, list | dict) else v)
+        return df.to_csv(index=False, lineterminator="\n")
 
     def to_csv(self, path: str | os.PathLike, columns: Sequence[str] | None = None) -> Path:
         """Write the records as CSV, atomically (meta is not stored; use :meth:`to_json`)."""

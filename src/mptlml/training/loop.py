@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
+from .._progress import progress_bar
 from .._validation import check_positive_int, make_generator
 from ..models.base import MaskedModel
 from ..objectives.base import Objective
@@ -124,7 +124,7 @@ def train(model: MaskedModel, objective: Objective, x: Any, *, epochs: int, lr: 
         "seed": int(seed) if isinstance(seed, numbers.Integral) else None,
         "monitors": {k: m.every for k, m in mons.items()},
     })
-    bar = tqdm(range(1, epochs + 1), desc="training", disable=not progress, leave=False)
+    bar = progress_bar(range(1, epochs + 1), enabled=progress, desc="training")
 
     def record(epoch: int, value: float, time_s: float) -> bool:
         """Add the epoch's record (with the monitors due); True when a callback stops."""

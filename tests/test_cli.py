@@ -1,0 +1,228 @@
+"""The command line shows what it runs: --version, help, --show-config, --set, --seed, counts.
+
+Every experiment setting is a dataclass field with metadata (mptlml.experiments.config);
+these tests hold the CLI and every Config to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from mptlml import __version__
+from mptlml.cli import build_parser, main
+from mptlml.experiments import EXPERIMENTS, get_experiment, run_experiment
+from mptlml.experiments.config import (
+    apply_overrides,
+    describe_settings,
+    format_value,
+    parse_setting,
+)
+
+CONFIGS = {name: get_experiment(name).Config for name in EXPERIMENTS}
+FIELDS = [(name, f) for name, cls in CONFIGS.items() for f in dataclasses.fields(cls)]
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"mptlml {__version__}"
+
+
+def test_bare_command_prints_help_and_exits_0(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: mptlml") and "reproduce" in out and "--quiet" in out
+
+
+@pytest.mark.parametrize("name", [*EXPERIMENTS, "all"])
+def test_show_config_prints_every_key_and_runs_nothing(name, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["reproduce", name, "--show-config", "--quick", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    names = list(EXPERIMENTS) if name == "all" else [name]
+    for n in names:
+        assert f"{n}: settings" in text
+        for row in describe_settings(CONFIGS[n]):
+            assert re.search(rf"^{re.escape(row['key'])}\s+{re.escape(row['type'])}\s", text,
+                             re.M), (n, row["key"])
+    assert not out.exists()
+
+
+def test_show_config_shows_this_runs_values(capsys):
+    assert main(["reproduce", "curve-evolution", "--show-config", "--quick", "--seed", "7",
+                 "--set", "epochs=33"]) == 0
+    text = capsys.readouterr().out
+    # key, type, default, quick, this run
+    assert re.search(r"^seed\s+int\s+1\s+1\s+7\s", text, re.M)
+    assert re.search(r"^epochs\s+int\s+600\s+120\s+33\s", text, re.M)
+
+
+@pytest.mark.parametrize("name,field", FIELDS, ids=[f"{n}.{f.name}" for n, f in FIELDS])
+def test_every_setting_is_described_and_round_trips(name, field):
+    cls = CONFIGS[name]
+    assert field.metadata.get("help"), f"{name}.{field.name} has no help line"
+    for cfg in (cls(), cls.quick()):
+        value = getattr(cfg, field.name)
+        if value is None:
+            continue
+        # what --show-config prints, --set reads back
+        assert parse_setting(cls, f"{field.name}={format_value(value)}") == (field.name, value)
+
+
+def test_every_count_has_a_lower_bound():
+    counts = re.compile(r"(^|_)(num|max)_|epochs|every|budget|size|points|iterations|hidden|"
+                        r"samples|dims|_dim$|^dims$|threads")
+    checked = 0
+    for name, f in FIELDS:
+        if counts.search(f.name) and f.type in ("int", "int | None", "tuple[int, ...]"):
+            assert f.metadata.get("min") is not None, f"{name}.{f.name} has no min"
+            checked += 1
+    assert checked >= 30, checked
+
+
+def test_every_experiment_has_a_seed():
+    for name, cls in CONFIGS.items():
+        assert "seed" in {f.name for f in dataclasses.fields(cls)}, name
+
+
+def test_help_example_of_set_is_a_real_key():
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    help_text = sub.choices["reproduce"].format_help()
+    examples = re.findall(r"--set\s+([a-z][a-z0-9_.-]*)=", help_text)  # not KEY=VALUE
+    assert examples
+    for ex in examples:
+        target, _, key = ex.rpartition(".")
+        scope = [CONFIGS[target]] if target else CONFIGS.values()
+        assert any(key in {f.name for f in dataclasses.fields(c)} for c in scope), ex
+
+
+# ---- counts are validated in every Config and at the CLI (issue 14) ----------------------
+
+NEGATIVE_COUNTS = [(n, f.name) for n, f in FIELDS
+                   if f.metadata.get("min") is not None and f.metadata["min"] >= 1]
+
+
+@pytest.mark.parametrize("name,key", NEGATIVE_COUNTS, ids=[f"{n}.{k}" for n, k in NEGATIVE_COUNTS])
+def test_zero_and_negative_counts_are_refused_by_the_config(name, key):
+    cls = CONFIGS[name]
+    low = {f.name: f.metadata["min"] for f in dataclasses.fields(cls)}[key]
+    is_tuple = isinstance(getattr(cls(), key), tuple)
+    for bad in (0, -3):
+        value = (bad,) if is_tuple else bad
+        with pytest.raises(ValueError, match=rf"{key} must be >= {low}, got .*{bad}"):
+            cls(**{key: value})
+        with pytest.raises(ValueError, match=rf"{key} must be >= {low}, got '{bad}'"):
+            parse_setting(cls, f"{key}={bad}")
+
+
+def test_wrong_types_are_refused():
+    cls = CONFIGS["antibody"]
+    with pytest.raises(ValueError, match="num_masks must be an integer, got 2.5"):
+        cls(num_masks=2.5)
+    with pytest.raises(ValueError, match="cannot read num_masks='2.5' as int"):
+        parse_setting(cls, "num_masks=2.5")
+    with pytest.raises(ValueError, match="noise must be one of independent, shared"):
+        CONFIGS["area"](noise="bogus")
+    with pytest.raises(ValueError, match="fixed_rate must lie strictly between 0 and 1"):
+        parse_setting(CONFIGS["convergence"], "fixed_rate=1.5")
+
+
+@pytest.mark.parametrize("argv", [
+    ["reproduce", "antibody", "--set", "num_sequences=-3"],
+    ["reproduce", "bert", "--set", "num_sequences=0"],
+    ["reproduce", "training", "--set", "num_inits=0"],
+    ["reproduce", "convergence", "--set", "table_masks=1,-10"],
+    ["reproduce", "latent", "--set", "vae_hidden=0"],
+    ["reproduce", "all", "--set", "num_masks=-1"],
+])
+def test_cli_refuses_bad_counts_naming_key_and_value(argv, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    key, value = argv[-1].split("=")
+    assert f"mptlml: error: {key.split('.')[-1]} must be >= 1, got '{value}'" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--limit", "--num-sequences", "--num-masks", "--token-budget",
+                                  "--chunk-size"])
+def test_curve_refuses_bad_counts(flag, tmp_path, capsys):
+    argv = ["curve", "--model", "m", "--data", "d", "--out", str(tmp_path / "c"), flag, "-3"]
+    assert main(argv) == 2
+    assert f"mptlml: error: {flag} must be >= 1, got -3" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("flag", ["--k-max", "--num-masks", "--max-masks", "--true-k"])
+def test_select_refuses_bad_counts(flag, capsys):
+    assert main(["select", "--data", "synthetic", "--k-max", "2", flag, "0"]) == 2
+    assert f"mptlml: error: {flag} must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_library_limit_is_no_slice():
+    from mptlml.data.text import bundled_antibodies
+
+    assert len(bundled_antibodies(3)) == 3
+    with pytest.raises(ValueError, match="limit must be a positive integer"):
+        bundled_antibodies(-3)
+
+
+def test_run_experiment_refuses_bad_settings_before_writing(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match="num_sequences must be >= 1, got -3"):
+        run_experiment("antibody", out, quick=True, overrides={"num_sequences": -3})
+    with pytest.raises(ValueError, match="unknown setting 'bogus' for antibody"):
+        run_experiment("antibody", out, quick=True, overrides={"bogus": 1})
+    assert not out.exists()
+
+
+# ---- --set for `all`, --seed, former names ------------------------------------------------
+
+def _overrides(argv):
+    from mptlml.cli import _overrides as overrides
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return overrides(sub.choices["reproduce"].parse_args(argv))
+
+
+def test_set_for_all_targets_experiments():
+    o = _overrides(["all", "--set", "training.num_inits=2", "--set", "num_data=50"])
+    assert o["training"] == {"num_inits": 2, "num_data": 50}
+    have = {n for n, c in CONFIGS.items() if "num_data" in {f.name for f in dataclasses.fields(c)}}
+    assert {n for n, v in o.items() if v.get("num_data") == 50} == have
+    assert "num_data" not in o["bert"]
+    with pytest.raises(ValueError, match="no experiment has a setting 'bogus'"):
+        _overrides(["all", "--set", "bogus=1"])
+    with pytest.raises(ValueError, match="unknown setting 'num_masks' for area"):
+        _overrides(["all", "--set", "area.num_masks=3"])
+
+
+def test_seed_sets_every_experiments_seed():
+    o = _overrides(["all", "--seed", "5"])
+    assert all(v["seed"] == 5 for v in o.values()) and set(o) == set(EXPERIMENTS)
+    assert _overrides(["latent", "--seed", "4"]) == {"latent": {"seed": 4}}
+    with pytest.raises(ValueError, match="seed is set twice"):
+        _overrides(["area", "--seed", "4", "--set", "seed=5"])
+
+
+def test_former_names_still_work_with_a_warning():
+    cls = CONFIGS["curve-evolution"]
+    with pytest.warns(FutureWarning, match="'every' is deprecated; it is now called 'curve_every'"):
+        assert parse_setting(cls, "every=10") == ("curve_every", 10)
+    with pytest.warns(FutureWarning, match="'curve_masks'"):
+        cfg = apply_overrides(cls.quick(), {"curve_masks": 3})
+    assert cfg.curve_num_masks == 3
+
+
+def test_curve_limit_is_a_deprecated_alias(tmp_path, monkeypatch):
+    import mptlml.experiments.mlm as mlm
+
+    seen = {}
+    monkeypatch.setattr(mlm, "run_curve", lambda *a, **k: seen.update(k))
+    base = ["curve", "--model", "m", "--data", "d", "--out", str(tmp_path / "c")]
+    assert main([*base, "--num-sequences", "4"]) == 0 and seen["limit"] == 4
+    with pytest.warns(FutureWarning, match="--limit is deprecated"):
+        assert main([*base, "--limit", "3"]) == 0
+    assert seen["limit"] == 3
