@@ -181,10 +181,13 @@ def test_run_experiment_refuses_bad_settings_before_writing(tmp_path):
 # ---- --set for `all`, --seed, former names ------------------------------------------------
 
 def _overrides(argv):
-    from mptlml.cli import _overrides as overrides
+    from mptlml.experiments.config import scoped_overrides
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    return overrides(sub.choices["reproduce"].parse_args(argv))
+    args = sub.choices["reproduce"].parse_args(argv)
+    names = list(EXPERIMENTS) if args.name == "all" else [args.name]
+    return scoped_overrides(names, list(args.set or []), seed=args.seed,
+                            reference=args.reference)
 
 
 def test_set_for_all_targets_experiments():

@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .experiments.config import check_value, parse_setting
+from .experiments.config import check_value
 
 __all__ = ["build_parser", "configure_output", "main"]
 
@@ -52,58 +52,6 @@ def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 _COUNT = _arg(int, min=1)  # a count: a positive integer (negative ones would slice)
 _SEED = _arg(int, min=0)
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """``--set`` / ``--seed`` / ``--reference`` of ``reproduce`` as ``{experiment: {key: value}}``.
-
-    For one experiment every ``KEY=VALUE`` must be one of its settings. For
-    ``all``, ``NAME.KEY=VALUE`` sets KEY of experiment NAME and a bare
-    ``KEY=VALUE`` sets KEY of every experiment that has it (refused when none has).
-    """
-    from .experiments import EXPERIMENTS, get_experiment
-
-    names = list(EXPERIMENTS) if args.name == "all" else [args.name]
-    configs = {n: get_experiment(n).Config for n in names}
-    out: dict[str, dict[str, Any]] = {n: {} for n in names}
-    texts = list(args.set or [])
-    if args.seed is not None:
-        texts.append(f"seed={args.seed}")
-    if args.reference:
-        with_ref = [n for n in names if "reference" in _keys(configs[n])]
-        if not with_ref:
-            raise ValueError(f"--reference does not apply to {args.name}; it is for bert.")
-        texts += [f"{n}.reference={args.reference}" for n in with_ref] if len(names) > 1 else \
-            [f"reference={args.reference}"]
-    for text in texts:
-        key = text.split("=", 1)[0]
-        target, _, bare = key.partition(".")
-        if bare and target in configs:
-            scope, text = [target], text[len(target) + 1:]
-        elif len(names) > 1:
-            scope = [n for n in names if _has_key(configs[n], key)]
-            if not scope:
-                raise ValueError(f"no experiment has a setting {key!r}; use NAME.KEY=VALUE with "
-                                 "a NAME of `mptlml reproduce --help`, or see --show-config.")
-        else:
-            scope = names
-        for n in scope:
-            where = f" for {n}" if len(names) > 1 else ""
-            k, v = parse_setting(configs[n], text, where=where)
-            if k in out[n] and out[n][k] != v:
-                raise ValueError(f"{k}{where} is set twice ({out[n][k]!r} and {v!r}); "
-                                 "give it once.")
-            out[n][k] = v
-    return out
-
-
-def _keys(cfg_cls: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(cfg_cls)}
-
-
-def _has_key(cfg_cls: type, key: str) -> bool:
-    return key in _keys(cfg_cls) or any(key in f.metadata.get("aliases", ())
-                                        for f in dataclasses.fields(cfg_cls))
 
 
 def _show_config(names: list[str], quick: bool, overrides: dict[str, dict[str, Any]]) -> None:
@@ -158,9 +106,12 @@ def _mlm_overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from .experiments import EXPERIMENTS, run_all, run_experiment
+    from .experiments.config import scoped_overrides
     from .report import build_report
 
-    overrides = _overrides(args)
+    names = list(EXPERIMENTS) if args.name == "all" else [args.name]
+    overrides = scoped_overrides(names, list(args.set or []), seed=args.seed,
+                                 reference=args.reference)
     for name, mlm in _mlm_overrides(args, list(overrides)).items():
         overrides[name] = {**overrides[name], **mlm}
     if args.show_config:

@@ -60,6 +60,7 @@ __all__ = [
     "format_value",
     "parse_setting",
     "resolve_key",
+    "scoped_overrides",
     "setting",
     "validate_config",
 ]
@@ -294,3 +295,55 @@ def format_value(v: Any) -> str:
     if isinstance(v, bool):
         return str(v).lower()
     return str(v)
+
+
+def scoped_overrides(names: list[str], texts: list[str], *, seed: int | None = None,
+                     reference: str | None = None) -> dict[str, dict[str, Any]]:
+    """``reproduce``'s ``--set`` / ``--seed`` / ``--reference`` as ``{experiment: {key: value}}``.
+
+    For one experiment every ``KEY=VALUE`` must be one of its settings. For
+    ``all``, ``NAME.KEY=VALUE`` sets KEY of experiment NAME and a bare
+    ``KEY=VALUE`` sets KEY of every experiment that has it (refused when none has).
+    """
+    from .registry import get_experiment
+
+    configs = {n: get_experiment(n).Config for n in names}
+    out: dict[str, dict[str, Any]] = {n: {} for n in names}
+    texts = list(texts)
+    if seed is not None:
+        texts.append(f"seed={seed}")
+    if reference:
+        with_ref = [n for n in names if "reference" in _keys(configs[n])]
+        if not with_ref:
+            raise ValueError(f"--reference does not apply to {names[0]}; it is for bert.")
+        texts += [f"{n}.reference={reference}" for n in with_ref] if len(names) > 1 else \
+            [f"reference={reference}"]
+    for text in texts:
+        key = text.split("=", 1)[0]
+        target, _, bare = key.partition(".")
+        if bare and target in configs:
+            scope, text = [target], text[len(target) + 1:]
+        elif len(names) > 1:
+            scope = [n for n in names if _has_key(configs[n], key)]
+            if not scope:
+                raise ValueError(f"no experiment has a setting {key!r}; use NAME.KEY=VALUE with "
+                                 "a NAME of `mptlml reproduce --help`, or see --show-config.")
+        else:
+            scope = names
+        for n in scope:
+            where = f" for {n}" if len(names) > 1 else ""
+            k, v = parse_setting(configs[n], text, where=where)
+            if k in out[n] and out[n][k] != v:
+                raise ValueError(f"{k}{where} is set twice ({out[n][k]!r} and {v!r}); "
+                                 "give it once.")
+            out[n][k] = v
+    return out
+
+
+def _keys(cfg_cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cfg_cls)}
+
+
+def _has_key(cfg_cls: type, key: str) -> bool:
+    return key in _keys(cfg_cls) or any(key in f.metadata.get("aliases", ())
+                                        for f in dataclasses.fields(cfg_cls))
