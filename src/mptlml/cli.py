@@ -230,9 +230,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(args.func(args) or 0)
         ok = True
         return code
-    except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
+    except (ValueError, TypeError, OSError, NotImplementedError) as exc:
+        # ValueError includes RunDirError (a locked or unusable --out) and CheckpointError
         print(f"mptlml: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("mptlml: interrupted; the previous run directory (if any) is unchanged, and "
+              "finished checkpoint chunks are kept for --resume.", file=sys.stderr)
+        return 130
     finally:
         shutdown_distributed(synchronise=ok)
 

@@ -15,7 +15,6 @@ the sequences and only rank 0 writes the result files.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,18 +46,20 @@ def parse_rates(text: str | None) -> np.ndarray | None:
 
 def prepare_run_dir(out: str | os.PathLike, name: str, *, overwrite: bool,
                     resume: bool) -> RunDir:
-    """Create the run directory on every rank; ``overwrite`` drops stale checkpoints."""
+    """The run directory on every rank: rank 0 stages it (and locks it), the others join.
+
+    The staging directory starts empty unless ``resume`` (then from the
+    finished checkpoint chunks), so ``overwrite`` never meets a stale checkpoint.
+    """
     ctx = distributed_context()
     if ctx.main:
         rd = RunDir(out, name, overwrite=overwrite, resume=resume)
-        if overwrite and not resume and (rd.path / "checkpoint").exists():
-            shutil.rmtree(rd.path / "checkpoint")
     if ctx.world > 1:
         import torch.distributed as dist
 
         dist.barrier()
     if not ctx.main:
-        rd = RunDir(out, name, resume=True)
+        rd = RunDir(out, name, worker=True)
     return rd
 
 
@@ -174,21 +175,21 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
     texts = (bundled_antibodies(limit) if data == "antibodies"
              else load_texts(data, column=column, split=split, limit=limit))
     lm.encode(texts.texts)  # raises on empty / too long sequences before any file is made
-    run_dir = prepare_run_dir(out, "curve", overwrite=overwrite, resume=resume)
-    label = "random_init" if random_init else "pretrained"
-    scored = score_models({label: lm}, texts.texts, rates=r, num_masks=num_masks, seed=seed,
-                          run_dir=run_dir, nominal_length=nominal_length, exact=exact,
-                          with_pll=with_pll, token_budget=token_budget, chunk_size=chunk_size,
-                          progress=progress, ids=texts.ids)
-    if not distributed_context().main:
-        return {}
-    summ = write_curves(run_dir, scored, title=f"MPT curve: {lm.name}")
-    config = {"model": model, "data": texts.source, "random_init": random_init,
-              "rates": r, "num_masks": num_masks, "nominal_length": nominal_length,
-              "exact": exact, "pll": with_pll, "truncate": truncate, "corruption": corruption,
-              "token_budget": token_budget, "chunk_size": chunk_size,
-              "world_size": distributed_context().world}
-    path = run_dir.write_results(config, {"models": summ}, seed=seed)
+    with prepare_run_dir(out, "curve", overwrite=overwrite, resume=resume) as run_dir:
+        label = "random_init" if random_init else "pretrained"
+        scored = score_models({label: lm}, texts.texts, rates=r, num_masks=num_masks, seed=seed,
+                              run_dir=run_dir, nominal_length=nominal_length, exact=exact,
+                              with_pll=with_pll, token_budget=token_budget,
+                              chunk_size=chunk_size, progress=progress, ids=texts.ids)
+        if not distributed_context().main:
+            return {}
+        summ = write_curves(run_dir, scored, title=f"MPT curve: {lm.name}")
+        config = {"model": model, "data": texts.source, "random_init": random_init,
+                  "rates": r, "num_masks": num_masks, "nominal_length": nominal_length,
+                  "exact": exact, "pll": with_pll, "truncate": truncate,
+                  "corruption": corruption, "token_budget": token_budget,
+                  "chunk_size": chunk_size, "world_size": distributed_context().world}
+        path = run_dir.write_results(config, {"models": summ}, seed=seed)
     s = summ[label]
     print(f"{lm.name}: {s['num_sequences']} sequences, area {s['area']:.2f} "
           f"(+- {s['area_se']:.2f}, L={s['nominal_length']:.1f}), mean LML estimate "
