@@ -102,7 +102,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(f"missing: {m} (run `mptlml reproduce {m}`)")
     for p in rep.problems:
         print(f"problem: {p}")
-    return 0
+    return 0 if rep.sections else 1  # nothing could be read: not a success
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -163,6 +163,7 @@ def _repair(out: Path, staging: Path) -> None:
         return
     if (staging / "results.json").is_file():
         os.rename(staging, out)
+        _rm(aside)
         what = "finished the swap: the new run is in place"
     else:
         os.rename(aside, out)
