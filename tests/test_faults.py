@@ -105,9 +105,14 @@ def test_failed_overwrite_leaves_the_old_run_byte_identical(select_run, tmp_path
 def test_overwrite_replaces_and_the_lock_is_released(select_run, tmp_path):
     out = tmp_path / "sel"
     shutil.copytree(select_run, out)
-    (out / "stale.txt").write_text("from an older run")
+    (out / "notes.txt").write_text("the user's own file")
+    old = json.loads((out / "results.json").read_text())
+    old["files"].append("old_series.csv")  # a file the old run wrote and the new one does not
+    (out / "results.json").write_text(json.dumps(old))
+    (out / "old_series.csv").write_text("from the older run")
     assert main([*SELECT, "--seed", "1", "--out", str(out), "--overwrite"]) == 0
-    assert not (out / "stale.txt").exists()  # a replaced run keeps nothing of the old one
+    assert not (out / "old_series.csv").exists()  # nothing of the old run is left...
+    assert (out / "notes.txt").read_text() == "the user's own file"  # ...the user's files are
     assert load_results(out)["seed"] == 1
     _no_debris(tmp_path, "sel")
     with locked(out):  # released after the run: can be taken again

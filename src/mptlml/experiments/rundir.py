@@ -4,7 +4,9 @@ A run never writes into its ``--out`` directory ``OUT`` directly. While it
 runs it holds an exclusive lock on ``.OUT.lock`` beside ``OUT`` and writes
 into the hidden staging directory ``.OUT.partial`` beside it (same parent, so
 same file system). Only when the run succeeds (``results.json`` written) is
-the staging directory swapped in:
+the staging directory swapped in, after hard links to whatever ``OUT`` holds
+that no run wrote (the user's own files: anything but results.json,
+``checkpoint/`` and the files that results.json lists) were added to it:
 
 1. on Linux, ``renameat2(RENAME_EXCHANGE)`` swaps the two directories in one
    atomic step, and the old run (now under the staging name) is deleted;
@@ -35,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import json
 import os
 import shutil
 import sys
@@ -153,6 +156,32 @@ def _rm(path: Path) -> None:
         path.unlink()
 
 
+def _carry_over(old: Path, new: Path) -> None:
+    """Hard-link into ``new`` what ``old`` holds that no mptlml run wrote (the user's files).
+
+    The files of the old run (its results.json, checkpoints, and the files its
+    results.json lists) are not carried over: nothing of the old run is left.
+    """
+    produced = {"results.json", CHECKPOINT_DIR}
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        listed = json.loads((old / "results.json").read_text()).get("files", [])
+        produced |= {str(f) for f in listed}
+    for entry in old.iterdir():
+        target = new / entry.name
+        if (entry.name in produced or target.exists() or target.is_symlink()
+                or (entry.name.startswith(".") and entry.name.endswith(".tmp"))):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            _link_tree(entry, target)
+        elif entry.is_symlink():
+            os.symlink(os.readlink(entry), target)
+        else:
+            try:
+                os.link(entry, target)
+            except OSError:
+                shutil.copy2(entry, target)
+
+
 def _repair(out: Path, staging: Path) -> None:
     """Finish or undo a swap that a killed process left between its two renames."""
     aside = _aside_path(out)
@@ -224,6 +253,10 @@ class Transaction:
             return
         if self.out.exists() and not self.out.is_dir():
             raise RunDirError(f"output path {out} exists and is not a directory.")
+        cwd = Path.cwd()
+        if cwd == self.out or self.out in cwd.parents:
+            raise RunDirError(f"--out {out} is (or contains) the current directory; a run "
+                              "replaces its directory as a whole, so choose a sub-directory.")
         self._lock.acquire()
         try:
             _repair(self.out, self.staging)
@@ -265,14 +298,16 @@ class Transaction:
         try:
             if not self.out.exists():
                 os.rename(self.staging, self.out)
-            elif _exchange(self.staging, self.out):
-                _rm(self.staging)  # holds the old run now
             else:
-                aside = _aside_path(self.out)
-                _rm(aside)
-                os.rename(self.out, aside)
-                os.rename(self.staging, self.out)  # killed before this: _repair on the next run
-                _rm(aside)
+                _carry_over(self.out, self.staging)
+                if _exchange(self.staging, self.out):
+                    _rm(self.staging)  # holds the old run now
+                else:
+                    aside = _aside_path(self.out)
+                    _rm(aside)
+                    os.rename(self.out, aside)
+                    os.rename(self.staging, self.out)  # killed before this: see _repair
+                    _rm(aside)
             _fsync_dir(self.out.parent)
         except OSError as exc:
             self.abandon()
