@@ -165,7 +165,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         _log.warning(f"missing: {m} (run `mptlml reproduce {m}`)")
     for p in rep.problems:
         _log.warning(f"problem: {p}")
-    return 0
+    return 0 if rep.sections else 1  # nothing could be read: not a success
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -391,9 +391,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(args.func(args) or 0)
         ok = True
         return code
-    except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
+    except (ValueError, TypeError, OSError, NotImplementedError) as exc:
+        # ValueError includes RunDirError (a locked or unusable --out) and CheckpointError
         print(f"mptlml: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("mptlml: interrupted; the previous run directory (if any) is unchanged, and "
+              "finished checkpoint chunks are kept for --resume.", file=sys.stderr)
+        return 130
     finally:
         shutdown_distributed(synchronise=ok)
 

@@ -73,21 +73,51 @@ class Report:
 def collect_runs(paths: Sequence[str | Path]) -> tuple[dict[str, tuple[Path, dict]], list[str]]:
     """Find run directories (a path itself, or its immediate sub-directories).
 
-    Returns ``({experiment: (dir, results)}, problems)``: a directory without
-    a readable results.json, or with an unknown format, becomes a problem line.
+    Returns ``({experiment: (dir, results)}, problems)``: a sub-directory
+    without a readable results.json, or with an unknown format, becomes a
+    problem line, and so does a part of a ``reproduce all`` directory whose
+    latest run failed (``NAME.error.txt`` newer than its results.json: the
+    results left there are from an earlier run and are not reported). Hidden
+    entries (staging directories of runs in progress) are skipped.
+
+    Raises
+    ------
+    ValueError
+        If a path is a file, or holds neither a results.json nor any run
+        sub-directory (nor a ``reproduce all`` status.json).
+    FileNotFoundError
+        If a path does not exist.
     """
     found: dict[str, tuple[Path, dict]] = {}
     problems: list[str] = []
     for raw in paths:
         p = Path(raw)
         if not p.exists():
-            problems.append(f"{p}: does not exist")
-            continue
-        candidates = [p] if (p / "results.json").exists() else sorted(
-            d for d in p.iterdir() if d.is_dir())
-        if not candidates:
-            problems.append(f"{p}: no results.json and no run sub-directories")
+            raise FileNotFoundError(
+                f"{p} does not exist; pass the --out directory of `mptlml reproduce NAME`, "
+                "`mptlml reproduce all`, `curve`, `select` or `demo`.")
+        if not p.is_dir():
+            raise ValueError(f"{p} is a file, not a run directory; pass the --out directory of "
+                             "`mptlml reproduce NAME` or `mptlml reproduce all`.")
+        if (p / "results.json").exists():
+            candidates = [p]
+        else:
+            candidates = sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith("."))
+            if not (p / "status.json").exists() and not any(
+                    (d / "results.json").exists() or (p / f"{d.name}.error.txt").exists()
+                    for d in candidates):
+                raise ValueError(
+                    f"{p} is not a run directory: it holds no results.json and no run "
+                    "sub-directories. Pass the --out directory of a finished run.")
         for d in candidates:
+            error_file = d.parent / f"{d.name}.error.txt"
+            results_file = d / "results.json"
+            if d != p and error_file.is_file() and (
+                    not results_file.is_file()
+                    or error_file.stat().st_mtime_ns >= results_file.stat().st_mtime_ns):
+                problems.append(f"{d.name}: its latest run failed (see {error_file}); "
+                                "results left from an earlier run are not reported")
+                continue
             try:
                 res = load_results(d)
             except (FileNotFoundError, ValueError) as exc:

@@ -14,7 +14,9 @@ ragged sequences, ...), so nothing is silently ignored.
 
 from __future__ import annotations
 
+import math
 import numbers
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,6 +64,25 @@ def _ragged_seed(seed: Any) -> int:
         return int(seed)
     raise TypeError(f"for ragged sequences (a masked LM) pass an int seed (or None), got "
                     f"{type(seed).__name__}.")
+
+
+def _announce(est: LMLEstimate) -> LMLEstimate:
+    """Never let a NaN leave silently: warn on a NaN estimate and on an unknown SE."""
+    if math.isnan(est.mean):
+        bad = torch.isnan(est.per_sample)
+        first = int(bad.nonzero()[0, 0]) if bad.any() else None
+        warnings.warn(
+            f"the {est.estimator!r} estimate is NaN: the model gave NaN log-probabilities for "
+            f"{int(bad.sum())} of {bad.numel()} data (first: index {first}). Check those data "
+            "and the model's parameters; with float32, try float64.", RuntimeWarning,
+            stacklevel=3)
+    elif math.isnan(est.stderr):
+        warnings.warn(
+            f"the standard error of the {est.estimator!r} estimate cannot be computed from "
+            f"{est.num_masks} Monte Carlo draw(s) per datum (it needs at least 2); stderr is "
+            "NaN. Pass num_masks >= 2 to know how precise the estimate is.", RuntimeWarning,
+            stacklevel=3)
+    return est
 
 
 def _check_model(model: Any) -> None:
@@ -129,18 +150,26 @@ def estimate_lml(model: MaskedModel | RaggedMaskedModel, x: Any,
     ValueError, TypeError
         For an unknown estimator or an argument the estimator does not use
         (e.g. ``rate=`` with ``"cumulative"``), never silently ignored.
+
+    Warns
+    -----
+    RuntimeWarning
+        When the estimate is NaN (the model gave NaN log-probabilities), or
+        when its standard error cannot be computed (one draw per datum, e.g.
+        ``num_masks=1``: ``stderr`` is NaN).
     """
     given = _given(rate=rate, mask_size=mask_size, share_masks=share_masks, nested=nested,
                    max_masks=max_masks)
     if isinstance(model, RaggedMaskedModel):
         _refuse_for_ragged(given)
-        return estimate_ragged(model, x, estimator, num_masks=num_masks,
-                               seed=_ragged_seed(seed), progress=progress, options=options)
+        return _announce(estimate_ragged(model, x, estimator, num_masks=num_masks,
+                                         seed=_ragged_seed(seed), progress=progress,
+                                         options=options))
     _check_model(model)
     if options:
         raise TypeError(f"unexpected arguments {sorted(options)} (only for ragged sequences).")
-    return estimate_dense(model, x, estimator, num_masks=num_masks, seed=seed,
-                          progress=progress, options=given)
+    return _announce(estimate_dense(model, x, estimator, num_masks=num_masks, seed=seed,
+                                    progress=progress, options=given))
 
 
 def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int = 1,

@@ -13,7 +13,7 @@ from the maths of the estimators (:mod:`mptlml.estimation.ragged`):
 - with a ``checkpoint_dir`` each finished chunk is written atomically to
   ``<checkpoint_dir>/<tag>/chunk_*.npz`` beside a ``meta.json`` fingerprint of
   the run (model, data, settings), and a later run with the same fingerprint
-  reuses them;
+  reuses them after validating each one (:mod:`mptlml.estimation.checkpoints`);
 - under ``torchrun``/``accelerate launch`` chunks are sharded across
   processes and the results gathered (:mod:`mptlml.estimation.distributed`,
   on accelerate's ``PartialState``).
@@ -22,7 +22,6 @@ from the maths of the estimators (:mod:`mptlml.estimation.ragged`):
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,10 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._io import atomic_save_npz, atomic_write_text
 from .._progress import progress_bar
 from .._validation import check_positive_int
 from ..models.protocols import RaggedMaskedModel
+from .checkpoints import check_meta, load_chunk, save_chunk
 from .distributed import distributed_context, gather, shard, shutdown_distributed
 
 __all__ = ["RunOutput", "distributed_context", "run_pairs", "seq_seed", "shutdown_distributed"]
@@ -52,6 +51,13 @@ def _fingerprint(model: RaggedMaskedModel, ids: list[torch.Tensor], spec: dict) 
         h.update(b"|")
     return {**model.fingerprint(), "data_sha256": h.hexdigest(), "num_sequences": len(ids),
             **spec}
+
+
+def _num_masks(make_masks: Callable[[int, int, torch.Generator], torch.Tensor], i: int,
+               length: int, seed: int) -> int:
+    """How many masks sequence i gets: the length a reused checkpoint array must have."""
+    return int(make_masks(int(i), length, torch.Generator().manual_seed(seq_seed(seed, i)))
+               .shape[0])
 
 
 class _Calls:
@@ -104,23 +110,12 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
         ckpt = Path(checkpoint_dir) / tag
         ckpt.mkdir(parents=True, exist_ok=True)
         meta = _fingerprint(model, ids, {**spec, "seed": int(seed), "chunk_size": chunk_size})
-        meta_path = ckpt / "meta.json"
-        if meta_path.exists():
-            old = json.loads(meta_path.read_text())
-            if old != meta:
-                diff = sorted(k for k in set(old) | set(meta) if old.get(k) != meta.get(k))
-                raise ValueError(
-                    f"{ckpt} holds a checkpoint of a different run (differs in {diff}); "
-                    "use a new run directory or pass overwrite=True (--overwrite)."
-                )
-        elif ctx.main:
-            atomic_write_text(meta_path, json.dumps(meta, indent=1, sort_keys=True))
+        check_meta(ckpt, meta, write=ctx.main)
         for c in mine:
             f = ckpt / f"chunk_{c:06d}.npz"
             if f.exists():
-                with np.load(f) as z:
-                    for k in z.files:
-                        done[int(k)] = z[k]
+                done.update(load_chunk(f, {int(i): _num_masks(make_masks, i, int(lengths[i]),
+                                                              seed) for i in chunks[c]}))
 
     total = int(spec.get("total_pairs", 0)) // max(ctx.world, 1) or None
     bar = progress_bar(total=total, enabled=progress and ctx.main, desc=desc, unit="pair",
@@ -138,7 +133,7 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
                                             token_budget=token_budget, progress=calls, **extra)
         arrays = {str(i): v.numpy().astype(np.float64) for i, v in zip(seqs, sums, strict=True)}
         if ckpt is not None:
-            atomic_save_npz(ckpt / f"chunk_{c:06d}.npz", arrays)
+            save_chunk(ckpt / f"chunk_{c:06d}.npz", arrays)
         results.update({int(k): v for k, v in arrays.items()})
     bar.close()
     num_calls = calls.calls

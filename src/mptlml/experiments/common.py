@@ -11,9 +11,11 @@ Every experiment writes into one run directory:
 - one CSV per plotted series;
 - each figure as PNG and PDF.
 
-Files are written to a temporary name in the same directory and renamed, so
-an interrupted run never leaves a partial or corrupt file. A non-empty
-directory is refused unless ``overwrite=True``.
+A run is a transaction (:mod:`.rundir`): it writes into a hidden staging
+directory under a lock and is swapped in only when it succeeds, so a failed or
+interrupted run leaves the previous run directory as it was. Each file is
+written atomically (:mod:`mptlml._io`). A non-empty directory is refused
+unless ``overwrite=True``.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_bytes, atomic_write_text, jsonable
+from .rundir import RunDirError, Transaction
 
 __all__ = [
     "RESULTS_FORMAT",
     "RunDir",
+    "RunDirError",
     "environment",
     "load_results",
     "print_table",
@@ -120,9 +124,17 @@ def load_results(run_dir: str | os.PathLike) -> dict[str, Any]:
     ValueError
         If the file is corrupt or written by a newer, unknown format.
     """
-    path = Path(run_dir) / "results.json"
-    if not Path(run_dir).is_dir():
-        raise FileNotFoundError(f"run directory {run_dir} does not exist.")
+    d = Path(run_dir)
+    path = d / "results.json"
+    if d.exists() and not d.is_dir():
+        raise ValueError(f"{run_dir} is a file, not a run directory; pass the --out directory "
+                         "of `mptlml reproduce`, `curve`, `select` or `demo`.")
+    if not d.is_dir():
+        hint = ""
+        if (d.parent / f".{d.name}.old").exists():
+            hint = (" A process was killed while replacing it; the next run with this --out "
+                    "repairs it.")
+        raise FileNotFoundError(f"run directory {run_dir} does not exist.{hint}")
     if not path.is_file():
         raise FileNotFoundError(
             f"{run_dir} has no results.json: the run did not finish, or this is not a run "
@@ -130,8 +142,11 @@ def load_results(run_dir: str | os.PathLike) -> dict[str, Any]:
         )
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc}); re-run the experiment.") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not a results object; "
+                         "it was not written by mptlml. Re-run the experiment.")
     fmt = data.get("format")
     if not isinstance(fmt, int) or fmt > RESULTS_FORMAT:
         raise ValueError(
@@ -142,32 +157,61 @@ def load_results(run_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 class RunDir:
-    """A run directory for one experiment.
+    """A run directory for one experiment, written as a transaction.
+
+    Files are written into a hidden staging directory beside ``path`` (see
+    :mod:`mptlml.experiments.rundir`); :meth:`write_results` writes
+    ``results.json`` last and then swaps the staging directory in, so ``path``
+    only ever holds a finished run. While it runs, the run holds a lock that
+    refuses a second process targeting the same ``path``. Use it as a context
+    manager so that a failure releases the lock and drops the staging
+    directory at once (otherwise that happens when the object is collected,
+    or at exit)::
+
+        with RunDir(out, "name", overwrite=True) as run:
+            run.write_csv(...)
+            run.write_results(config, results)
 
     Parameters
     ----------
     path : path-like
-        Directory to create. If it exists and is not empty it is refused,
-        unless ``overwrite`` (then its files are replaced one by one, each
-        atomically) or ``resume`` (then existing checkpoints are kept).
+        The run directory. If it exists and is not empty it is refused,
+        unless ``overwrite`` (it is replaced when the new run succeeds) or
+        ``resume`` (finished checkpoint chunks are reused).
     name : str
         Experiment name stored in results.json.
+    worker : bool
+        A non-main process of a data-parallel run (see
+        :class:`~mptlml.experiments.rundir.Transaction`).
+
+    Attributes
+    ----------
+    path : pathlib.Path
+        Where files go: the staging directory while the run is going, the
+        final directory once it is committed.
+    final : pathlib.Path
+        The run directory asked for.
     """
 
     def __init__(self, path: str | os.PathLike, name: str, *, overwrite: bool = False,
-                 resume: bool = False) -> None:
-        self.path = Path(path)
+                 resume: bool = False, worker: bool = False) -> None:
+        self.final = Path(path)
         self.name = name
-        if self.path.exists() and not self.path.is_dir():
-            raise ValueError(f"output path {self.path} exists and is not a directory.")
-        if self.path.is_dir() and any(self.path.iterdir()) and not (overwrite or resume):
-            raise ValueError(
-                f"run directory {self.path} exists and is not empty; pass --overwrite to replace "
-                "its results, or choose another --out directory."
-            )
-        self.path.mkdir(parents=True, exist_ok=True)
+        self._tx = Transaction(path, overwrite=overwrite, resume=resume, worker=worker)
+        self.path = self._tx.staging
         self._t0 = time.perf_counter()
         self.files: list[str] = []
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._tx.active:  # failed, interrupted, or left without write_results
+            self._tx.abandon()
+
+    def abandon(self) -> None:
+        """Give up the run: the previous run directory stays as it was."""
+        self._tx.abandon()
 
     def file(self, name: str) -> Path:
         """Path of a file inside the run directory."""
@@ -211,7 +255,7 @@ class RunDir:
 
     def write_results(self, config: Any, results: Mapping[str, Any], *,
                       seed: int | None = None) -> Path:
-        """Write ``results.json`` last: its presence marks a finished run."""
+        """Write ``results.json`` last and swap the run in; return its final path."""
         data = {
             "format": RESULTS_FORMAT,
             "experiment": self.name,
@@ -222,7 +266,10 @@ class RunDir:
             "files": sorted(set(self.files)),
             "results": jsonable(results),
         }
-        return self.write_json("results.json", data)
+        self.write_json("results.json", data)
+        self._tx.commit()
+        self.path = self.final
+        return self.path / "results.json"
 
     def _track(self, name: str) -> None:
         if name != "results.json":

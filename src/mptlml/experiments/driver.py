@@ -22,6 +22,7 @@ from .._io import atomic_write_text
 from .common import RunDir, load_results, print_table
 from .config import apply_overrides, validate_config
 from .registry import EXPERIMENTS, get_experiment
+from .rundir import locked
 
 __all__ = ["run_all", "run_experiment"]
 
@@ -34,10 +35,10 @@ def run_experiment(name: str, out: str | Path, *, quick: bool = False, overwrite
     mod = get_experiment(name)
     cfg = apply_overrides(mod.Config.quick() if quick else mod.Config(), overrides, name=name)
     validate_config(cfg)  # before the run directory exists: a bad setting writes nothing
-    run_dir = RunDir(out, name, overwrite=overwrite, resume=resume)
-    results = mod.run(cfg, run_dir)
-    results.setdefault("quick", quick)
-    path = run_dir.write_results(cfg, results, seed=getattr(cfg, "seed", None))
+    with RunDir(out, name, overwrite=overwrite, resume=resume) as run_dir:
+        results = mod.run(cfg, run_dir)
+        results.setdefault("quick", quick)
+        path = run_dir.write_results(cfg, results, seed=getattr(cfg, "seed", None))
     if hasattr(mod, "summary"):
         print_table(mod.summary(results), title=f"{name}: summary")
     _log.info(f"results written to {path.parent}/")
@@ -51,9 +52,14 @@ def run_all(out: str | Path, *, quick: bool = False, overwrite: bool = False,
             ) -> dict[str, Any]:
     """Run every experiment into ``out/NAME``; return ``{name: status}``.
 
-    A part that fails is recorded (its traceback is kept in ``out/NAME.error.txt``)
-    and the others go on; ``out/status.json`` holds every part's status. With
-    ``resume``, parts whose results.json already exists are kept.
+    Each part is its own run directory (a transaction: see
+    :class:`~.common.RunDir`), and the whole of ``out`` is locked while this
+    runs. A part that fails keeps its previous directory untouched; its
+    traceback goes to ``out/NAME.error.txt``, which marks that directory as
+    stale for :func:`mptlml.report.collect_runs` (until a later run of the part
+    succeeds and deletes it), and the other parts go on. ``out/status.json``
+    holds every part's latest status, updated after each part. With
+    ``resume``, parts that finished (and did not fail since) are kept.
 
     Parameters
     ----------
@@ -63,16 +69,36 @@ def run_all(out: str | Path, *, quick: bool = False, overwrite: bool = False,
         to write ``report.html``/``report.md`` beside the parts.
     """
     out = Path(out)
-    if out.is_dir() and any(out.iterdir()) and not (overwrite or resume):
-        raise ValueError(
-            f"output directory {out} exists and is not empty; pass --overwrite to replace it, "
-            "--resume to keep finished parts, or choose another --out."
-        )
-    out.mkdir(parents=True, exist_ok=True)
+    with locked(out):
+        if out.is_dir() and any(out.iterdir()) and not (overwrite or resume):
+            raise ValueError(
+                f"output directory {out} exists and is not empty; pass --overwrite to replace "
+                "it, --resume to keep finished parts, or choose another --out."
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        return _run_parts(out, only or list(EXPERIMENTS), quick=quick, resume=resume,
+                          overrides=overrides or {}, build_report=build_report)
+
+
+def _run_parts(out: Path, names: list[str], *, quick: bool, resume: bool,
+               overrides: dict[str, dict[str, Any]],
+               build_report: Callable[[Sequence[str | Path], str | Path], Any] | None,
+               ) -> dict[str, Any]:
     status: dict[str, Any] = {}
-    for name in only or list(EXPERIMENTS):
-        part = out / name
-        if resume:
+    status_path = out / "status.json"
+    try:
+        recorded = json.loads(status_path.read_text())
+        recorded = recorded if isinstance(recorded, dict) else {}
+    except (OSError, ValueError):
+        recorded = {}
+
+    def record(name: str, value: str) -> None:
+        status[name] = recorded[name] = value
+        atomic_write_text(status_path, json.dumps(recorded, indent=2) + "\n")
+
+    for name in names:
+        part, error_file = out / name, out / f"{name}.error.txt"
+        if resume and not error_file.exists():
             try:
                 load_results(part)
                 status[name] = "kept"
@@ -84,15 +110,16 @@ def run_all(out: str | Path, *, quick: bool = False, overwrite: bool = False,
         t0 = time.perf_counter()
         try:
             run_experiment(name, part, quick=quick, overwrite=True,
-                           overrides=(overrides or {}).get(name), resume=resume)
-            status[name] = f"ok in {time.perf_counter() - t0:.1f} s"
-        except Exception as exc:  # keep going: the report lists the failed part as missing
-            status[name] = f"failed: {exc}"
-            atomic_write_text(part.with_suffix(".error.txt"), traceback.format_exc())
+                           overrides=overrides.get(name), resume=resume)
+        except Exception as exc:  # keep going: the report lists the failed part as failed
+            atomic_write_text(error_file, traceback.format_exc())
+            record(name, f"failed: {exc}")
             _log.error(f"[{name}] FAILED: {exc}")
+            continue
+        error_file.unlink(missing_ok=True)
+        record(name, f"ok in {time.perf_counter() - t0:.1f} s")
     if build_report is not None:
         rep = build_report([out], out)
         _log.info(f"report: {out / 'report.html'} and {out / 'report.md'} "
                   f"({rep.num_holding} of {rep.num_claims} checked claims hold)")
-    atomic_write_text(out / "status.json", json.dumps(status, indent=2) + "\n")
     return status

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,15 +73,17 @@ def parse_rates(text: str | None) -> np.ndarray | None:
 
 def prepare_run_dir(out: str | os.PathLike, name: str, *, overwrite: bool,
                     resume: bool) -> RunDir:
-    """Create the run directory on every rank; ``overwrite`` drops stale checkpoints."""
+    """The run directory on every rank: rank 0 stages it (and locks it), the others join.
+
+    The staging directory starts empty unless ``resume`` (then from the
+    finished checkpoint chunks), so ``overwrite`` never meets a stale checkpoint.
+    """
     ctx = distributed_context()
     if ctx.main:
         rd = RunDir(out, name, overwrite=overwrite, resume=resume)
-        if overwrite and not resume and (rd.path / "checkpoint").exists():
-            shutil.rmtree(rd.path / "checkpoint")
     barrier(ctx)
     if not ctx.main:
-        rd = RunDir(out, name, resume=True)
+        rd = RunDir(out, name, worker=True)
     return rd
 
 
@@ -244,27 +245,27 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
     lm.encode(texts.texts)  # raises on empty / too long sequences before any file is made
     if whole_word or pll_variant != "original":
         lm.encode_words(texts.texts)  # and on a tokenizer without words
-    run_dir = prepare_run_dir(out, "curve", overwrite=overwrite, resume=resume)
-    label = "random_init" if random_init else "pretrained"
-    scored = score_models({label: lm}, texts.texts, rates=r, num_masks=num_masks, seed=seed,
-                          run_dir=run_dir, nominal_length=nominal_length, exact=exact,
-                          with_pll=with_pll, token_budget=token_budget, chunk_size=chunk_size,
-                          batch_size=batch_size, progress=progress, ids=texts.ids,
-                          whole_word=whole_word, pll_variant=pll_variant)
-    if not distributed_context().main:
-        return {}
-    summ = write_curves(run_dir, scored, title=f"MPT curve: {lm.name}")
-    write_pll_tokens(run_dir, scored, texts.ids)
-    config = {"model": model, "data": texts.source, "random_init": random_init,
-              "rates": r, "num_masks": num_masks, "nominal_length": nominal_length,
-              "exact": exact, "pll": with_pll, "truncate": truncate, "corruption": corruption,
-              "token_budget": token_budget, "chunk_size": chunk_size, "batch_size": batch_size,
-              "tokenizer": tokenizer, "allow_unknown": allow_unknown,
-              "whole_word": whole_word, "pll_variant": pll_variant,
-              **scored[label]["settings"]}
-    path = run_dir.write_results(config, {"models": summ}, seed=seed)
+    with prepare_run_dir(out, "curve", overwrite=overwrite, resume=resume) as run_dir:
+        label = "random_init" if random_init else "pretrained"
+        scored = score_models({label: lm}, texts.texts, rates=r, num_masks=num_masks, seed=seed,
+                              run_dir=run_dir, nominal_length=nominal_length, exact=exact,
+                              with_pll=with_pll, token_budget=token_budget,
+                              chunk_size=chunk_size, batch_size=batch_size, progress=progress,
+                              ids=texts.ids, whole_word=whole_word, pll_variant=pll_variant)
+        if not distributed_context().main:
+            return {}
+        summ = write_curves(run_dir, scored, title=f"MPT curve: {lm.name}")
+        write_pll_tokens(run_dir, scored, texts.ids)
+        config = {"model": model, "data": texts.source, "random_init": random_init,
+                  "rates": r, "num_masks": num_masks, "nominal_length": nominal_length,
+                  "exact": exact, "pll": with_pll, "truncate": truncate,
+                  "corruption": corruption, "token_budget": token_budget,
+                  "chunk_size": chunk_size, "batch_size": batch_size, "tokenizer": tokenizer,
+                  "allow_unknown": allow_unknown, "whole_word": whole_word,
+                  "pll_variant": pll_variant, **scored[label]["settings"]}
+        path = run_dir.write_results(config, {"models": summ}, seed=seed)
     s = summ[label]
     _log.info(f"{lm.name}: {s['num_sequences']} sequences, area {s['area']:.2f} "
-          f"(+- {s['area_se']:.2f}, L={s['nominal_length']:.1f}), mean LML estimate "
-          f"{s['mean_lml_riemann']:.2f}; results in {path.parent}/")
+              f"(+- {s['area_se']:.2f}, L={s['nominal_length']:.1f}), mean LML estimate "
+              f"{s['mean_lml_riemann']:.2f}; results in {path.parent}/")
     return json.loads(path.read_text())

@@ -188,25 +188,25 @@ def run_selection(data: str, k_max: int, out: str, *, true_k: int | None = None,
         if not np.isin(x, (0.0, 1.0)).all():
             raise ValueError(f"--data {data}: the bernoulli family needs a 0/1 matrix; binarise "
                              "it first (e.g. x > 0.5) or use --family ppca.")
-    run = RunDir(out, "select", overwrite=overwrite)
-    _log.info(f"model selection on {desc}; {'standardised' if std else 'not standardised'}")
-    res = select_latent_dim(x, k_max, standardise=std, num_masks=num_masks,
-                            max_masks=max_masks, seed=seed, family=family)
-    for note in res.notes:
-        _log.info("note: %s", note)
-    rows = res.rows()
-    print_table(rows, ["K", "mpt_lml", "mpt_stderr", "exact_lml", "bic"],
-                title=f"held-out log p(x) per datum (MPT, P={res.num_masks} masks per size; "
-                      "exact) and training BIC")
-    for crit, k in res.choices.items():
-        print(f"{crit}: K = {k}")  # the answer of the command, on stdout beside the table
-    run.write_csv("scores.csv", rows)
-    plot_scores(res, desc, run)
-    run.write_results({"data": data, "family": family, "k_max": k_max, "true_k": true_k,
-                       "standardise": std,
-                       "num_masks": num_masks, "max_masks": max_masks, "seed": seed},
-                      {"data_description": desc, "standardised": std, **res.to_dict()},
-                      seed=seed)
+    with RunDir(out, "select", overwrite=overwrite) as run:
+        _log.info(f"model selection on {desc}; {'standardised' if std else 'not standardised'}")
+        res = select_latent_dim(x, k_max, standardise=std, num_masks=num_masks,
+                                max_masks=max_masks, seed=seed, family=family)
+        for note in res.notes:
+            _log.info("note: %s", note)
+        rows = res.rows()
+        print_table(rows, ["K", "mpt_lml", "mpt_stderr", "exact_lml", "bic"],
+                    title=f"held-out log p(x) per datum (MPT, P={res.num_masks} masks per size; "
+                          "exact) and training BIC")
+        for crit, k in res.choices.items():
+            print(f"{crit}: K = {k}")  # the answer of the command, on stdout beside the table
+        run.write_csv("scores.csv", rows)
+        plot_scores(res, desc, run)
+        run.write_results({"data": data, "family": family, "k_max": k_max, "true_k": true_k,
+                           "standardise": std,
+                           "num_masks": num_masks, "max_masks": max_masks, "seed": seed},
+                          {"data_description": desc, "standardised": std, **res.to_dict()},
+                          seed=seed)
     _log.info(f"results written to {run.path}/ (results.json, scores.csv, scores.png/.pdf)")
     return res
 

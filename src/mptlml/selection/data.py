@@ -72,7 +72,28 @@ def load_dataset(name: str, *, true_k: int | None = None, num_data: int = 500,
 
 
 def load_matrix(path: str) -> np.ndarray:
-    """Read an ``(N, D)`` matrix from a ``.npy`` or ``.csv`` file (a header row is skipped)."""
+    """Read an ``(N, D)`` matrix from a ``.npy``, ``.csv`` or ``.tsv`` file.
+
+    A text table is read the way its writer meant it:
+
+    - the first row is a header when any of its cells is not a number, or when
+      it is exactly ``0, 1, ..., D-1`` (the column names pandas writes for an
+      unnamed frame: ``pd.DataFrame(x).to_csv()``);
+    - a pandas index column, i.e. a first column whose header cell is empty
+      (or ``Unnamed: 0``), as ``df.to_csv()`` writes by default, is dropped
+      with a warning; without a header, a first column equal to 0..N-1 is
+      refused as an ambiguous index (save with ``index=False``);
+    - a cell that is not a number is an error naming the file, the line and
+      the column.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    ValueError
+        For an unknown suffix, a non-numeric or empty cell, a table that is not
+        2-D, or an ambiguous index column.
+    """
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(
@@ -80,17 +101,71 @@ def load_matrix(path: str) -> np.ndarray:
             f"{', '.join(BUILTIN_DATASETS)}."
         )
     if p.suffix == ".npy":
-        x = np.load(p, allow_pickle=False)
-    elif p.suffix == ".csv":
         try:
-            x = np.loadtxt(p, delimiter=",", ndmin=2)
-        except ValueError:
-            x = np.loadtxt(p, delimiter=",", ndmin=2, skiprows=1)
+            x = np.load(p, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise ValueError(f"--data {path}: not a readable numeric .npy array ({exc}).") from None
+    elif p.suffix in (".csv", ".tsv"):
+        x = _read_table(p, "\t" if p.suffix == ".tsv" else ",")
     else:
         raise ValueError(f"--data {path}: unsupported file type {p.suffix!r}; use .npy or .csv.")
     if x.ndim != 2:
         raise ValueError(f"--data {path}: expected a 2-D matrix (N, D), got shape {x.shape}.")
+    if not np.issubdtype(x.dtype, np.number) and x.dtype != bool:
+        raise ValueError(f"--data {path}: expected numbers, got an array of dtype {x.dtype}.")
     return x.astype(np.float64)
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_table(p: Path, sep: str) -> np.ndarray:
+    """A numeric table through pandas, with header and index detection (see load_matrix)."""
+    import warnings
+
+    import pandas as pd
+
+    try:
+        raw = pd.read_csv(p, sep=sep, header=None, dtype=str, keep_default_na=False,
+                          skip_blank_lines=True)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"--data {p}: the file is empty.") from None
+    except pd.errors.ParserError as exc:
+        raise ValueError(f"--data {p}: not a rectangular table ({exc}).") from None
+    cells = [[c.strip() if isinstance(c, str) else "" for c in row]
+             for row in raw.to_numpy().tolist()]
+    if not cells:
+        raise ValueError(f"--data {p}: the file is empty.")
+    first, d = cells[0], len(cells[0])
+    index_cell = first[0] in ("", "Unnamed: 0")
+    named = first[1:] if index_cell else first
+    header = (index_cell or not all(_is_number(c) for c in first)
+              or named == [str(j) for j in range(len(named))])
+    names = first if header else [str(j + 1) for j in range(d)]
+    body = cells[1:] if header else cells
+    line0 = 2 if header else 1  # file line of the first data row (1-based)
+    for r, row in enumerate(body):
+        for j, cell in enumerate(row):
+            if not _is_number(cell):
+                what = "an empty cell" if cell == "" else f"{cell!r}, not a number"
+                raise ValueError(f"--data {p}: line {line0 + r}, column {names[j] or j + 1!r} "
+                                 f"(column {j + 1}) holds {what}.")
+    x = np.array(body, dtype=np.float64).reshape(len(body), d)
+    counting = len(body) > 1 and np.array_equal(x[:, 0], np.arange(len(body)))
+    if index_cell:
+        warnings.warn(f"--data {p}: dropped the first column, an unnamed pandas index "
+                      "(written by df.to_csv() without index=False).", stacklevel=3)
+        x = x[:, 1:]
+    elif counting and not header:
+        raise ValueError(f"--data {p}: the first column is 0, 1, ..., N-1, which looks like a "
+                         "pandas index written with header=False; save the table with "
+                         "index=False (or as .npy), or give it a header row.")
+    return x
 
 
 def standardise_split(x_train: np.ndarray, x_test: np.ndarray

@@ -128,6 +128,11 @@ def _mpt_samples(models: list[MaskedModel], x: torch.Tensor, p: int, seed: int,
     return torch.stack(out)
 
 
+def _lead(z: float) -> str:
+    """The lead of the best K in paired standard errors, in words."""
+    return "unknown (one mask per size: no SE)" if math.isnan(z) else f"{z:.1f} paired SE"
+
+
 def select_latent_dim(x: Any, k_max: int, *, x_test: Any = None, test_fraction: float = 0.3,
                       standardise: bool = False, family: str = "ppca", num_masks: int = 10,
                       max_masks: int = 640, z: float = 4.0, share_masks: bool = True,
@@ -217,12 +222,15 @@ def select_latent_dim(x: Any, k_max: int, *, x_test: Any = None, test_fraction: 
         best = int(mean.argmax())
         diff = samples[best][None] - samples  # (K, P) paired differences
         p = samples.shape[1]
-        se = diff.std(1, correction=1) / math.sqrt(p) if p > 1 else torch.full_like(mean, math.inf)
-        zs = [float(diff[i].mean() / se[i]) if se[i] > 0 else math.inf
-              for i in range(len(ks)) if i != best]
-        min_z = min(zs) if zs else math.inf
+        if p > 1:
+            se = diff.std(1, correction=1) / math.sqrt(p)
+            zs = [float(diff[i].mean() / se[i]) if se[i] > 0 else math.inf
+                  for i in range(len(ks)) if i != best]
+            min_z = min(zs) if zs else math.inf
+        else:  # one draw: the paired SE is unknown, so is the lead in SE
+            min_z = math.nan if len(ks) > 1 else math.inf
         if verbose:
-            _log.info("P=%d: MPT picks K=%d, smallest lead %.1f paired SE", p, ks[best], min_z)
+            _log.info("P=%d: MPT picks K=%d, smallest lead %s", p, ks[best], _lead(min_z))
         if min_z > z or 2 * p > p_max:
             break
         more = _mpt_samples(models, xte_t, p, seed + 7919 * rnd, share_masks)
@@ -241,8 +249,13 @@ def select_latent_dim(x: Any, k_max: int, *, x_test: Any = None, test_fraction: 
         if not 1 <= choices["Minka"] <= k_max:
             notes.append(f"Minka's choice K={choices['Minka']} lies outside 1..{k_max}")
     if not min_z > z:
-        notes.append(f"MPT choice not resolved at P={p}: the best K leads the runner-up by "
-                     f"only {min_z:.1f} paired SE (raise max_masks)")
+        if math.isnan(min_z):
+            notes.append(f"MPT choice not resolved at P={p}: with one mask per size the paired "
+                         "SE of the lead over the runner-up is unknown (raise num_masks or "
+                         "max_masks to at least 2)")
+        else:
+            notes.append(f"MPT choice not resolved at P={p}: the best K leads the runner-up "
+                         f"by only {min_z:.1f} paired SE (raise max_masks)")
     return SelectionResult(
         ks=ks, mpt=mpt.tolist(), mpt_stderr=mpt_se.tolist(), exact=exact, bic=bic,
         choices=choices, resolved=bool(min_z > z), min_paired_z=float(min_z), num_masks=p,
