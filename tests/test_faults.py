@@ -233,7 +233,8 @@ def test_report_on_something_that_is_not_a_run(tmp_path, capsys):
     with pytest.raises(ValueError, match="holds a JSON list, not a results object"):
         load_results(tmp_path / "list")
     assert main(["report", str(tmp_path / "list")]) == 1
-    assert "not a results object" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "not a results object" in out + err
 
 
 # ------------------------------------------------------------------ user tables

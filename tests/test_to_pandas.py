@@ -106,9 +106,10 @@ def test_selection_result_one_row_per_k():
 def test_run_dir_csv_through_pandas(tmp_path):
     from mptlml.experiments.common import RunDir
 
-    run = RunDir(tmp_path / "r", "t")
-    run.write_csv("a.csv", [{"a": 1, "b": None, "c": 0.1}, {"a": 2, "b": float("nan"),
-                                                            "d": [1, 2]}], columns=["a", "b", "d"])
+    with RunDir(tmp_path / "r", "t") as run:  # files appear in OUT once the run is swapped in
+        run.write_csv("a.csv", [{"a": 1, "b": None, "c": 0.1},
+                                {"a": 2, "b": float("nan"), "d": [1, 2]}], columns=["a", "b", "d"])
+        run.write_csv("e.csv", [])
+        run.write_results({}, {})
     assert (tmp_path / "r" / "a.csv").read_text() == 'a,b,d\n1,,\n2,,"[1, 2]"\n'
-    run.write_csv("e.csv", [])
     assert (tmp_path / "r" / "e.csv").read_text() == "\n"

@@ -38,12 +38,15 @@ import contextlib
 import ctypes
 import ctypes.util
 import json
+import logging
 import os
 import shutil
 import sys
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["RunDirError", "Transaction", "lock_path", "locked", "staging_path"]
 
@@ -197,8 +200,8 @@ def _repair(out: Path, staging: Path) -> None:
     else:
         os.rename(aside, out)
         what = "put the previous run back"
-    print(f"mptlml: {out} was left half-replaced by a process killed while swapping run "
-          f"directories; {what}.", file=sys.stderr)
+    _log.warning("%s was left half-replaced by a process killed while swapping run "
+                 "directories; %s.", out, what)
 
 
 class _State:
