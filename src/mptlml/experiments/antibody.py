@@ -20,6 +20,7 @@ import numpy as np
 
 from ..data.text import bundled_antibodies
 from ..models.masked_lm import MaskedLM
+from ._claims import claim
 from .common import RunDir
 from .mlm import score_models, write_curves
 
@@ -100,12 +101,12 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     pre, rnd = m["pretrained"], m["random_init"]
     per_tok = rnd["mean_log_prob_per_token"]
     return [
-        {"claim": "AntiBERTy: pre-trained area above random-init area (as Table 2 for BERT)",
-         "paper": "pre-trained >> random (Table 2)",
-         "ours": f"{pre['area']:.1f} +/- {pre['area_se']:.1f} vs "
-                 f"{rnd['area']:.1f} +/- {rnd['area_se']:.1f}",
-         "holds": pre["area"] - rnd["area"] > 5 * math.hypot(pre["area_se"], rnd["area_se"])},
-        {"claim": "random init scores about -ln 25 per masked token",
-         "paper": f"{-math.log(25):.3f} (uniform over 25 tokens)", "ours": f"{per_tok:.3f}",
-         "holds": abs(per_tok + math.log(25)) < 0.3},
+        claim("AntiBERTy: pre-trained area above random-init area (as Table 2 for BERT)",
+              "pre-trained >> random (Table 2)",
+              f"{pre['area']:.1f} +/- {pre['area_se']:.1f} vs "
+              f"{rnd['area']:.1f} +/- {rnd['area_se']:.1f}",
+              pre["area"] - rnd["area"] > 5 * math.hypot(pre["area_se"], rnd["area_se"])),
+        claim("random init scores about -ln 25 per masked token",
+              f"{-math.log(25):.3f} (uniform over 25 tokens)", f"{per_tok:.3f}",
+              abs(per_tok + math.log(25)) < 0.3),
     ]

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..models.masked_lm import MaskedLM, hub_reachable
 from ..sequences import mpt_area
+from ._claims import claim
 from .common import RunDir, pyplot
 from .mlm import project_root, score_models, write_curves
 
@@ -185,20 +186,40 @@ PAPER = (
 
 
 def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Table 2: areas from the curves match the paper (to 0.01); pre-trained far above random."""
+    """Table 2: areas from the curves match the paper (to 0.01); pre-trained far above random.
+
+    The areas re-derived from the authors' published curves are ``recomputed``
+    (nothing is re-run); the re-scoring of BERT itself is ``not run`` offline,
+    and with the hub reachable our own areas are checked for the same ordering.
+    """
     out: list[dict[str, Any]] = []
     for row in results.get("table2") or []:
         if row.get("paper_pretrained") is None:
             continue
         for w in ("pretrained", "random"):
             ours, paper = row[w], row[f"paper_{w}"]
-            out.append({"claim": f"Table 2 area, {row['task'].upper()} {w}", "paper": paper,
-                        "ours": round(ours, 4), "holds": abs(ours - paper) <= 0.01})
-        out.append({"claim": f"{row['task'].upper()}: pre-trained area >> random-init area",
-                    "paper": f"{row['paper_pretrained']} vs {row['paper_random']}",
-                    "ours": f"{row['pretrained']:.2f} vs {row['random']:.2f}",
-                    "holds": row["pretrained"] > row["random"] + 1000})
-    for label, s in (results.get("computed") or {}).items():
-        out.append({"claim": f"recomputed area, {label}", "paper": "see Table 2",
-                    "ours": round(s["area"], 2), "holds": None})
+            out.append(claim(f"Table 2 area, {row['task'].upper()} {w}", paper, round(ours, 4),
+                             abs(ours - paper) <= 0.01, recomputed=True,
+                             note="from the authors' published curves (bert_mpt_curves.csv)"))
+        out.append(claim(f"{row['task'].upper()}: pre-trained area >> random-init area",
+                         f"{row['paper_pretrained']} vs {row['paper_random']}",
+                         f"{row['pretrained']:.2f} vs {row['random']:.2f}",
+                         row["pretrained"] > row["random"] + 1000, recomputed=True,
+                         note="from the authors' published curves (bert_mpt_curves.csv)"))
+    computed = results.get("computed")
+    if not computed:
+        out.append(claim("BERT-base re-scored on GLUE: pre-trained area >> random-init area",
+                         "Table 2", "not computed: bert-base-uncased and GLUE need the Hugging "
+                         "Face hub", None, note="offline run; Table 2 is checked from the "
+                         "authors' curves above"))
+        return out
+    for task in sorted({label.rsplit("-", 1)[0] for label in computed}):
+        pre, rnd = computed.get(f"{task}-pretrained"), computed.get(f"{task}-random_init")
+        if pre is None or rnd is None:
+            continue
+        out.append(claim(f"our BERT-base on {task.upper()}: pre-trained area >> random-init "
+                         "area", "see Table 2",
+                         f"{pre['area']:.2f} vs {rnd['area']:.2f} "
+                         f"({pre.get('num_sequences', '?')} sequences)",
+                         pre["area"] > rnd["area"] + 1000))
     return out

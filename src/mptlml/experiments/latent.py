@@ -39,6 +39,7 @@ from ..data import load_images
 from ..models import BernoulliLVM, GaussianVAE, LinearVAE
 from ..objectives import ELBO, MPTLoss
 from ..training import Monitor, exact_lml, train
+from ._claims import claim
 from .common import RunDir, pyplot
 
 __all__ = ["PAPER", "TITLE", "Config", "claims", "run", "summary"]
@@ -268,20 +269,20 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for ds, r in results.get("linear", {}).items():
         gap = r["mpt_relative_gap"]
-        out.append({"claim": f"linear Bernoulli model ({ds}): MPT training reaches the LML of "
-                             "ELBO training",
-                    "paper": "similar log-marginal likelihood under MPT and ELBO training",
-                    "ours": f"quadrature LML {r['mpt']['lml']:.3f} (MPT) vs "
-                            f"{r['elbo']['lml']:.3f} (ELBO), gap {100 * gap:+.2f}%",
-                    "holds": abs(gap) < 0.01})
+        out.append(claim(f"linear Bernoulli model ({ds}): MPT training reaches the LML of "
+                         "ELBO training",
+                         "similar log-marginal likelihood under MPT and ELBO training",
+                         f"quadrature LML {r['mpt']['lml']:.3f} (MPT) vs "
+                         f"{r['elbo']['lml']:.3f} (ELBO), gap {100 * gap:+.2f}%",
+                         abs(gap) < 0.01))
     for ds, r in results.get("deep", {}).items():
         m = r["mpt"]
-        out.append({"claim": f"deep VAE ({ds}): the LML increases under MPT training",
-                    "paper": "the IS-estimated LML increases with fixed-rate MPT training",
-                    "ours": f"IS LML {m['is_lml_initial']:.2f} -> {m['is_lml']:.2f} (ELBO "
-                            f"training: {r['elbo']['is_lml']:.2f})",
-                    "holds": m["is_lml"] > m["is_lml_initial"]})
+        out.append(claim(f"deep VAE ({ds}): the LML increases under MPT training",
+                         "the IS-estimated LML increases with fixed-rate MPT training",
+                         f"IS LML {m['is_lml_initial']:.2f} -> {m['is_lml']:.2f} (ELBO "
+                         f"training: {r['elbo']['is_lml']:.2f})",
+                         m["is_lml"] > m["is_lml_initial"]))
     for name, why in results.get("skipped", {}).items():
-        out.append({"claim": f"{name}: data available", "paper": "MNIST / Fashion-MNIST",
-                    "ours": f"skipped: {why}", "holds": None})
+        out.append(claim(f"{name}: data available", "MNIST / Fashion-MNIST",
+                         f"skipped: {why}", None, note="the data set could not be loaded"))
     return out

@@ -32,6 +32,7 @@ from ..selection import (
     load_matrix,
     select_latent_dim,
 )
+from ._claims import claim
 from .common import RunDir, print_table, pyplot
 
 __all__ = ["PAPER", "TITLE", "Config", "claims", "plot_scores", "run", "run_selection",
@@ -135,17 +136,15 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for c in results["cases"]:
         ch = c["choices"]
-        out.append({"claim": f"{c['case']}: MPT picks the exact held-out LML's K",
-                    "paper": "(not in the paper) the MPT estimate is the LML, so it should "
-                             "select as the LML does",
-                    "ours": f"MPT K={ch['MPT']}, exact K={ch['Exact']} (P={c['num_masks']}, "
-                            f"{'resolved' if c['resolved'] else 'not resolved'})",
-                    "holds": ch["MPT"] == ch["Exact"]})
+        out.append(claim(f"{c['case']}: MPT picks the exact held-out LML's K",
+                         "(not in the paper) the MPT estimate is the LML, so it should "
+                         "select as the LML does",
+                         f"MPT K={ch['MPT']}, exact K={ch['Exact']} (P={c['num_masks']}, "
+                         f"{'resolved' if c['resolved'] else 'not resolved'})",
+                         ch["MPT"] == ch["Exact"]))
         if c["true_k"] is not None:
-            out.append({"claim": f"{c['case']}: MPT recovers the true K",
-                        "paper": f"true K = {c['true_k']}",
-                        "ours": f"MPT K={ch['MPT']}",
-                        "holds": ch["MPT"] == c["true_k"]})
+            out.append(claim(f"{c['case']}: MPT recovers the true K", f"true K = {c['true_k']}",
+                             f"MPT K={ch['MPT']}", ch["MPT"] == c["true_k"]))
     return out
 
 
