@@ -27,6 +27,7 @@ Reference: Moreno-Munoz, Recasens, Hauberg (NeurIPS 2023), Sec. 3.1, Fig. 2.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +39,12 @@ from ..masks import fixed_rate_size
 from ..models import PPCA
 from ..objectives import MPTLoss
 from ..training import Monitor, exact_lml, train
+from ._claims import claim
 from ._synthetic import PPCATrainingConfig, exact_fixed_rate, fixed_rate_masks, mean_lml
 from .common import RunDir, pyplot
 
-__all__ = ["PAPER", "TITLE", "Config", "claims", "run", "summary"]
+__all__ = ["PAPER", "TITLE", "Config", "claims", "maximise_fixed_rate", "run", "scale_curvature",
+           "settle_epoch", "slow_fixed_rate_note", "summary", "w_only_optimum"]
 
 
 @dataclass
@@ -63,6 +66,10 @@ class Config(PPCATrainingConfig):
         Measure the exact fixed-rate bias every this many epochs.
     share_masks : bool
         Share each mask across the data (the paper's code).
+    num_threads : int or None
+        Torch intra-op threads during the run (restored afterwards); None leaves
+        them as they are. The model is tiny (D = 10): one thread avoids the
+        spin-waits that multiply the CPU time on a busy machine.
     """
 
     num_data: int = 2000
@@ -72,12 +79,13 @@ class Config(PPCATrainingConfig):
     rate: float = 0.2
     bias_every: int = 1
     share_masks: bool = False
+    num_threads: int | None = None
 
     @classmethod
     def quick(cls) -> Config:
         """A small setting for tests (seconds on 2 cores)."""
         return cls(num_data=300, num_inits=2, epochs_all=300, epochs_fixed=600, lr=5e-2,
-                   bias_every=5)
+                   bias_every=5, num_threads=1)
 
     def validate(self) -> None:
         """Raise ``ValueError`` on inconsistent settings (before anything is written)."""
@@ -122,9 +130,99 @@ def _last_half(rows: list[dict[str, Any]], key: str) -> np.ndarray:
     return np.array([v for e, v in vals if e >= last / 2], dtype=np.float64)
 
 
+def w_only_optimum(x: torch.Tensor, latent_dim: int, sigma2: float) -> torch.Tensor:
+    """The W maximising the exact LML with mu = 0 and sigma2 fixed (Tipping & Bishop 1999).
+
+    ``W = U_K (Lambda_K - sigma2 I)^{1/2}`` with ``U_K, Lambda_K`` the top K
+    eigenvectors and eigenvalues of ``S = X^T X / N`` (the second moment about
+    the fixed mean 0); unique up to a rotation of the latent space.
+    """
+    xd = x.double()
+    lam, u = torch.linalg.eigh(xd.T @ xd / xd.shape[0])
+    lam, u = lam.flip(0)[:latent_dim], u.flip(1)[:, :latent_dim]
+    return (u * (lam - sigma2).clamp_min(0).sqrt()).to(x.dtype).contiguous()
+
+
+def scale_curvature(f: Callable[[torch.Tensor], float], w: torch.Tensor,
+                    h: float = 1e-3) -> float:
+    """``d^2/dc^2 f(c W)`` at ``c = 1`` by central differences (nats per datum).
+
+    How sharply an objective of W falls off when W is scaled; near zero, the
+    objective is flat along W's scale and a stochastic optimizer drifts there.
+    """
+    return (f((1 + h) * w) - 2 * f(w) + f((1 - h) * w)) / h**2
+
+
+def maximise_fixed_rate(model: PPCA, x: torch.Tensor, mask_size: int,
+                        masks: torch.Tensor, max_iter: int = 500) -> tuple[PPCA, int]:
+    """Maximise the exact fixed-rate objective D * S(x; M) over W by L-BFGS, in place.
+
+    The objective is the mean over every mask of size M (``masks``, all
+    C(D, M) of them at D = 10), so it is deterministic and its maximiser is
+    found in a few hundred evaluations. Returns the model and the number of
+    evaluations.
+    """
+    d = model.num_tokens
+    opt = torch.optim.LBFGS([model.W], lr=1.0, max_iter=max_iter, tolerance_grad=1e-9,
+                            tolerance_change=1e-12, line_search_fn="strong_wolfe")
+    calls = [0]
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = -d * model.masked_log_prob(x, masks, None).double().mean() / mask_size
+        loss.backward()
+        calls[0] += 1
+        return loss
+
+    opt.step(closure)
+    return model, calls[0]
+
+
+def settle_epoch(rows: list[dict[str, Any]], target: float, tol: float = 0.01) -> int | None:
+    """First epoch from which the exact LML stays within ``tol`` of ``target``; None if never."""
+    out = [r["epoch"] for r in rows if abs(r["exact_lml"] - target) >= tol * abs(target)]
+    if not out:
+        return rows[0]["epoch"]
+    if out[-1] == rows[-1]["epoch"]:
+        return None
+    return next(r["epoch"] for r in rows if r["epoch"] > out[-1])
+
+
 def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     """Train every setting and initialisation; write CSVs, figures; return the numbers."""
     cfg.validate()
+    threads = torch.get_num_threads()
+    if cfg.num_threads is not None:
+        torch.set_num_threads(cfg.num_threads)
+    try:
+        return _run(cfg, run_dir)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _flat_direction(cfg: Config, x: torch.Tensor, mask_size: int,
+                    masks: torch.Tensor) -> dict[str, Any]:
+    """Why fixed-rate training is slow: curvature along W's scale, and the exact maximiser."""
+    w_star = w_only_optimum(x, cfg.latent_dim, cfg.sigma2)
+
+    def model(w: torch.Tensor) -> PPCA:
+        return PPCA(w, None, cfg.sigma2)
+
+    curv = {"exact_lml": scale_curvature(lambda w: mean_lml(model(w), x), w_star),
+            "fixed_rate": scale_curvature(
+                lambda w: exact_fixed_rate(model(w), x, mask_size, masks), w_star)}
+    start = cfg.init(cfg.seed)  # the start of training's first initialisation
+    fr_model, evals = maximise_fixed_rate(start, x, mask_size, masks)
+    fr_lml = mean_lml(fr_model, x)
+    return {"optimum_lml": mean_lml(model(w_star), x), "scale_curvature": curv,
+            "flatness_ratio": curv["exact_lml"] / curv["fixed_rate"]
+            if curv["fixed_rate"] != 0 else float("inf"),
+            "fixed_rate_maximiser": {
+                "exact_lml": fr_lml, "evaluations": evals, "start": "init 0",
+                "bias": exact_fixed_rate(fr_model, x, mask_size, masks) - fr_lml}}
+
+
+def _run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     true, x = cfg.data()
     mle = PPCA.fit(x, cfg.latent_dim)
     gt_lml, mle_lml = mean_lml(true, x), mean_lml(mle, x)
@@ -132,15 +230,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     masks = fixed_rate_masks(cfg.num_tokens, mask_size)
     gt_bias = exact_fixed_rate(true, x, mask_size, masks) - gt_lml
     mle_bias = exact_fixed_rate(mle, x, mask_size, masks) - mle_lml
-
-    # How flat the fixed-rate objective is along the scale of W (why it trains slowly).
-    with torch.no_grad():
-        scaled = PPCA(mle.W * 1.5, mle.mu, cfg.sigma2)
-        at_mle = PPCA(mle.W, mle.mu, cfg.sigma2)
-    flat = {"scale": 1.5,
-            "fixed_rate_drop": exact_fixed_rate(at_mle, x, mask_size, masks)
-            - exact_fixed_rate(scaled, x, mask_size, masks),
-            "exact_lml_drop": mean_lml(at_mle, x) - mean_lml(scaled, x)}
+    flat = _flat_direction(cfg, x, mask_size, masks)
 
     rows: list[dict[str, Any]] = []
     finals: dict[str, list[dict[str, Any]]] = {"all-sizes": [], "fixed-rate": []}
@@ -151,7 +241,8 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
             rows.extend(r)
             final = {"init": i, "final_exact_lml": r[-1]["exact_lml"],
                      "final_neg_mpt_loss": r[-1]["neg_mpt_loss"],
-                     "initial_exact_lml": r[0]["exact_lml"]}
+                     "initial_exact_lml": r[0]["exact_lml"],
+                     "settle_epoch": settle_epoch(r, gt_lml)}
             if setting == "fixed-rate":
                 b = _last_half(r, "bias")
                 final.update(bias_last_half_mean=float(b.mean()),
@@ -169,7 +260,8 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
 
     out: dict[str, Any] = {"gt_lml": gt_lml, "mle_lml": mle_lml, "mask_size": mask_size,
                            "gt_fixed_rate_bias": gt_bias, "mle_fixed_rate_bias": mle_bias,
-                           "fixed_rate_flatness": flat, "settings": {}}
+                           "flat_direction": flat, "num_masks": cfg.num_masks, "lr": cfg.lr,
+                           "settings": {}}
     for setting, fs in finals.items():
         lml = np.array([f["final_exact_lml"] for f in fs])
         entry: dict[str, Any] = {
@@ -179,6 +271,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
             "max_rel_gap_to_mle": float(np.max(np.abs(lml - mle_lml)) / abs(mle_lml)),
             "max_rel_gap_to_gt": float(np.max(np.abs(lml - gt_lml)) / abs(gt_lml)),
             "epochs": cfg.epochs_all if setting == "all-sizes" else cfg.epochs_fixed,
+            "settle_epochs": [f["settle_epoch"] for f in fs],
         }
         if setting == "fixed-rate":
             means = np.array([f["bias_last_half_mean"] for f in fs])
@@ -187,17 +280,39 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
                          bias_rel_spread_max=float(np.max(spreads / np.abs(means))),
                          bias_across_inits_spread=float(means.max() - means.min()))
         out["settings"][setting] = entry
-    fr = out["settings"]["fixed-rate"]
-    out["notes"] = (
-        f"The fixed-rate objective is flat along the scale of W: scaling the MLE's W by "
-        f"{flat['scale']} lowers the exact fixed-rate objective by "
-        f"{flat['fixed_rate_drop']:.3f} nats per datum but the exact LML by "
-        f"{flat['exact_lml_drop']:.3f}. With P={cfg.num_masks} stochastic masks Adam "
-        f"drifts slowly along that direction, which is why the paper trains the fixed rate "
-        f"for 10000 epochs; this run used {fr['epochs']}"
-        + (" and stopped short of convergence for at least one init."
-           if fr["max_rel_gap_to_gt"] >= 0.01 else "."))
+    out["notes"] = slow_fixed_rate_note(out)
     return out
+
+
+def _epochs_text(st: dict[str, Any]) -> str:
+    eps = st.get("settle_epochs") or []
+    return ", ".join(f"init {i}: " + (f"epoch {e}" if e is not None else f"not in {st['epochs']}")
+                     for i, e in enumerate(eps))
+
+
+def slow_fixed_rate_note(results: dict[str, Any]) -> str:
+    """Why fixed-rate training converges slowly, with this run's numbers."""
+    flat = results.get("flat_direction")
+    if not flat:
+        return ""
+    c = flat["scale_curvature"]
+    st = results["settings"]
+    text = (f"Along W's scale (W -> cW at the LML's optimum) the exact LML has second derivative "
+            f"{c['exact_lml']:.3f} nats per datum, the exact fixed-rate objective "
+            f"{c['fixed_rate']:.3f}: {flat['flatness_ratio']:.0f}x flatter. With P="
+            f"{results.get('num_masks', '?')} stochastic masks and Adam (lr "
+            f"{results.get('lr', '?')}) the fixed-rate runs move slowly and noisily along it.")
+    if "all-sizes" in st and "fixed-rate" in st:
+        text += (f" Epoch from which the exact LML stays within 1% of the generating "
+                 f"parameters': all sizes {_epochs_text(st['all-sizes'])}; fixed rate "
+                 f"{_epochs_text(st['fixed-rate'])}.")
+    m = flat["fixed_rate_maximiser"]
+    text += (f" The exact fixed-rate objective's maximiser (L-BFGS from {m['start']}, "
+             f"{m['evaluations']} evaluations) has exact LML {m['exact_lml']:.3f} against "
+             f"{flat['optimum_lml']:.3f} at the LML's optimum: the two objectives share their "
+             "optimum, and the paper trains the fixed rate for 10,000 epochs, ten times the "
+             "1,000 of all sizes.")
+    return text
 
 
 def _figures(cfg: Config, run_dir: RunDir, rows: list[dict[str, Any]], gt_lml: float,
@@ -210,10 +325,12 @@ def _figures(cfg: Config, run_dir: RunDir, rows: list[dict[str, Any]], gt_lml: f
         a = np.array(pts, dtype=np.float64).reshape(-1, 2)
         return a[:, 0], a[:, 1]
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    from matplotlib.lines import Line2D
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     panels = [("all-sizes", axes[0], "all sizes (unbiased)", None),
               ("fixed-rate", axes[1], f"fixed {cfg.rate:.0%} mask (biased)", None),
-              ("fixed-rate", axes[2], f"fixed {cfg.rate:.0%} mask, zoom", 0.5)]
+              ("fixed-rate", axes[2], f"fixed {cfg.rate:.0%} mask, last half (zoom)", 0.5)]
     for setting, ax, title, zoom in panels:
         lo_all: list[float] = []
         for i in range(cfg.num_inits):
@@ -222,11 +339,10 @@ def _figures(cfg: Config, run_dir: RunDir, rows: list[dict[str, Any]], gt_lml: f
             if zoom is not None:
                 keep, keep2 = e >= zoom * e.max(), e2 >= zoom * e2.max()
                 e, v, e2, v2 = e[keep], v[keep], e2[keep2], v2[keep2]
-            ax.plot(e, v, color=f"C{i}", alpha=0.35, lw=0.8,
-                    label="negative MPT loss" if i == 0 else None)
-            ax.plot(e2, v2, color=f"C{i}", lw=1.6, label="exact LML" if i == 0 else None)
+            ax.plot(e, v, color=f"C{i}", alpha=0.35, lw=0.8)
+            ax.plot(e2, v2, color=f"C{i}", lw=1.6)
             lo_all += [float(np.min(v2[len(v2) // 10:])), float(np.min(v[len(v) // 10:]))]
-        ax.axhline(gt_lml, color="k", ls="--", lw=1, label=f"GT LML {gt_lml:.3f}")
+        ax.axhline(gt_lml, color="k", ls="--", lw=1)
         if zoom is None:
             lo = min(lo_all + [gt_lml]) - 0.5
             ax.set_ylim(lo, max(ax.get_ylim()[1], gt_lml + 0.5) if setting == "all-sizes"
@@ -234,10 +350,19 @@ def _figures(cfg: Config, run_dir: RunDir, rows: list[dict[str, Any]], gt_lml: f
         ax.set_title(title)
         ax.set_xlabel("epoch")
         ax.set_ylabel("nats per datum")
-        ax.legend(fontsize=8, loc="lower right")
+    # one legend for the figure, below the panels: colour = initialisation, style = quantity
+    handles = [Line2D([], [], color=f"C{i}", lw=2, label=f"initialisation {i}")
+               for i in range(cfg.num_inits)]
+    handles += [Line2D([], [], color="grey", alpha=0.4, lw=0.8,
+                       label="negative MPT loss (one draw of masks)"),
+                Line2D([], [], color="grey", lw=1.6, label="exact LML of the current W"),
+                Line2D([], [], color="k", ls="--", lw=1,
+                       label=f"exact LML of the generating W ({gt_lml:.3f})")]
     fig.suptitle(f"PPCA N={cfg.num_data}, D={cfg.num_tokens}, K={cfg.latent_dim}, "
                  f"P={cfg.num_masks}, Adam lr={cfg.lr}; MLE LML {mle_lml:.3f}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8,
+               frameon=False)
     run_dir.save_figure(fig, "fig2_training")
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -283,33 +408,59 @@ PAPER = (
 
 
 def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Fig. 2: MPT training reaches the true LML; the fixed-rate bias is constant."""
+    """Fig. 2: MPT training reaches the true LML; the fixed-rate bias is constant.
+
+    A fixed-rate claim that fails carries the explanation of
+    :func:`slow_fixed_rate_note` (the objective is flat along W's scale); the
+    exact fixed-rate objective's maximiser is checked separately, so a reader
+    sees whether the optimum is shared even when training has not reached it.
+    """
     out: list[dict[str, Any]] = []
     gt, mle = results["gt_lml"], results["mle_lml"]
+    slow = slow_fixed_rate_note(results) or None
     for key, label in (("all-sizes", "all sizes (cumulative MPT)"),
                        ("fixed-rate", "fixed-rate MPT")):
         st = results["settings"].get(key)
         if not st:
             continue
-        out.append({"claim": f"{label}: final exact LML reaches the generating parameters' LML "
-                             "(within 1%)",
-                    "paper": f"converges to the true LML ({gt:.3f} here; MLE {mle:.3f})",
-                    "ours": f"worst init {st['final_exact_lml_min']:.3f} "
-                            f"({100 * st['max_rel_gap_to_gt']:.2f}% from it) after "
-                            f"{st['epochs']} epochs",
-                    "holds": st["max_rel_gap_to_gt"] < 0.01})
+        ok = st["max_rel_gap_to_gt"] < 0.01
+        epochs = (f"; within 1% from {_epochs_text(st)}" if st.get("settle_epochs") else "")
+        out.append(claim(f"{label}: final exact LML reaches the generating parameters' LML "
+                         "(within 1%)",
+                         f"converges to the true LML ({gt:.3f} here; MLE {mle:.3f})",
+                         f"worst init {st['final_exact_lml_min']:.3f} "
+                         f"({100 * st['max_rel_gap_to_gt']:.2f}% from it) after "
+                         f"{st['epochs']} epochs{epochs}", ok,
+                         note=slow if key == "fixed-rate" and not ok else None))
         if "bias_rel_spread_max" in st:
-            out.append({"claim": "fixed-rate bias (MPT estimate minus exact LML) is constant: "
-                                 "spread over the last half of training < 2% of its mean",
-                        "paper": "a constant bias (Fig. 2 centre/right)",
-                        "ours": f"mean {st['bias_last_half_mean']:.3f}, worst relative spread "
-                                f"{100 * st['bias_rel_spread_max']:.2f}%",
-                        "holds": st["bias_rel_spread_max"] < 0.02})
+            out.append(claim("fixed-rate bias (MPT estimate minus exact LML) is constant: "
+                             "spread over the last half of training < 2% of its mean",
+                             "a constant bias (Fig. 2 centre/right)",
+                             f"mean {st['bias_last_half_mean']:.3f}, worst relative spread "
+                             f"{100 * st['bias_rel_spread_max']:.2f}%",
+                             st["bias_rel_spread_max"] < 0.02))
             gt_bias = results["gt_fixed_rate_bias"]
-            out.append({"claim": "the trained bias equals the bias at the generating "
-                                 "parameters (within 5%)",
-                        "paper": "the bias does not depend on training (it is a property of "
-                                 "the model and M)",
-                        "ours": f"{st['bias_last_half_mean']:.3f} vs {gt_bias:.3f}",
-                        "holds": abs(st["bias_last_half_mean"] - gt_bias) < 0.05 * abs(gt_bias)})
+            ok = abs(st["bias_last_half_mean"] - gt_bias) < 0.05 * abs(gt_bias)
+            out.append(claim("the trained bias equals the bias at the generating parameters "
+                             "(within 5%)",
+                             "the bias does not depend on training (it is a property of the "
+                             "model and M)",
+                             f"{st['bias_last_half_mean']:.3f} vs {gt_bias:.3f}", ok,
+                             note=None if ok else "the bias belongs to the parameters training "
+                             "reached, which are not yet at the optimum (see the fixed-rate LML "
+                             "claim above and the maximiser's bias below)."))
+    m = (results.get("flat_direction") or {}).get("fixed_rate_maximiser")
+    if m is not None:
+        gap = abs(m["exact_lml"] - gt) / abs(gt)
+        out.append(claim("the exact fixed-rate objective is maximised where the LML is: its "
+                         "maximiser's exact LML within 1% of the generating parameters'",
+                         "with a fixed 20% mask the LML converges too",
+                         f"{m['exact_lml']:.3f} vs {gt:.3f} ({100 * gap:.2f}%; L-BFGS from "
+                         f"{m['start']}, {m['evaluations']} evaluations)", gap < 0.01))
+        gt_bias = results["gt_fixed_rate_bias"]
+        out.append(claim("the bias at the fixed-rate maximiser equals the bias at the "
+                         "generating parameters (within 5%)",
+                         "the bias is a property of the model and M",
+                         f"{m['bias']:.3f} vs {gt_bias:.3f}",
+                         abs(m["bias"] - gt_bias) < 0.05 * abs(gt_bias)))
     return out
