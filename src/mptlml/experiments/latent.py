@@ -42,7 +42,7 @@ from ..training import Monitor, exact_lml, train
 from ._claims import claim
 from .common import RunDir, pyplot
 
-__all__ = ["PAPER", "TITLE", "Config", "claims", "run", "summary"]
+__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "run", "summary"]
 
 
 @dataclass
@@ -286,3 +286,17 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(claim(f"{name}: data available", "MNIST / Fashion-MNIST",
                          f"skipped: {why}", None, note="the data set could not be loaded"))
     return out
+
+
+def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
+    """What each figure shows, its setting and the paper's figure it corresponds to."""
+    return {"fig3": (
+        "Paper Figure 3. Top: the exact (quadrature, "
+        f"{config.get('grid_points', '?')}x{config.get('grid_points', '?')} grid) LML of a "
+        f"linear Bernoulli latent model (K={config.get('latent_dim', '?')}) trained by the ELBO "
+        "(as a linear VAE) and by MPT with the true conditionals, per epoch; bottom: the "
+        "importance-sampled LML of a deep Gaussian VAE "
+        f"(K={config.get('vae_latent_dim', '?')}) trained by the ELBO and by MPT with a fixed "
+        f"{config.get('vae_rate', 0.33):.0%} mask. Binarised images, N="
+        f"{config.get('num_data', '?')} (top) and {config.get('vae_num_data', '?')} (bottom), "
+        "at most the data set's size.")}

@@ -35,7 +35,7 @@ from ..selection import (
 from ._claims import claim
 from .common import RunDir, print_table, pyplot
 
-__all__ = ["PAPER", "TITLE", "Config", "claims", "plot_scores", "run", "run_selection",
+__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "plot_scores", "run", "run_selection",
            "summary"]
 
 
@@ -227,3 +227,16 @@ def plot_scores(res: SelectionResult, desc: str, run: RunDir, stem: str = "score
     fig.suptitle(desc, fontsize=9)
     fig.tight_layout()
     run.save_figure(fig, stem)
+
+
+def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
+    """What each figure shows, its setting and the paper's figure it corresponds to."""
+    out = {}
+    for c in results.get("cases", []):
+        out[f"scores_{c['case']}"] = (
+            f"Beyond the paper: choosing the latent dimension K of a {c.get('family', '?')} "
+            f"model on {c.get('description', c.get('data', '?'))}. Left: held-out log p(x) per "
+            "datum by the MPT estimate (±2 SE) and exactly, for K = 1.."
+            f"{c.get('k_max', '?')}; right: the training BIC"
+            + (f"; the true K is {c['true_k']}" if c.get("true_k") is not None else "") + ".")
+    return out
