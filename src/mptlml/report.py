@@ -245,8 +245,10 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
             continue
         d, res = found[name]
         captions = _captions(name, res)
+        order = {stem: i for i, stem in enumerate(captions)}  # the experiment's figure order
+        pngs = sorted(d.glob("*.png"), key=lambda f: (order.get(f.stem, len(order)), f.name))
         figures = [{"path": f, "stem": f.stem, "caption": captions.get(f.stem, f.name)}
-                   for f in sorted(d.glob("*.png"))]
+                   for f in pngs]
         rep.sections.append({
             "name": name, "title": title, "paper": statement, "dir": str(d),
             "claims": _claims_for(name, res), "figures": figures,

@@ -126,9 +126,9 @@ PAPER_TABLE1_SEEDS = 5
 #: the two set-ups of Table 1: name -> (noise generator, masks shared across the data, label)
 SETUPS: dict[str, tuple[str, bool, str]] = {
     "faithful": ("independent", False,
-                 "faithful default: independent noise, masks drawn per datum"),
+                 "faithful default (independent noise, masks per datum)"),
     "authors": ("shared", True,
-                "the authors' set-up: shared noise generator, masks shared across the data"),
+                "the authors' set-up (shared noise, masks shared across the data)"),
 }
 
 
@@ -291,28 +291,37 @@ def _setup_summary(cfg: Config, name: str, panels: dict[str, dict[str, Any]]) ->
 def _figure(cfg: Config, panels: dict[str, dict[str, Any]], run_dir: RunDir) -> None:
     plt = pyplot()
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
+    from matplotlib.lines import Line2D
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.0), squeeze=False)
+    fixed_bias = None
     for ax, (name, pan) in zip(axes[0], panels.items(), strict=True):
         p = np.asarray(pan["P"])
         est = np.asarray(pan["estimates"])
-        for i, row in enumerate(est):
-            ax.plot(p, row, color="C0", lw=0.8, alpha=0.6, label="MPT estimate (per seed)"
-                    if i == 0 else None)
-        mean = est.mean(0)
-        ax.plot(p, mean, color="C0", lw=2, label="mean over seeds")
-        ax.axhline(pan["exact_lml"], color="k", ls="--", lw=1.2,
-                   label=f"exact LML {pan['exact_lml']:.2f}")
+        for row in est:
+            ax.plot(p, row, color="C0", lw=0.8, alpha=0.6)
+        ax.plot(p, est.mean(0), color="C0", lw=2)
+        ax.axhline(pan["exact_lml"], color="k", ls="--", lw=1.2)
         if pan["estimator"] == "fixed-rate":
-            ax.axhline(pan["pooled_estimate"], color="C3", ls=":", lw=1.2,
-                       label=f"fixed-rate limit (bias {pan['bias']:+.2f})")
+            ax.axhline(pan["pooled_estimate"], color="C3", ls=":", lw=1.2)
+            fixed_bias = pan["bias"]
         ax.set_xscale("log")
         ax.set_xlabel("P, masks per size" if pan["estimator"] == "cumulative" else "P, masks")
-        ax.set_title(name)
-        ax.legend(fontsize=7)
+        ax.set_title(f"{name}: exact LML {pan['exact_lml']:.2f}", fontsize=10)
     axes[0][0].set_ylabel("negative MPT loss (nats per datum)")
+    # one legend for the figure, below the panels, so that it covers no curve
+    handles = [Line2D([], [], color="C0", lw=0.8, alpha=0.6, label="MPT estimate, one per seed"),
+               Line2D([], [], color="C0", lw=2, label="mean over seeds"),
+               Line2D([], [], color="k", ls="--", lw=1.2, label="exact LML")]
+    if fixed_bias is not None:
+        handles.append(Line2D([], [], color="C3", ls=":", lw=1.2,
+                              label=f"fixed-rate limit (bias {fixed_bias:+.2f})"))
+    masks = "masks shared across data" if cfg.share_masks else "masks per datum"
     fig.suptitle(f"PPCA K={cfg.latent_dim}, sigma2={cfg.sigma2}, N={cfg.num_data}, "
-                 f"{cfg.noise} noise", fontsize=10)
-    fig.tight_layout()
+                 f"{cfg.noise} noise, {masks}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8,
+               frameon=False)
     run_dir.save_figure(fig, "fig1")
 
 
@@ -378,14 +387,16 @@ def tables(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Table 1 like with like, for the report: the spread of each set-up beside the paper's."""
     rows = []
     paper = results.get("paper_table1_sd") or PAPER_TABLE1_SD
+    qs = list(paper)
     rows.append({"set-up": "the paper (Table 1)", "panel": "D, N not stated",
-                 **{f"sd P={q}": f"{v:.2f}" for q, v in paper.items()},
-                 "Table 1's spread?": ""})
+                 "sd over seeds, P=" + "/".join(qs): " / ".join(f"{paper[q]:.2f}" for q in qs),
+                 "predicted σ₁/√P": "", "Table 1's spread?": ""})
     for r in table1_like_with_like(results):
         rows.append({"set-up": r["label"], "panel": r["panel"],
-                     **{f"sd P={q}": f"{r['sd_over_seeds'][q]:.3f} "
-                                     f"(σ₁/√P {r['predicted_sd'][q]:.3f})"
-                        for q in r["paper_sd"]},
+                     "sd over seeds, P=" + "/".join(qs): " / ".join(
+                         f"{r['sd_over_seeds'][q]:.3f}" for q in qs if q in r["sd_over_seeds"]),
+                     "predicted σ₁/√P": " / ".join(
+                         f"{r['predicted_sd'][q]:.3f}" for q in qs if q in r["predicted_sd"]),
                      "Table 1's spread?": "yes" if r["agrees"] else "no"})
     if len(rows) == 1:
         return []

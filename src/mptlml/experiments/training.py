@@ -256,7 +256,7 @@ def _run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
         {"init": r["init"], "epoch": r["epoch"], "exact_lml": r["exact_lml"],
          "fixed_rate_exact": r["fixed_rate_exact"], "bias": r["bias"]}
         for r in rows if r["setting"] == "fixed-rate" and r.get("bias") is not None])
-    _figures(cfg, run_dir, rows, gt_lml, mle_lml)
+    _figures(cfg, run_dir, rows, gt_lml, mle_lml, gt_bias)
 
     out: dict[str, Any] = {"gt_lml": gt_lml, "mle_lml": mle_lml, "mask_size": mask_size,
                            "gt_fixed_rate_bias": gt_bias, "mle_fixed_rate_bias": mle_bias,
@@ -316,7 +316,7 @@ def slow_fixed_rate_note(results: dict[str, Any]) -> str:
 
 
 def _figures(cfg: Config, run_dir: RunDir, rows: list[dict[str, Any]], gt_lml: float,
-             mle_lml: float) -> None:
+             mle_lml: float, gt_bias: float | None = None) -> None:
     plt = pyplot()
 
     def series(setting: str, init: int, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -366,17 +366,23 @@ def _figures(cfg: Config, run_dir: RunDir, rows: list[dict[str, Any]], gt_lml: f
     run_dir.save_figure(fig, "fig2_training")
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
+    tails: list[float] = []
     for i in range(cfg.num_inits):
         e, b = series("fixed-rate", i, "bias")
-        ax.plot(e, b, color=f"C{i}", lw=1.2, label=f"init {i}")
+        ax.plot(e, b, color=f"C{i}", lw=1.2, label=f"initialisation {i}")
+        tails += b[len(b) // 2:].tolist()  # the settled part of each run sets the y-range
+    if gt_bias is not None:
+        ax.axhline(gt_bias, color="k", ls="--", lw=1,
+                   label=f"at the generating W ({gt_bias:.3f})")
+        tails.append(gt_bias)
     ax.set_xlabel("epoch")
-    ax.set_ylabel("D·S(x; M) − log p(x)  (nats)")
+    ax.set_ylabel("D·S(x; M) − log p(x)  (nats per datum)")
     ax.set_title(f"measured fixed-rate bias ({cfg.rate:.0%} mask, exact over all masks)")
-    b_all = [r["bias"] for r in rows if r.get("bias") is not None]
-    if b_all:
-        tail = np.array(b_all[len(b_all) // 2:])
-        ax.set_ylim(float(tail.min()) - 0.5, float(tail.max()) + 0.5)
-    ax.legend(fontsize=8)
+    if tails:
+        lo, hi = min(tails), max(tails)
+        pad = max(0.25, 0.5 * (hi - lo))
+        ax.set_ylim(lo - pad, hi + pad)
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     run_dir.save_figure(fig, "fig2_bias")
 
