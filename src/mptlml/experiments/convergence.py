@@ -469,6 +469,6 @@ def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
         "loss) against the number P of masks, one thin line per mask seed "
         f"({config.get('num_seeds', '?')} seeds) and their mean (thick), beside the exact LML "
         f"(dashed). PPCA with K={config.get('latent_dim', '?')}, sigma2="
-        f"{config.get('sigma2', '?')}, N={config.get('num_data', '?')}, data and masks from "
+        f"{config.get('sigma2', '?')}, N={config.get('num_data', '?')}; data and masks: "
         f"{setup}. Panels: {'; '.join(panels)}. The all-sizes estimate converges to the exact "
         "LML; the fixed-rate one converges to a biased limit (dotted).")}

@@ -229,13 +229,17 @@ def plot_scores(res: SelectionResult, desc: str, run: RunDir, stem: str = "score
     run.save_figure(fig, stem)
 
 
+_FAMILY_NAMES = {"ppca": "PPCA", "bernoulli": "Bernoulli latent linear"}
+
+
 def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
     """What each figure shows, its setting and the paper's figure it corresponds to."""
     out = {}
     for c in results.get("cases", []):
         out[f"scores_{c['case']}"] = (
-            f"Beyond the paper: choosing the latent dimension K of a {c.get('family', '?')} "
-            f"model on {c.get('description', c.get('data', '?'))}. Left: held-out log p(x) per "
+            "Beyond the paper: choosing the latent dimension K of a "
+            f"{_FAMILY_NAMES.get(c.get('family', ''), c.get('family', '?'))} model on "
+            f"{c.get('description', c.get('data', '?'))}. Left: held-out log p(x) per "
             "datum by the MPT estimate (±2 SE) and exactly, for K = 1.."
             f"{c.get('k_max', '?')}; right: the training BIC"
             + (f"; the true K is {c['true_k']}" if c.get("true_k") is not None else "") + ".")
