@@ -40,6 +40,7 @@ from ..models import BernoulliLVM, GaussianVAE, LinearVAE
 from ..objectives import ELBO, MPTLoss
 from ..training import Monitor, exact_lml, train
 from ._claims import claim
+from ._threads import torch_threads
 from .common import RunDir, pyplot
 
 __all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "run", "summary"]
@@ -195,13 +196,8 @@ def _figure(lin: list[dict], deep: list[dict], run_dir: RunDir) -> None:
 
 def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     """Train both rows of Fig. 3 and write ``linear.csv``, ``deep.csv`` and ``fig3.png/pdf``."""
-    threads = torch.get_num_threads()
-    if cfg.num_threads is not None:
-        torch.set_num_threads(cfg.num_threads)
-    try:
+    with torch_threads(cfg.num_threads):
         return _run(cfg, run_dir)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from ._fixed_rate import (
     w_only_optimum,
 )
 from ._synthetic import PPCATrainingConfig, exact_fixed_rate, fixed_rate_masks, mean_lml
+from ._threads import torch_threads
 from .common import RunDir, pyplot
 
 __all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "maximise_fixed_rate", "run",
@@ -141,13 +142,8 @@ def _last_half(rows: list[dict[str, Any]], key: str) -> np.ndarray:
 def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     """Train every setting and initialisation; write CSVs, figures; return the numbers."""
     cfg.validate()
-    threads = torch.get_num_threads()
-    if cfg.num_threads is not None:
-        torch.set_num_threads(cfg.num_threads)
-    try:
+    with torch_threads(cfg.num_threads):
         return _run(cfg, run_dir)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
