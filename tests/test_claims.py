@@ -3,7 +3,10 @@
 The results dicts copy the structure each experiment's ``run()`` returns
 (only the keys ``claims`` reads). For every claim a "good" dict must hold and
 a dict broken in one number must flip that claim (and only that one) to
-False, so a claim forced to "holds" or one that cannot fail is caught.
+False, so a claim forced to "holds" or one that cannot fail is caught. Every
+claim's ``status`` is one of the four (holds, fails, recomputed, not run) and
+agrees with its ``holds``; claims that were not run carry no verdict and are
+left out of the flip checks.
 
 The area claim (Fig. 4) is also run end to end on a small setting: the true
 area holds and the same area biased by 4% of the LML is refused; its Monte
@@ -20,6 +23,7 @@ import pytest
 import torch
 
 import mptlml
+from mptlml.experiments._claims import STATUSES, claim, status_of
 from mptlml.experiments.antibody import claims as antibody_claims
 from mptlml.experiments.area import area_mc_stderr
 from mptlml.experiments.area import claims as area_claims
@@ -31,29 +35,39 @@ from mptlml.experiments.select import claims as select_claims
 from mptlml.experiments.training import claims as training_claims
 from mptlml.models import PPCA
 
+#: the verdict each status stands for
+_HOLDS_OF = {"holds": True, "fails": False, "recomputed": True, "not run": None}
 
-def _verdicts(claims_fn, results) -> dict[str, bool | None]:
+
+def _statuses(claims_fn, results) -> dict[str, str]:
     out = {}
     for c in claims_fn(results):
-        assert set(c) >= {"claim", "paper", "ours", "holds"}, c
+        assert set(c) >= {"claim", "paper", "ours", "holds", "status"}, c
         assert c["holds"] in (True, False, None), c  # a verdict, not a numpy bool or a number
+        assert c["status"] in STATUSES, c
+        assert _HOLDS_OF[c["status"]] is c["holds"], c  # the boolean agrees with the status
         assert c["claim"] not in out, f"duplicate claim {c['claim']!r}"
-        out[c["claim"]] = c["holds"]
+        out[c["claim"]] = c["status"]
     return out
+
+
+def _verdicts(claims_fn, results) -> dict[str, bool | None]:
+    return {k: _HOLDS_OF[v] for k, v in _statuses(claims_fn, results).items()}
 
 
 def _check_flip(claims_fn, good, broken: dict[str, tuple], expected_claims: int) -> None:
     """All of ``good`` holds; each broken variant flips exactly the named claim to False.
 
     ``broken``: name -> (edit(results), substring of the claim that must fail).
+    ``expected_claims`` counts the decided claims (those not ``not run``).
     """
-    base = _verdicts(claims_fn, good)
+    base = {k: v for k, v in _verdicts(claims_fn, good).items() if v is not None}
     assert len(base) == expected_claims, base
     assert all(v is True for v in base.values()), base
     for name, (edit, target) in broken.items():
         bad = copy.deepcopy(good)
         edit(bad)
-        got = _verdicts(claims_fn, bad)
+        got = {k: v for k, v in _verdicts(claims_fn, bad).items() if v is not None}
         failed = [k for k, v in got.items() if v is False]
         assert len(failed) == 1 and target in failed[0], (name, failed)
         assert all(v is True for k, v in got.items() if k != failed[0]), (name, got)
@@ -73,6 +87,16 @@ def _convergence_good():
                                         "pooled_estimate": -590.0, "pooled_stderr": 0.05,
                                         "pooled_num_masks": 500, "bias": 10.0},
         },
+        "paper_table1_seeds": 5,
+        "setup": "faithful",
+        "setups": {  # the measured full-size spreads of issue 16 (D=5)
+            "faithful": {"label": "faithful", "sd_over_seeds": {
+                "D=5, all sizes": {"1": 0.06, "10": 0.02, "100": 0.01}},
+                "per_mask_sd": {"D=5, all sizes": 0.06}},
+            "authors": {"label": "authors", "sd_over_seeds": {
+                "D=5, all sizes": {"1": 0.40, "10": 0.09, "100": 0.03}},
+                "per_mask_sd": {"D=5, all sizes": 0.40}},
+        },
     }
 
 
@@ -91,10 +115,27 @@ def test_convergence_claims_flip():
         p = r["panels"][fix]
         p["bias"] = 2 * p["pooled_stderr"]
 
+    def small_spread(r):  # a set-up whose spread is the faithful one cannot be Table 1's
+        r["setups"]["authors"]["per_mask_sd"]["D=5, all sizes"] = 0.06
+
     _check_flip(convergence_claims, _convergence_good(),
                 {"sd": (sd_grows, "spread over seeds shrinks"),
                  "bias": (cum_biased, "converges to the exact LML"),
-                 "fixed": (fixed_unbiased, "biased value")}, expected_claims=3)
+                 "fixed": (fixed_unbiased, "biased value"),
+                 "table1": (small_spread, "Table 1's spread")}, expected_claims=4)
+
+
+def test_table1_like_with_like_rows():
+    """Both set-ups are tabulated; only the authors' has Table 1's spread (issue 16 numbers)."""
+    from mptlml.experiments.convergence import sd_range, table1_like_with_like, tables
+
+    lo, hi = sd_range(5)
+    assert lo == pytest.approx(0.348, abs=1e-3) and hi == pytest.approx(1.669, abs=1e-3)
+    rows = {r["setup"]: r for r in table1_like_with_like(_convergence_good())}
+    assert rows["authors"]["agrees"] and not rows["faithful"]["agrees"]
+    (table,) = tables(_convergence_good())
+    labels = [r["set-up"] for r in table["rows"]]
+    assert labels == ["the paper (Table 1)", "faithful", "authors"]
 
 
 # ---------------------------------------------------------------------- training (Fig. 2)
@@ -108,6 +149,11 @@ def _training_good():
                            "epochs": 4000, "bias_last_half_mean": 1.02,
                            "bias_rel_spread_max": 0.01},
         },
+        "flat_direction": {"optimum_lml": -9.99, "flatness_ratio": 11.0,
+                           "scale_curvature": {"exact_lml": -3.8, "fixed_rate": -0.35},
+                           "fixed_rate_maximiser": {"exact_lml": -9.991, "bias": 1.01,
+                                                    "evaluations": 150, "start": "init 0"}},
+        "num_masks": 1, "lr": 0.01,
     }
 
 
@@ -124,10 +170,30 @@ def test_training_claims_flip():
     def trained_bias(r):
         r["settings"]["fixed-rate"]["bias_last_half_mean"] = 1.08
 
+    def maximiser_off(r):
+        r["flat_direction"]["fixed_rate_maximiser"]["exact_lml"] = -10.2
+
+    def maximiser_bias(r):
+        r["flat_direction"]["fixed_rate_maximiser"]["bias"] = 1.06
+
     _check_flip(training_claims, _training_good(),
                 {"all": (gap_all, "all sizes"), "fixed": (gap_fixed, "fixed-rate MPT: final"),
-                 "spread": (spread, "is constant"), "bias": (trained_bias, "trained bias")},
-                expected_claims=4)
+                 "spread": (spread, "is constant"), "bias": (trained_bias, "trained bias"),
+                 "maximiser": (maximiser_off, "maximised where the LML is"),
+                 "maximiser bias": (maximiser_bias, "bias at the fixed-rate maximiser")},
+                expected_claims=6)
+
+
+def test_failing_fixed_rate_claim_explains_itself():
+    """A fixed-rate LML claim that fails says why, with the curvatures along W's scale."""
+    res = _training_good()
+    res["settings"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
+    c = next(c for c in training_claims(res) if c["claim"].startswith("fixed-rate MPT: final"))
+    assert c["status"] == "fails"
+    assert "11x flatter" in c["note"] and "-0.350" in c["note"] and "-3.800" in c["note"]
+    ok = next(c for c in training_claims(_training_good())
+              if c["claim"].startswith("fixed-rate MPT: final"))
+    assert "note" not in ok
 
 
 # ---------------------------------------------------------------------- latent (Fig. 3)
@@ -214,8 +280,36 @@ def test_bert_claims_flip():
                 {"off": (off, "random"), "gap": (close, "pre-trained area >>")},
                 expected_claims=3)
     computed = _bert_good()
-    computed["computed"] = {"cola-pretrained": {"area": -1201.0}}
-    assert _verdicts(bert_claims, computed)["recomputed area, cola-pretrained"] is None
+    computed["computed"] = {"cola-pretrained": {"area": -1201.0},
+                            "cola-random_init": {"area": -5000.0}}
+    assert _verdicts(bert_claims, computed)[
+        "our BERT-base on COLA: pre-trained area >> random-init area"] is True
+
+
+def test_table2_offline_claims_are_recomputed():
+    """Offline, Table 2 comes from the authors' curves (recomputed); BERT itself is not run."""
+    st = _statuses(bert_claims, _bert_good())
+    assert st["Table 2 area, COLA pretrained"] == "recomputed"
+    assert st["Table 2 area, COLA random"] == "recomputed"
+    assert st["COLA: pre-trained area >> random-init area"] == "recomputed"
+    assert [k for k, v in st.items() if v == "not run"] == [
+        "BERT-base re-scored on GLUE: pre-trained area >> random-init area"]
+    bad = _bert_good()
+    bad["table2"][0]["random"] = -9000.03  # a recomputed number that disagrees fails
+    assert _statuses(bert_claims, bad)["Table 2 area, COLA random"] == "fails"
+    none = {"table2": None, "computed": None}
+    assert set(_statuses(bert_claims, none).values()) == {"not run"}
+
+
+def test_status_helper():
+    assert claim("c", "p", "o", True)["status"] == "holds"
+    assert claim("c", "p", "o", False, recomputed=True)["status"] == "fails"
+    assert claim("c", "p", "o", True, recomputed=True)["status"] == "recomputed"
+    assert claim("c", "p", "o", None)["status"] == "not run"
+    assert claim("c", "p", "o", np.bool_(True))["holds"] is True
+    assert status_of({"claim": "old", "holds": False}) == "fails"  # results from before statuses
+    with pytest.raises(ValueError, match="one of holds, fails, recomputed, not run"):
+        status_of({"claim": "c", "holds": True, "status": "ok"})
 
 
 # ---------------------------------------------------------------------- select

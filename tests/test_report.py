@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 
 import pytest
@@ -69,3 +70,75 @@ def test_run_dir_refuses_non_empty(tmp_path):
     with pytest.raises(ValueError, match="not empty.*--overwrite"):
         RunDir(tmp_path / "x", "demo")
     assert (tmp_path / "x" / "keep.txt").read_text() == "precious"
+
+
+def _claims_run(path, name, config, results):
+    run = RunDir(path, name)
+    run.write_results(config, {**results, "quick": True}, seed=0)
+
+
+def test_report_top_lists_mode_counts_and_every_failing_claim(tmp_path):
+    """Before the first section: the mode, the count per status, every failing claim linked."""
+    import re
+
+    from mptlml.experiments import bert, training
+    from tests.test_claims import _bert_good, _training_good
+
+    bad_training = _training_good()
+    bad_training["settings"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
+    bad_training["settings"]["fixed-rate"]["bias_last_half_mean"] = 1.3
+    _claims_run(tmp_path / "runs" / "training", "training", training.Config.quick(), bad_training)
+    _claims_run(tmp_path / "runs" / "bert", "bert", bert.Config.quick(), _bert_good())
+    rep = build_report([tmp_path / "runs"], tmp_path / "out")
+
+    failing = [c["claim"] for c in rep.claims if c["status"] == "fails"]
+    assert len(failing) == 2 and rep.mode == "quick"
+    assert rep.counts == {"holds": 4, "fails": 2, "recomputed": 3, "not run": 1}
+
+    html_text = (tmp_path / "out" / "report.html").read_text()
+    top = html_text[:html_text.index("<section")]
+    assert "Mode: quick" in top
+    assert "num_data 300 (2000)" in top and "epochs_fixed 600 (10000)" in top
+    for s, n in rep.counts.items():
+        assert re.search(rf"{s}</span> {n}\b", top), s
+    for c in rep.claims:
+        if c["status"] == "fails":
+            assert c["claim"] in html.unescape(top)
+            assert f'href="#{c["anchor"]}"' in top and f'id="{c["anchor"]}"' in html_text
+    # every claim row carries its status badge; the failing note is shown beside it
+    body = html_text[len(top):]
+    assert body.count('<span class="badge s-recomputed">recomputed</span>') == 3
+    assert body.count('<span class="badge s-fails">fails</span>') == 2
+    assert "11x flatter" in html_text
+
+    md = (tmp_path / "out" / "report.md").read_text()
+    md_top = md[:md.index('<a id="training">')]
+    assert "**Mode: quick.**" in md_top and "❌ fails 2" in md_top
+    assert all(f in md_top for f in failing)
+
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["mode"] == "quick" and data["counts"] == rep.counts
+    assert {c["status"] for c in data["claims"]} <= {"holds", "fails", "recomputed", "not run"}
+    assert [c["claim"] for c in data["failing"]] == failing
+
+
+def test_report_figures_have_captions_not_file_names(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mptlml.experiments import area
+
+    run = RunDir(tmp_path / "runs" / "area", "area")
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    run.save_figure(fig, "fig4_area")
+    res = {"num_tokens": 40, "num_data": 200, "panels": [
+        {"panel": 0, "latent_dim": 5, "num_masks": 1, "area": -37.9, "area_mc_stderr": 0.1,
+         "exact_lml": -37.8, "roughness": 0.05}]}
+    run.write_results(area.Config.quick(), {**res, "quick": True}, seed=0)
+    build_report([tmp_path / "runs"], tmp_path / "out")
+    text = (tmp_path / "out" / "report.html").read_text()
+    cap = text[text.index("<figcaption>"):text.index("</figcaption>")]
+    assert "Paper Figure 4" in cap and "N=200, D=40" in cap and "fig4_area.png" not in cap

@@ -30,7 +30,15 @@ def test_report_renders_in_headless_chromium(tmp_path):
     ax.plot([0, 1], [0, 1])
     run.save_figure(fig, "figure1")
     run.write_results({}, {"value": 1.0})
-    build_report([tmp_path / "runs"], tmp_path / "out")
+    from mptlml.experiments import training
+    from tests.test_claims import _training_good
+
+    bad = _training_good()
+    bad["settings"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
+    tr = RunDir(tmp_path / "runs" / "training", "training")
+    tr.write_results(training.Config.quick(), {**bad, "quick": True})
+    rep = build_report([tmp_path / "runs"], tmp_path / "out")
+    (failing,) = rep.failing
     page = (tmp_path / "out" / "report.html").resolve().as_uri()
     profile = tmp_path / "profile"
     dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", page],
@@ -39,6 +47,8 @@ def test_report_renders_in_headless_chromium(tmp_path):
     for section in ("id=\"convergence\"", "id=\"errata\"", "id=\"environment\"", "id=\"missing\""):
         assert section in dom.stdout
     assert "data:image/png;base64," in dom.stdout
+    top = dom.stdout[:dom.stdout.index("<section")]  # what a reader sees first
+    assert "Mode: quick" in top and f'href="#{failing["anchor"]}"' in top
     shot = tmp_path / "shot.png"
     res = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}",
                           f"--screenshot={shot}", "--window-size=1200,1600", page],

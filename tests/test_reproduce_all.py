@@ -49,4 +49,4 @@ def test_run_all_builds_the_report_only_when_given_a_builder(tmp_path, caplog):
         status = run_all(tmp_path / "b", quick=True, only=["area"], build_report=build_report)
     rep = json.loads((tmp_path / "b" / "report.json").read_text())
     assert "area" not in rep["missing"] and "training" in rep["missing"]
-    assert "checked claims hold" in caplog.text
+    assert "claims, quick mode)" in caplog.text

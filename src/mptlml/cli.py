@@ -159,8 +159,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     rep = build_report(args.runs, args.out)
     out = args.out or args.runs[0]
     _log.info(f"report written to {out}/report.html and {out}/report.md: "
-              f"{len(rep.sections)} parts, {rep.num_holding} of {rep.num_claims} checked claims "
-              "hold")
+              f"{len(rep.sections)} parts; {rep.summary_line()}")
     for m in rep.missing:
         _log.warning(f"missing: {m} (run `mptlml reproduce {m}`)")
     for p in rep.problems:

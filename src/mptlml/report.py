@@ -1,23 +1,37 @@
-"""Reports: run directories -> ``report.html`` (self-contained) and ``report.md``.
+"""Reports: run directories -> ``report.html`` (self-contained), ``report.md`` and ``report.json``.
 
 For each figure and table of the paper the report sets the paper's statement
-beside our numbers and says whether it holds. The checks live with the
-experiments: a module in :mod:`mptlml.experiments` may define
-``claims(results) -> list[dict]`` with keys ``claim`` (what is checked),
-``paper`` (the paper's statement or number), ``ours`` (our number) and
-``holds`` (bool, or None when it cannot be decided). The report is rebuilt
-from run directories alone, so a long run and a later report are separate
-steps; an incomplete run directory is listed as missing, not fatal.
+beside our numbers and says exactly what was checked: every claim has a
+status, one of ``holds``, ``fails``, ``recomputed`` (re-derived from the
+authors' published data, nothing re-run) and ``not run`` (see
+:mod:`mptlml.experiments._claims`). The checks live with the experiments: a
+module in :mod:`mptlml.experiments` may define
+
+- ``claims(results) -> list[dict]`` (built with
+  :func:`mptlml.experiments._claims.claim`: ``claim``, ``paper``, ``ours``,
+  ``holds``, ``status`` and an optional ``note``);
+- ``captions(config, results) -> {figure stem: caption}``: what each figure
+  plots, its setting and the paper's figure it corresponds to;
+- ``tables(results) -> list[dict]``: extra tables (``title``, ``rows``,
+  ``caption``), e.g. Table 1 under both set-ups.
+
+The top of the report states the mode (quick or full, with the run's sizes
+against the full ones, which follow the paper), the count of claims per status
+and every failing claim with a link to its section. The report is rebuilt from
+run directories alone, so a long run and a later report are separate steps; an
+incomplete run directory is listed as missing, not fatal. HTML and Markdown
+come from the jinja2 templates in ``mptlml/templates``; the HTML embeds its
+figures, so it is one self-contained file.
 
 The report sits above the experiments: it reads their registry
-(:mod:`mptlml.experiments.registry`) and each module's ``TITLE``, ``PAPER``
-and ``claims``; no experiment imports it.
+(:mod:`mptlml.experiments.registry`) and each module's ``TITLE``, ``PAPER``,
+``claims``, ``captions`` and ``tables``; no experiment imports it.
 """
 
 from __future__ import annotations
 
 import base64
-import html
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -25,11 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._io import atomic_write_text
+from ._io import atomic_write_text, jsonable
+from .experiments._claims import STATUSES, status_of
 from .experiments.common import environment, load_results
 from .experiments.registry import EXPERIMENTS, get_experiment
 
-__all__ = ["ERRATA", "PAPER_SECTIONS", "Report", "build_report", "collect_runs", "report_json"]
+__all__ = ["ERRATA", "PAPER_SECTIONS", "STATUSES", "Report", "build_report", "collect_runs",
+           "report_json"]
 
 #: the paper's figures and tables, in reading order: experiment name -> (title, statement);
 #: each experiment module holds its own (``TITLE``, ``PAPER``).
@@ -52,6 +68,10 @@ ERRATA: list[str] = [
     "shrinking spread can be compared.",
 ]
 
+#: settings that change how a run is executed, not what it computes: left out of the sizes.
+_NOT_SIZES = frozenset({"progress", "num_threads", "reference", "data_dir", "token_budget",
+                        "chunk_size", "bias_every", "eval_every", "vae_eval_every"})
+
 
 @dataclass
 class Report:
@@ -62,12 +82,46 @@ class Report:
     problems: list[str] = field(default_factory=list)
 
     @property
+    def claims(self) -> list[dict[str, Any]]:
+        """Every claim of every section, in reading order."""
+        return [c for s in self.sections for c in s["claims"]]
+
+    @property
     def num_claims(self) -> int:
-        return sum(len(s["claims"]) for s in self.sections)
+        return len(self.claims)
 
     @property
     def num_holding(self) -> int:
-        return sum(1 for s in self.sections for c in s["claims"] if c.get("holds") is True)
+        """Claims that hold in our own runs (status ``holds``; recomputed ones not counted)."""
+        return self.counts["holds"]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Number of claims per status, every status present (zero when none)."""
+        out = dict.fromkeys(STATUSES, 0)
+        for c in self.claims:
+            out[c["status"]] += 1
+        return out
+
+    @property
+    def failing(self) -> list[dict[str, Any]]:
+        """The failing claims, each with its section's name and title."""
+        return [{**c, "section": s["name"], "section_title": s["title"]}
+                for s in self.sections for c in s["claims"] if c["status"] == "fails"]
+
+    @property
+    def mode(self) -> str:
+        """``quick``, ``full``, ``mixed`` (parts in both modes) or ``unknown``."""
+        modes = {s["quick"] for s in self.sections if s["quick"] is not None}
+        if not modes:
+            return "unknown"
+        return "mixed" if len(modes) > 1 else ("quick" if modes.pop() else "full")
+
+    def summary_line(self) -> str:
+        """``"20 hold, 2 fail, 12 recomputed, 1 not run (35 claims, quick mode)"``."""
+        c = self.counts
+        return (f"{c['holds']} hold, {c['fails']} fail, {c['recomputed']} recomputed, "
+                f"{c['not run']} not run ({self.num_claims} claims, {self.mode} mode)")
 
 
 def collect_runs(paths: Sequence[str | Path]) -> tuple[dict[str, tuple[Path, dict]], list[str]]:
@@ -128,19 +182,77 @@ def collect_runs(paths: Sequence[str | Path]) -> tuple[dict[str, tuple[Path, dic
 
 
 def _claims_for(name: str, results: dict) -> list[dict[str, Any]]:
+    """The section's claims, each with a checked ``status`` and an ``anchor``."""
     if name not in EXPERIMENTS:
         return []
     mod = get_experiment(name)
     if not hasattr(mod, "claims"):
         return []
     try:
-        return list(mod.claims(results["results"]))
+        raw = list(mod.claims(results["results"]))
+        claims = [{**c, "status": status_of(c)} for c in raw]
     except Exception as exc:  # a broken claim check must not hide the rest of the report
-        return [{"claim": "claim check failed", "paper": "", "ours": repr(exc), "holds": None}]
+        claims = [{"claim": "claim check failed", "paper": "", "ours": repr(exc),
+                   "holds": None, "status": "not run",
+                   "note": "the experiment's claims() raised; see the error"}]
+    for i, c in enumerate(claims):
+        c["anchor"] = f"{name}-claim-{i + 1}"
+    return claims
+
+
+def _captions(name: str, res: dict) -> dict[str, str]:
+    mod = get_experiment(name) if name in EXPERIMENTS else None
+    if mod is None or not hasattr(mod, "captions"):
+        return {}
+    try:
+        return dict(mod.captions(res.get("config") or {}, res.get("results") or {}))
+    except Exception:  # a caption is never worth losing the report
+        return {}
+
+
+def _tables(name: str, res: dict) -> list[dict[str, Any]]:
+    mod = get_experiment(name) if name in EXPERIMENTS else None
+    if mod is None or not hasattr(mod, "tables"):
+        return []
+    try:
+        out = []
+        for t in mod.tables(res.get("results") or {}):
+            rows = [{str(k): "" if v is None else str(v) for k, v in r.items()}
+                    for r in t.get("rows", [])]
+            cols = list(dict.fromkeys(k for r in rows for k in r))
+            out.append({"title": t.get("title", ""), "caption": t.get("caption", ""),
+                        "columns": cols, "rows": rows})
+        return out
+    except Exception:
+        return []
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, list):
+        return ", ".join(_fmt_value(x) for x in v)
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _sizes(name: str, config: dict) -> list[dict[str, str]]:
+    """The run's settings that differ from the full mode's (the paper's where it states them)."""
+    if name not in EXPERIMENTS or not isinstance(config, dict):
+        return []
+    cls = getattr(get_experiment(name), "Config", None)
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return []
+    try:
+        full = jsonable(cls())
+    except Exception:
+        return []
+    return [{"key": k, "ours": _fmt_value(v), "full": _fmt_value(full[k])}
+            for k, v in config.items()
+            if k in full and k not in _NOT_SIZES and jsonable(v) != full[k]]
 
 
 def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> Report:
-    """Build ``report.html`` and ``report.md`` in ``out`` from run directories.
+    """Build ``report.html``, ``report.md`` and ``report.json`` in ``out`` from run directories.
 
     Parameters
     ----------
@@ -162,24 +274,25 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
             rep.missing.append(name)
             continue
         d, res = found[name]
-        figures = sorted(d.glob("*.png"))
+        captions = _captions(name, res)
+        order = {stem: i for i, stem in enumerate(captions)}  # the experiment's figure order
+        pngs = sorted(d.glob("*.png"), key=lambda f: (order.get(f.stem, len(order)), f.name))
+        figures = [{"path": f, "stem": f.stem, "caption": captions.get(f.stem, f.name)}
+                   for f in pngs]
         rep.sections.append({
             "name": name, "title": title, "paper": statement, "dir": str(d),
             "claims": _claims_for(name, res), "figures": figures,
+            "tables": _tables(name, res), "sizes": _sizes(name, res.get("config")),
             "wall_time_s": res.get("wall_time_s"), "quick": res.get("results", {}).get("quick"),
             "seed": res.get("seed"), "environment": res.get("environment", {}),
             "notes": res.get("results", {}).get("notes"),
         })
     out_dir = Path(out) if out is not None else Path(paths[0])
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out_dir / "report.md", _markdown(rep, out_dir))
-    atomic_write_text(out_dir / "report.html", _html(rep))
+    atomic_write_text(out_dir / "report.md", _render(rep, "report.md.jinja", out_dir))
+    atomic_write_text(out_dir / "report.html", _render(rep, "report.html.jinja", out_dir))
     atomic_write_text(out_dir / "report.json", report_json(rep) + "\n")
     return rep
-
-
-def _holds(v: Any) -> str:
-    return {True: "holds", False: "does not hold"}.get(v, "undecided")
 
 
 def _env_rows(rep: Report) -> list[tuple[str, str]]:
@@ -188,115 +301,63 @@ def _env_rows(rep: Report) -> list[tuple[str, str]]:
             ("CPU cores", str(env.get("cpu_count"))),
             ("torch threads", str(env.get("torch_threads"))),
             ("GPU", str(env.get("cuda") or "none"))]
+    shown = {"python", "platform", "cpu_count", "torch_threads", "cuda", "versions", "machine"}
+    rows += [(k, str(v)) for k, v in env.items() if k not in shown and v is not None
+             and not isinstance(v, dict | list)]  # e.g. a CPU model or git commit, when recorded
     rows += [(k, str(v)) for k, v in (env.get("versions") or {}).items()]
     rows += [(f"wall time: {s['name']}", f"{s['wall_time_s']} s (seed {s['seed']}, "
               f"{'quick' if s['quick'] else 'full'} mode)") for s in rep.sections]
     return rows
 
 
-def _markdown(rep: Report, out_dir: Path) -> str:
-    lines = ["# mptlml: reproduction report",
-             "",
-             "*On Masked Pre-training and the Marginal Likelihood* (Moreno-Muñoz, Recasens, "
-             "Hauberg, NeurIPS 2023), reproduced with mptlml. Generated "
-             f"{time.strftime('%Y-%m-%d %H:%M:%S')}.",
-             "",
-             f"{rep.num_holding} of {rep.num_claims} checked claims hold.",
-             ""]
-    for s in rep.sections:
-        lines += [f"## {s['title']}", "", f"**Paper:** {s['paper']}", ""]
-        if s["claims"]:
-            lines += ["| check | paper | ours | verdict |", "|---|---|---|---|"]
-            lines += [f"| {c.get('claim', '')} | {c.get('paper', '')} | {c.get('ours', '')} | "
-                      f"{_holds(c.get('holds'))} |" for c in s["claims"]]
-        else:
-            lines.append("_No claim check is defined for this part; see its results.json._")
-        if s.get("notes"):
-            lines += ["", f"Note: {s['notes']}"]
-        lines.append("")
-        for f in s["figures"]:
-            try:
-                rel = Path(f).resolve().relative_to(out_dir.resolve())
-            except ValueError:
-                rel = Path(f).resolve()
-            lines += [f"![{f.stem}]({rel})", ""]
-    if rep.missing:
-        lines += ["## Missing parts", ""]
-        lines += [f"- `{m}`: no finished run directory (run `mptlml reproduce {m}`)"
-                  for m in rep.missing]
-        lines.append("")
-    if rep.problems:
-        lines += ["## Problems reading run directories", ""]
-        lines += [f"- {p}" for p in rep.problems]
-        lines.append("")
-    lines += ["## Errata in the paper", ""] + [f"- {e}" for e in ERRATA] + [""]
-    lines += ["## Environment", "", "| item | value |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in _env_rows(rep)]
-    return "\n".join(lines) + "\n"
+_BADGES_MD = {"holds": "✅ holds", "fails": "❌ fails", "recomputed": "🔁 recomputed",
+              "not run": "⚪ not run"}
 
 
-_CSS = """
-body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:0.6em 0}td,th{border:1px solid #ccc;padding:4px 8px;
-text-align:left;vertical-align:top}th{background:#f3f3f3}.holds{color:#17702b;font-weight:600}
-.fails{color:#b00020;font-weight:600}.undecided{color:#996a00}img{max-width:100%;
-border:1px solid #eee;margin:0.5em 0}.paper{background:#f7f7fb;padding:0.5em 0.8em;
-border-left:3px solid #88a}
-"""
+def _md_cell(v: Any) -> str:
+    """A value as one Markdown table cell (pipes escaped, one line)."""
+    return " ".join(str("" if v is None else v).split()).replace("|", "\\|")
 
 
-def _html(rep: Report) -> str:
-    e = html.escape
-    parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-             "<title>mptlml reproduction report</title>", f"<style>{_CSS}</style></head><body>",
-             "<h1>mptlml: reproduction report</h1>",
-             "<p><em>On Masked Pre-training and the Marginal Likelihood</em> (Moreno-Muñoz, "
-             "Recasens, Hauberg, NeurIPS 2023), reproduced with mptlml. Generated "
-             f"{e(time.strftime('%Y-%m-%d %H:%M:%S'))}.</p>",
-             f"<p id='summary'>{rep.num_holding} of {rep.num_claims} checked claims hold.</p>"]
-    for s in rep.sections:
-        parts.append(f"<section id='{e(s['name'])}'><h2>{e(s['title'])}</h2>")
-        parts.append(f"<p class='paper'><b>Paper:</b> {e(s['paper'])}</p>")
-        if s["claims"]:
-            parts.append("<table><tr><th>check</th><th>paper</th><th>ours</th>"
-                         "<th>verdict</th></tr>")
-            for c in s["claims"]:
-                h = c.get("holds")
-                cls = {True: "holds", False: "fails"}.get(h, "undecided")
-                parts.append(f"<tr><td>{e(str(c.get('claim', '')))}</td>"
-                             f"<td>{e(str(c.get('paper', '')))}</td>"
-                             f"<td>{e(str(c.get('ours', '')))}</td>"
-                             f"<td class='{cls}'>{_holds(h)}</td></tr>")
-            parts.append("</table>")
-        else:
-            parts.append("<p><em>No claim check is defined for this part.</em></p>")
-        if s.get("notes"):
-            parts.append(f"<p>Note: {e(str(s['notes']))}</p>")
-        for f in s["figures"]:
-            data = base64.b64encode(Path(f).read_bytes()).decode("ascii")
-            parts.append(f"<figure><img alt='{e(f.stem)}' src='data:image/png;base64,{data}'>"
-                         f"<figcaption>{e(f.name)}</figcaption></figure>")
-        parts.append("</section>")
-    if rep.missing:
-        parts.append("<section id='missing'><h2>Missing parts</h2><ul>")
-        parts += [f"<li><code>{e(m)}</code>: no finished run directory (run "
-                  f"<code>mptlml reproduce {e(m)}</code>)</li>" for m in rep.missing]
-        parts.append("</ul></section>")
-    if rep.problems:
-        parts.append("<section id='problems'><h2>Problems reading run directories</h2><ul>")
-        parts += [f"<li>{e(p)}</li>" for p in rep.problems]
-        parts.append("</ul></section>")
-    parts.append("<section id='errata'><h2>Errata in the paper</h2><ul>")
-    parts += [f"<li>{e(x)}</li>" for x in ERRATA]
-    parts.append("</ul></section><section id='environment'><h2>Environment</h2><table>")
-    parts += [f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in _env_rows(rep)]
-    parts.append("</table></section></body></html>")
-    return "\n".join(parts) + "\n"
+def _render(rep: Report, template: str, out_dir: Path) -> str:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("mptlml", "templates"),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html.jinja",),
+                                            default_for_string=False),
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined)
+    env.filters["md"] = _md_cell
+    env.filters["badge_md"] = lambda s: _BADGES_MD[s]
+    env.filters["slug"] = lambda s: s.replace(" ", "-")
+
+    def embed(path: Path) -> str:
+        return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
+
+    def relpath(path: Path) -> str:
+        try:
+            return str(Path(path).resolve().relative_to(out_dir.resolve()))
+        except ValueError:
+            return str(Path(path).resolve())
+
+    env.filters["embed"] = embed
+    env.filters["relpath"] = relpath
+    return env.get_template(template).render(
+        rep=rep, generated=time.strftime("%Y-%m-%d %H:%M:%S"), statuses=STATUSES,
+        counts=rep.counts, failing=rep.failing, mode=rep.mode, errata=ERRATA,
+        environment=_env_rows(rep),
+        sized=[s for s in rep.sections if s["sizes"]])
 
 
 def report_json(rep: Report) -> str:
-    """A machine-readable summary of the report."""
+    """A machine-readable summary of the report: every claim with its status, and the counts."""
     return json.dumps({
-        "claims": [{"section": s["name"], **c} for s in rep.sections for c in s["claims"]],
+        "mode": rep.mode,
+        "counts": rep.counts,
+        "claims": [{"section": s["name"], **{k: v for k, v in c.items() if k != "anchor"}}
+                   for s in rep.sections for c in s["claims"]],
+        "failing": [{"section": c["section"], "claim": c["claim"]} for c in rep.failing],
+        "sizes": {s["name"]: s["sizes"] for s in rep.sections if s["sizes"]},
         "missing": rep.missing, "problems": rep.problems,
     }, indent=2, default=str)

@@ -33,6 +33,7 @@ Table 1.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -43,11 +44,22 @@ import torch
 
 from ..estimation.engine import score_masks
 from ..masks import fixed_rate_size
+from ._claims import claim
 from ._synthetic import SyntheticPPCAConfig, mean_lml
+from ._table1 import (
+    PAPER_TABLE1_SD,
+    PAPER_TABLE1_SEEDS,
+    SETUPS,
+    sd_range,
+    setup_name,
+    table1_like_with_like,
+    tables,
+)
 from .common import RunDir, pyplot
 from .config import setting
 
-__all__ = ["PAPER", "TITLE", "Config", "claims", "run", "summary"]
+__all__ = ["PAPER", "SETUPS", "TITLE", "Config", "captions", "claims", "run", "sd_range",
+           "setup_name", "summary", "table1_like_with_like", "tables"]
 
 _log = logging.getLogger(__name__)
 
@@ -77,6 +89,10 @@ class Config(SyntheticPPCAConfig):
     share_masks : bool
         Share each mask across the data (the paper's code) instead of one
         mask per datum.
+    compare_setups : bool
+        Also run the all-sizes panels under the other set-up (the authors'
+        shared noise and shared masks when this run is faithful, the faithful
+        one otherwise), so Table 1 is shown like with like.
     """
 
     num_data: int = setting(100, "N, observations drawn from the generating PPCA", min=1)
@@ -90,6 +106,8 @@ class Config(SyntheticPPCAConfig):
     table_masks: tuple[int, ...] = setting((1, 10, 100), "P values of table1.csv (<= max_masks)",
                                            min=1)
     share_masks: bool = setting(False, "share each mask across the data (the paper's code)")
+    compare_setups: bool = setting(True, "also run the all-sizes panels under the other set-up "
+                                   "(the authors' shared noise and masks vs the faithful default)")
 
     @classmethod
     def quick(cls) -> Config:
@@ -159,6 +177,7 @@ def _panel(cfg: Config, d: int, mask_size: int | None, grid: list[int]) -> dict[
         "pooled_estimate": float(pooled.mean()),
         "pooled_stderr": pooled_se,
         "pooled_num_masks": int(pooled.numel()),
+        "per_mask_sd": float(pooled.std(correction=1)),
         "bias": float(pooled.mean()) - exact,
     }
 
@@ -184,19 +203,43 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     for name, d, m in specs:
         panels[name] = _panel(cfg, d, m, grid)
         panels[name]["panel"] = name
+    this = setup_name(cfg.noise, cfg.share_masks)
+    setups = {this: _setup_summary(cfg, this, {n: p for n, p in panels.items()
+                                               if p["estimator"] == "cumulative"})}
+    if cfg.compare_setups and cfg.dims:
+        other = "faithful" if this == "authors" else "authors"
+        noise, share, _ = SETUPS[other]
+        ocfg = dataclasses.replace(cfg, noise=noise, share_masks=share)
+        print(f"convergence: Table 1 under {SETUPS[other][2]}, for comparison.")
+        setups[other] = _setup_summary(ocfg, other, {f"D={d}, all sizes": _panel(ocfg, d, None,
+                                                                                 grid)
+                                                     for d in cfg.dims})
 
     table, series = [], []
+    for setup, st in setups.items():
+        for name, pan in st["panels"].items():
+            for p in cfg.table_masks:
+                i = pan["P"].index(p)
+                mean, sd = pan["mean_over_seeds"][i], pan["sd_over_seeds"][i]
+                table.append({
+                    "setup": setup, "noise": st["noise"], "share_masks": st["share_masks"],
+                    "panel": name, "D": pan["D"], "estimator": pan["estimator"],
+                    "mask_size": "all", "P": p, "mean_estimate": mean, "sd_over_seeds": sd,
+                    "estimate": _fmt(mean, sd), "exact_lml": pan["exact_lml"],
+                    "mean_minus_exact": mean - pan["exact_lml"], "num_seeds": cfg.num_seeds,
+                })
     for name, pan in panels.items():
-        for p in cfg.table_masks:
-            i = pan["P"].index(p)
-            mean, sd = pan["mean_over_seeds"][i], pan["sd_over_seeds"][i]
-            table.append({
-                "panel": name, "D": pan["D"], "estimator": pan["estimator"],
-                "mask_size": pan["mask_size"] if pan["mask_size"] else "all", "P": p,
-                "mean_estimate": mean, "sd_over_seeds": sd,
-                "estimate": _fmt(mean, sd), "exact_lml": pan["exact_lml"],
-                "mean_minus_exact": mean - pan["exact_lml"], "num_seeds": cfg.num_seeds,
-            })
+        if pan["estimator"] == "fixed-rate":
+            for p in cfg.table_masks:
+                i = pan["P"].index(p)
+                mean, sd = pan["mean_over_seeds"][i], pan["sd_over_seeds"][i]
+                table.append({
+                    "setup": this, "noise": cfg.noise, "share_masks": cfg.share_masks,
+                    "panel": name, "D": pan["D"], "estimator": pan["estimator"],
+                    "mask_size": pan["mask_size"], "P": p, "mean_estimate": mean,
+                    "sd_over_seeds": sd, "estimate": _fmt(mean, sd), "exact_lml": pan["exact_lml"],
+                    "mean_minus_exact": mean - pan["exact_lml"], "num_seeds": cfg.num_seeds,
+                })
         for s, path in enumerate(pan["estimates"]):
             for p, v in zip(pan["P"], path, strict=True):
                 series.append({"panel": name, "D": pan["D"], "estimator": pan["estimator"],
@@ -212,43 +255,70 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
                               "shared across dimensions, sd sigma2 (the authors' code)"),
         "share_masks": cfg.share_masks,
         "quantity": "negative MPT loss = MPT estimate of the mean log p(x) per datum (nats)",
-        "paper_table1_sd": {"1": 0.47, "10": 0.12, "100": 0.03},
+        "paper_table1_sd": PAPER_TABLE1_SD,
+        "paper_table1_seeds": PAPER_TABLE1_SEEDS,
+        "setup": this,
         "panels": panels,
+        "setups": {k: {kk: vv for kk, vv in v.items() if kk != "panels"}
+                   for k, v in setups.items()},
         "table1": table,
     }
+
+
+def _setup_summary(cfg: Config, name: str, panels: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One set-up's Table 1: the spread over seeds at each tabulated P, per all-sizes panel."""
+    sd = {}
+    for pname, pan in panels.items():
+        sd[pname] = {str(p): pan["sd_over_seeds"][pan["P"].index(p)] for p in cfg.table_masks}
+    return {"label": SETUPS[name][2] if name in SETUPS else
+            f"noise={cfg.noise}, share_masks={cfg.share_masks}",
+            "noise": cfg.noise, "share_masks": cfg.share_masks, "sd_over_seeds": sd,
+            "exact_lml": {pname: pan["exact_lml"] for pname, pan in panels.items()},
+            "per_mask_sd": {pname: pan["per_mask_sd"] for pname, pan in panels.items()},
+            "panels": panels}
 
 
 def _figure(cfg: Config, panels: dict[str, dict[str, Any]], run_dir: RunDir) -> None:
     plt = pyplot()
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
+    from matplotlib.lines import Line2D
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.0), squeeze=False)
+    fixed_bias = None
     for ax, (name, pan) in zip(axes[0], panels.items(), strict=True):
         p = np.asarray(pan["P"])
         est = np.asarray(pan["estimates"])
-        for i, row in enumerate(est):
-            ax.plot(p, row, color="C0", lw=0.8, alpha=0.6, label="MPT estimate (per seed)"
-                    if i == 0 else None)
-        mean = est.mean(0)
-        ax.plot(p, mean, color="C0", lw=2, label="mean over seeds")
-        ax.axhline(pan["exact_lml"], color="k", ls="--", lw=1.2,
-                   label=f"exact LML {pan['exact_lml']:.2f}")
+        for row in est:
+            ax.plot(p, row, color="C0", lw=0.8, alpha=0.6)
+        ax.plot(p, est.mean(0), color="C0", lw=2)
+        ax.axhline(pan["exact_lml"], color="k", ls="--", lw=1.2)
         if pan["estimator"] == "fixed-rate":
-            ax.axhline(pan["pooled_estimate"], color="C3", ls=":", lw=1.2,
-                       label=f"fixed-rate limit (bias {pan['bias']:+.2f})")
+            ax.axhline(pan["pooled_estimate"], color="C3", ls=":", lw=1.2)
+            fixed_bias = pan["bias"]
         ax.set_xscale("log")
         ax.set_xlabel("P, masks per size" if pan["estimator"] == "cumulative" else "P, masks")
-        ax.set_title(name)
-        ax.legend(fontsize=7)
+        ax.set_title(f"{name}: exact LML {pan['exact_lml']:.2f}", fontsize=10)
     axes[0][0].set_ylabel("negative MPT loss (nats per datum)")
+    # one legend for the figure, below the panels, so that it covers no curve
+    handles = [Line2D([], [], color="C0", lw=0.8, alpha=0.6, label="MPT estimate, one per seed"),
+               Line2D([], [], color="C0", lw=2, label="mean over seeds"),
+               Line2D([], [], color="k", ls="--", lw=1.2, label="exact LML")]
+    if fixed_bias is not None:
+        handles.append(Line2D([], [], color="C3", ls=":", lw=1.2,
+                              label=f"fixed-rate limit (bias {fixed_bias:+.2f})"))
+    masks = "masks shared across data" if cfg.share_masks else "masks per datum"
     fig.suptitle(f"PPCA K={cfg.latent_dim}, sigma2={cfg.sigma2}, N={cfg.num_data}, "
-                 f"{cfg.noise} noise", fontsize=10)
-    fig.tight_layout()
+                 f"{cfg.noise} noise, {masks}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8,
+               frameon=False)
     run_dir.save_figure(fig, "fig1")
 
 
 def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Table 1 rows: panel, P, mean ± sd over seeds, exact LML."""
-    return [{"panel": r["panel"], "P": r["P"], "MPT estimate": r["estimate"],
+    return [{"setup": r.get("setup", ""), "panel": r["panel"], "P": r["P"],
+             "MPT estimate": r["estimate"],
              "exact LML": round(r["exact_lml"], 3)} for r in results["table1"]]
 
 
@@ -264,7 +334,7 @@ PAPER = (
 
 def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Fig. 1 / Table 1: the spread over seeds shrinks with P; all sizes converge to the LML,
-    a fixed rate to a biased value."""
+    a fixed rate to a biased value; Table 1's spread is that of the authors' set-up."""
     out: list[dict[str, Any]] = []
     paper_sd = results.get("paper_table1_sd", {})
     for name, p in results["panels"].items():
@@ -274,23 +344,48 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
             ps = [q for q in (1, 10, 100) if q in sd]
             if len(ps) >= 2:
                 vals = [sd[q] for q in ps]
-                out.append({"claim": f"{name}: the spread over seeds shrinks with P",
-                            "paper": "Table 1 sd " + ", ".join(
-                                f"P={q}: {paper_sd.get(str(q), paper_sd.get(q, '?'))}"
-                                for q in ps),
-                            "ours": ", ".join(f"P={q}: {v:.3f}" for q, v in zip(ps, vals,
-                                                                                 strict=True)),
-                            "holds": all(a > b for a, b in zip(vals, vals[1:], strict=False))})
-            out.append({"claim": f"{name}: the MPT estimate converges to the exact LML",
-                        "paper": "the negative MPT loss approaches the LML as P grows",
-                        "ours": f"{p['pooled_estimate']:.3f} +/- {p['pooled_stderr']:.3f} "
-                                f"({p['pooled_num_masks']} masks per size) vs exact "
-                                f"{p['exact_lml']:.3f}",
-                        "holds": abs(p["bias"]) <= tol})
+                out.append(claim(f"{name}: the spread over seeds shrinks with P",
+                                 "Table 1 sd " + ", ".join(
+                                     f"P={q}: {paper_sd.get(str(q), paper_sd.get(q, '?'))}"
+                                     for q in ps),
+                                 ", ".join(f"P={q}: {v:.3f}"
+                                           for q, v in zip(ps, vals, strict=True)),
+                                 all(a > b for a, b in zip(vals, vals[1:], strict=False))))
+            out.append(claim(f"{name}: the MPT estimate converges to the exact LML",
+                             "the negative MPT loss approaches the LML as P grows",
+                             f"{p['pooled_estimate']:.3f} +/- {p['pooled_stderr']:.3f} "
+                             f"({p['pooled_num_masks']} masks per size) vs exact "
+                             f"{p['exact_lml']:.3f}", abs(p["bias"]) <= tol))
         else:
-            out.append({"claim": f"{name}: a fixed masking rate converges to a biased value",
-                        "paper": "the fixed 15% estimate settles away from the LML",
-                        "ours": f"bias {p['bias']:+.3f} +/- {p['pooled_stderr']:.3f} (estimate "
-                                f"{p['pooled_estimate']:.3f}, exact {p['exact_lml']:.3f})",
-                        "holds": abs(p["bias"]) > tol})
+            out.append(claim(f"{name}: a fixed masking rate converges to a biased value",
+                             "the fixed 15% estimate settles away from the LML",
+                             f"bias {p['bias']:+.3f} +/- {p['pooled_stderr']:.3f} (estimate "
+                             f"{p['pooled_estimate']:.3f}, exact {p['exact_lml']:.3f})",
+                             abs(p["bias"]) > tol))
+    for r in table1_like_with_like(results):
+        if r["setup"] != "authors":
+            continue
+        lo, hi = r["range"]
+        out.append(claim(
+            f"{r['panel']}, the authors' set-up: Table 1's spread is the one it predicts",
+            "Table 1 sd " + ", ".join(f"P={q}: {v}" for q, v in r["paper_sd"].items()),
+            "predicted σ₁/√P " + ", ".join(f"P={q}: {v:.3f}"
+                                           for q, v in r["predicted_sd"].items())
+            + f" (Table 1 within {lo:.2f}-{hi:.2f}x of it: the 95% range of a "
+              f"{results.get('paper_table1_seeds', PAPER_TABLE1_SEEDS)}-seed sd)",
+            r["agrees"]))
     return out
+
+
+def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
+    """What each figure shows, its setting and the paper's figure it corresponds to."""
+    setup = SETUPS.get(results.get("setup", ""), (None, None, "a custom set-up"))[2]
+    panels = list(results.get("panels", {}))
+    return {"fig1": (
+        "Paper Figure 1. The MPT estimate of the mean log p(x) per datum (the negative MPT "
+        "loss) against the number P of masks, one thin line per mask seed "
+        f"({config.get('num_seeds', '?')} seeds) and their mean (thick), beside the exact LML "
+        f"(dashed). PPCA with K={config.get('latent_dim', '?')}, sigma2="
+        f"{config.get('sigma2', '?')}, N={config.get('num_data', '?')}; data and masks: "
+        f"{setup}. Panels: {'; '.join(panels)}. The all-sizes estimate converges to the exact "
+        "LML; the fixed-rate one converges to a biased limit (dotted).")}

@@ -121,5 +121,5 @@ def _run_parts(out: Path, names: list[str], *, quick: bool, resume: bool,
     if build_report is not None:
         rep = build_report([out], out)
         _log.info(f"report: {out / 'report.html'} and {out / 'report.md'} "
-                  f"({rep.num_holding} of {rep.num_claims} checked claims hold)")
+                  f"({rep.summary_line()})")
     return status

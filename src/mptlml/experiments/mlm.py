@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +34,9 @@ from ..sequences import MLMCurveResult, mlm_curve, pll
 from .common import RunDir, pyplot
 from .config import ExperimentConfig, setting
 
-__all__ = ["MLMDeviceSettings", "load_model", "parse_rates", "prepare_run_dir", "project_root",
-           "run_curve",           "score_models", "write_curves", "write_pll_tokens"]
+__all__ = ["MLMDeviceSettings", "load_model", "parse_rates", "plot_paired_curves",
+           "prepare_run_dir", "project_root", "run_curve", "score_models", "write_curves",
+           "write_pll_tokens"]
 
 _log = logging.getLogger(__name__)
 
@@ -121,12 +123,15 @@ def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], *, rates:
 
 def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
                  reference: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
-                 title: str = "MPT curve") -> dict[str, Any]:
-    """Write curve.csv, per_sequence.csv and the figure; return the summary numbers."""
-    plt = pyplot()
+                 title: str = "MPT curve",
+                 baseline: tuple[float, str] | None = None) -> dict[str, Any]:
+    """Write curve.csv, per_sequence.csv and the figure; return the summary numbers.
 
+    ``reference`` curves (e.g. the authors') are drawn thin beside ours;
+    ``baseline`` ``(value, label)`` is drawn as a dotted horizontal line.
+    """
     curve_rows, seq_rows, summary = [], [], {}
-    fig, ax = plt.subplots(figsize=(6, 4))
+    drawn: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
     for label, entry in scored.items():
         res: MLMCurveResult = entry["curve"]
         for r, c, s in zip(res.rates, res.curve, res.curve_se, strict=True):
@@ -159,16 +164,8 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
             summary[label]["mean_lml_exact"] = float(res.lml_exact.mean())
         if p is not None:
             summary[label]["mean_pll"] = float(p.mean())
-        line, = ax.plot(res.rates, res.curve, label=f"{label} (area {res.area:.1f})")
-        se = np.nan_to_num(res.curve_se)
-        ax.fill_between(res.rates, res.curve - se, res.curve + se, alpha=0.25,
-                        color=line.get_color())
-    for label, (r, c) in (reference or {}).items():
-        ax.plot(r, c, "--", lw=1, label=f"paper: {label}")
-    ax.set_xlabel("masking rate")
-    ax.set_ylabel("mean log-prob of masked tokens (nats)")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
+        drawn[f"{label} (area {res.area:.1f})"] = (res.rates, res.curve, res.curve_se)
+    fig = plot_paired_curves(drawn, reference=reference, title=title, baseline=baseline)
     run_dir.write_csv("curve.csv", curve_rows)
     cols = sorted({k for r in seq_rows for k in r}, key=lambda k: list(seq_rows[0]).index(k)
                   if k in seq_rows[0] else 99)
@@ -184,6 +181,71 @@ def write_pll_tokens(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]],
             for r in e["pll_tokens"].rows(label, ids)]
     if rows:
         run_dir.write_csv("pll_tokens.csv", rows, columns=list(rows[0]))
+
+
+def _pair_key(label: str) -> tuple[str, bool]:
+    """``(group, random)`` of a curve label: one colour per group, dashed for random init.
+
+    ``"cola-pretrained (area ...)"``, ``"cola random-init"`` and
+    ``"random_init"`` give ``("cola", False)``, ``("cola", True)`` and ``("", True)``.
+    """
+    low = label.split(" (")[0].strip().lower()
+    rnd = "random" in low
+    group = re.sub(r"[-_ ]*(pre-?trained|random[-_ ]?init(ialis|ializ)?(ation|ed)?)$", "", low)
+    return group.strip(" -_"), rnd
+
+
+def plot_paired_curves(curves: Mapping[str, tuple[np.ndarray, np.ndarray, Any]], *,
+                       reference: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                       title: str = "MPT curve",
+                       baseline: tuple[float, str] | None = None) -> Any:
+    """MPT curves with each group's pre-trained and random-init curves paired.
+
+    One colour per group (e.g. a GLUE task); pre-trained solid, random init
+    dashed; ``curves`` values are ``(rates, mean, stderr or None)`` (stderr as a
+    band), ``reference`` curves are drawn thin in their group's colour. The
+    legend sits beside the axes, so it never covers a curve. Returns the figure.
+    """
+    from matplotlib.lines import Line2D
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.6, 4.2))
+    groups: dict[str, str] = {}
+
+    def colour(label: str) -> tuple[str, str]:
+        g, rnd = _pair_key(label)
+        groups.setdefault(g, f"C{len(groups) % 10}")
+        return groups[g], "--" if rnd else "-"
+
+    for label, (r, c, se) in curves.items():
+        col, ls = colour(label)
+        ax.plot(r, c, ls, color=col, lw=1.6)
+        if se is not None:
+            band = np.nan_to_num(np.asarray(se, dtype=float))
+            ax.fill_between(r, np.asarray(c) - band, np.asarray(c) + band, alpha=0.2, color=col)
+    for label, (r, c) in (reference or {}).items():
+        col, ls = colour(label)
+        ax.plot(r, c, ls, color=col, lw=0.9, alpha=0.55 if curves else 1.0)
+    if baseline is not None:
+        ax.axhline(baseline[0], color="grey", ls=":", lw=1)
+    handles = [Line2D([], [], color=col, lw=2, label=g.upper() if len(g) <= 5 else g)
+               for g, col in groups.items() if g]
+    handles += [Line2D([], [], color="k", ls="-", lw=1.6, label="pre-trained"),
+                Line2D([], [], color="k", ls="--", lw=1.6, label="random init")]
+    if curves and reference:
+        handles.append(Line2D([], [], color="k", lw=0.9, alpha=0.55, label="authors' curves"))
+    if baseline is not None:
+        handles.append(Line2D([], [], color="grey", ls=":", lw=1, label=baseline[1]))
+    areas = [label for label in curves if "(area" in label]
+    if areas:
+        handles += [Line2D([], [], lw=0, label=label) for label in areas]
+    ax.set_xlabel("masking rate")
+    ax.set_ylabel("mean log-prob of masked tokens (nats)")
+    ax.set_title(title)
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              frameon=False)
+    fig.tight_layout()
+    return fig
 
 
 def project_root() -> Path:
