@@ -210,7 +210,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
         other = "faithful" if this == "authors" else "authors"
         noise, share, _ = SETUPS[other]
         ocfg = dataclasses.replace(cfg, noise=noise, share_masks=share)
-        print(f"convergence: Table 1 under {SETUPS[other][2]}, for comparison.")
+        _log.info(f"convergence: Table 1 under {SETUPS[other][2]}, for comparison.")
         setups[other] = _setup_summary(ocfg, other, {f"D={d}, all sizes": _panel(ocfg, d, None,
                                                                                  grid)
                                                      for d in cfg.dims})
