@@ -20,7 +20,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 import mptlml
 from mptlml.experiments._claims import STATUSES, claim, status_of
@@ -389,21 +388,17 @@ def test_area_run_true_holds_biased_refused(area_run):
         assert _verdicts(area_claims, bad)[f"area = LML (K={k}, P={p})"] is False
 
 
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("shared", [False, True])
 def test_area_mc_stderr_matches_spread_over_mask_seeds(shared):
     """The MC SE of the area (given the data) equals the SD of the area over mask seeds."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model = PPCA.random(8, 2, sigma2=0.2, seed=3)
-        x = model.sample(40, generator=4)
-        p = 3
-        areas = np.array([mptlml.mpt_curve(model, x, num_masks=p, seed=500 + s,
-                                           share_masks=shared).area for s in range(300)])
-        ses = np.array([area_mc_stderr(model, x, p, seed=2000 + s, share_masks=shared)
-                        for s in range(40)])
-    finally:
-        torch.set_num_threads(old)
+    model = PPCA.random(8, 2, sigma2=0.2, seed=3)
+    x = model.sample(40, generator=4)
+    p = 3
+    areas = np.array([mptlml.mpt_curve(model, x, num_masks=p, seed=500 + s,
+                                       share_masks=shared).area for s in range(300)])
+    ses = np.array([area_mc_stderr(model, x, p, seed=2000 + s, share_masks=shared)
+                    for s in range(40)])
     ratio = areas.std(ddof=1) / math.sqrt(np.mean(ses ** 2))
     assert 0.8 < ratio < 1.25, ratio
     if not shared:  # and it is not the spread across data points, larger here

@@ -37,12 +37,7 @@ MEAN_TOL = 0.04
 MAX_TOL = {"is": 0.25, "iterated": 0.1}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def linear_vae(**kwargs) -> tuple[GaussianVAE, PPCA]:

@@ -18,19 +18,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from .mc_helpers import MODELS, NUM_MASKS, eval_runs, objective_runs, sd_ratio
 
 LO, HI = 0.8, 1.25
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 CASES = [(n, e, s) for n in MODELS for e in ("cumulative", "nested", "random-size", "fixed-rate")

@@ -37,14 +37,7 @@ from .mc_helpers import (
     setting,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny ops: one intra-op thread avoids oversubscription on a busy machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _assert_within(values: np.ndarray, ref: float, what: str, k: float = 4.0,
