@@ -54,6 +54,7 @@ from ..estimators import fixed_rate_size
 from ..hf.orders import chain_rule_lml, sample_random_order
 from ..models import BernoulliLVM, MaskedLM
 from ._mlm_training_analysis import OBJECTIVES, comparisons, figures, mean_se
+from ._threads import torch_threads
 from .common import RunDir
 from .config import ExperimentConfig, setting
 
@@ -303,13 +304,8 @@ def _references(cfg: Config, train: torch.Tensor, test: torch.Tensor) -> dict[st
 # ---------------------------------------------------------------------- run
 def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     """Train every (objective, seed), evaluate on held-out digits, write CSVs and figures."""
-    threads = torch.get_num_threads()
-    if cfg.num_threads is not None:
-        torch.set_num_threads(cfg.num_threads)
-    try:
+    with torch_threads(cfg.num_threads):
         return _run(cfg, run_dir)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
