@@ -71,6 +71,16 @@ def _show_config(names: list[str], quick: bool, overrides: dict[str, dict[str, A
         print()
 
 
+def _add_run_dir_flags(p: argparse.ArgumentParser, default: str | None, *,
+                       resume: str | None = None) -> None:
+    """--out, --overwrite (and --resume): the run directory (a transaction, ``rundir``)."""
+    where = "runs/NAME" if default is None else default
+    p.add_argument("--out", default=default, help=f"run directory (default {where})")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    if resume is not None:
+        p.add_argument("--resume", action="store_true", help=resume)
+
+
 _MLM_FLAGS = ("device", "dtype", "autocast", "batch_size")
 
 
@@ -184,6 +194,30 @@ def _cmd_select(args: argparse.Namespace) -> int:
     return 0
 
 
+_COMMANDS: dict[str, dict[str, str]] = {  # help (the list of commands) and description
+    "demo": {
+        "help": "PPCA on scikit-learn digits: exact LML vs every estimator"},
+    "reproduce": {
+        "help": "reproduce one figure or table of the paper",
+        "description": "Reproduce one figure or table of the paper into a run directory (or "
+                       "all of them, then a report). Every setting of an experiment is a "
+                       "--set KEY=VALUE; --show-config lists them."},
+    "curve": {
+        "help": "MPT curve of any Hugging Face masked LM on texts",
+        "description": "MPT curve (mean log-prob of masked tokens vs masking rate), its area "
+                       "and per-sequence LML estimates. Runs under torchrun / accelerate "
+                       "launch for data-parallel scoring."},
+    "report": {
+        "help": "build report.html/report.md from run directories"},
+    "select": {
+        "help": "choose a latent dimension K by held-out MPT",
+        "description": "Choose the latent dimension K of PPCA (or of the Bernoulli latent "
+                       "linear model, K <= 3) by the held-out log-marginal likelihood "
+                       "estimated with MPT, beside the exact held-out LML, BIC and, for PPCA, "
+                       "scikit-learn's PCA(n_components='mle') (Minka)."},
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``mptlml`` argument parser."""
     from . import __version__
@@ -201,24 +235,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="no progress bars; only warnings and errors on stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("demo", parents=[common],
-                       help="PPCA on scikit-learn digits: exact LML vs every estimator")
-    p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    def command(name: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **_COMMANDS[name])  # every one takes -q
+
+    p = command("demo")
+    _add_run_dir_flags(p, "runs/demo")
     p.add_argument("--num-masks", type=_COUNT, default=10, help="P masks per size (default 10)")
     p.add_argument("--seed", type=_SEED, default=0)
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("reproduce", parents=[common],
-                       help="reproduce one figure or table of the paper",
-                       description="Reproduce one figure or table of the paper into a run "
-                       "directory (or all of them, then a report). Every setting of an "
-                       "experiment is a --set KEY=VALUE; --show-config lists them.")
+    p = command("reproduce")
     p.add_argument("name", choices=[*EXPERIMENTS, "all"],
                    help="which experiment ('all' runs every one and writes a report)")
     p.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
-    p.add_argument("--out", default=None, help="run directory (default runs/NAME)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    _add_run_dir_flags(p, None, resume="keep finished parts/chunks of an interrupted run")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a setting (repeatable), e.g. --set num_data=500; lists are "
                         "comma-separated (--set dims=5,50). With 'all': NAME.KEY=VALUE for one "
@@ -230,19 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show-config", action="store_true",
                    help="print every setting (key, type, default, quick value, this run's "
                         "value, meaning) and exit without running")
-    p.add_argument("--resume", action="store_true",
-                   help="keep finished parts/chunks of an interrupted run")
     p.add_argument("--reference", default=None,
                    help="published BERT curves CSV (bert and all; default: "
                         "../shared/reference/bert_mpt_curves.csv when it exists)")
     _add_mlm_flags(p)
     p.set_defaults(func=_cmd_reproduce)
 
-    p = sub.add_parser("curve", parents=[common],
-                       help="MPT curve of any Hugging Face masked LM on texts",
-                       description="MPT curve (mean log-prob of masked tokens vs masking rate), "
-                       "its area and per-sequence LML estimates. Runs under torchrun / "
-                       "accelerate launch for data-parallel scoring.")
+    p = command("curve")
     p.add_argument("--model", required=True,
                    help="hub name, local directory (save_pretrained) or 'antiberty'")
     p.add_argument("--data", required=True,
@@ -287,28 +311,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokenizer name or directory, for a model directory saved without one")
     p.add_argument("--allow-unknown", action="store_true",
                    help="accept more than 5%% unknown tokens (an error by default)")
-    p.add_argument("--out", default="runs/curve", help="run directory (default runs/curve)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    _add_run_dir_flags(p, "runs/curve", resume="continue an interrupted run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_curve)
 
-    p = sub.add_parser("report", parents=[common],
-                       help="build report.html/report.md from run directories")
+    p = command("report")
     p.add_argument("runs", nargs="+", help="run directories (or a `reproduce all` directory)")
     p.add_argument("--out", default=None, help="where to write the report (default: first RUN)")
     p.set_defaults(func=_cmd_report)
-    p = sub.add_parser("select", parents=[common],
-                       help="choose a latent dimension K by held-out MPT",
-                       description="Choose the latent dimension K of PPCA (or of the Bernoulli "
-                       "latent linear model, K <= 3) by the held-out log-marginal likelihood "
-                       "estimated with MPT, beside the exact held-out LML, BIC and, for PPCA, "
-                       "scikit-learn's PCA(n_components='mle') (Minka).")
+    p = command("select")
     p.add_argument("--data", required=True,
                    help="a .npy/.csv matrix (N, D), or digits, wine, breast_cancer, synthetic")
     p.add_argument("--k-max", type=_COUNT, required=True, help="largest K to try (>= 1, < D)")
-    p.add_argument("--out", default="runs/select", help="run directory (default runs/select)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    _add_run_dir_flags(p, "runs/select")
     p.add_argument("--family", choices=("ppca", "bernoulli"), default="ppca",
                    help="model family: ppca (continuous data, default) or bernoulli (0/1 data, "
                         "K <= 3)")
