@@ -122,7 +122,7 @@ def main() -> None:
     ref = reference_scores(lm, batches, (len(texts), len(rates)))
     res = curve()
     print(check_same("curve scores vs the bare batches' masked log-probs (max |diff|)",
-                     float(np.abs(res.scores - ref).max()), 0.0, atol=1e-4))
+                     float(np.abs(res.per_sample.numpy() - ref).max()), 0.0, atol=1e-4))
     t = time_sides({"bare": bare, "curve": curve}, warmup=1, repeats=args.repeats)
     t_bare, t_curve = t["bare"].median, t["curve"].median
     print(f"[1] AntiBERTy curve: {len(texts)} sequences x {len(rates)} rates = "

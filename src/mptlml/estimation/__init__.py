@@ -22,7 +22,7 @@ from .api import estimate_lml, mpt_curve
 from .dense import DENSE_ESTIMATORS, ESTIMATORS
 from .engine import score_grid, score_masks, score_nested
 from .ragged import RAGGED_ESTIMATORS, mlm_curve, pll
-from .rates import default_rates, mask_sizes, mpt_area, rate_widths
+from .rates import default_rates, mask_sizes, mpt_area, rate_grid, rate_widths
 from .registry import EstimatorSpec
 from .results import LMLEstimate, MPTCurve
 from .words import TokenScores
@@ -42,6 +42,7 @@ __all__ = [
     "mpt_area",
     "mpt_curve",
     "pll",
+    "rate_grid",
     "rate_widths",
     "score_grid",
     "score_masks",

@@ -21,12 +21,28 @@ import numpy as np
 
 from .._validation import check_positive_int, check_rate
 
-__all__ = ["check_rates", "default_rates", "mask_sizes", "mpt_area", "rate_widths"]
+__all__ = ["check_rates", "default_rates", "mask_sizes", "mpt_area", "rate_grid", "rate_widths"]
 
 
 def default_rates() -> np.ndarray:
     """The paper's masking-rate grid 0.01, 0.02, ..., 0.99 (K = 99)."""
     return np.round(np.arange(1, 100) / 100.0, 2)
+
+
+def rate_grid(start: float, step: float, stop: float = 0.99) -> np.ndarray:
+    """The rates ``start, start + step, ...`` up to ``stop`` inclusive, rounded to 10 decimals.
+
+    ``rate_grid(0.01, 0.01)`` is the paper's grid (:func:`default_rates`). A
+    ``stop`` that the steps miss by less than 1e-9 of a step is still included.
+    """
+    check_rate(float(start), "start")
+    check_rate(float(stop), "stop")
+    if not 0 < step < 1:
+        raise ValueError(f"step must lie in (0, 1), got {step!r}.")
+    if start > stop:
+        raise ValueError(f"start={start} lies above stop={stop}; the grid would be empty.")
+    n = int(np.floor((stop - start) / step + 1e-9)) + 1
+    return np.round(start + step * np.arange(n), 10)
 
 
 def check_rates(rates: Any) -> np.ndarray:

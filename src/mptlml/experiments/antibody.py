@@ -16,24 +16,20 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..data.text import bundled_antibodies
 from ._claims import claim
 from .common import RunDir
 from .config import setting
-from .mlm import MLMDeviceSettings, load_model, score_models, write_curves
+from .mlm import MLMDeviceSettings, RateGridSettings, load_model, score_models, write_curves
 
 __all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "run", "summary"]
 
 
 @dataclass
-class Config(MLMDeviceSettings):
+class Config(MLMDeviceSettings, RateGridSettings):
     """Settings; defaults: all 111 sequences on the paper's 99-rate grid."""
 
     num_sequences: int = setting(111, "score the first N bundled sequences", min=1)
-    rate_start: float = setting(0.01, "first masking rate of the grid (up to 0.99)", gt=0, lt=1)
-    rate_step: float = setting(0.01, "step of the masking-rate grid", gt=0, lt=1)
     num_masks: int = setting(1, "P, masks per rate and sequence", min=1)
     seed: int = setting(0, "seed of the masks", min=0)
     init_seed: int = setting(0, "seed of the random initialisation", min=0)
@@ -52,10 +48,6 @@ class Config(MLMDeviceSettings):
     def demo(cls) -> Config:
         """``make demo`` setting: 12 sequences, 99 rates, PLL (about 2 minutes on 2 cores)."""
         return cls(num_sequences=12)
-
-    def rates(self) -> np.ndarray:
-        n = int(math.floor((0.99 - self.rate_start) / self.rate_step + 1e-9)) + 1
-        return np.round(self.rate_start + self.rate_step * np.arange(n), 10)
 
 
 def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:

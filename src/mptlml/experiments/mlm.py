@@ -28,15 +28,16 @@ from typing import Any
 
 import numpy as np
 
+from ..estimation import MPTCurve, mlm_curve, pll
 from ..estimation.distributed import barrier, distributed_context, resolve_device
+from ..estimation.rates import check_rates, rate_grid
 from ..models.masked_lm import MaskedLM
-from ..sequences import MLMCurveResult, mlm_curve, pll
 from .common import RunDir, pyplot
 from .config import ExperimentConfig, setting
 
-__all__ = ["MLMDeviceSettings", "load_model", "parse_rates", "plot_paired_curves",
-           "prepare_run_dir", "project_root", "run_curve", "score_models", "write_curves",
-           "write_pll_tokens"]
+__all__ = ["MLMDeviceSettings", "RateGridSettings", "load_model", "parse_rates",
+           "plot_paired_curves", "prepare_run_dir", "project_root", "run_curve", "score_models",
+           "write_curves", "write_pll_tokens"]
 
 _log = logging.getLogger(__name__)
 
@@ -58,6 +59,18 @@ class MLMDeviceSettings(ExperimentConfig):
                                     "(default: off)")
 
 
+@dataclass
+class RateGridSettings(ExperimentConfig):
+    """The masking-rate grid of an MPT curve: ``rate_start, rate_start + rate_step, ..., 0.99``."""
+
+    rate_start: float = setting(0.01, "first masking rate of the curve (up to 0.99)", gt=0, lt=1)
+    rate_step: float = setting(0.01, "step of the curve's masking-rate grid", gt=0, lt=1)
+
+    def rates(self) -> np.ndarray:
+        """The grid (:func:`mptlml.estimation.rates.rate_grid`)."""
+        return rate_grid(self.rate_start, self.rate_step)
+
+
 def parse_rates(text: str | None) -> np.ndarray | None:
     """``"0.01:0.99:0.01"`` (start:stop:step, inclusive) or ``"0.1,0.5,0.9"``; None: default."""
     if text is None:
@@ -65,8 +78,7 @@ def parse_rates(text: str | None) -> np.ndarray | None:
     try:
         if ":" in text:
             a, b, s = (float(v) for v in text.split(":"))
-            n = int(round((b - a) / s)) + 1
-            return np.round(a + s * np.arange(n), 10)
+            return rate_grid(a, s, stop=b)
         return np.array([float(v) for v in text.split(",") if v.strip()])
     except ValueError as exc:
         raise ValueError(f"cannot read rates {text!r}; pass START:STOP:STEP (e.g. "
@@ -133,30 +145,31 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
     curve_rows, seq_rows, summary = [], [], {}
     drawn: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
     for label, entry in scored.items():
-        res: MLMCurveResult = entry["curve"]
-        for r, c, s in zip(res.rates, res.curve, res.curve_se, strict=True):
+        res: MPTCurve = entry["curve"]
+        lengths = res.num_tokens.numpy()  # type: ignore[union-attr]
+        for r, c, s in zip(res.rates, res.mean.tolist(), res.stderr.tolist(), strict=True):
             curve_rows.append({"model": label, "rate": float(r), "mean_log_prob": float(c),
                                "stderr": float(s)})
-        ids = res.ids or [str(i) for i in range(len(res.lengths))]
+        ids = res.ids or [str(i) for i in range(len(lengths))]
         p = entry.get("pll")
         for i, sid in enumerate(ids):
-            row = {"model": label, "id": sid, "num_tokens": int(res.lengths[i]),
-                   "lml_riemann": float(res.lml[i]), "lml_riemann_se": float(res.lml_se[i]),
-                   "area": float(res.nominal_length * (res.scores[i] * np.diff(
+            row = {"model": label, "id": sid, "num_tokens": int(lengths[i]),
+                   "lml_riemann": float(res.lml[i]), "lml_riemann_se": float(res.lml_stderr[i]),  # type: ignore[index]
+                   "area": float(res.nominal_length * (res.per_sample[i].numpy() * np.diff(
                        np.concatenate([[0.0], res.rates]))).sum())}
-            if res.lml_exact is not None and res.lml_exact_se is not None:
+            if res.lml_exact is not None and res.lml_exact_stderr is not None:
                 row["lml_exact"] = float(res.lml_exact[i])
-                row["lml_exact_se"] = float(res.lml_exact_se[i])
+                row["lml_exact_se"] = float(res.lml_exact_stderr[i])
             if p is not None:
                 row["pll"] = float(p[i])
             seq_rows.append(row)
         summary[label] = {
-            "model": res.model, "area": res.area, "area_se": res.area_se,
-            "nominal_length": res.nominal_length, "num_sequences": int(len(res.lengths)),
-            "mean_num_tokens": float(res.lengths.mean()),
-            "mean_lml_riemann": float(res.lml.mean()),
-            "mean_log_prob_per_token": float(res.curve.mean()),
-            "rates": res.rates, "curve": res.curve, "curve_se": res.curve_se,
+            "model": res.model, "area": res.area, "area_se": res.area_stderr,
+            "nominal_length": res.nominal_length, "num_sequences": int(len(lengths)),
+            "mean_num_tokens": float(lengths.mean()),
+            "mean_lml_riemann": float(res.lml.mean()),  # type: ignore[union-attr]
+            "mean_log_prob_per_token": float(res.mean.mean()),
+            "rates": res.rates, "curve": res.mean.numpy(), "curve_se": res.stderr.numpy(),
             "num_masks": res.num_masks, "corruption": res.corruption,
             **entry.get("settings", {}),
         }
@@ -164,7 +177,7 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
             summary[label]["mean_lml_exact"] = float(res.lml_exact.mean())
         if p is not None:
             summary[label]["mean_pll"] = float(p.mean())
-        drawn[f"{label} (area {res.area:.1f})"] = (res.rates, res.curve, res.curve_se)
+        drawn[f"{label} (area {res.area:.1f})"] = (res.rates, res.mean.numpy(), res.stderr.numpy())
     fig = plot_paired_curves(drawn, reference=reference, title=title, baseline=baseline)
     run_dir.write_csv("curve.csv", curve_rows)
     cols = sorted({k for r in seq_rows for k in r}, key=lambda k: list(seq_rows[0]).index(k)
@@ -294,9 +307,8 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
     import json
 
     from ..data.text import bundled_antibodies, load_texts
-    from ..sequences import _check_rates
 
-    r = _check_rates(parse_rates(rates))
+    r = check_rates(parse_rates(rates))
     if pll_variant != "original" and not with_pll:
         raise ValueError(f"--pll-variant {pll_variant} applies to the PLL; add --pll.")
     lm = load_model(model, random_init=random_init, tokenizer=tokenizer, device=device,

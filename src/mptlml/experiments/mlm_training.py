@@ -50,13 +50,14 @@ import torch
 
 from .. import estimate_lml, mpt_curve, pll
 from ..data.images import load_images
-from ..estimators import fixed_rate_size
 from ..hf.orders import chain_rule_lml, sample_random_order
+from ..masks import fixed_rate_size
 from ..models import BernoulliLVM, MaskedLM
 from ._mlm_training_analysis import OBJECTIVES, comparisons, figures, mean_se
 from ._threads import torch_threads
 from .common import RunDir
-from .config import ExperimentConfig, setting
+from .config import setting
+from .mlm import RateGridSettings
 
 __all__ = ["OBJECTIVES", "PAPER", "TITLE", "Config", "claims", "run", "summary"]
 
@@ -65,7 +66,7 @@ _D = 64
 
 
 @dataclass
-class Config(ExperimentConfig):
+class Config(RateGridSettings):
     """Settings (defaults: the full run; ``quick()`` for tests)."""
 
     objectives: tuple[str, ...] = setting(("bert-15", "fixed-15", "random-size"),
@@ -91,8 +92,7 @@ class Config(ExperimentConfig):
     log_every: int = setting(25, "steps between logged training losses", min=1)
     # evaluation
     eval_seed: int = setting(1234, "seed of the evaluation masks (paired across models)", min=0)
-    rate_start: float = setting(0.01, "first masking rate of the curve", gt=0, lt=1)
-    rate_step: float = setting(0.02, "step of the curve's rate grid", gt=0, lt=1)
+    rate_step: float = setting(0.02, "step of the curve's masking-rate grid", gt=0, lt=1)
     curve_num_masks: int = setting(1, "P, masks per rate and image for the curve", min=1)
     lml_num_masks: int = setting(1, "P, masks per size for the cumulative LML", min=1)
     chain_orders: int = setting(1, "random orders of the chain-rule LML", min=1)
@@ -121,10 +121,6 @@ class Config(ExperimentConfig):
                    batch_size=32, lr=5e-3, warmup_steps=10, log_every=10, rate_start=0.05,
                    rate_step=0.1, score15_num_masks=2, variance_draws=100, num_samples=6,
                    bernoulli_epochs=60, num_threads=1)
-
-    def rates(self) -> np.ndarray:
-        n = int(math.floor((0.99 - self.rate_start) / self.rate_step + 1e-9)) + 1
-        return np.round(self.rate_start + self.rate_step * np.arange(n), 10)
 
     def validate(self) -> None:
         super().validate()
