@@ -116,7 +116,9 @@ def estimate_lml(model: MaskedModel | RaggedMaskedModel, x: Any,
         ``"cumulative"`` (P masks per size, unbiased), ``"random-size"``
         (M ~ U{1..D}, unbiased), ``"fixed-rate"`` (one size, biased),
         ``"chain-rule"`` (random orders). Ragged sequences: ``"cumulative"``,
-        ``"riemann"`` (D_i times the mean over a rate grid).
+        ``"riemann"`` (D_i times the mean over a rate grid), ``"chain-rule"``
+        (P random orders, one position scored per step; needs
+        ``ragged_target_log_prob``).
         ``mptlml.estimation.DENSE_ESTIMATORS`` / ``RAGGED_ESTIMATORS`` list them.
     num_masks : int
         P: masks per size (cumulative), draws of (M, mask) (random-size), masks

@@ -19,7 +19,7 @@ masked tokens, P uniform masks per rate; :func:`mlm_curve` returns
 :func:`pll` is the pseudo-log-likelihood sum_j log p(x_j | x_{-j}) that MLM
 scorers report (the M = 1 term times D_i, computed exhaustively). The LML
 estimators for ragged sequences are registered in :data:`RAGGED_ESTIMATORS`
-(``"cumulative"``, ``"riemann"``). Scoring runs through
+(``"cumulative"``, ``"riemann"``, ``"chain-rule"``). Scoring runs through
 :func:`mptlml.estimation.runner.run_pairs` (buckets, token budget,
 checkpoints, data parallel).
 
@@ -38,13 +38,13 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int
-from ..masks import sample_masks
+from ..masks import prefix_masks, random_orders, sample_masks
 from ..models.protocols import RaggedMaskedModel
 from .rates import check_rates, mask_sizes, rate_widths
 from .registry import EstimatorSpec, check_options, lookup, register
 from .results import LMLEstimate, MPTCurve, as_float64
 from .runner import run_pairs
-from .words import TokenScores, encode, encode_words, pll_scores, word_counts
+from .words import TokenScores, encode, encode_words, pll_scores, targeted, word_counts
 
 __all__ = ["RAGGED_ESTIMATORS", "estimate_ragged", "mlm_curve", "pll"]
 
@@ -262,13 +262,46 @@ def _riemann(model: RaggedMaskedModel, sequences: Any, p: int, seed: int, progre
             int(res.per_sample.numel() * p))
 
 
+@register(RAGGED_ESTIMATORS, "chain-rule",
+          "sum_t log q(x_pi(t) | x_pi(t+1..D_i)) over P random orders pi; unbiased for "
+          "sum_M S(x_i; M)", _RUN_OPTIONS)
+def _chain_rule(model: RaggedMaskedModel, sequences: Any, p: int, seed: int, progress: bool,
+                **run: Any) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """The chain rule along P uniformly random orders of each sequence's D_i tokens.
+
+    Step t of order pi hides its first t positions and scores pi(t); the t-th
+    term is a uniform mask of size t, so E_pi[log q_pi(x)] = sum_M S(x; M)
+    for any conditionals q (a lower bound on the log of the order mixture;
+    :mod:`mptlml.hf`). Exact in every order for a consistent model.
+    """
+    toks = encode(model, sequences)
+    scorer = targeted(model, "the 'chain-rule' estimator on ragged sequences")
+
+    def order_codes(i: int, d: int, g: torch.Generator) -> torch.Tensor:
+        orders = random_orders(d, p, generator=g)  # (P, D)
+        codes = prefix_masks(orders).to(torch.int8)  # [q, t, j]: j among the first t + 1
+        codes.view(p * d, d)[torch.arange(p * d), orders.reshape(-1)] = 2  # score pi(t)
+        return codes.reshape(p * d, d)
+
+    lengths = [len(t) for t in toks]
+    out = run_pairs(scorer, toks, order_codes, seed=seed, tag="chain_rule",
+                    spec={"kind": "chain-rule", "num_masks": p,
+                          "total_pairs": int(sum(lengths) * p)},
+                    desc="chain rule", progress=progress, **run)
+    per_order = [s.reshape(p, d).sum(axis=1) for s, d in zip(out.sums, lengths, strict=True)]
+    lml = np.array([v.mean() for v in per_order])
+    se = np.array([v.std(ddof=1) / math.sqrt(p) if p > 1 else np.nan for v in per_order])
+    return lml, se, out.num_model_calls, int(sum(lengths) * p)
+
+
 def estimate_ragged(model: RaggedMaskedModel, sequences: Any, estimator: str, *,
                     num_masks: int, seed: int, progress: bool,
                     options: dict[str, Any]) -> LMLEstimate:
     """:func:`mptlml.estimate_lml` for ragged sequences: per-sequence LML estimates.
 
     ``"cumulative"``: ``sum_{M=1..D_i} S_hat(x_i; M)`` (Proposition 1, P masks
-    per M); ``"riemann"``: ``D_i * mean_k S(x_i; M_ik)`` over the rate grid.
+    per M); ``"riemann"``: ``D_i * mean_k S(x_i; M_ik)`` over the rate grid;
+    ``"chain-rule"``: ``log q_pi(x_i)`` averaged over P random orders.
     ``stderr`` is the Monte Carlo error of the mean, sqrt(sum_i se_i^2) / N.
     """
     spec = lookup(RAGGED_ESTIMATORS, estimator, "ragged sequences")

@@ -39,7 +39,8 @@ import torch
 from ..models.protocols import RaggedMaskedModel, WordMaskedModel
 from .runner import run_pairs
 
-__all__ = ["VARIANTS", "TokenScores", "encode", "encode_words", "pll_scores", "word_counts"]
+__all__ = ["VARIANTS", "TokenScores", "encode", "encode_words", "pll_scores", "targeted",
+           "word_counts"]
 
 VARIANTS = ("original", "word_l2r")
 
@@ -157,6 +158,15 @@ class _Targeted:
                                                  [m == 2 for m in masks], generators, **kwargs)
 
 
+def targeted(model: Any, what: str) -> _Targeted:
+    """``model`` as a ragged scorer of coded masks (0 visible, 1 hidden, 2 hidden and scored).
+
+    Needs :meth:`WordMaskedModel.ragged_target_log_prob`; ``what`` names the
+    caller in the TypeError a model without it gets.
+    """
+    return _Targeted(_word_model(model, what))
+
+
 def _l2r_codes(w: torch.Tensor) -> torch.Tensor:
     """``(D, D)`` codes: row t scores token t with t and its word's later tokens hidden."""
     d = w.numel()
@@ -207,7 +217,8 @@ def pll_scores(model: Any, sequences: Any, *, per_token: bool, whole_word: bool,
         name, tag, unit, make = "whole_word", "pll_whole_word", "word", word_eye
         total = int(word_counts(maps).sum())
     elif variant == "word_l2r":
-        name, tag, unit, make, scorer = "word_l2r", "pll_word_l2r", "token", l2r, _Targeted(model)
+        name, tag, unit, make, scorer = "word_l2r", "pll_word_l2r", "token", l2r, targeted(
+            model, "PLL-word-l2r")
     else:
         name, tag, unit, make = "original", "pll", "token", token_eye
     spec: dict[str, Any] = {"kind": "pll", "total_pairs": total}

@@ -6,9 +6,10 @@ For a uniformly random order pi of the D positions, the chain rule
 
 scores at step t the position pi(t) with the first t positions of pi masked.
 Its expectation over pi is the MPT sum ``sum_M S(x; M)`` (see
-:mod:`mptlml.hf`), so :func:`chain_rule_lml` and the cumulative estimator of
-:func:`mptlml.estimate_lml` estimate the same lower bound on the order
-mixture's log-likelihood, with different noise. :func:`sample_random_order`
+:mod:`mptlml.hf`), so ``estimate_lml(mlm, seqs, "chain-rule")`` (the one
+definition, in :mod:`mptlml.estimation.ragged`; :func:`chain_rule_lml` is its
+shortcut) and the cumulative estimator estimate the same lower bound on the
+order mixture's log-likelihood, with different noise. :func:`sample_random_order`
 draws from q_pi for a random pi: all positions masked, then one position at a
 time, in a random order, drawn from the model's conditional given the
 positions already drawn.
@@ -22,7 +23,8 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int, make_generator
-from ..masks import prefix_masks, random_orders
+from ..estimation.api import estimate_lml
+from ..masks import random_orders
 from ..models.masked_lm import MaskedLM
 
 __all__ = ["chain_rule_lml", "sample_random_order"]
@@ -32,44 +34,30 @@ def chain_rule_lml(mlm: MaskedLM, ids: torch.Tensor, num_orders: int = 1, seed: 
                    token_budget: int = 16384) -> np.ndarray:
     """``(N,)`` mean over random orders of ``sum_t log q(x_pi(t) | x_pi(t+1..D))``.
 
+    A shortcut for ``estimate_lml(mlm, ids, "chain-rule", num_masks=num_orders,
+    seed=seed).per_sample`` (:mod:`mptlml.estimation.ragged`), the one
+    definition; use that for the standard errors.
+
     Parameters
     ----------
     mlm : MaskedLM
-    ids : LongTensor ``(N, D)``
-        Content token ids (no special tokens) of equal-length sequences.
+    ids : LongTensor ``(N, D)`` or list of id lists
+        Content token ids (no special tokens).
     num_orders : int
-        Independent uniformly random orders per sequence (``random_orders``).
+        Independent uniformly random orders per sequence.
     seed : int
-        Seed of the orders.
+        Seed of the orders (those of sequence i come from (seed, i)).
     token_budget : int
-        Padded tokens per forward pass (``MaskedLM.score_positions``).
+        Padded tokens per forward pass.
 
     Returns
     -------
-    numpy.ndarray ``(N,)``, float64: D forward rows per order and sequence.
+    numpy.ndarray ``(N,)``, float64
     """
-    if not isinstance(mlm, MaskedLM):
-        raise TypeError(f"mlm must be a mptlml.models.MaskedLM, got {type(mlm).__name__}.")
-    ids = torch.as_tensor(ids).long()
-    if ids.ndim != 2 or ids.shape[1] < 1:
-        raise ValueError(f"ids must be a (N, D) tensor of content ids, got {tuple(ids.shape)}.")
-    p = check_positive_int(num_orders, "num_orders")
-    mlm.encode(ids)  # validates the ids (no specials, in the vocabulary, not too long)
-    n, d = ids.shape
-    orders = random_orders(d, p, num_data=n, generator=seed)  # (P, N, D)
-    masks = prefix_masks(orders)  # (P, D, N, D): [q, t-1, i] = first t positions of order q
-    off = len(mlm.prefix)
-    inputs, pos, tgt = [], [], []
-    for i in range(n):
-        for q in range(p):
-            x = mlm.corrupt(ids[i], masks[q, :, i])  # (D, T): row t-1 masks the first t
-            scored = orders[q, i]
-            for t in range(d):
-                inputs.append(x[t])
-                pos.append(scored[t:t + 1] + off)
-                tgt.append(ids[i, scored[t:t + 1]])
-    lp = mlm.score_positions(inputs, pos, tgt, token_budget=token_budget)
-    return torch.cat(lp).view(n, p, d).sum(2).mean(1).numpy()
+    seqs = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+    est = estimate_lml(mlm, seqs, "chain-rule", num_masks=num_orders, seed=seed,
+                       token_budget=token_budget)
+    return est.per_sample.numpy()
 
 
 @torch.no_grad()
