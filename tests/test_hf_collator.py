@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from mptlml import estimate_lml
-from mptlml.estimators import fixed_rate_size
+from mptlml.estimation.runner import seq_seed
 from mptlml.hf import (
     DataCollatorForMPT,
     chain_rule_lml,
@@ -17,7 +18,7 @@ from mptlml.hf import (
     mpt_loss,
     sample_random_order,
 )
-from mptlml.masks import prefix_masks, random_orders
+from mptlml.masks import draw_mask_sizes, fixed_rate_size, prefix_masks, random_orders
 from mptlml.models import MaskedLM
 
 from .mlm_helpers import SENTENCES, make_tiny_bert
@@ -80,15 +81,33 @@ def test_random_sizes_span_one_to_d_uniformly(tiny):
     assert chi2 < d - 1 + 5 * math.sqrt(2 * (d - 1))
 
 
+def test_one_size_draw_for_dense_and_ragged():
+    """Dense (an int D) and ragged (a tensor of D_i) sizes are the same draw: same seed, same M."""
+    dense = draw_mask_sizes("random-size", 9, 50, generator=3)
+    ragged = draw_mask_sizes("random-size", torch.full((50,), 9), generator=3)
+    assert torch.equal(dense, ragged)
+    assert torch.equal(draw_mask_sizes("fixed-rate", torch.tensor([0, 10, 100]), rate=0.15),
+                       torch.tensor([0, 1, 15]))
+    with pytest.warns(DeprecationWarning, match="draw_mask_sizes"):
+        old = draw_sequence_mask_sizes(torch.full((50,), 9), "random-size",
+                                       generator=torch.Generator().manual_seed(3))
+    assert torch.equal(old, dense)
+    with pytest.raises(ValueError, match="rate"):
+        draw_mask_sizes("random-size", torch.tensor([4, 5]), rate=0.3)
+    with pytest.raises(ValueError, match="one size per"):
+        draw_mask_sizes("random-size", torch.tensor([4, 5]), num_masks=2)
+    with pytest.raises(ValueError, match="stratified"):
+        draw_mask_sizes("fixed-rate", 10, rate=0.2, stratified=True)
+
+
 def test_stratified_sizes_cover_every_stratum():
     g = torch.Generator().manual_seed(0)
     for d in (1, 7, 40):
-        m = draw_sequence_mask_sizes(torch.full((d,), d), "random-size", stratified=True,
-                                     generator=g)
+        m = draw_mask_sizes("random-size", torch.full((d,), d), stratified=True, generator=g)
         assert sorted(m.tolist()) == list(range(1, d + 1))  # B = D: a permutation of 1..D
     # marginally still uniform on 1..D_i for ragged D_i
     d = torch.tensor([3, 10, 1, 6] * 2000)
-    m = draw_sequence_mask_sizes(d, "random-size", stratified=True, generator=g)
+    m = draw_mask_sizes("random-size", d, stratified=True, generator=g)
     assert ((m >= 1) & (m <= d)).all()
     for di in (3, 10, 6):
         sel = m[d == di]
@@ -222,26 +241,53 @@ def test_weighted_loss_is_unbiased_for_the_mpt_sum(tiny):
 
 # ---------------------------------------------------------------------- random orders
 def test_chain_rule_matches_a_hand_written_random_order(tiny):
-    """chain_rule_lml = sum_t log q(x_pi(t) | x_pi(t+1..D)), scored one position at a time."""
+    """estimate_lml(mlm, ., "chain-rule") = mean over orders of sum_t log q(x_pi(t) | x_pi(t+1..D)).
+
+    Orders are drawn per sequence from the generator seeded by (seed, i), like
+    every ragged mask; here they are scored one prefix mask at a time through
+    ``log_conditionals`` (every masked position scored), keeping pi(t).
+    """
     model, tok = tiny
     mlm = MaskedLM(model, tok)
-    ids = torch.tensor(tok(["the cat sat on a mat", "a big dog ran far away"],
-                           add_special_tokens=False)["input_ids"])
-    got = chain_rule_lml(mlm, ids, num_orders=2, seed=5)
-    orders = random_orders(ids.shape[1], 2, num_data=2, generator=5)
-    masks = prefix_masks(orders)
-    d = ids.shape[1]
-    # one call: every prefix mask of every order, all masked positions scored; keep pi(t)
-    lc = mlm.log_conditionals([row.tolist() for row in ids],
-                              [masks[:, :, i].reshape(2 * d, d) for i in range(2)])
+    seqs = tok(["the cat sat on a mat", "the small red house"],
+               add_special_tokens=False)["input_ids"]
+    est = estimate_lml(mlm, seqs, "chain-rule", num_masks=2, seed=5)
     want = torch.zeros(2, dtype=torch.float64)
-    for i in range(2):
-        for p in range(2):
-            for t in range(d):
-                want[i] += lc[i][p * d + t, int(orders[p, i, t])] / 2
-    torch.testing.assert_close(torch.as_tensor(got), want, rtol=1e-5, atol=1e-5)
+    per_order = torch.zeros(2, 2, dtype=torch.float64)
+    for i, s in enumerate(seqs):
+        d = len(s)
+        orders = random_orders(d, 2, generator=torch.Generator().manual_seed(seq_seed(5, i)))
+        lc = mlm.log_conditionals([s], [prefix_masks(orders).reshape(2 * d, d)])[0]
+        for q in range(2):
+            per_order[i, q] = sum(lc[q * d + t, int(orders[q, t])] for t in range(d))
+        want[i] = per_order[i].mean()
+    torch.testing.assert_close(est.per_sample, want, rtol=1e-5, atol=1e-5)
+    se = per_order.std(dim=1) / 2 ** 0.5
+    torch.testing.assert_close(est.per_sample_stderr, se, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(chain_rule_lml(mlm, torch.tensor([seqs[0]]), 2, 5), want[:1],
+                               rtol=1e-5, atol=1e-5)  # the shortcut is the same definition
     with pytest.raises(ValueError, match="special"):
         chain_rule_lml(mlm, torch.tensor([[tok.cls_token_id, 5]]))
+
+
+def test_ragged_chain_rule_and_cumulative_agree_in_expectation(tiny):
+    """E_pi log q_pi(x) = sum_M S(x; M) for any conditionals: two estimators, one quantity."""
+    model, tok = tiny
+    mlm = MaskedLM(model, tok)
+    seqs = SENTENCES[:4]
+    chain = estimate_lml(mlm, seqs, "chain-rule", num_masks=60, seed=11)
+    cum = estimate_lml(mlm, seqs, "cumulative", num_masks=60, seed=12)
+    z = (chain.per_sample - cum.per_sample) / torch.sqrt(chain.per_sample_stderr ** 2
+                                                         + cum.per_sample_stderr ** 2)
+    assert bool((z.abs() < 4.5).all()), z
+    assert chain.num_masked_rows == sum(len(t) for t in mlm.encode(seqs)) * 60
+
+
+def test_ragged_chain_rule_refuses_what_it_does_not_use(tiny):
+    model, tok = tiny
+    mlm = MaskedLM(model, tok)
+    with pytest.raises(TypeError, match="rates"):
+        estimate_lml(mlm, ["the cat"], "chain-rule", rates=[0.5])
 
 
 def test_random_order_samples_follow_the_conditionals(tiny):

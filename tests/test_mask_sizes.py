@@ -23,8 +23,11 @@ def test_draws():
     assert torch.equal(draw_mask_sizes("fixed-rate", 10, 2, mask_size=7), torch.full((2,), 7))
     per = draw_mask_sizes("random-size", 5, 400, num_data=3, generator=0)
     assert per.shape == (400, 3) and int(per.min()) == 1 and int(per.max()) == 5
-    ref = torch.randint(1, 6, (400, 3), generator=torch.Generator().manual_seed(0))
-    assert torch.equal(per, ref)
+    u = torch.rand(400, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert torch.equal(per, (u * 5).floor().long() + 1)  # the documented floor(U * D) + 1
+    counts = torch.bincount(draw_mask_sizes("random-size", 5, 20000, generator=1), minlength=6)
+    chi2 = float(((counts[1:] - 4000.0) ** 2 / 4000.0).sum())
+    assert counts[0] == 0 and chi2 < 4 + 5 * 8 ** 0.5  # U{1..5}: chi-square, 4 dof
     assert fixed_rate_size(0.15, 512) == 76 and fixed_rate_size(0.2, 10) == 2
     assert fixed_rate_size(0.01, 10) == 1
     with pytest.raises(ValueError, match="mask sizes are drawn for the estimators"):

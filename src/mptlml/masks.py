@@ -25,15 +25,22 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from ._validation import check_positive_int, check_rate, check_size, make_generator
+from ._validation import check_positive_int, make_generator
+from .mask_sizes import (
+    MASK_SIZE_ESTIMATORS,
+    check_mask_size_args,
+    draw_mask_sizes,
+    draw_sequence_mask_sizes,
+    fixed_rate_size,
+)
 
 __all__ = [
-    "draw_sequence_mask_sizes",
     "MASK_SIZE_ESTIMATORS",
     "all_masks",
     "check_mask_size_args",
     "count_masks",
     "draw_mask_sizes",
+    "draw_sequence_mask_sizes",
     "fixed_rate_size",
     "prefix_masks",
     "random_orders",
@@ -313,129 +320,3 @@ def random_orders(num_tokens: int, num_orders: int, *, num_data: int | None = No
     g = make_generator(generator)
     lead = (p,) if num_data is None else (p, int(num_data))
     return torch.rand(*lead, d, generator=g, dtype=torch.float64).argsort(dim=-1)
-
-
-# ---------------------------------------------------------------------- mask sizes
-#: the estimators whose masks have sizes drawn by :func:`draw_mask_sizes`
-MASK_SIZE_ESTIMATORS = ("cumulative", "random-size", "fixed-rate")
-
-
-def fixed_rate_size(rate: float, num_tokens: int) -> int:
-    """Mask size of a fixed masking rate: ``max(1, floor(rate * D))``.
-
-    Floor, as the paper's code: 15% of D = 512 gives M = 76 (NOTES.md, Table 1).
-    A tiny tolerance keeps exact products (0.2 * 10) from rounding down.
-    """
-    return max(1, min(num_tokens, int(math.floor(rate * num_tokens + 1e-9))))
-
-
-def check_mask_size_args(estimator: str, num_tokens: int, *, rate: float | None = None,
-                         mask_size: int | None = None) -> int | None:
-    """Refuse ``rate``/``mask_size`` where they do not apply; M of ``"fixed-rate"``.
-
-    The one validation of these arguments, shared by evaluation
-    (:func:`mptlml.estimate_lml`) and training (:class:`mptlml.objectives.MPTLoss`).
-
-    Returns
-    -------
-    int or None
-        ``mask_size`` (checked ``1 <= M <= D``, an integer: 2.7 is refused,
-        not truncated) or ``max(1, floor(rate * D))`` for ``"fixed-rate"``;
-        None for every other estimator, which then must not be given either.
-    """
-    d = check_positive_int(num_tokens, "num_tokens")
-    if estimator != "fixed-rate":
-        if rate is not None or mask_size is not None:
-            given = [f"{n}={v!r}" for n, v in (("rate", rate), ("mask_size", mask_size))
-                     if v is not None]
-            raise ValueError(
-                f"rate / mask_size only apply to estimator='fixed-rate'; the {estimator!r} "
-                f"estimator does not use one mask size (got {', '.join(given)}). Drop them "
-                "or pass estimator='fixed-rate'."
-            )
-        return None
-    if mask_size is not None and rate is not None:
-        raise ValueError("give either rate or mask_size for 'fixed-rate', not both.")
-    if mask_size is not None:
-        return check_size(mask_size, d, "mask_size")
-    return fixed_rate_size(check_rate(rate), d)
-
-
-def draw_mask_sizes(estimator: str, num_tokens: int, num_masks: int, *,
-                    num_data: int | None = None, rate: float | None = None,
-                    mask_size: int | None = None,
-                    generator: torch.Generator | int | None = None) -> torch.Tensor:
-    """The mask sizes of one Monte Carlo draw of an MPT estimator (Proposition 1).
-
-    ``"cumulative"``  every size M = 1..D, ``num_masks`` (P) times each, size-major:
-                      ``[1]*P + [2]*P + ... + [D]*P``, shape ``(D * P,)``;
-    ``"random-size"`` M ~ U{1..D} i.i.d.: ``(P,)``, or ``(P, N)`` with ``num_data=N``
-                      (one size per datum, for masks drawn per datum);
-    ``"fixed-rate"``  M = ``mask_size`` or ``max(1, floor(rate * D))``, ``(P,)``.
-
-    ``rate`` and ``mask_size`` are checked by :func:`check_mask_size_args`
-    (refused unless ``"fixed-rate"``). Only ``"random-size"`` consumes
-    ``generator``. Evaluation, training and model selection draw their sizes
-    here, so a seed gives the same sizes everywhere.
-
-    Returns
-    -------
-    torch.LongTensor
-    """
-    if estimator not in MASK_SIZE_ESTIMATORS:
-        raise ValueError(f"mask sizes are drawn for the estimators {MASK_SIZE_ESTIMATORS}; "
-                         f"got {estimator!r}.")
-    d = check_positive_int(num_tokens, "num_tokens")
-    p = check_positive_int(num_masks, "num_masks")
-    size = check_mask_size_args(estimator, d, rate=rate, mask_size=mask_size)
-    if estimator == "cumulative":
-        return torch.arange(1, d + 1).repeat_interleave(p)
-    if estimator == "random-size":
-        shape = (p,) if num_data is None else (p, check_positive_int(num_data, "num_data"))
-        return torch.randint(1, d + 1, shape, generator=make_generator(generator))
-    return torch.full((p,), size, dtype=torch.long)
-
-
-def draw_sequence_mask_sizes(num_maskable: torch.Tensor, estimator: str, *,
-                             rate: float = 0.15,
-                             stratified: bool = False,
-                             generator: torch.Generator | None = None) -> torch.Tensor:
-    """Mask size M_i of each sequence of a batch, from its D_i maskable tokens.
-
-    Parameters
-    ----------
-    num_maskable : LongTensor ``(B,)``
-        D_i per sequence (0 allowed: M_i = 0).
-    estimator : {"random-size", "fixed-rate"}
-        ``"random-size"``: M_i ~ U{1..D_i}, i.e. ``floor(U_i * D_i) + 1`` with
-        U_i ~ U[0, 1). ``"fixed-rate"``: ``max(1, floor(rate * D_i))``
-        (:func:`mptlml.masks.fixed_rate_size`).
-    rate : float
-        Masking rate of ``"fixed-rate"``.
-    stratified : bool
-        ``"random-size"`` only: U_i = (pi_i + V_i) / B with pi a uniformly
-        random permutation of 0..B-1 and V_i ~ U[0, 1). Each U_i is still
-        U[0, 1) (so each M_i is still U{1..D_i}: same expectation), but the
-        batch covers the B quantile strata of the sizes once each.
-    generator : torch.Generator, optional
-
-    Returns
-    -------
-    LongTensor ``(B,)``
-    """
-    if estimator not in ("random-size", "fixed-rate"):
-        raise ValueError(f"estimator must be 'random-size' or 'fixed-rate', got {estimator!r}.")
-    if stratified and estimator != "random-size":
-        raise ValueError("stratified=True applies to estimator='random-size' only.")
-    d = torch.as_tensor(num_maskable).long().flatten()
-    if bool((d < 0).any()):
-        raise ValueError(f"num_maskable must be >= 0, got {d.tolist()}.")
-    b = d.numel()
-    if estimator == "fixed-rate":
-        sizes = [fixed_rate_size(rate, int(n)) if int(n) > 0 else 0 for n in d.tolist()]
-        return torch.tensor(sizes, dtype=torch.long)
-    u = torch.rand(b, generator=generator, dtype=torch.float64)
-    if stratified and b > 1:
-        u = (torch.randperm(b, generator=generator).double() + u) / b
-    m = (u * d.double()).floor().long() + 1
-    return torch.where(d > 0, torch.minimum(m, d), torch.zeros_like(d))

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..masks import draw_sequence_mask_sizes
+from ..masks import draw_mask_sizes, draw_sequence_mask_sizes
 
 __all__ = ["CORRUPTIONS", "DEFAULT_RATE", "ESTIMATORS", "DataCollatorForMPT",
            "draw_sequence_mask_sizes"]
@@ -57,7 +57,7 @@ class DataCollatorForMPT:
         with ``corruption="bert"``.
     stratified : bool
         Spread the batch's sizes over the strata of U{1..D_i}
-        (:func:`draw_sequence_mask_sizes`); ``"random-size"`` only.
+        (:func:`mptlml.masks.draw_mask_sizes`); ``"random-size"`` only.
     seed : int, optional
         Seeds the collator's own generator (in a DataLoader worker: seed plus
         the worker id). Without it torch's global generator is used.
@@ -181,8 +181,8 @@ class DataCollatorForMPT:
         ids = batch["input_ids"]
         g = self.generator
         d = ok.sum(1)
-        m = draw_sequence_mask_sizes(d, self.estimator, rate=self.rate,
-                                     stratified=self.stratified, generator=g)
+        m = draw_mask_sizes(self.estimator, d, stratified=self.stratified, generator=g,
+                            rate=self.rate if self.estimator == "fixed-rate" else None)
         # uniform subset of size M_i among the maskable positions: the M_i smallest keys
         keys = torch.rand(ids.shape, generator=g, dtype=torch.float64)
         keys = keys.masked_fill(~ok, 2.0)
