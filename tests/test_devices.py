@@ -182,7 +182,9 @@ def test_reproduce_antibody_takes_the_mlm_flags(tmp_path, capsys):
 def _run(cmd: list[str], env: dict) -> float:
     t = time.perf_counter()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    # a rank's own message (e.g. "mptlml: error: ...") comes before the launcher's trace
+    ours = [ln for ln in p.stderr.splitlines() if "mptlml" in ln and "rror" in ln][:5]
+    assert p.returncode == 0, "\n".join(ours) + "\n...\n" + p.stderr[-3000:]
     return time.perf_counter() - t
 
 

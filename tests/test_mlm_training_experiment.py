@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -11,20 +12,21 @@ from mptlml.experiments.mlm_training import claims
 
 
 def _fabricated(*, lml_gap: float, at15: float, high: float, bern_gap: float,
-                z_chain: float) -> dict:
+                z_chain: float, reference: str = "bernoulli_lvm") -> dict:
     def d(mean: float, se: float = 0.1) -> dict:
         return {"mean": mean, "stderr": se, "per_seed": [mean] * 3}
 
     return {
         "objectives": ["bert-15", "fixed-15", "random-size"], "seeds": [0, 1, 2],
-        "table": [{"objective": "bernoulli_lvm", "seed": None, "model": "Bernoulli",
+        "table": [{"objective": reference, "seed": None, "model": "reference",
                    "lml": -21.0, "lml_se": 0.5}],
         "comparisons": {
             "lml_random_minus_fixed": d(lml_gap), "lml_random_minus_bert": d(0.0),
             "curve15_fixed_minus_random": d(at15, 0.01),
             "curve_high_fixed_minus_random": d(high, 0.01),
             "high_rate_threshold": 0.7, "curve15_rate": 0.15, "best_objective": "random-size",
-            "best_minus_bernoulli": d(bern_gap, 0.3), "chain_vs_cumulative_max_abs_z": z_chain,
+            "reference": reference, "best_minus_reference": d(bern_gap, 0.3),
+            "chain_vs_cumulative_max_abs_z": z_chain,
         },
     }
 
@@ -46,11 +48,50 @@ def test_claims_fail_on_contrary_results():
     assert [c["holds"] for c in claims(res)] == [False, False, False, True]
 
 
+def test_claims_name_the_reference_of_the_data():
+    """Grey levels have no Bernoulli reference: the claim is against independent pixels."""
+    res = _fabricated(lml_gap=1.0, at15=0.0, high=-0.1, bern_gap=2.0, z_chain=1.0,
+                      reference="independent")
+    c = claims(res)[2]
+    assert "independent pixels" in c["claim"] and c["holds"]
+    # results.json of runs before the grey levels name only the Bernoulli gap
+    old = _fabricated(lml_gap=1.0, at15=0.0, high=-0.1, bern_gap=-2.0, z_chain=1.0)
+    comp = old["comparisons"]
+    comp["best_minus_bernoulli"] = comp.pop("best_minus_reference")
+    del comp["reference"]
+    c = claims(old)[2]
+    assert "Bernoulli" in c["claim"] and not c["holds"]
+
+
+def test_independent_pixels_reference_is_the_counted_categorical():
+    """Held-out log-likelihood of independent pixels, by hand: counts, floor, renormalise."""
+    import torch
+
+    from mptlml.experiments._mlm_training_data import _independent
+
+    train = torch.tensor([[0, 2], [1, 2], [1, 2], [1, 2]])
+    test = torch.tensor([[1, 0], [0, 2]])
+    p0 = [0.25, 0.75, 1e-3]  # pixel 0: counts of 0, 1, 2 among 4 images; 2 never seen
+    p1 = [1e-3, 1e-3, 1.0]  # pixel 1: always 2
+    z0, z1 = sum(p0), sum(p1)
+    want = [math.log(p0[1] / z0) + math.log(p1[0] / z1),
+            math.log(p0[0] / z0) + math.log(p1[2] / z1)]
+    got = _independent(train, test, 3)
+    assert got == pytest.approx(want, abs=1e-12)
+
+
 def test_config_refuses_bad_settings():
     with pytest.raises(ValueError, match="objective"):
         mlm_training.Config(objectives=("bert-30",)).validate()
     with pytest.raises(ValueError, match="num_test"):
         mlm_training.Config(num_test=1790).validate()
+    with pytest.raises(ValueError, match="levels"):
+        mlm_training.Config(levels=5)
+    # the Bernoulli reference exists for binary pixels only: its settings are refused, not ignored
+    with pytest.raises(ValueError, match="bernoulli_epochs.*levels=17"):
+        mlm_training.Config(levels=17, bernoulli_epochs=10).validate()
+    mlm_training.Config(levels=17).validate()
+    mlm_training.Config.quick().validate()
 
 
 @pytest.mark.slow
@@ -70,3 +111,22 @@ def test_quick_run_writes_results_and_figures(tmp_path):
         assert r["lml"] < 0 and r["lml_se"] > 0
     assert res["stratified"]["plain_var"] > 0
     assert len(claims(res)) == 4
+
+
+@pytest.mark.slow
+def test_grey_levels_run_end_to_end(tmp_path):
+    """17 grey levels: 17 pixel tokens, independent pixels as the one exact reference."""
+    from mptlml.experiments import run_experiment
+
+    over = {"levels": 17, "objectives": ("random-size",), "num_seeds": 1, "steps": 8,
+            "num_test": 12, "rate_start": 0.25, "rate_step": 0.5, "num_samples": 2,
+            "variance_draws": 4, "score15_num_masks": 1}
+    out = run_experiment("mlm-training", tmp_path / "grey", quick=True, overrides=over)
+    res = out["results"]
+    assert res["levels"] == 17
+    assert {r["objective"] for r in res["table"]} == {"random-size", "independent"}
+    assert res["comparisons"]["reference"] == "independent"
+    # an untrained-ish model over 17 tokens is near the uniform -ln 17 per pixel, well below 0
+    row = next(r for r in res["table"] if r["objective"] == "random-size")
+    assert -64 * math.log(17) - 40 < row["lml"] < 0
+    assert "independent pixels" in claims(res)[-2]["claim"]
