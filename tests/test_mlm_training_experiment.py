@@ -130,3 +130,20 @@ def test_grey_levels_run_end_to_end(tmp_path):
     row = next(r for r in res["table"] if r["objective"] == "random-size")
     assert -64 * math.log(17) - 40 < row["lml"] < 0
     assert "independent pixels" in claims(res)[-2]["claim"]
+
+
+@pytest.mark.parametrize("levels", [2, 17])
+def test_pixels_are_scikit_learns_digits(levels):
+    """The split holds scikit-learn's raw digits (0..16), or them binarised at half intensity."""
+    import numpy as np
+    import torch
+    from sklearn.datasets import load_digits
+
+    from mptlml.experiments._mlm_training_data import split
+
+    raw = torch.from_numpy(load_digits().data.astype(np.int64))  # independent of load_images
+    want = raw if levels == 17 else (raw > 8).long()  # x / 16 > 0.5
+    perm = torch.randperm(raw.shape[0], generator=torch.Generator().manual_seed(4))
+    train, test = split(levels, 30, 4)
+    assert torch.equal(test, want[perm[:30]]) and torch.equal(train, want[perm[30:]])
+    assert int(train.max()) == levels - 1 and int(train.min()) == 0
