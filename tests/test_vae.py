@@ -124,3 +124,22 @@ def test_log_marginal_deterministic():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         GaussianVAE(4, 2, **kwargs)
+
+
+def test_seeded_estimate_is_independent_of_the_global_rng():
+    """IS conditionals draw from the estimator's generator: a seed repeats the number.
+
+    The exhaustive estimator once scored its masks without the generator, so the
+    VAE's importance samples came from torch's global RNG and a seeded estimate
+    moved with whatever ran before it (0.14-0.21 nats at D = 6).
+    """
+    model = GaussianVAE(6, 2, hidden=(16,), num_samples=16, seed=0, dtype=torch.float64)
+    x = model.sample(6, generator=1)
+    runs = []
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)
+        for est in ("exhaustive", "cumulative", "chain-rule"):
+            p = 1 if est == "exhaustive" else 2
+            runs.append(mptlml.estimate_lml(model, x, est, num_masks=p, seed=3).per_sample)
+    for a, b in zip(runs[:3], runs[3:], strict=True):
+        assert torch.equal(a, b)

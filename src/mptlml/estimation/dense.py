@@ -74,8 +74,8 @@ def exhaustive(model: MaskedModel, x: torch.Tensor, p: int, g: torch.Generator,
             "(or mptlml.settings.max_masks)."
         )
     sizes = list(range(1, d + 1))
-    s_by_size = torch.stack([score_fixed_masks(model, x, all_masks(d, m), counter,
-                                               progress).mean(0) for m in sizes])  # (D, N)
+    s_by_size = torch.stack([score_fixed_masks(model, x, all_masks(d, m), counter, progress,
+                                               g).mean(0) for m in sizes])  # (D, N)
     return Draws(s_by_size.sum(0, keepdim=True), sizes, s_by_size.mean(1), True)
 
 

@@ -107,14 +107,19 @@ def score_masks(model: MaskedModel, x: torch.Tensor, sizes: torch.Tensor, *,
 
 
 def score_fixed_masks(model: MaskedModel, x: torch.Tensor, masks: torch.Tensor,
-                       counter: Counter, progress: bool) -> torch.Tensor:
-    """(1/M) sum over masked positions for given shared masks ``(B, D)`` -> ``(B, N)``."""
+                       counter: Counter, progress: bool,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
+    """(1/M) sum over masked positions for given shared masks ``(B, D)`` -> ``(B, N)``.
+
+    ``generator`` drives a model whose conditionals are themselves Monte
+    Carlo estimates (importance samples of a VAE), so a seeded run repeats.
+    """
     n, d = x.shape
     out = []
     per = rows_per_block(n, d, model, True)
     for s, e in _blocks(masks.shape[0], per, progress, "masks"):
         m = masks[s:e].to(x.device)
-        lp = model.masked_log_prob(x, m, None).double()
+        lp = model.masked_log_prob(x, m, generator).double()
         out.append(lp / m.sum(-1, keepdim=True).double())
         counter.calls += 1
         counter.rows += lp.numel()
