@@ -351,14 +351,14 @@ def test_corrupt_or_foreign_checkpoints_are_refused_by_name(tiny, tmp_path, caps
 
 
 _SLOW_CURVE = """
-import sys, time
+import signal, sys, time
+# a parent started as a background job ignores SIGINT, and a child inherits that: take it back
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import mptlml.estimation.runner as runner
 save = runner.save_chunk
 def slow(path, *a, **k):
     save(path, *a, **k)
-    # after the second chunk, wait for the test's SIGINT (however loaded the machine is), in
-    # short sleeps: the signal may land on another thread, and only the main thread raises
-    # KeyboardInterrupt, when it next runs Python code
+    # after the second chunk, wait for the test's SIGINT (however loaded the machine is)
     for _ in range(2400 if path.name == "chunk_000001.npz" else 4):
         time.sleep(0.05)
 runner.save_chunk = slow
