@@ -174,3 +174,18 @@ def test_local_loaders(tmp_path):
 
     ab = bundled_antibodies()
     assert len(ab) == 111 and all(set(s) <= set("ACDEFGHIKLMNPQRSTVWY") for s in ab.texts)
+
+
+def test_rate_grids_are_one_definition_and_say_what_is_wrong():
+    """--rates START:STOP:STEP, the configs' rate_start/rate_step and the paper's grid agree."""
+    from mptlml.estimation.rates import default_rates, rate_grid
+    from mptlml.experiments.mlm import parse_rates
+
+    np.testing.assert_array_equal(rate_grid(0.01, 0.01), default_rates())
+    np.testing.assert_array_equal(parse_rates("0.01:0.99:0.01"), default_rates())
+    np.testing.assert_allclose(parse_rates("0.1:0.9:0.2"), [0.1, 0.3, 0.5, 0.7, 0.9])
+    np.testing.assert_allclose(parse_rates("0.15,0.5"), [0.15, 0.5])
+    with pytest.raises(ValueError, match="cannot read rates"):
+        parse_rates("0.1:x:0.1")
+    with pytest.raises(ValueError, match="stop must lie strictly between 0 and 1"):
+        parse_rates("0.1:1.0:0.1")  # readable, but 1.0 is no masking rate: said so

@@ -78,11 +78,15 @@ def parse_rates(text: str | None) -> np.ndarray | None:
     try:
         if ":" in text:
             a, b, s = (float(v) for v in text.split(":"))
-            return rate_grid(a, s, stop=b)
-        return np.array([float(v) for v in text.split(",") if v.strip()])
+        else:
+            return np.array([float(v) for v in text.split(",") if v.strip()])
     except ValueError as exc:
         raise ValueError(f"cannot read rates {text!r}; pass START:STOP:STEP (e.g. "
                          "0.01:0.99:0.01) or a comma list (e.g. 0.15,0.5).") from exc
+    try:
+        return rate_grid(a, s, stop=b)
+    except ValueError as exc:  # readable, but not a grid of rates in (0, 1)
+        raise ValueError(f"rates {text!r}: {exc}") from exc
 
 
 def prepare_run_dir(out: str | os.PathLike, name: str, *, overwrite: bool,
