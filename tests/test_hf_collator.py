@@ -94,6 +94,8 @@ def test_one_size_draw_for_dense_and_ragged():
     assert torch.equal(old, dense)
     with pytest.raises(ValueError, match="rate"):
         draw_mask_sizes("random-size", torch.tensor([4, 5]), rate=0.3)
+    with pytest.raises(ValueError, match="needs rate"):
+        draw_mask_sizes("fixed-rate", torch.tensor([4, 5]))
     with pytest.raises(ValueError, match="one size per"):
         draw_mask_sizes("random-size", torch.tensor([4, 5]), num_masks=2)
     with pytest.raises(ValueError, match="stratified"):

@@ -11,6 +11,7 @@ Re-exported by :mod:`mptlml.masks`.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -146,7 +147,9 @@ def _sequence_sizes(estimator: str, num_tokens: torch.Tensor, num_masks: int, *,
     if bool((d < 0).any()):
         raise ValueError(f"num_tokens must be >= 0, got {d.tolist()}.")
     if estimator == "fixed-rate":
-        r = check_rate(0.15 if rate is None else rate)
+        if rate is None:
+            raise ValueError("estimator='fixed-rate' needs rate= (BERT's practice: 0.15).")
+        r = check_rate(rate)
         return torch.tensor([fixed_rate_size(r, int(n)) if int(n) > 0 else 0
                              for n in d.tolist()], dtype=torch.long)
     if rate is not None:
@@ -159,8 +162,6 @@ def draw_sequence_mask_sizes(num_maskable: torch.Tensor, estimator: str, *,
                              rate: float = 0.15, stratified: bool = False,
                              generator: torch.Generator | None = None) -> torch.Tensor:
     """Deprecated: ``draw_mask_sizes(estimator, num_maskable, ...)`` with a tensor of D_i."""
-    import warnings
-
     warnings.warn("draw_sequence_mask_sizes is deprecated; call draw_mask_sizes(estimator, "
                   "num_tokens=<LongTensor of D_i>, ...).", DeprecationWarning, stacklevel=2)
     if estimator not in ("random-size", "fixed-rate"):
