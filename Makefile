@@ -29,10 +29,12 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
+# the sizes of the README's tables (about 5 minutes on 2 idle cores); each script has --help
 bench: $(STAMP)
 	$(PY) benchmarks/bench_estimators.py
-	$(PY) benchmarks/bench_training.py
-	$(PY) benchmarks/bench_mlm.py
+	$(PY) benchmarks/bench_training.py --threads 1
+	$(PY) benchmarks/bench_latent.py --threads 1
+	$(PY) benchmarks/bench_mlm.py --num-sequences 6 --repeats 2 --pll-sequences 2 --bert-batches 2
 
 clean:
 	rm -rf $(VENV) runs
