@@ -221,6 +221,36 @@ def test_torchrun_two_processes_equal_one(one_process, tmp_path):
     _assert_equal_runs(one, tmp_path / "two")
 
 
+_SLOW_MAIN_RANK = """
+import os, sys, time
+import mptlml.estimation.runner as runner
+check = runner.check_meta
+def late(*a, **k):  # the main rank reaches its fingerprint check late (a loaded machine)
+    if os.environ.get("RANK") == "0":
+        time.sleep(3)
+    return check(*a, **k)
+runner.check_meta = late
+from mptlml.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_late_main_rank_meets_no_worker_chunks(one_process, tmp_path):
+    """Workers wait for the main rank's checkpoint fingerprint before writing any chunk.
+
+    Before the barrier a worker could save its first chunk while the main rank
+    was still on its way to ``meta.json``; the main rank then found chunks
+    without a fingerprint and refused its own run (exit 2), seen once under load.
+    """
+    one, common, env = one_process
+    script = tmp_path / "late_main.py"
+    script.write_text(_SLOW_MAIN_RANK)
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+          "2", str(script), *common, "--out", str(tmp_path / "two")], env)
+    _assert_equal_runs(one, tmp_path / "two")
+
+
 @pytest.mark.slow
 def test_accelerate_launch_two_processes_equal_one(one_process, tmp_path):
     """The README's CPU line: accelerate launch --multi_gpu --num_processes 2 (no GPU here)."""

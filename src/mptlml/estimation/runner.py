@@ -34,8 +34,15 @@ import torch
 from .._progress import progress_bar
 from .._validation import check_positive_int
 from ..models.protocols import RaggedMaskedModel
-from .checkpoints import check_meta, load_chunk, save_chunk
-from .distributed import distributed_context, gather, shard, shutdown_distributed
+from .checkpoints import CheckpointError, check_meta, load_chunk, save_chunk
+from .distributed import (
+    DistContext,
+    barrier,
+    distributed_context,
+    gather,
+    shard,
+    shutdown_distributed,
+)
 
 __all__ = ["RunOutput", "distributed_context", "run_pairs", "seq_seed", "shutdown_distributed"]
 
@@ -58,6 +65,27 @@ def _num_masks(make_masks: Callable[[int, int, torch.Generator], torch.Tensor], 
     """How many masks sequence i gets: the length a reused checkpoint array must have."""
     return int(make_masks(int(i), length, torch.Generator().manual_seed(seq_seed(seed, i)))
                .shape[0])
+
+
+def _check_meta_on_every_rank(ckpt: Path, meta: dict, ctx: DistContext) -> None:
+    """The main rank checks (or writes) ``meta.json`` before any rank may write a chunk.
+
+    Without the barrier a fast worker could save its first chunk before the
+    main rank had written the fingerprint, and the main rank would then find
+    chunks without a meta.json and refuse the run. After it, every worker
+    compares the fingerprint itself, so a mismatch stops every rank alike.
+    """
+    error: CheckpointError | None = None
+    if ctx.main:
+        try:
+            check_meta(ckpt, meta, write=True)
+        except CheckpointError as exc:
+            error = exc
+    barrier(ctx)
+    if error is not None:
+        raise error
+    if not ctx.main:
+        check_meta(ckpt, meta, write=False)
 
 
 class _Calls:
@@ -110,7 +138,7 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
         ckpt = Path(checkpoint_dir) / tag
         ckpt.mkdir(parents=True, exist_ok=True)
         meta = _fingerprint(model, ids, {**spec, "seed": int(seed), "chunk_size": chunk_size})
-        check_meta(ckpt, meta, write=ctx.main)
+        _check_meta_on_every_rank(ckpt, meta, ctx)
         for c in mine:
             f = ckpt / f"chunk_{c:06d}.npz"
             if f.exists():
