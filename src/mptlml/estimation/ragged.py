@@ -284,14 +284,14 @@ def _chain_rule(model: RaggedMaskedModel, sequences: Any, p: int, seed: int, pro
         return codes.reshape(p * d, d)
 
     lengths = [len(t) for t in toks]
+    pairs = int(sum(lengths) * p)  # one (sequence, prefix mask) pair per scored position
     out = run_pairs(scorer, toks, order_codes, seed=seed, tag="chain_rule",
-                    spec={"kind": "chain-rule", "num_masks": p,
-                          "total_pairs": int(sum(lengths) * p)},
+                    spec={"kind": "chain-rule", "num_masks": p, "total_pairs": pairs},
                     desc="chain rule", progress=progress, **run)
     per_order = [s.reshape(p, d).sum(axis=1) for s, d in zip(out.sums, lengths, strict=True)]
     lml = np.array([v.mean() for v in per_order])
     se = np.array([v.std(ddof=1) / math.sqrt(p) if p > 1 else np.nan for v in per_order])
-    return lml, se, out.num_model_calls, int(sum(lengths) * p)
+    return lml, se, out.num_model_calls, pairs
 
 
 def estimate_ragged(model: RaggedMaskedModel, sequences: Any, estimator: str, *,

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..estimation import MPTCurve, mlm_curve, pll
 from ..estimation.distributed import barrier, distributed_context, resolve_device
-from ..estimation.rates import check_rates, rate_grid
+from ..estimation.rates import check_rates, rate_grid, rate_widths
 from ..models.masked_lm import MaskedLM
 from .common import RunDir, pyplot
 from .config import ExperimentConfig, setting
@@ -156,11 +156,13 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
                                "stderr": float(s)})
         ids = res.ids or [str(i) for i in range(len(lengths))]
         p = entry.get("pll")
+        widths = rate_widths(res.rates)  # the paper's area, per sequence
+        scores = res.per_sample.numpy()
         for i, sid in enumerate(ids):
             row = {"model": label, "id": sid, "num_tokens": int(lengths[i]),
-                   "lml_riemann": float(res.lml[i]), "lml_riemann_se": float(res.lml_stderr[i]),  # type: ignore[index]
-                   "area": float(res.nominal_length * (res.per_sample[i].numpy() * np.diff(
-                       np.concatenate([[0.0], res.rates]))).sum())}
+                   "lml_riemann": float(res.lml[i]),  # type: ignore[index]
+                   "lml_riemann_se": float(res.lml_stderr[i]),  # type: ignore[index]
+                   "area": float(res.nominal_length * (scores[i] * widths).sum())}
             if res.lml_exact is not None and res.lml_exact_stderr is not None:
                 row["lml_exact"] = float(res.lml_exact[i])
                 row["lml_exact_se"] = float(res.lml_exact_stderr[i])

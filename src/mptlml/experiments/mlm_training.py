@@ -51,6 +51,7 @@ import torch
 from .. import estimate_lml, mpt_curve, pll
 from ..masks import fixed_rate_size
 from ..models import MaskedLM
+from ._claims import claim
 from ._mlm_training_analysis import OBJECTIVES, comparisons, figures, mean_se
 from ._mlm_training_data import (
     LEVELS,
@@ -366,39 +367,38 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     d = c.get("lml_random_minus_fixed")
     if d is not None:
-        out.append({
-            "claim": "hypothesis: random-size MPT training gives a higher held-out LML than "
-                     "fixed 15% masking (paired difference, random-size minus fixed)",
-            "paper": "recommended in Sec. 5, not tested",
-            "ours": f"{_fmt(d)} nats / image over {len(d['per_seed'])} seed(s) (per seed "
-                    f"{', '.join(f'{v:+.2f}' for v in d['per_seed'])}): {_verdict(d)}",
-            "holds": d["mean"] > 2 * d["stderr"]})
+        out.append(claim(
+            "hypothesis: random-size MPT training gives a higher held-out LML than fixed 15% "
+            "masking (paired difference, random-size minus fixed)",
+            "recommended in Sec. 5, not tested",
+            f"{_fmt(d)} nats / image over {len(d['per_seed'])} seed(s) (per seed "
+            f"{', '.join(f'{v:+.2f}' for v in d['per_seed'])}): {_verdict(d)}",
+            d["mean"] > 2 * d["stderr"]))
     a, b = c.get("curve15_fixed_minus_random"), c.get("curve_high_fixed_minus_random")
     if a is not None and b is not None:
-        out.append({
-            "claim": "hypothesis: the fixed-15% model is at least as good as the random-size "
-                     f"one at {c['curve15_rate']:.0%} and worse at high rates "
-                     f"(>= {c['high_rate_threshold']:.0%})",
-            "paper": "fixed-rate training targets one point of the MPT curve (Sec. 5)",
-            "ours": f"fixed minus random: {_fmt(a, 3)} at {c['curve15_rate']:.0%}, "
-                    f"{_fmt(b, 3)} at high rates (nats / masked pixel)",
-            "holds": a["mean"] > -2 * a["stderr"] and b["mean"] < -2 * b["stderr"]})
+        out.append(claim(
+            "hypothesis: the fixed-15% model is at least as good as the random-size one at "
+            f"{c['curve15_rate']:.0%} and worse at high rates (>= {c['high_rate_threshold']:.0%})",
+            "fixed-rate training targets one point of the MPT curve (Sec. 5)",
+            f"fixed minus random: {_fmt(a, 3)} at {c['curve15_rate']:.0%}, "
+            f"{_fmt(b, 3)} at high rates (nats / masked pixel)",
+            a["mean"] > -2 * a["stderr"] and b["mean"] < -2 * b["stderr"]))
     ref = c.get("reference", "bernoulli_lvm")  # results of earlier runs name only this one
     gap = c.get("best_minus_reference", c.get("best_minus_bernoulli"))
     row = next(t for t in results["table"] if t["objective"] == ref)
     what = ("the exact LML of the K=2 Bernoulli latent model" if ref == "bernoulli_lvm" else
             "the exact log-likelihood of independent pixels")
-    out.append({
-        "claim": f"hypothesis: the best MLM's held-out LML bound ({c['best_objective']}) is above "
-                 f"{what} on the same images",
-        "paper": "MLM LMLs are comparable with exact likelihoods (MPT = random-order bound)",
-        "ours": f"best MLM minus {REFERENCES[ref]} (paired over images): {_fmt(gap)} nats / "
-                f"image ({REFERENCES[ref]} {row['lml']:.2f} +/- {row['lml_se']:.2f})",
-        "holds": gap["mean"] > 2 * gap["stderr"]})
-    out.append({
-        "claim": "the cumulative estimate and the chain rule over random orders agree for every "
-                 "trained MLM (both estimate E_pi log q_pi(x))",
-        "paper": "Prop. 1 (random-order chain rule = sum over mask sizes)",
-        "ours": f"largest |paired difference| / SE = {c['chain_vs_cumulative_max_abs_z']:.2f}",
-        "holds": c["chain_vs_cumulative_max_abs_z"] < 4})
+    out.append(claim(
+        f"hypothesis: the best MLM's held-out LML bound ({c['best_objective']}) is above "
+        f"{what} on the same images",
+        "MLM LMLs are comparable with exact likelihoods (MPT = random-order bound)",
+        f"best MLM minus {REFERENCES[ref]} (paired over images): {_fmt(gap)} nats / image "
+        f"({REFERENCES[ref]} {row['lml']:.2f} +/- {row['lml_se']:.2f})",
+        gap["mean"] > 2 * gap["stderr"]))
+    out.append(claim(
+        "the cumulative estimate and the chain rule over random orders agree for every trained "
+        "MLM (both estimate E_pi log q_pi(x))",
+        "Prop. 1 (random-order chain rule = sum over mask sizes)",
+        f"largest |paired difference| / SE = {c['chain_vs_cumulative_max_abs_z']:.2f}",
+        c["chain_vs_cumulative_max_abs_z"] < 4))
     return out
