@@ -10,15 +10,15 @@ import torch
 
 from mptlml import estimate_lml
 from mptlml.estimation.runner import seq_seed
+from mptlml.estimators import create
 from mptlml.hf import (
     DataCollatorForMPT,
     chain_rule_lml,
-    draw_sequence_mask_sizes,
     mpt_batch_loss,
     mpt_loss,
     sample_random_order,
 )
-from mptlml.masks import draw_mask_sizes, fixed_rate_size, prefix_masks, random_orders
+from mptlml.masks import fixed_rate_size, prefix_masks, random_orders
 from mptlml.models import MaskedLM
 
 from .mlm_helpers import SENTENCES, make_tiny_bert
@@ -81,35 +81,14 @@ def test_random_sizes_span_one_to_d_uniformly(tiny):
     assert chi2 < d - 1 + 5 * math.sqrt(2 * (d - 1))
 
 
-def test_one_size_draw_for_dense_and_ragged():
-    """Dense (an int D) and ragged (a tensor of D_i) sizes are the same draw: same seed, same M."""
-    dense = draw_mask_sizes("random-size", 9, 50, generator=3)
-    ragged = draw_mask_sizes("random-size", torch.full((50,), 9), generator=3)
-    assert torch.equal(dense, ragged)
-    assert torch.equal(draw_mask_sizes("fixed-rate", torch.tensor([0, 10, 100]), rate=0.15),
-                       torch.tensor([0, 1, 15]))
-    with pytest.warns(DeprecationWarning, match="draw_mask_sizes"):
-        old = draw_sequence_mask_sizes(torch.full((50,), 9), "random-size",
-                                       generator=torch.Generator().manual_seed(3))
-    assert torch.equal(old, dense)
-    with pytest.raises(ValueError, match="rate"):
-        draw_mask_sizes("random-size", torch.tensor([4, 5]), rate=0.3)
-    with pytest.raises(ValueError, match="needs rate"):
-        draw_mask_sizes("fixed-rate", torch.tensor([4, 5]))
-    with pytest.raises(ValueError, match="one size per"):
-        draw_mask_sizes("random-size", torch.tensor([4, 5]), num_masks=2)
-    with pytest.raises(ValueError, match="stratified"):
-        draw_mask_sizes("fixed-rate", 10, rate=0.2, stratified=True)
-
-
 def test_stratified_sizes_cover_every_stratum():
     g = torch.Generator().manual_seed(0)
     for d in (1, 7, 40):
-        m = draw_mask_sizes("random-size", torch.full((d,), d), stratified=True, generator=g)
+        m = create("random-size", stratified=True).sizes(torch.full((d,), d), generator=g)
         assert sorted(m.tolist()) == list(range(1, d + 1))  # B = D: a permutation of 1..D
     # marginally still uniform on 1..D_i for ragged D_i
     d = torch.tensor([3, 10, 1, 6] * 2000)
-    m = draw_mask_sizes("random-size", d, stratified=True, generator=g)
+    m = create("random-size", stratified=True).sizes(d, generator=g)
     assert ((m >= 1) & (m <= d)).all()
     for di in (3, 10, 6):
         sel = m[d == di]

@@ -232,11 +232,11 @@ def test_bad_inputs_give_clear_errors(tmp_path):
     nomarg = _NoMarginal(10)
     with pytest.raises(ValueError, match="needs model.log_marginal"):
         ExactLML(nomarg)
-    with pytest.raises(ValueError, match="unknown MPT estimator 'bert'"):
+    with pytest.raises(ValueError, match="unknown estimator 'bert'"):
         MPTLoss(model, "bert")
     with pytest.raises(ValueError, match="evaluation-only"):
         MPTLoss(model, "exhaustive")
-    with pytest.raises(ValueError, match="rate is required"):
+    with pytest.raises(ValueError, match="needs rate="):
         MPTLoss(model, "fixed-rate")
     with pytest.raises(ValueError, match="only apply to estimator='fixed-rate'"):
         MPTLoss(model, "cumulative", rate=0.2)

@@ -6,44 +6,25 @@
 (Moreno-Munoz, Recasens, Hauberg, NeurIPS 2023, Proposition 1.)
 """
 
-from typing import Any
-
-from . import settings
-from .estimation import (
-    ESTIMATORS,
-    LMLEstimate,
-    MPTCurve,
-    TokenScores,
-    estimate_lml,
-    mlm_curve,
-    mpt_area,
-    mpt_curve,
-    pll,
-)
+from . import estimators, settings
+from .estimation import LMLEstimate, MPTCurve, TokenScores, mlm_curve, mpt_area, pll
+from .estimators import Estimator, estimate_lml, mpt_curve, register
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ESTIMATORS",
+    "Estimator",
     "LMLEstimate",
     "MPTCurve",
     "TokenScores",
     "__version__",
     "estimate_lml",
+    "estimators",
     "mlm_curve",
     "mpt_area",
     "mpt_curve",
     "pll",
+    "register",
     "settings",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    """Deprecated names: ``MLMCurveResult`` is :class:`MPTCurve` now."""
-    if name == "MLMCurveResult":
-        import warnings
-
-        warnings.warn("mptlml.MLMCurveResult is deprecated; use mptlml.MPTCurve.",
-                      DeprecationWarning, stacklevel=2)
-        return MPTCurve
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

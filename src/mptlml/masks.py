@@ -25,28 +25,51 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from ._validation import check_positive_int, make_generator
-from .mask_sizes import (
-    MASK_SIZE_ESTIMATORS,
-    check_mask_size_args,
-    draw_mask_sizes,
-    draw_sequence_mask_sizes,
-    fixed_rate_size,
-)
+from ._validation import check_positive_int, check_rate, make_generator
 
 __all__ = [
-    "MASK_SIZE_ESTIMATORS",
     "all_masks",
-    "check_mask_size_args",
     "count_masks",
-    "draw_mask_sizes",
-    "draw_sequence_mask_sizes",
     "fixed_rate_size",
     "prefix_masks",
     "random_orders",
     "sample_masks",
     "shutdown_mask_pool",
+    "uniform_sizes",
 ]
+
+
+def fixed_rate_size(rate: float, num_tokens: int) -> int:
+    """Mask size of a fixed masking rate: ``max(1, floor(rate * D))``.
+
+    Floor, as the paper's code: 15% of D = 512 gives M = 76 (Table 1; see
+    ``docs/notes.md``). A tiny tolerance keeps exact products (0.2 * 10) from
+    rounding down.
+    """
+    r = check_rate(rate)
+    return max(1, min(num_tokens, int(math.floor(r * num_tokens + 1e-9))))
+
+
+def uniform_sizes(num_tokens: torch.Tensor, generator: torch.Generator | None,
+                  stratified: bool = False, probs: torch.Tensor | None = None) -> torch.Tensor:
+    """M ~ U{1..D} elementwise, ``floor(U * D) + 1`` with U ~ U[0, 1); 0 where D = 0.
+
+    ``stratified``: U = (pi + V) / B over the B elements, pi a uniformly random
+    permutation and V ~ U[0, 1): each U is still U[0, 1) (same distribution
+    per element), but the B elements cover the B quantile strata once each.
+    ``probs`` (one D for every element): draw M ~ q instead, with
+    ``q = probs`` over 1..D, by inverting its distribution function at U.
+    """
+    d = num_tokens
+    u = torch.rand(d.shape, generator=generator, dtype=torch.float64)
+    if stratified and d.numel() > 1:
+        u = (torch.randperm(d.numel(), generator=generator).double().view(d.shape) + u) / d.numel()
+    if probs is not None:
+        cdf = probs.double().cumsum(0)
+        m = torch.searchsorted(cdf / cdf[-1], u.reshape(-1), right=True).view(d.shape) + 1
+        return torch.minimum(m, d.clamp_min(1)).where(d > 0, torch.zeros_like(d))
+    m = (u * d.double()).floor().long() + 1
+    return torch.where(d > 0, torch.minimum(m, d), torch.zeros_like(d))
 
 
 def sample_masks(num_tokens: int, sizes: int | torch.Tensor, *, num_masks: int | None = None,

@@ -1,50 +1,45 @@
-"""Estimation of the log-marginal likelihood from masked conditionals.
+"""How Monte Carlo draws of masked conditionals are run, and the results they give.
+
+The estimators themselves (what is estimated, from which masks, with which
+weights) live in :mod:`mptlml.estimators`; this package runs their draws.
 
 Rooms:
 
-``results``   :class:`LMLEstimate`, :class:`MPTCurve`: one result type per concept,
-              the same fields for dense models and masked LMs;
-``engine``    blocks of masks scored through the model's reductions (dense data);
-``dense``     one function per estimator of dense data, in a registry;
+``engine``    blocks and grids of masks scored through a dense model's reductions;
 ``runner``    the ragged-sequence runner (buckets, token budget, checkpoints, data parallel);
 ``distributed`` ranks, devices, sharding and gathering on accelerate's ``PartialState``;
+``checkpoints`` the runner's validated, atomic chunk files;
 ``rates``     rate grids and the paper's area under the MPT curve;
-``ragged``    PLL, curves and LML estimators of ragged sequences, in a registry;
+``ragged``    PLL, MPT curves and the cumulative sum on ragged sequences;
 ``words``     per-token/per-word PLL (whole-word masking, PLL-word-l2r) and word masks;
-``api``       :func:`estimate_lml` and :func:`mpt_curve`, which dispatch on the
-              model's protocol (never on its family).
+``results``   :class:`LMLEstimate`, :class:`MPTCurve`: one result type per concept;
+``stats``     the one mean / standard-error helper.
 
 Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
 Marginal Likelihood", NeurIPS 2023, Proposition 1.
 """
 
-from .api import estimate_lml, mpt_curve
-from .dense import DENSE_ESTIMATORS, ESTIMATORS
 from .engine import score_grid, score_masks, score_nested
-from .ragged import RAGGED_ESTIMATORS, mlm_curve, pll
+from .ragged import mlm_curve, pll
 from .rates import default_rates, mask_sizes, mpt_area, rate_grid, rate_widths
-from .registry import EstimatorSpec
 from .results import LMLEstimate, MPTCurve
+from .stats import mean_stderr, sum_stderr
 from .words import TokenScores
 
 __all__ = [
-    "DENSE_ESTIMATORS",
-    "ESTIMATORS",
-    "RAGGED_ESTIMATORS",
-    "EstimatorSpec",
     "LMLEstimate",
     "MPTCurve",
     "TokenScores",
     "default_rates",
-    "estimate_lml",
     "mask_sizes",
+    "mean_stderr",
     "mlm_curve",
     "mpt_area",
-    "mpt_curve",
     "pll",
     "rate_grid",
     "rate_widths",
     "score_grid",
     "score_masks",
     "score_nested",
+    "sum_stderr",
 ]

@@ -26,7 +26,6 @@ from ..models.base import MaskedModel
 
 __all__ = [
     "Counter",
-    "mc_stats",
     "rows_per_block",
     "score_chain_rule",
     "score_fixed_masks",
@@ -78,6 +77,10 @@ def score_masks(model: MaskedModel, x: torch.Tensor, sizes: torch.Tensor, *,
         the model's ``masked_log_prob_mean`` (shared masks only; a model may compute
         it from sufficient statistics of the data). The masks drawn are the same.
 
+    The masks depend only on the generator, the sizes and ``share_masks``
+    (they are drawn in chunks of ``settings.mask_bytes``, whatever the model's
+    block size), so two models scored from one seed see the same masks.
+
     Returns
     -------
     torch.Tensor, (B, N) or (B,) float64
@@ -90,19 +93,29 @@ def score_masks(model: MaskedModel, x: torch.Tensor, sizes: torch.Tensor, *,
     if mean_over_data and not share_masks:
         raise ValueError("mean_over_data needs share_masks=True.")
     per = rows_per_block(n, d, model, share_masks)
+    # masks are drawn in chunks that do not depend on the model (its block cost only
+    # cuts a chunk into calls), so one generator state gives every model the same masks
+    chunk = max(1, settings.mask_bytes.value() // (d * (1 if share_masks else n)))
     out = []
-    for s, e in _blocks(sizes.shape[0], per, progress, "masks"):
-        sz = sizes[s:e]
-        mask = sample_masks(d, sz, num_data=None if share_masks else n, generator=g)
-        if mean_over_data:
-            lp = model.masked_log_prob_mean(x, mask.to(x.device), g).double()
-        else:
-            lp = model.masked_log_prob(x, mask.to(x.device), g).double()
-        div = sz.to(device=lp.device, dtype=torch.float64)
-        out.append(lp / (div[:, None] if div.ndim == 1 and not mean_over_data else div))
-        if counter is not None:
-            counter.calls += 1
-            counter.rows += lp.numel()
+    bar = progress_bar(total=sizes.shape[0], enabled=progress and sizes.shape[0] > per,
+                       desc="masks")
+    for c0 in range(0, sizes.shape[0], chunk):
+        c1 = min(c0 + chunk, sizes.shape[0])
+        masks = sample_masks(d, sizes[c0:c1], num_data=None if share_masks else n, generator=g)
+        for s in range(c0, c1, per):
+            e = min(s + per, c1)
+            sz, mask = sizes[s:e], masks[s - c0:e - c0].to(x.device)
+            if mean_over_data:
+                lp = model.masked_log_prob_mean(x, mask, g).double()
+            else:
+                lp = model.masked_log_prob(x, mask, g).double()
+            div = sz.to(device=lp.device, dtype=torch.float64)
+            out.append(lp / (div[:, None] if div.ndim == 1 and not mean_over_data else div))
+            if counter is not None:
+                counter.calls += 1
+                counter.rows += lp.numel()
+            bar.update(e - s)
+    bar.close()
     return torch.cat(out, dim=0)
 
 
@@ -250,15 +263,6 @@ def score_nested(model: MaskedModel, x: torch.Tensor, num_orders: int, *,
             counter.calls += 1
             counter.rows += lp.numel()
     return torch.cat(out, dim=0)
-
-
-def mc_stats(samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean over dim 0 and its standard error (NaN when fewer than two samples)."""
-    p = samples.shape[0]
-    mean = samples.mean(0)
-    if p < 2:
-        return mean, torch.full_like(mean, float("nan"))
-    return mean, samples.var(0, correction=1).div(p).sqrt()
 
 
 def score_chain_rule(model: MaskedModel, x: torch.Tensor, p: int, share: bool,

@@ -18,8 +18,8 @@ masked tokens, P uniform masks per rate; :func:`mlm_curve` returns
 
 :func:`pll` is the pseudo-log-likelihood sum_j log p(x_j | x_{-j}) that MLM
 scorers report (the M = 1 term times D_i, computed exhaustively). The LML
-estimators for ragged sequences are registered in :data:`RAGGED_ESTIMATORS`
-(``"cumulative"``, ``"riemann"``, ``"chain-rule"``). Scoring runs through
+estimators for ragged sequences live in :mod:`mptlml.estimators` (they call
+:func:`mlm_curve` and :func:`exact_sum`). Scoring runs through
 :func:`mptlml.estimation.runner.run_pairs` (buckets, token budget,
 checkpoints, data parallel).
 
@@ -29,7 +29,6 @@ Marginal Likelihood", NeurIPS 2023, Proposition 1, Sec. 4, Table 2, Fig. 5.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -38,35 +37,15 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int
-from ..masks import prefix_masks, random_orders, sample_masks
+from ..masks import sample_masks
 from ..models.protocols import RaggedMaskedModel
 from .rates import check_rates, mask_sizes, rate_widths
-from .registry import EstimatorSpec, check_options, lookup, register
-from .results import LMLEstimate, MPTCurve, as_float64
+from .results import MPTCurve, as_float64
 from .runner import run_pairs
-from .words import TokenScores, encode, encode_words, pll_scores, targeted, word_counts
+from .stats import mean_stderr, sum_stderr
+from .words import TokenScores, encode, encode_words, pll_scores, word_counts
 
-__all__ = ["RAGGED_ESTIMATORS", "estimate_ragged", "mlm_curve", "pll"]
-
-RAGGED_ESTIMATORS: dict[str, EstimatorSpec] = {}
-_RUN_OPTIONS = ("token_budget", "batch_size", "chunk_size", "checkpoint_dir")
-
-
-def _nan_se(a: np.ndarray, axis: int) -> np.ndarray:
-    n = a.shape[axis]
-    if n < 2:
-        return np.full(np.delete(a.shape, axis), np.nan)
-    return a.std(axis=axis, ddof=1) / math.sqrt(n)
-
-
-def _sum_se(values: np.ndarray, se: np.ndarray | None) -> float:
-    """Standard error of sum_k v_k: from per-term SEs, else successive differences."""
-    if se is not None and np.all(np.isfinite(se)):
-        return float(np.sqrt(np.sum(se ** 2)))
-    if values.size < 2:
-        return float("nan")
-    var = float(np.mean(np.diff(values) ** 2) / 2.0)  # one draw per term: local variance
-    return math.sqrt(values.size * var)
+__all__ = ["exact_sum", "mlm_curve", "pll"]
 
 
 def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[int]], *,
@@ -191,29 +170,31 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
                           "total_pairs": int(len(toks) * k * p), **unit},
                     desc="MPT curve", **run)
     per_mask = np.stack([s.reshape(k, p) for s in out.sums]) / sizes[:, :, None]  # (N, K, P)
-    scores = per_mask.mean(axis=2)
-    scores_se = _nan_se(per_mask, axis=2)
+    scores, scores_se = mean_stderr(per_mask, axis=2)
     length = float(lengths.mean()) if nominal_length is None else float(nominal_length)
     seq_areas = length * (scores * rate_widths(r)).sum(axis=1)
-    lml_se = np.array([lengths[i] / k * _sum_se(scores[i], scores_se[i] if p > 1 else None)
+    lml_se = np.array([lengths[i] / k * float(sum_stderr(scores_se[i] if p > 1 else None,
+                                                         scores[i]))
                        for i in range(len(toks))])
+    curve_mean, curve_se = mean_stderr(scores, axis=0)
+    area_mean, area_se = mean_stderr(seq_areas, axis=0)
     res = MPTCurve(
-        sizes=torch.from_numpy(sizes), rates=r.tolist(), mean=as_float64(scores.mean(axis=0)),
-        stderr=as_float64(_nan_se(scores, axis=0)), per_sample=as_float64(scores),
-        area=float(seq_areas.mean()), area_stderr=float(_nan_se(seq_areas, axis=0)),
+        sizes=torch.from_numpy(sizes), rates=r.tolist(), mean=as_float64(curve_mean),
+        stderr=as_float64(curve_se), per_sample=as_float64(scores),
+        area=float(area_mean), area_stderr=float(area_se),
         area_is_exact_sum=False, num_tokens=torch.from_numpy(lengths), num_masks=p,
         num_model_calls=out.num_model_calls, seed=int(seed),
         per_sample_stderr=as_float64(scores_se), lml=as_float64(lengths * scores.mean(axis=1)),
         lml_stderr=as_float64(lml_se), nominal_length=length, model=model.name,
         corruption=model.fingerprint().get("corruption"), ids=ids, extra=dict(unit))
     if exact:
-        tot, tse, calls = _exact_sum(model, toks, p, int(seed), words=words, **run)
+        tot, tse, calls = exact_sum(model, toks, p, int(seed), words=words, **run)
         res.lml_exact, res.lml_exact_stderr = as_float64(tot), as_float64(tse)
         res.num_model_calls += calls
     return res
 
 
-def _exact_sum(model: RaggedMaskedModel, toks: list[torch.Tensor], p: int, seed: int,
+def exact_sum(model: RaggedMaskedModel, toks: list[torch.Tensor], p: int, seed: int,
                words: list[torch.Tensor] | None = None,
                **kwargs: Any) -> tuple[np.ndarray, np.ndarray, int]:
     """sum_{M=1..D_i} S_hat(x_i; M) with P masks per M, its standard error, model calls.
@@ -236,82 +217,7 @@ def _exact_sum(model: RaggedMaskedModel, toks: list[torch.Tensor], p: int, seed:
     tot, tse = [], []
     for s, d in zip(ex.sums, lengths, strict=True):
         sm = s.reshape(int(d), p) / np.arange(1, d + 1)[:, None]  # S_hat per mask
-        mean = sm.mean(axis=1)
+        mean, se = mean_stderr(sm, axis=1)
         tot.append(float(mean.sum()))
-        tse.append(_sum_se(mean, _nan_se(sm, axis=1) if p > 1 else None))
+        tse.append(float(sum_stderr(se if p > 1 else None, mean)))
     return np.array(tot), np.array(tse), ex.num_model_calls
-
-
-# ---------------------------------------------------------------------- LML estimators
-@register(RAGGED_ESTIMATORS, "cumulative",
-          "sum_{M=1..D_i} S_hat(x_i; M), P uniform masks per size; unbiased", _RUN_OPTIONS)
-def _cumulative(model: RaggedMaskedModel, sequences: Any, p: int, seed: int, progress: bool,
-                **run: Any) -> tuple[np.ndarray, np.ndarray, int, int]:
-    toks = encode(model, sequences)
-    lml, se, calls = _exact_sum(model, toks, p, seed, progress=progress, **run)
-    return lml, se, calls, int(sum(len(t) for t in toks) * p)
-
-
-@register(RAGGED_ESTIMATORS, "riemann",
-          "D_i * mean_k S(x_i; M_ik) over a rate grid; biased by the grid",
-          ("rates", *_RUN_OPTIONS))
-def _riemann(model: RaggedMaskedModel, sequences: Any, p: int, seed: int, progress: bool,
-             **run: Any) -> tuple[np.ndarray, np.ndarray, int, int]:
-    res = mlm_curve(model, sequences, num_masks=p, seed=seed, progress=progress, **run)
-    return (res.lml.numpy(), res.lml_stderr.numpy(), res.num_model_calls,  # type: ignore[union-attr]
-            int(res.per_sample.numel() * p))
-
-
-@register(RAGGED_ESTIMATORS, "chain-rule",
-          "sum_t log q(x_pi(t) | x_pi(t+1..D_i)) over P random orders pi; unbiased for "
-          "sum_M S(x_i; M)", _RUN_OPTIONS)
-def _chain_rule(model: RaggedMaskedModel, sequences: Any, p: int, seed: int, progress: bool,
-                **run: Any) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """The chain rule along P uniformly random orders of each sequence's D_i tokens.
-
-    Step t of order pi hides its first t positions and scores pi(t); the t-th
-    term is a uniform mask of size t, so E_pi[log q_pi(x)] = sum_M S(x; M)
-    for any conditionals q (a lower bound on the log of the order mixture;
-    :mod:`mptlml.hf`). Exact in every order for a consistent model.
-    """
-    toks = encode(model, sequences)
-    scorer = targeted(model, "the 'chain-rule' estimator on ragged sequences")
-
-    def order_codes(i: int, d: int, g: torch.Generator) -> torch.Tensor:
-        orders = random_orders(d, p, generator=g)  # (P, D)
-        codes = prefix_masks(orders).to(torch.int8)  # [q, t, j]: j among the first t + 1
-        codes.view(p * d, d)[torch.arange(p * d), orders.reshape(-1)] = 2  # score pi(t)
-        return codes.reshape(p * d, d)
-
-    lengths = [len(t) for t in toks]
-    pairs = int(sum(lengths) * p)  # one (sequence, prefix mask) pair per scored position
-    out = run_pairs(scorer, toks, order_codes, seed=seed, tag="chain_rule",
-                    spec={"kind": "chain-rule", "num_masks": p, "total_pairs": pairs},
-                    desc="chain rule", progress=progress, **run)
-    per_order = [s.reshape(p, d).sum(axis=1) for s, d in zip(out.sums, lengths, strict=True)]
-    lml = np.array([v.mean() for v in per_order])
-    se = np.array([v.std(ddof=1) / math.sqrt(p) if p > 1 else np.nan for v in per_order])
-    return lml, se, out.num_model_calls, pairs
-
-
-def estimate_ragged(model: RaggedMaskedModel, sequences: Any, estimator: str, *,
-                    num_masks: int, seed: int, progress: bool,
-                    options: dict[str, Any]) -> LMLEstimate:
-    """:func:`mptlml.estimate_lml` for ragged sequences: per-sequence LML estimates.
-
-    ``"cumulative"``: ``sum_{M=1..D_i} S_hat(x_i; M)`` (Proposition 1, P masks
-    per M); ``"riemann"``: ``D_i * mean_k S(x_i; M_ik)`` over the rate grid;
-    ``"chain-rule"``: ``log q_pi(x_i)`` averaged over P random orders.
-    ``stderr`` is the Monte Carlo error of the mean, sqrt(sum_i se_i^2) / N.
-    """
-    spec = lookup(RAGGED_ESTIMATORS, estimator, "ragged sequences")
-    check_options(spec, options, "ragged sequences")
-    p = check_positive_int(num_masks, "num_masks")
-    lml, se, calls, rows = spec.fn(model, sequences, p, seed, progress, **options)
-    n = lml.size
-    return LMLEstimate(
-        estimator=estimator, per_sample=as_float64(lml), per_sample_stderr=as_float64(se),
-        mean=float(lml.mean()), stderr=float(np.sqrt(np.sum(se ** 2)) / n),
-        stderr_data=float(lml.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
-        sizes=None, size_scores=None, num_masks=p, num_model_calls=calls,
-        num_masked_rows=rows, seed=seed, model=model.name)

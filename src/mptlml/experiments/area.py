@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int
-from ..estimation import estimate_lml, mpt_curve
+from ..estimators import estimate_lml, mpt_curve
 from ._claims import claim
 from ._synthetic import SyntheticPPCAConfig, mean_lml
 from .common import RunDir, pyplot

@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..estimation.engine import score_masks
+from ..estimation.stats import mean_stderr
+from ..estimators import Cumulative, FixedRate
 from ..masks import fixed_rate_size
 from ._claims import claim
 from ._synthetic import SyntheticPPCAConfig, mean_lml
@@ -146,23 +147,20 @@ def _panel(cfg: Config, d: int, mask_size: int | None, grid: list[int]) -> dict[
     model, x = cfg.synthetic(d, cfg.latent_dim, seed=cfg.data_seed * 1000 + d)
     exact = mean_lml(model, x)
     p_max = cfg.max_masks
-    sizes = list(range(1, d + 1)) if mask_size is None else [mask_size]
-    rows = torch.tensor(sizes, dtype=torch.long).repeat_interleave(p_max)
+    est = (Cumulative(p_max, share_masks=cfg.share_masks) if mask_size is None
+           else FixedRate(p_max, mask_size=mask_size, share_masks=cfg.share_masks))
     paths, totals = [], []
     with torch.no_grad():
         for s in range(cfg.num_seeds):
-            g = torch.Generator().manual_seed(cfg.seed + s)
-            sc = score_masks(model, x, rows, share_masks=cfg.share_masks, generator=g)
-            sc = sc.view(len(sizes), p_max, cfg.num_data)
-            # per-mask total over sizes: sum_M S_hat (all sizes) or D * S_hat (fixed rate)
-            per_mask = sc.sum(0) if mask_size is None else d * sc[0]  # (P, N)
+            # the estimator's draws: sum_M S_hat (all sizes) or D * S_hat (fixed rate), (P, N)
+            per_mask = est.draws(model, x, generator=cfg.seed + s)
             per_mask_mean = per_mask.mean(1)  # (P,): average over the data
             running = per_mask_mean.cumsum(0) / torch.arange(1, p_max + 1, dtype=torch.float64)
             paths.append(running[[p - 1 for p in grid]])
             totals.append(per_mask_mean)
     paths_t = torch.stack(paths)  # (seeds, len(grid))
     pooled = torch.cat(totals)  # i.i.d. over masks
-    pooled_se = float(pooled.std(correction=1) / math.sqrt(pooled.numel()))
+    pooled_se = float(mean_stderr(pooled)[1])
     return {
         "D": d,
         "estimator": "cumulative" if mask_size is None else "fixed-rate",

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..estimation import estimate_lml, mpt_curve
+from ..estimators import estimate_lml, mpt_curve
 from ..models import PPCA
 from .common import RunDir, print_table, pyplot
 

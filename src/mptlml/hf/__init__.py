@@ -57,18 +57,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .collator import CORRUPTIONS, ESTIMATORS, DataCollatorForMPT, draw_sequence_mask_sizes
+from .collator import CORRUPTIONS, DataCollatorForMPT
 from .loss import IGNORE_INDEX, mpt_batch_loss, mpt_loss
 from .orders import chain_rule_lml, sample_random_order
 
 __all__ = [
     "CORRUPTIONS",
-    "ESTIMATORS",
     "IGNORE_INDEX",
     "DataCollatorForMPT",
     "MPTTrainer",
     "chain_rule_lml",
-    "draw_sequence_mask_sizes",
     "mpt_batch_loss",
     "mpt_loss",
     "sample_random_order",

@@ -27,13 +27,15 @@ from typing import Any
 
 import torch
 
-from ..masks import draw_mask_sizes, draw_sequence_mask_sizes
+from ..estimators import Estimator, accepted_options, available, create, get
 
-__all__ = ["CORRUPTIONS", "DEFAULT_RATE", "ESTIMATORS", "DataCollatorForMPT",
-           "draw_sequence_mask_sizes"]
+__all__ = ["CORRUPTIONS", "DEFAULT_RATE", "DataCollatorForMPT"]
 
-ESTIMATORS = ("random-size", "fixed-rate")
 CORRUPTIONS = ("mask", "bert")
+_HINTS = {"rate": "rate applies to estimator='fixed-rate' only; {estimator} draws M from 1..D_i. "
+                  "Drop rate, or pass estimator='fixed-rate'.",
+          "stratified": "stratified=True applies to estimator='random-size' only (a fixed rate "
+                        "has one size per sequence)."}
 #: BERT's masking rate, the default of ``estimator="fixed-rate"``.
 DEFAULT_RATE = 0.15
 
@@ -57,7 +59,7 @@ class DataCollatorForMPT:
         with ``corruption="bert"``.
     stratified : bool
         Spread the batch's sizes over the strata of U{1..D_i}
-        (:func:`mptlml.masks.draw_mask_sizes`); ``"random-size"`` only.
+        (:class:`mptlml.estimators.RandomSize`); ``"random-size"`` only.
     seed : int, optional
         Seeds the collator's own generator (in a DataLoader worker: seed plus
         the worker id). Without it torch's global generator is used.
@@ -83,23 +85,28 @@ class DataCollatorForMPT:
         :class:`mptlml.hf.MPTTrainer` or to :func:`mptlml.hf.mpt_loss`.
     """
 
-    def __init__(self, tokenizer: Any, estimator: str = "random-size", rate: float | None = None,
-                 corruption: str = "mask", stratified: bool = False, seed: int | None = None,
-                 pad_to_multiple_of: int | None = None, return_tensors: str = "pt") -> None:
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}.")
+    def __init__(self, tokenizer: Any, estimator: str | Estimator = "random-size",
+                 rate: float | None = None, corruption: str = "mask", stratified: bool = False,
+                 seed: int | None = None, pad_to_multiple_of: int | None = None,
+                 return_tensors: str = "pt") -> None:
+        choices = available(trainable=True, per_sequence_sizes=True)
+        try:
+            cls = get(estimator)
+        except ValueError:
+            raise ValueError(f"estimator must be one of {choices}, got {estimator!r}.") from None
+        if not (cls.trainable and cls.per_sequence_sizes):
+            raise ValueError(f"estimator must be one of {choices} (an estimator that draws one "
+                             f"mask size per sequence), got {cls.name!r}.")
         if corruption not in CORRUPTIONS:
             raise ValueError(f"corruption must be one of {CORRUPTIONS}, got {corruption!r}.")
-        if rate is not None and estimator == "random-size":
-            raise ValueError("rate applies to estimator='fixed-rate' only; random-size draws "
-                             "M uniformly from 1..D_i. Drop rate, or pass estimator='fixed-rate'.")
-        rate = DEFAULT_RATE if rate is None else rate
-        if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or math.isnan(
-                float(rate)) or not (0.0 < float(rate) < 1.0):
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, numbers.Real)
+                                 or math.isnan(float(rate)) or not 0.0 < float(rate) < 1.0):
             raise ValueError(f"rate must be a float in (0, 1), got {rate!r}.")
-        if stratified and estimator != "random-size":
-            raise ValueError("stratified=True applies to estimator='random-size' only (a fixed "
-                             "rate has one size per sequence).")
+        takes_rate = "rate" in accepted_options(cls)
+        self.size_rule = create(estimator, rate=DEFAULT_RATE if rate is None and takes_rate
+                                and not isinstance(estimator, Estimator) else rate,
+                                stratified=stratified, hints=_HINTS)
+        rate = getattr(self.size_rule, "rate", None) or DEFAULT_RATE
         if return_tensors != "pt":
             raise ValueError(f"only return_tensors='pt' is supported, got {return_tensors!r}.")
         if getattr(tokenizer, "mask_token_id", None) is None:
@@ -109,7 +116,7 @@ class DataCollatorForMPT:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise TypeError(f"seed must be an int or None, got {seed!r}.")
         self.tokenizer = tokenizer
-        self.estimator = estimator
+        self.estimator = self.size_rule.name
         self.rate = float(rate)
         self.corruption = corruption
         self.stratified = bool(stratified)
@@ -181,8 +188,7 @@ class DataCollatorForMPT:
         ids = batch["input_ids"]
         g = self.generator
         d = ok.sum(1)
-        m = draw_mask_sizes(self.estimator, d, stratified=self.stratified, generator=g,
-                            rate=self.rate if self.estimator == "fixed-rate" else None)
+        m = self.size_rule.sizes(d, generator=g)
         # uniform subset of size M_i among the maskable positions: the M_i smallest keys
         keys = torch.rand(ids.shape, generator=g, dtype=torch.float64)
         keys = keys.masked_fill(~ok, 2.0)
@@ -200,6 +206,8 @@ class DataCollatorForMPT:
             x = torch.where(masked & (u >= 0.8) & (u < 0.9), rnd, x)
         batch["input_ids"] = x
         batch["labels"] = labels
-        weights = torch.where(m > 0, d.double() / m.clamp_min(1).double(), 0.0)
+        # the estimator weighs S_hat = (1/M) sum_mask log q; per masked token: weight / M
+        w = self.size_rule.weights(m, d)
+        weights = torch.where(m > 0, w / m.clamp_min(1).double(), 0.0)
         batch["mpt_weights"] = weights.float()
         return batch

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int, make_generator
-from ..estimation.api import estimate_lml
+from ..estimators import estimate_lml
 from ..masks import random_orders
 from ..models.masked_lm import MaskedLM
 

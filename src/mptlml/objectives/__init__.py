@@ -10,6 +10,6 @@
 from .base import Objective
 from .exact import ExactLML
 from .latent import ELBO, IWAE
-from .mpt import MPT_ESTIMATORS, MPTLoss
+from .mpt import MPTLoss
 
-__all__ = ["ELBO", "IWAE", "MPT_ESTIMATORS", "ExactLML", "MPTLoss", "Objective"]
+__all__ = ["ELBO", "IWAE", "ExactLML", "MPTLoss", "Objective"]

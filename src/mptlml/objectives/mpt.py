@@ -1,19 +1,16 @@
-"""The masked pre-training (MPT) objective, built on the core estimators.
+"""The masked pre-training (MPT) objective: the mean of an estimator's draws.
 
 Proposition 1 of Moreno-Munoz, Recasens & Hauberg (NeurIPS 2023)::
 
     log p(x) = sum_{M=1..D} S(x; M),
     S(x; M)  = E_{|mask| = M} [ (1/M) sum_{j in mask} log p(x_j | x_R) ].
 
-:class:`MPTLoss` returns, per datum, a Monte Carlo estimate of the right-hand
-side (the *negative* of the paper's MPT loss, so that it is maximised):
-
-``"cumulative"``   sum_M (1/P) sum_p S_hat_p(x; M), P fresh masks per size;
-                   unbiased for log p(x) (the paper's cumulative MPT loss).
-``"random-size"``  (D/P) sum_p S_hat_p(x; M_p) with M_p ~ U{1..D}; unbiased.
-``"fixed-rate"``   (D/P) sum_p S_hat_p(x; M) with M = max(1, floor(rate D));
-                   biased: its expectation D S(x; M) differs from log p(x)
-                   by a bias that does not depend on the mask draws.
+:class:`MPTLoss` returns, per datum, the mean of the P draws of a trainable
+estimator of :mod:`mptlml.estimators` (the *negative* of the paper's MPT loss,
+so that it is maximised): ``"cumulative"`` (the paper's cumulative MPT loss;
+unbiased), ``"random-size"`` (D * S_hat(x; M), M ~ U{1..D}; unbiased; or any
+size distribution q with weight 1/q(M)), ``"fixed-rate"`` (D * S_hat(x; M) at
+one size; biased), or any trainable estimator registered by the user.
 
 Gradients flow through the model's conditionals (the masks are sampled, the
 scores are differentiable functions of the parameters), so the gradient of
@@ -22,18 +19,16 @@ the estimate is an unbiased estimate of the gradient of its expectation.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from .._validation import check_positive_int, make_generator
-from ..estimation.engine import score_masks
-from ..masks import MASK_SIZE_ESTIMATORS, check_mask_size_args, draw_mask_sizes
+from .._validation import make_generator
+from ..estimators import Estimator, available, create, get
 from ..models.base import MaskedModel
 from .base import Objective
 
-__all__ = ["MPT_ESTIMATORS", "MPTLoss"]
-
-#: estimators MPTLoss can train with (the Monte Carlo ones of :func:`mptlml.estimate_lml`).
-MPT_ESTIMATORS = MASK_SIZE_ESTIMATORS
+__all__ = ["MPTLoss"]
 
 
 class MPTLoss(Objective):
@@ -43,8 +38,10 @@ class MPTLoss(Objective):
     ----------
     model : MaskedModel
         Any model with masked conditionals log p(x_j | x_R).
-    estimator : {"cumulative", "random-size", "fixed-rate"}
-        Which estimator of Proposition 1 (see the module docstring).
+    estimator : str or Estimator
+        A trainable estimator (``mptlml.estimators.available(trainable=True)``):
+        ``"cumulative"``, ``"random-size"``, ``"fixed-rate"``, or one
+        registered by the user; or an instance.
     num_masks : int
         P: masks per size (cumulative) or per datum (random-size, fixed-rate),
         redrawn at every call.
@@ -56,6 +53,8 @@ class MPTLoss(Objective):
     share_masks : bool
         One mask per draw shared by all data (the paper's code) instead of
         independent masks per datum (default; lower variance).
+    **options
+        Any other option of the estimator (e.g. ``stratified`` of random-size).
 
     Examples
     --------
@@ -74,39 +73,36 @@ class MPTLoss(Objective):
 
     name = "mpt"
 
-    def __init__(self, model: MaskedModel, estimator: str = "cumulative", *, num_masks: int = 1,
-                 rate: float | None = None, mask_size: int | None = None,
-                 share_masks: bool = False) -> None:
+    def __init__(self, model: MaskedModel, estimator: str | Estimator = "cumulative", *,
+                 num_masks: int = 1, rate: float | None = None, mask_size: int | None = None,
+                 share_masks: bool = False, **options: Any) -> None:
         super().__init__(model)
-        if estimator not in MPT_ESTIMATORS:
-            hint = (" (exhaustive and chain-rule are evaluation-only: use mptlml.estimate_lml)"
-                    if estimator in ("exhaustive", "chain-rule") else "")
+        cls = get(estimator)
+        if not cls.trainable or not cls.dense:
             raise ValueError(
-                f"unknown MPT estimator {estimator!r}{hint}; choose one of "
-                f"{', '.join(MPT_ESTIMATORS)}."
-            )
-        self.estimator = estimator
-        self.num_masks = check_positive_int(num_masks, "num_masks")
-        self.share_masks = bool(share_masks)
-        d = model.num_tokens
-        self.mask_size = check_mask_size_args(estimator, d, rate=rate, mask_size=mask_size)
-        self.rate: float | None = None
-        if self.mask_size is not None:
-            self.rate = float(rate) if rate is not None else self.mask_size / d
+                f"the {cls.name!r} estimator cannot train: it has no mask-size rule for dense "
+                f"data (exhaustive and chain-rule are evaluation-only: use "
+                f"mptlml.estimate_lml); choose one of {', '.join(available(trainable=True))}.")
+        self.estimator_ = create(estimator, num_masks=num_masks, rate=rate,
+                                 mask_size=mask_size, share_masks=share_masks, **options)
+        self.estimator_.check_num_tokens(model.num_tokens)
+        self.estimator = self.estimator_.name
+        self.num_masks = self.estimator_.num_masks
+        self.share_masks = self.estimator_.share_masks
+        size = getattr(self.estimator_, "size", None)
+        self.mask_size: int | None = size(model.num_tokens) if callable(size) else None
+        self.rate: float | None = self.estimator_.recorded_rate(model.num_tokens)
 
     def extra_repr(self) -> str:
-        s = f"estimator={self.estimator!r}, num_masks={self.num_masks}"
-        if self.estimator == "fixed-rate":
-            s += f", rate={self.rate}, mask_size={self.mask_size}"
-        return s + (", share_masks=True" if self.share_masks else "")
+        return repr(self.estimator_)
 
     def per_datum(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Estimate of log p(x_n) for each row, ``(N,)`` float64, differentiable.
 
-        All the masks of one call go through a single :func:`score_masks`
-        call (one batched model evaluation per block).
+        The mean of the estimator's P draws (:meth:`mptlml.estimators.Estimator.draws`);
+        all the masks of one call go through one batched model evaluation per block.
         """
-        return self._estimate(x, generator, mean_over_data=False)
+        return self.estimator_.draws(self.model, x, generator=make_generator(generator)).mean(0)
 
     def batch_mean(self, x: torch.Tensor,
                    generator: torch.Generator | None = None) -> torch.Tensor:
@@ -118,17 +114,5 @@ class MPTLoss(Objective):
         """
         if not self.share_masks:
             return self.per_datum(x, generator).mean()
-        return self._estimate(x, generator, mean_over_data=True)
-
-    def _estimate(self, x: torch.Tensor, generator: torch.Generator | None,
-                  mean_over_data: bool) -> torch.Tensor:
-        n, d = x.shape
-        p = self.num_masks
-        g = make_generator(generator)
-        rows = draw_mask_sizes(self.estimator, d, p, num_data=None if self.share_masks else n,
-                               mask_size=self.mask_size, generator=g)
-        s = score_masks(self.model, x, rows, share_masks=self.share_masks, generator=g,
-                        mean_over_data=mean_over_data)
-        if self.estimator == "cumulative":
-            return s.view(d, p, *s.shape[1:]).sum(0).mean(0)
-        return d * s.mean(0)
+        return self.estimator_.draws(self.model, x, generator=make_generator(generator),
+                                     mean_over_data=True).mean(0)

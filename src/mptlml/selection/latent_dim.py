@@ -40,8 +40,8 @@ import numpy as np
 import torch
 
 from .._validation import check_data, check_positive_int
-from ..estimation.engine import rows_per_block
-from ..masks import draw_mask_sizes, sample_masks
+from ..estimation.stats import mean_stderr
+from ..estimators import Cumulative
 from ..models.base import MaskedModel
 from .data import standardise_split
 from .families import FAMILIES
@@ -109,23 +109,14 @@ class SelectionResult:
 
 def _mpt_samples(models: list[MaskedModel], x: torch.Tensor, p: int, seed: int,
                  share_masks: bool) -> torch.Tensor:
-    """Per-mask cumulative estimates averaged over data, same masks for every model: (K, P).
+    """Per-draw cumulative estimates averaged over data, same masks for every model: (K, P).
 
-    The masks are drawn once and scored by every model (common random numbers).
+    The cumulative estimator's draws (:meth:`mptlml.estimators.Estimator.draws`)
+    from one seed: every model scores the same masks (common random numbers).
     """
-    n, d = x.shape
-    rows = draw_mask_sizes("cumulative", d, p)
-    masks = sample_masks(d, rows, num_data=None if share_masks else n,
-                         generator=torch.Generator().manual_seed(seed))
-    out = []
+    est = Cumulative(p, share_masks=share_masks)
     with torch.no_grad():
-        for model in models:
-            per = rows_per_block(n, d, model, share_masks)
-            s = torch.cat([model.masked_log_prob(x, masks[i:i + per], None).double()
-                           for i in range(0, masks.shape[0], per)])  # (D * P, N)
-            s = s / rows[:, None].double()
-            out.append(s.view(d, p, n).sum(0).mean(1))
-    return torch.stack(out)
+        return torch.stack([est.draws(model, x, generator=seed).mean(1) for model in models])
 
 
 def _lead(z: float) -> str:
@@ -223,7 +214,7 @@ def select_latent_dim(x: Any, k_max: int, *, x_test: Any = None, test_fraction: 
         diff = samples[best][None] - samples  # (K, P) paired differences
         p = samples.shape[1]
         if p > 1:
-            se = diff.std(1, correction=1) / math.sqrt(p)
+            se = mean_stderr(diff, axis=1)[1]
             zs = [float(diff[i].mean() / se[i]) if se[i] > 0 else math.inf
                   for i in range(len(ks)) if i != best]
             min_z = min(zs) if zs else math.inf
@@ -236,10 +227,7 @@ def select_latent_dim(x: Any, k_max: int, *, x_test: Any = None, test_fraction: 
         more = _mpt_samples(models, xte_t, p, seed + 7919 * rnd, share_masks)
         samples = torch.cat([samples, more], 1)
         rnd += 1
-    p = samples.shape[1]
-    mpt = samples.mean(1)
-    mpt_se = (samples.std(1, correction=1) / math.sqrt(p) if p > 1
-              else torch.full_like(mpt, float("nan")))
+    mpt, mpt_se = mean_stderr(samples, axis=1)
     choices = {"MPT": ks[int(mpt.argmax())], "Exact": ks[int(np.argmax(exact))],
                "BIC": ks[int(np.argmin(bic))]}
     if family == "ppca":

@@ -18,7 +18,7 @@ import torch
 
 from .._io import jsonable
 from .._validation import check_positive_int
-from ..estimation import estimate_lml, mpt_curve
+from ..estimators import estimate_lml, mpt_curve
 from ..models.base import MaskedModel
 
 __all__ = [

@@ -1,15 +1,12 @@
 """The front doors: :func:`estimate_lml` and :func:`mpt_curve` for any model.
 
-Both dispatch on the protocol the model implements, never on its family:
-
-- :class:`~mptlml.models.base.MaskedModel` (dense ``(N, D)`` data):
-  :mod:`mptlml.estimation.dense`;
-- :class:`~mptlml.models.protocols.RaggedMaskedModel` (sequences of
-  different lengths, e.g. a masked LM): :mod:`mptlml.estimation.ragged`.
-
-Each path looks the estimator up in its registry and refuses any argument the
-estimator does not use (``rate=`` with ``"cumulative"``, ``sizes=`` for
-ragged sequences, ...), so nothing is silently ignored.
+Both look the estimator up in the registry (:mod:`mptlml.estimators.base`),
+build it from the caller's arguments (refusing any argument the estimator does
+not use: ``rate=`` with ``"cumulative"``, ``sizes=`` for ragged sequences,
+...; nothing is silently ignored) and let it estimate. The model's protocol,
+never its family, decides between dense ``(N, D)`` data
+(:class:`~mptlml.models.base.MaskedModel`) and ragged sequences
+(:class:`~mptlml.models.protocols.RaggedMaskedModel`, e.g. a masked LM).
 """
 
 from __future__ import annotations
@@ -22,11 +19,12 @@ from typing import Any
 
 import torch
 
+from ..estimation.ragged import mlm_curve
+from ..estimation.results import LMLEstimate, MPTCurve
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
-from .dense import dense_curve, estimate_dense
-from .ragged import estimate_ragged, mlm_curve
-from .results import LMLEstimate, MPTCurve
+from .base import Estimator, create
+from .cumulative import Cumulative
 
 __all__ = ["estimate_lml", "mpt_curve"]
 
@@ -43,6 +41,7 @@ _RAGGED_HINTS = {
              "instead of sizes (M = max(1, round(r * D_i)) per sequence).",
 }
 _RAGGED_HINTS["mask_size"] = _RAGGED_HINTS["rate"]
+_RUN_OPTIONS = ("token_budget", "batch_size", "chunk_size", "checkpoint_dir")
 
 
 def _given(**kwargs: Any) -> dict[str, Any]:
@@ -94,7 +93,7 @@ def _check_model(model: Any) -> None:
 
 
 def estimate_lml(model: MaskedModel | RaggedMaskedModel, x: Any,
-                 estimator: str = "cumulative", *, num_masks: int = 1,
+                 estimator: str | Estimator = "cumulative", *, num_masks: int = 1,
                  rate: float | None = None, mask_size: int | None = None,
                  seed: int | torch.Generator | None = None, share_masks: bool = False,
                  nested: bool = False, max_masks: int | None = None, progress: bool = False,
@@ -119,7 +118,7 @@ def estimate_lml(model: MaskedModel | RaggedMaskedModel, x: Any,
         ``"riemann"`` (D_i times the mean over a rate grid), ``"chain-rule"``
         (P random orders, one position scored per step; needs
         ``ragged_target_log_prob``).
-        ``mptlml.estimation.DENSE_ESTIMATORS`` / ``RAGGED_ESTIMATORS`` list them.
+        ``mptlml.estimators.available()`` lists them (and any registered by the user).
     num_masks : int
         P: masks per size (cumulative), draws of (M, mask) (random-size), masks
         (fixed-rate) or orders (chain-rule) per datum. Exhaustive: only 1.
@@ -164,14 +163,15 @@ def estimate_lml(model: MaskedModel | RaggedMaskedModel, x: Any,
                    max_masks=max_masks)
     if isinstance(model, RaggedMaskedModel):
         _refuse_for_ragged(given)
-        return _announce(estimate_ragged(model, x, estimator, num_masks=num_masks,
-                                         seed=_ragged_seed(seed), progress=progress,
-                                         options=options))
+        run = {k: options.pop(k) for k in list(options) if k in _RUN_OPTIONS}
+        est = create(estimator, for_ragged=True, num_masks=num_masks, **options)
+        return _announce(est.estimate(model, x, seed=_ragged_seed(seed), progress=progress,
+                                      run=run))
     _check_model(model)
     if options:
         raise TypeError(f"unexpected arguments {sorted(options)} (only for ragged sequences).")
-    return _announce(estimate_dense(model, x, estimator, num_masks=num_masks, seed=seed,
-                                    progress=progress, options=given))
+    est = create(estimator, num_masks=num_masks, **given)
+    return _announce(est.estimate(model, x, seed=seed, progress=progress))
 
 
 def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int = 1,
@@ -217,5 +217,5 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
     _check_model(model)
     if options:
         raise TypeError(f"unexpected arguments {sorted(options)} (only for ragged sequences).")
-    return dense_curve(model, x, num_masks=num_masks, sizes=sizes, seed=seed,
-                       share_masks=share_masks, nested=nested, progress=progress)
+    return Cumulative(num_masks, share_masks=share_masks, nested=nested).curve(
+        model, x, sizes=sizes, seed=seed, progress=progress)

@@ -1,0 +1,104 @@
+"""The fixed-rate estimator: D * S_hat(x; M) at one mask size, BERT's practice (biased).
+
+With M = max(1, floor(rate * D)) (15% of D = 512 gives M = 76, as the paper's
+code floors), ``D * S_hat(x; M)`` estimates ``D * S(x; M)``, which differs from
+log p(x) = sum_{M'} S(x; M') by a bias that does not depend on the masks
+(Moreno-Munoz, Recasens & Hauberg, NeurIPS 2023, Sec. 3 and Fig. 2; the
+paper's training code uses exactly this objective). On ragged sequences each
+sequence gets ``M_i = max(1, floor(rate * D_i))``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._validation import check_positive_int, check_rate, check_size
+from ..estimation.engine import Counter
+from ..masks import fixed_rate_size
+from ..models.base import MaskedModel
+from .base import Draws, Estimator, register
+
+__all__ = ["FixedRate"]
+
+
+@register
+class FixedRate(Estimator):
+    """``D * S_hat(x; M)`` at M = ``mask_size`` or ``max(1, floor(rate * D))``. Biased.
+
+    Parameters
+    ----------
+    num_masks : int
+        P masks per datum.
+    rate : float in (0, 1), optional
+        The masking rate (0.15 for BERT, 0.2 in the paper's Fig. 2).
+    mask_size : int, optional
+        M directly, instead of ``rate`` (dense data).
+    share_masks : bool
+        One mask per draw shared by every datum (dense data).
+
+    Examples
+    --------
+    >>> import mptlml
+    >>> from mptlml.models import PPCA
+    >>> model = PPCA.random(10, 2, sigma2=0.2, seed=0)
+    >>> est = mptlml.estimate_lml(model, model.sample(50, generator=0), "fixed-rate",
+    ...                           rate=0.2, num_masks=4, seed=0)
+    >>> est.rate, est.sizes
+    (0.2, [2])
+    """
+
+    name = "fixed-rate"
+    summary = "D * S_hat(x; M) at one size M; biased"
+    unbiased = False
+    trainable = True
+    per_sequence_sizes = True
+    dense_only = ("share_masks", "mask_size")
+
+    def __init__(self, num_masks: int = 1, *, rate: float | None = None,
+                 mask_size: int | None = None, share_masks: bool = False) -> None:
+        super().__init__(num_masks, share_masks=share_masks)
+        if mask_size is not None and rate is not None:
+            raise ValueError("give either rate or mask_size for 'fixed-rate', not both.")
+        if mask_size is None and rate is None:
+            raise ValueError("estimator='fixed-rate' needs rate= (BERT's practice: 0.15) or "
+                             "mask_size=.")
+        self.rate = None if rate is None else check_rate(rate)
+        self.mask_size = None if mask_size is None else check_positive_int(mask_size,
+                                                                           "mask_size")
+
+    def size(self, num_tokens: int) -> int:
+        """M for D = ``num_tokens``: ``mask_size`` (checked <= D) or max(1, floor(rate D))."""
+        if self.mask_size is not None:
+            return check_size(self.mask_size, num_tokens, "mask_size")
+        assert self.rate is not None
+        return fixed_rate_size(self.rate, num_tokens)
+
+    def check_num_tokens(self, num_tokens: int) -> None:
+        self.size(num_tokens)
+
+    def recorded_rate(self, num_tokens: int) -> float | None:
+        return self.rate if self.rate is not None else self.size(num_tokens) / num_tokens
+
+    def sizes(self, num_tokens: int | torch.Tensor, *, num_data: int | None = None,
+              generator: torch.Generator | None = None) -> torch.Tensor:
+        if isinstance(num_tokens, torch.Tensor):  # one size per sequence
+            d = num_tokens.long().flatten()
+            if bool((d < 0).any()):
+                raise ValueError(f"num_tokens must be >= 0, got {d.tolist()}.")
+            if self.rate is None:
+                raise ValueError("per-sequence sizes of 'fixed-rate' need rate= (each "
+                                 "sequence has its own D_i), not mask_size=.")
+            return torch.tensor([fixed_rate_size(self.rate, int(n)) if int(n) > 0 else 0
+                                 for n in d.tolist()], dtype=torch.long)
+        d = check_positive_int(num_tokens, "num_tokens")
+        return torch.full((self.num_masks,), self.size(d), dtype=torch.long)
+
+    def weights(self, sizes: torch.Tensor, num_tokens: int | torch.Tensor) -> torch.Tensor:
+        if isinstance(num_tokens, torch.Tensor):
+            return torch.where(sizes > 0, num_tokens.flatten().double(), 0.0)
+        return torch.full(sizes.shape, float(num_tokens), dtype=torch.float64)
+
+    def evaluate(self, model: MaskedModel, x: torch.Tensor, generator: torch.Generator,
+                 counter: Counter, progress: bool) -> Draws:
+        rows, s = self._score_rows(model, x, generator, progress, counter)
+        return Draws(self._combine(rows, s, x.shape[1]), [int(rows[0])], s.mean().reshape(1))

@@ -1,0 +1,109 @@
+"""The random-size estimator: D * S_hat(x; M) with one size M ~ U{1..D} per draw.
+
+Proposition 1 of Moreno-Munoz, Recasens & Hauberg (NeurIPS 2023) writes
+log p(x) as a sum of D terms; drawing one term uniformly and multiplying by D
+gives an unbiased estimate with one mask of work::
+
+    E_{M ~ U{1..D}} [ D * S_hat(x; M) ] = sum_{M=1..D} S(x; M) = log p(x).
+
+More generally, for any size distribution q with q(M) > 0 on 1..D,
+``S_hat(x; M) / q(M)`` with M ~ q is unbiased (importance sampling of the
+size). Subclasses change :meth:`RandomSize.size_probs`; the weights follow.
+For a masked LM this is the any-order autoregressive / masked-diffusion bound
+whose 1/t weight is D/M (see ``docs/notes.md``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._validation import check_positive_int
+from ..masks import uniform_sizes
+from .base import Estimator, register
+
+__all__ = ["RandomSize"]
+
+
+@register
+class RandomSize(Estimator):
+    """``S_hat(x; M) / q(M)``, M ~ q; uniform q = 1/D gives D * S_hat(x; M). Unbiased.
+
+    Parameters
+    ----------
+    num_masks : int
+        P draws of (M, mask) per datum.
+    share_masks : bool
+        One (M, mask) per draw shared by every datum (dense data).
+    stratified : bool
+        Spread the sizes of a batch of sequences (the collator) or of the data
+        over the quantile strata of q, one each: same distribution per
+        element, less spread across the batch.
+
+    Examples
+    --------
+    >>> import mptlml
+    >>> from mptlml.models import PPCA
+    >>> model = PPCA.random(8, 2, sigma2=0.2, seed=0)
+    >>> x = model.sample(20, generator=0)
+    >>> est = mptlml.estimate_lml(model, x, "random-size", num_masks=16, seed=0)
+    >>> abs(est.mean - est.exact) < 5 * est.stderr + 1e-9
+    True
+    """
+
+    name = "random-size"
+    summary = "D * S_hat(x; M), M ~ U{1..D}; unbiased"
+    trainable = True
+    per_sequence_sizes = True
+
+    def __init__(self, num_masks: int = 1, *, share_masks: bool = False,
+                 stratified: bool = False) -> None:
+        super().__init__(num_masks, share_masks=share_masks)
+        if not isinstance(stratified, bool):
+            raise TypeError(f"stratified must be True or False, got {stratified!r}.")
+        self.stratified = stratified
+
+    def size_probs(self, num_tokens: int) -> torch.Tensor | None:
+        """q(M) over M = 1..D (float64, ``(D,)``); None is the uniform q = 1/D."""
+        return None
+
+    def _q(self, d: int) -> torch.Tensor | None:
+        q = self.size_probs(d)
+        if q is None:
+            return None
+        q = torch.as_tensor(q, dtype=torch.float64)
+        if q.shape != (d,) or not bool(torch.isfinite(q).all()) or bool((q <= 0).any()):
+            raise ValueError(f"{type(self).__name__}.size_probs({d}) must give {d} positive "
+                             f"probabilities (every size needs q(M) > 0 to stay unbiased); "
+                             f"got shape {tuple(q.shape)}.")
+        return q / q.sum()
+
+    def _uniform(self) -> bool:
+        return type(self).size_probs is RandomSize.size_probs
+
+    def sizes(self, num_tokens: int | torch.Tensor, *, num_data: int | None = None,
+              generator: torch.Generator | None = None) -> torch.Tensor:
+        if isinstance(num_tokens, torch.Tensor):  # one size per sequence
+            d = num_tokens.long().flatten()
+            if bool((d < 0).any()):
+                raise ValueError(f"num_tokens must be >= 0, got {d.tolist()}.")
+            if self._uniform():
+                return uniform_sizes(d, generator, self.stratified)
+            return torch.stack([uniform_sizes(di.view(1), generator, False, self._q(int(di)))[0]
+                                if int(di) > 0 else di for di in d]) if d.numel() else d
+        d = check_positive_int(num_tokens, "num_tokens")
+        p = self.num_masks
+        shape = (p,) if num_data is None else (p, check_positive_int(num_data, "num_data"))
+        return uniform_sizes(torch.full(shape, d), generator, self.stratified, self._q(d))
+
+    def weights(self, sizes: torch.Tensor, num_tokens: int | torch.Tensor) -> torch.Tensor:
+        if isinstance(num_tokens, torch.Tensor):  # one size per sequence
+            d = num_tokens.flatten()
+            if self._uniform():
+                return torch.where(sizes > 0, d.double(), 0.0)
+            return torch.tensor([1.0 / float(self._q(int(di))[int(m) - 1]) if int(m) > 0
+                                 else 0.0 for di, m in zip(d, sizes.flatten(), strict=True)],
+                                dtype=torch.float64)
+        q = self._q(int(num_tokens))
+        if q is None:
+            return torch.full(sizes.shape, float(num_tokens), dtype=torch.float64)
+        return 1.0 / q[sizes - 1]
