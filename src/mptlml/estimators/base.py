@@ -38,7 +38,6 @@ package or outside it::
 from __future__ import annotations
 
 import inspect
-import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -279,7 +278,7 @@ class Estimator:
                 estimator=self.name, per_sample=as_float64(out.lml),
                 per_sample_stderr=as_float64(out.stderr), mean=float(out.lml.mean()),
                 stderr=float(sum_stderr(out.stderr)) / n,
-                stderr_data=float(out.lml.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
+                stderr_data=float(mean_stderr(out.lml)[1]),
                 sizes=None, size_scores=None, num_masks=self.num_masks,
                 num_model_calls=out.num_model_calls, num_masked_rows=out.num_masked_rows,
                 seed=int(seed), model=model.name)
@@ -310,8 +309,7 @@ class Estimator:
         return LMLEstimate(
             estimator=self.name, per_sample=per_sample.cpu(), per_sample_stderr=per_se.cpu(),
             mean=mean, stderr=stderr,
-            stderr_data=float(per_sample.std(correction=1) / math.sqrt(n)) if n > 1
-            else float("nan"),
+            stderr_data=float(mean_stderr(per_sample)[1]),
             sizes=out.sizes, size_scores=out.size_scores.cpu(), num_masks=out.samples.shape[0],
             num_model_calls=counter.calls, num_masked_rows=counter.rows,
             rate=self.recorded_rate(d), exact=exact,

@@ -11,12 +11,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..estimation.stats import mean_stderr, sum_stderr
 from .common import RunDir
 
 __all__ = ["OBJECTIVES", "comparisons", "figures", "mean_se"]
@@ -28,8 +28,8 @@ OBJECTIVES = {"bert-15": "BERT 15% (80/10/10)", "fixed-15": "fixed 15% MPT",
 
 def mean_se(v: np.ndarray) -> tuple[float, float]:
     """Mean and its standard error (NaN for a single value)."""
-    v = np.asarray(v, dtype=np.float64)
-    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else math.nan
+    m, se = mean_stderr(np.asarray(v, dtype=np.float64).reshape(-1))
+    return float(m), float(se)
 
 
 def comparisons(cfg: Any, evals: dict, refs: dict) -> dict[str, Any]:
@@ -45,8 +45,8 @@ def comparisons(cfg: Any, evals: dict, refs: dict) -> dict[str, Any]:
         d = [fn(evals[(a, s)]) - fn(evals[(b, s)]) for s in cfg.seeds]
         per_seed = [mean_se(v) for v in d]
         means = np.array([m for m, _ in per_seed])
-        within = math.sqrt(sum(se ** 2 for _, se in per_seed)) / len(per_seed)
-        between = float(means.std(ddof=1) / math.sqrt(means.size)) if means.size > 1 else 0.0
+        within = float(sum_stderr(np.array([se for _, se in per_seed]))) / len(per_seed)
+        between = mean_se(means)[1] if means.size > 1 else 0.0
         return {"mean": float(means.mean()), "stderr": max(within, between),
                 "per_seed": means.tolist(), "stderr_within": within, "stderr_between": between}
 
@@ -91,8 +91,7 @@ def figures(cfg: Any, run_dir: RunDir, evals: dict, refs: dict,
     for k, obj in enumerate(cfg.objectives):
         light, dark = paired[2 * k], paired[2 * k + 1]
         scores = np.mean([evals[(obj, s)]["curve_scores"] for s in cfg.seeds], axis=0)  # (N, K)
-        mean = scores.mean(0)
-        se = scores.std(0, ddof=1) / math.sqrt(scores.shape[0])
+        mean, se = mean_stderr(scores)
         ax.fill_between(rates, mean - se, mean + se, color=light, alpha=0.55, lw=0)
         ax.plot(rates, mean, color=dark, lw=1.8, label=OBJECTIVES[obj])
         for j, s in enumerate(cfg.seeds):
