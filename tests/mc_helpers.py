@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 import mptlml
+from mptlml.estimators import available, get
 from mptlml.masks import all_masks
 from mptlml.models import PPCA, BernoulliLVM, latent_quadrature
 from mptlml.objectives import MPTLoss
@@ -45,6 +46,9 @@ RATE = 0.34
 NUM_MASKS = {"cumulative": 2, "nested": 2, "random-size": 12, "fixed-rate": 6}
 
 MODELS = ("ppca", "bernoulli")
+#: the built-in estimators that can train, and the unbiased ones among them, from the registry
+TRAINABLE = tuple(n for n in available(trainable=True, dense=True) if n in NUM_MASKS)
+UNBIASED = tuple(n for n in TRAINABLE if get(n).unbiased)
 
 
 @cache

@@ -26,6 +26,8 @@ import mptlml
 from .mc_helpers import (
     MODELS,
     NUM_SEEDS,
+    TRAINABLE,
+    UNBIASED,
     curve_runs,
     eval_runs,
     exact_lml,
@@ -86,7 +88,7 @@ def test_estimate_lml_per_datum_means_equal_exact(name, shared):
     model, x = setting(name)
     with torch.no_grad():
         exact = model.log_marginal(x).double().numpy()
-    for estimator in ("cumulative", "random-size"):
+    for estimator in UNBIASED:
         ps = eval_runs(name, estimator, shared).per_sample  # (S, N)
         z = (ps.mean(0) - exact) / (ps.std(0, ddof=1) / math.sqrt(ps.shape[0]))
         # N = 16 z-scores of unbiased means: all within 4.5 (chance of a miss ~1e-4)
@@ -122,7 +124,7 @@ def test_chain_rule_exact_for_every_order(name, shared):
 
 
 # ---------------------------------------------------------------------- training
-OBJ = [(n, e, s, m) for n in MODELS for e in ("cumulative", "random-size", "fixed-rate")
+OBJ = [(n, e, s, m) for n in MODELS for e in TRAINABLE
        for s in (False, True) for m in ("per_datum", "batch_mean")]
 
 
@@ -136,8 +138,7 @@ def test_mpt_loss_mean_equals_reference(name, estimator, shared, method):
                    f"MPTLoss {estimator}.{method} ({name}, shared={shared})")
 
 
-@pytest.mark.parametrize("name,estimator", [(n, e) for n in MODELS
-                                            for e in ("cumulative", "random-size")])
+@pytest.mark.parametrize("name,estimator", [(n, e) for n in MODELS for e in UNBIASED])
 def test_mpt_loss_per_datum_unbiased_for_each_datum(name, estimator):
     model, x = setting(name)
     with torch.no_grad():

@@ -242,6 +242,10 @@ class Estimator:
         size_scores = torch.where(cnt > 0, tot / cnt.clamp_min(1), float("nan"))
         return Draws(self._combine(rows, s, d), list(range(1, d + 1)), size_scores)
 
+    def masks_per_draw(self, num_tokens: int) -> int:
+        """Masked inputs one draw scores per datum (its cost): 1 unless overridden."""
+        return 1
+
     def recorded_rate(self, num_tokens: int) -> float | None:
         """The masking rate to record with an estimate (fixed-rate only)."""
         return None

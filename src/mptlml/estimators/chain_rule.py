@@ -57,6 +57,10 @@ class ChainRule(Estimator):
                "unbiased for sum_M S(x; M)")
     ragged = True
 
+    def masks_per_draw(self, num_tokens: int) -> int:
+        """One mask of every size 1..D (cumulative) or one per step of an order (chain rule)."""
+        return int(num_tokens)
+
     def evaluate(self, model: MaskedModel, x: torch.Tensor, generator: torch.Generator,
                  counter: Counter, progress: bool) -> Draws:
         d = x.shape[1]

@@ -83,6 +83,10 @@ class Cumulative(Estimator):
     def weights(self, sizes: torch.Tensor, num_tokens: int | torch.Tensor) -> torch.Tensor:
         return torch.ones(sizes.shape, dtype=torch.float64)
 
+    def masks_per_draw(self, num_tokens: int) -> int:
+        """One mask of every size 1..D (cumulative) or one per step of an order (chain rule)."""
+        return int(num_tokens)
+
     def evaluate(self, model: MaskedModel, x: torch.Tensor, generator: torch.Generator,
                  counter: Counter, progress: bool) -> Draws:
         """A whole grid of sizes per model call (``grid_masked_log_prob``), or nested orders."""

@@ -57,6 +57,10 @@ class Exhaustive(Estimator):
         self.max_masks = None if max_masks is None else check_positive_int(max_masks,
                                                                            "max_masks")
 
+    def masks_per_draw(self, num_tokens: int) -> int:
+        """Every mask: 2^D - 1."""
+        return count_masks(num_tokens)
+
     def check_num_tokens(self, num_tokens: int) -> None:
         cap = self.max_masks if self.max_masks is not None else check_positive_int(
             settings.max_masks.value(), "max_masks")

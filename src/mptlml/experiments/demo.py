@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..estimators import estimate_lml, mpt_curve
+from ..estimators import estimate_lml, get, mpt_curve
 from ..models import PPCA
 from .common import RunDir, print_table, pyplot
 
@@ -51,7 +51,8 @@ def run_demo(out: str | Path = "runs/demo", *, overwrite: bool = False, num_mask
     estimates = {}
     for name, kwargs in [("cumulative", {}), ("random-size", {}),
                          ("fixed-rate", {"rate": 0.15}), ("chain-rule", {})]:
-        p = num_masks * d if name in ("random-size", "fixed-rate") else num_masks
+        # equal cost: draws of one mask get D times the draws of one mask per size
+        p = num_masks * d // get(name)(**kwargs).masks_per_draw(d)
         est = estimate_lml(model, x_test, name, num_masks=p, seed=seed, progress=True, **kwargs)
         estimates[name] = est
         label = name + (" (15%)" if name == "fixed-rate" else "")
