@@ -23,7 +23,7 @@ from ..estimation.ragged import mlm_curve
 from ..estimation.results import LMLEstimate, MPTCurve
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
-from .base import Estimator, create
+from .base import Estimator, available, create, get
 from .cumulative import Cumulative
 
 __all__ = ["estimate_lml", "mpt_curve"]
@@ -164,6 +164,10 @@ def estimate_lml(model: MaskedModel | RaggedMaskedModel, x: Any,
     if isinstance(model, RaggedMaskedModel):
         _refuse_for_ragged(given)
         run = {k: options.pop(k) for k in list(options) if k in _RUN_OPTIONS}
+        if not get(estimator).ragged:
+            raise ValueError(f"estimator {get(estimator).name!r} does not apply to ragged "
+                             f"sequences (a masked LM); choose one of "
+                             f"{', '.join(available(ragged=True))}.")
         est = create(estimator, for_ragged=True, num_masks=num_masks, **options)
         return _announce(est.estimate(model, x, seed=_ragged_seed(seed), progress=progress,
                                       run=run))
