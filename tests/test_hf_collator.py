@@ -13,7 +13,6 @@ from mptlml.estimation.runner import seq_seed
 from mptlml.hf import (
     DataCollatorForMPT,
     chain_rule_lml,
-    draw_sequence_mask_sizes,
     mpt_batch_loss,
     mpt_loss,
     sample_random_order,
@@ -88,10 +87,6 @@ def test_one_size_draw_for_dense_and_ragged():
     assert torch.equal(dense, ragged)
     assert torch.equal(draw_mask_sizes("fixed-rate", torch.tensor([0, 10, 100]), rate=0.15),
                        torch.tensor([0, 1, 15]))
-    with pytest.warns(DeprecationWarning, match="draw_mask_sizes"):
-        old = draw_sequence_mask_sizes(torch.full((50,), 9), "random-size",
-                                       generator=torch.Generator().manual_seed(3))
-    assert torch.equal(old, dense)
     with pytest.raises(ValueError, match="rate"):
         draw_mask_sizes("random-size", torch.tensor([4, 5]), rate=0.3)
     with pytest.raises(ValueError, match="needs rate"):

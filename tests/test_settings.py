@@ -34,13 +34,6 @@ def test_context_managers_restore_on_exit(setting):
         setting(2.5)
 
 
-def test_old_module_constants_still_importable():
-    from mptlml.estimators import BLOCK_ELEMENTS, DEFAULT_MAX_MASKS, MASK_BYTES
-
-    assert BLOCK_ELEMENTS == settings.block_elements.default == 1 << 22
-    assert MASK_BYTES == settings.mask_bytes.default and DEFAULT_MAX_MASKS == 1 << 16
-
-
 def test_engine_reads_the_settings():
     model = PPCA.random(6, 2, sigma2=0.3, seed=0)
     x = model.sample(20, generator=0)

@@ -6,8 +6,6 @@
 (Moreno-Munoz, Recasens, Hauberg, NeurIPS 2023, Proposition 1.)
 """
 
-from typing import Any
-
 from . import settings
 from .estimation import (
     ESTIMATORS,
@@ -37,13 +35,3 @@ __all__ = [
     "settings",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    """Deprecated names: ``MLMCurveResult`` is :class:`MPTCurve` now."""
-    if name == "MLMCurveResult":
-        import warnings
-
-        warnings.warn("mptlml.MLMCurveResult is deprecated; use mptlml.MPTCurve.",
-                      DeprecationWarning, stacklevel=2)
-        return MPTCurve
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
