@@ -126,7 +126,8 @@ def test_convergence_claims_flip():
 
 def test_table1_like_with_like_rows():
     """Both set-ups are tabulated; only the authors' has Table 1's spread (issue 16 numbers)."""
-    from mptlml.experiments.convergence import sd_range, table1_like_with_like, tables
+    from mptlml.experiments._table1 import sd_range, table1_like_with_like
+    from mptlml.experiments.convergence import tables
 
     lo, hi = sd_range(5)
     assert lo == pytest.approx(0.348, abs=1e-3) and hi == pytest.approx(1.669, abs=1e-3)

@@ -69,7 +69,7 @@ from .common import RunDir
 from .config import setting
 from .mlm import RateGridSettings
 
-__all__ = ["OBJECTIVES", "PAPER", "TITLE", "Config", "captions", "claims", "run", "summary"]
+__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "run", "summary"]
 
 _D = NUM_PIXELS
 #: exact references (key in results) -> label

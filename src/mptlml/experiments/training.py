@@ -39,22 +39,13 @@ from ..models import PPCA
 from ..objectives import MPTLoss
 from ..training import Monitor, exact_lml, train
 from ._claims import claim
-from ._fixed_rate import (
-    epochs_text,
-    flat_direction,
-    maximise_fixed_rate,
-    scale_curvature,
-    settle_epoch,
-    slow_fixed_rate_note,
-    w_only_optimum,
-)
+from ._fixed_rate import epochs_text, flat_direction, settle_epoch, slow_fixed_rate_note
 from ._synthetic import PPCATrainingConfig, exact_fixed_rate, fixed_rate_masks, mean_lml
 from ._threads import torch_threads
 from .common import RunDir, pyplot
 from .config import setting as _setting  # `setting` names the objectives below
 
-__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "maximise_fixed_rate", "run",
-           "scale_curvature", "settle_epoch", "slow_fixed_rate_note", "summary", "w_only_optimum"]
+__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "run", "summary"]
 
 _log = logging.getLogger(__name__)
 
