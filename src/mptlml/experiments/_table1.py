@@ -3,10 +3,10 @@
 Table 1 of the paper gives the spread (sd over seeds) of the cumulative MPT
 estimate at P = 1, 10, 100 masks. It comes from the authors' set-up: one noise
 value shared by the dimensions of a datum, one mask shared by the data (see
-NOTES.md). The convergence experiment runs both set-ups; this module compares
-each one's spread with Table 1's (:func:`table1_like_with_like`); the
-experiment tabulates them for the report
-(:func:`mptlml.experiments.convergence.tables`).
+``docs/notes.md``, "Experiment settings"). The convergence experiment runs
+both set-ups; this module compares each one's spread with Table 1's
+(:func:`table1_like_with_like`); the experiment tabulates them for the
+report (:func:`mptlml.experiments.convergence.tables`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = ["PAPER_TABLE1_SD", "PAPER_TABLE1_SEEDS", "SETUPS", "sd_range", "setup
 
 #: Table 1 of the paper: the spread (sd over seeds) of the estimate at P = 1, 10, 100 masks
 PAPER_TABLE1_SD: dict[str, float] = {"1": 0.47, "10": 0.12, "100": 0.03}
-#: seeds behind each of Table 1's spreads (NOTES.md: 5 seeds)
+#: seeds behind each of Table 1's spreads (5: ``docs/notes.md``, "Experiment settings")
 PAPER_TABLE1_SEEDS = 5
 
 #: the two set-ups of Table 1: name -> (noise generator, masks shared across the data, label)

@@ -1,6 +1,6 @@
 """Fig. 1 and Table 1: the MPT estimate converges to the exact LML as masks accumulate.
 
-Setting (NOTES.md, "Settings of the experiments"): PPCA with K = 2 latent
+Setting (``docs/notes.md``, "Experiment settings"): PPCA with K = 2 latent
 dimensions and noise variance sigma2 = 0.2 (precision beta = 5), N = 100
 observations, W with N(0, 1) entries. Three panels:
 
@@ -24,8 +24,9 @@ first P masks, so each seed traces one path as masks accumulate.
 Data come from the model itself (``noise="independent"``, eps ~ N(0, sigma2 I))
 by default; ``noise="shared"`` reproduces the authors' generator (one noise
 value per observation shared by all D dimensions, standard deviation sigma2),
-see NOTES.md. Masks are drawn independently per datum by default;
-``share_masks=True`` shares each mask across the batch as the paper's code.
+see ``docs/notes.md``, "Experiment settings". Masks are drawn independently
+per datum by default; ``share_masks=True`` shares each mask across the batch
+as the paper's code.
 
 Reference: Moreno-Munoz, Recasens, Hauberg (NeurIPS 2023), Sec. 3.1, Fig. 1,
 Table 1.

@@ -1,9 +1,10 @@
 """Fig. 2: MPT training of PPCA maximises the exact LML; a fixed rate adds a constant bias.
 
-Setting (NOTES.md): PPCA with N = 2000, D = 10, K = 2, sigma2 = 0.2; W is the
-only trainable parameter (sigma2 and mu = 0 are fixed at their generating
-values), Adam with lr = 1e-2, P = 1 mask per size (or per datum) per epoch,
-five random initialisations W0 with N(0, 1) entries. Two settings:
+Setting (``docs/notes.md``, "Experiment settings"): PPCA with N = 2000,
+D = 10, K = 2, sigma2 = 0.2; W is the only trainable parameter (sigma2 and
+mu = 0 are fixed at their generating values), Adam with lr = 1e-2, P = 1
+mask per size (or per datum) per epoch, five random initialisations W0 with
+N(0, 1) entries. Two settings:
 
 - ``all-sizes`` (Fig. 2 left): the cumulative MPT objective, an unbiased
   estimate of log p(x) (Proposition 1)::

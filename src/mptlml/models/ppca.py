@@ -59,8 +59,8 @@ References
 ----------
 Tipping & Bishop (1999), "Probabilistic principal component analysis", JRSS-B.
 Moreno-Munoz, Recasens, Hauberg (2023), "On Masked Pre-training and the
-Marginal Likelihood", NeurIPS, Sec. 3.1 and App. B (see the errata in
-``shared/paper/NOTES.md``: the conditional variance has a minus sign).
+Marginal Likelihood", NeurIPS, Sec. 3.1 and App. B (``docs/notes.md``,
+"Errata": the paper's conditional variance has a minus sign).
 """
 
 from __future__ import annotations
@@ -235,7 +235,8 @@ class PPCA(MaskedModel):
         ``noise="independent"`` (default) draws eps ~ N(0, sigma2 I_D), the model
         itself. ``noise="shared"`` reproduces the authors' generator: one noise
         value per observation, shared by all D dimensions, with standard
-        deviation sigma2 (their ``(1/beta) * randn(N, 1)``); see NOTES.md.
+        deviation sigma2 (their ``(1/beta) * randn(N, 1)``); see ``docs/notes.md``,
+        "Experiment settings".
         """
         n = check_positive_int(n, "n")
         g = make_generator(generator)
