@@ -1,25 +1,48 @@
 """The package's rooms, checked by reading the imports (ast), not by running anything.
 
-- Dependencies point one way: only the top floor (``cli.py``, ``__main__.py``,
-  ``report.py`` and ``experiments/``) may import the experiments; only
-  ``cli.py``/``__main__.py`` may import the CLI; only ``cli.py`` the report.
-- No import circle between modules (imports inside functions count too).
-- No source file over ``MAX_LINES`` lines.
+- Dependencies point one way, down the floors of :data:`FLOORS`::
+
+      cli -> experiments/report -> training, estimation, objectives, selection, hf, data
+          -> models -> masks -> helpers (_io, _linalg, _validation, _progress, settings)
+
+  A module imports its own floor or the floors below (imports inside functions
+  count too); the experiments never import the report.
+- Only the top floor (``cli.py``, ``__main__.py``, ``report.py`` and
+  ``experiments/``) may import the experiments; only ``cli.py``/``__main__.py``
+  the CLI; only ``cli.py`` the report.
+- No import circle between modules.
+- The estimators see models only through the protocols: ``estimation/`` names no
+  model family and imports no module of one.
+- Every third-party package that ``src/`` imports is declared in ``pyproject.toml``.
+
+Files are drawn by concept, not by length: there is no line cap.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
 PACKAGE = SRC / "mptlml"
-MAX_LINES = 450
 
-#: files still being split by another change; each entry must go (the lead empties this list).
-OVER_LIMIT_FOR_NOW: dict[str, str] = {}
+#: the floors of the package, bottom (0) to top: room (first name under ``mptlml``) -> floor.
+#: ``(root)`` is ``mptlml/__init__.py``. A new room must be placed here.
+FLOORS: dict[str, int] = {
+    "_io": 0, "_linalg": 0, "_validation": 0, "_progress": 0, "_heap": 0, "settings": 0,
+    "masks": 1, "mask_sizes": 1,
+    "models": 2,
+    "estimation": 3, "objectives": 3, "training": 3, "selection": 3, "hf": 3, "data": 3,
+    "testing": 3, "(root)": 3,
+    "experiments": 4, "report": 4,
+    "cli": 5, "__main__": 5,
+}
 
 #: who may import what: module prefix -> the files (relative to the package) allowed to.
 TOP_FLOOR: dict[str, tuple[str, ...]] = {
@@ -128,32 +151,113 @@ def test_no_import_circle():
     assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
 
 
-def test_no_source_file_over_the_limit():
-    too_long = {}
-    for p in PACKAGE.rglob("*.py"):
-        rel = str(p.relative_to(PACKAGE))
-        n = len(p.read_text().splitlines())
-        if n > MAX_LINES and rel not in OVER_LIMIT_FOR_NOW:
-            too_long[rel] = n
-    assert not too_long, f"split these files (over {MAX_LINES} lines): {too_long}"
-    done = [r for r in OVER_LIMIT_FOR_NOW
-            if not (PACKAGE / r).is_file()
-            or len((PACKAGE / r).read_text().splitlines()) <= MAX_LINES]
-    assert not done, f"remove from OVER_LIMIT_FOR_NOW (now within the limit or gone): {done}"
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "(root)"
+
+
+def test_every_room_has_a_floor():
+    rooms = {_room(m) for m in _modules()}
+    assert not rooms - set(FLOORS), f"place these rooms in FLOORS: {sorted(rooms - set(FLOORS))}"
+    assert not set(FLOORS) - rooms, f"rooms gone, drop from FLOORS: {sorted(set(FLOORS) - rooms)}"
+
+
+def test_dependencies_point_down():
+    bad = sorted(f"{_rel(m)} (floor {FLOORS[_room(m)]}) imports {d} (floor {FLOORS[_room(d)]})"
+                 for m, deps in _graph().items() for d in deps
+                 if FLOORS[_room(d)] > FLOORS[_room(m)])
+    assert not bad, ("dependencies must point down (cli -> experiments/report -> training, "
+                     "estimation, objectives, selection -> models -> masks -> helpers):\n"
+                     + "\n".join(bad))
+
+
+def test_the_floor_check_sees_an_upward_import(tmp_path, monkeypatch):
+    """A models file that imports estimation is caught (the reader is not blind)."""
+    pkg = tmp_path / "mptlml"
+    for rel in ("__init__.py", "models/__init__.py", "models/fam.py", "estimation/__init__.py",
+                "estimation/api.py"):
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text("")
+    (pkg / "models/fam.py").write_text("def f():\n    from ..estimation.api import g\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
+    assert "mptlml.estimation.api" in _graph()["mptlml.models.fam"]
+    with pytest.raises(AssertionError, match="models/fam.py .floor 2. imports "
+                                             "mptlml.estimation.api .floor 3."):
+        test_dependencies_point_down()
+
+
+#: the modules of ``mptlml.models`` that hold protocols, not model families.
+PROTOCOL_MODULES = ("mptlml.models", "mptlml.models.base", "mptlml.models.protocols")
+
+
+def _families() -> set[str]:
+    import mptlml.models as models
+
+    protocols = {"MaskedModel", "RaggedMaskedModel", "WordMaskedModel"}
+    families = {n for n in models.__all__
+                if isinstance(getattr(models, n), type) and n not in protocols}
+    assert {"PPCA", "MaskedLM", "BernoulliLVM", "GaussianVAE"} <= families
+    return families
 
 
 def test_estimation_names_no_model_family():
     """The estimators see models only through the protocols (no isinstance side doors).
 
     Every class that ``mptlml.models`` exports, other than the protocols, is a model family;
-    none of their names may appear in the estimation package, code or text.
+    none of their names may appear in the estimation package, code or text (so no
+    ``isinstance(model, PPCA)`` either).
     """
-    import mptlml.models as models
-
-    protocols = {"MaskedModel", "RaggedMaskedModel", "WordMaskedModel"}
-    families = {n for n in models.__all__
-                if isinstance(getattr(models, n), type) and n not in protocols}
-    assert {"PPCA", "MaskedLM", "BernoulliLVM"} <= families
-    found = {(p.name, n) for p in (PACKAGE / "estimation").glob("*.py")
-             for n in families if n in p.read_text()}
+    families = _families()
+    found = {(p.name, n) for p in (PACKAGE / "estimation").rglob("*.py")
+             for n in families if re.search(rf"\b{n}\b", p.read_text())}
     assert not found, f"estimation/ names model families: {sorted(found)}"
+
+
+def test_estimation_imports_no_model_family():
+    """``estimation/`` imports from the models only their protocol modules, and no family."""
+    modules = _modules()
+    families = _families()
+    bad = []
+    for p in sorted((PACKAGE / "estimation").rglob("*.py")):
+        bad += [f"{p.relative_to(PACKAGE)} imports {d}" for d in _imports(p, modules)
+                if d.startswith("mptlml.models") and d not in PROTOCOL_MODULES]
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                bad += [f"{p.relative_to(PACKAGE)} imports {a.name}" for a in node.names
+                        if a.name in families]
+    assert not bad, "estimation/ must reach models through the protocols:\n" + "\n".join(bad)
+
+
+#: import name -> distribution name, where they differ.
+DISTRIBUTIONS = {"sklearn": "scikit-learn"}
+
+
+def _declared() -> set[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(project["dependencies"])
+    for extra in project.get("optional-dependencies", {}).values():
+        reqs += extra
+    return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in reqs}
+
+
+def test_every_third_party_import_is_declared():
+    """Each package that src/ imports (anywhere in a file) is a declared dependency."""
+    imported: dict[str, str] = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for n in names:
+                top = n.split(".")[0]
+                if top not in sys.stdlib_module_names and top != "mptlml":
+                    imported.setdefault(top, str(p.relative_to(PACKAGE)))
+    declared = _declared()
+    missing = {top: where for top, where in imported.items()
+               if DISTRIBUTIONS.get(top, top).lower().replace("_", "-") not in declared}
+    assert "torch" in imported and "pandas" in imported
+    assert not missing, f"declare in pyproject.toml (imported by, e.g.): {missing}"

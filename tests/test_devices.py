@@ -306,5 +306,3 @@ def test_no_socket_probe_left():
 
     src = Path(hf.__file__).read_text()
     assert "import socket" not in src and "create_connection" not in src
-    with pytest.warns(DeprecationWarning, match="HF_HUB_OFFLINE"):
-        assert hf.hub_reachable() is False  # the test session is offline (conftest)

@@ -314,23 +314,3 @@ def test_results_share_types_and_field_names_with_dense_models(tiny):
     assert rcurve.num_model_calls > 0 and rcurve.to_dict()["area_stderr"] == rcurve.area_stderr
 
 
-def test_old_result_names_warn_and_agree(tiny):
-    res = mptlml.mpt_curve(tiny, SENTENCES, rates=[0.3, 0.7], num_masks=2, seed=0, exact=True)
-    pairs = {"scores": "per_sample", "scores_se": "per_sample_stderr", "curve": "mean",
-             "curve_se": "stderr", "lml_se": "lml_stderr", "lml_exact_se": "lml_exact_stderr",
-             "lengths": "num_tokens"}
-    for old, new in pairs.items():
-        with pytest.warns(DeprecationWarning, match=f"{old} is deprecated; use .{new}"):
-            v = getattr(res, old)
-        assert isinstance(v, np.ndarray)
-        np.testing.assert_array_equal(v, getattr(res, new).numpy())
-    with pytest.warns(DeprecationWarning):
-        assert res.area_se == res.area_stderr
-    est = mptlml.estimate_lml(tiny, SENTENCES[:2], num_masks=2, seed=0)
-    with pytest.warns(DeprecationWarning):
-        np.testing.assert_array_equal(est.lml_se, est.per_sample_stderr.numpy())
-    with pytest.warns(DeprecationWarning, match="MPTCurve"):
-        from mptlml.sequences import MLMCurveResult
-    assert MLMCurveResult is mptlml.MPTCurve
-    with pytest.warns(DeprecationWarning, match="MPTCurve"):
-        assert mptlml.MLMCurveResult is mptlml.MPTCurve

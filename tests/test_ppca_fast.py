@@ -10,6 +10,7 @@ import torch
 
 from mptlml.masks import random_orders, sample_masks
 from mptlml.models import PPCA
+from mptlml.models.ppca import _grid_by_quadratic_forms, _grid_quadratic_forms
 
 
 def _model(d, k, s2, scale=1.0, dtype=torch.float64):
@@ -19,6 +20,14 @@ def _model(d, k, s2, scale=1.0, dtype=torch.float64):
     if dtype == torch.float32:
         m = PPCA(m.W.detach().float(), m.mu.float(), s2)
     return m
+
+
+def _forms(model, x, mask, weight, data_means):
+    """PPCA's grid sums by quadratic forms, whatever the flop count would choose."""
+    f64 = torch.float64
+    e = model._recentre(x)[1]
+    return _grid_quadratic_forms(model.W.detach().to(f64), model.sigma2.detach().to(f64), e,
+                                 mask, weight, data_means)
 
 
 @pytest.mark.parametrize("d,k", [(9, 1), (9, 3), (12, 2), (30, 6)])
@@ -84,11 +93,11 @@ def test_grid_quadratic_forms_equal_direct_sums(d, k):
     x = model.sample(40, generator=0) + 0.2
     mask, weight = _grid(d, 5)
     with torch.no_grad():
-        rows, cols = model._grid_quadratic_forms(x, mask, weight, True)
+        rows, cols = _forms(model, x, mask, weight, True)
         lp = model.masked_log_prob(x, mask.reshape(-1, d), None).reshape(5, d, 40)
     torch.testing.assert_close(rows, (weight[..., None] * lp).sum(1), atol=1e-10, rtol=0)
     torch.testing.assert_close(cols, (weight * lp.mean(-1)).sum(0), atol=1e-10, rtol=0)
-    rows2, none = model._grid_quadratic_forms(x, mask, weight, False)
+    rows2, none = _forms(model, x, mask, weight, False)
     assert none is None and torch.equal(rows2, rows)
 
 
@@ -102,7 +111,7 @@ def test_grid_quadratic_forms_float32_ill_conditioned():
     with torch.no_grad():
         ref = (weight[..., None] * m64.masked_log_prob(x, mask.reshape(-1, d), None)
                .reshape(3, d, 400)).sum(1)
-        out, _ = m32._grid_quadratic_forms(x.float(), mask, weight, False)
+        out, _ = _forms(m32, x.float(), mask, weight, False)
     assert torch.isfinite(out).all()
     assert (out - ref).abs().max() / d < 1e-4  # weights 1/M: one token's worth per size
 
@@ -110,15 +119,15 @@ def test_grid_quadratic_forms_float32_ill_conditioned():
 def test_grid_dispatch_by_cost():
     """Quadratic forms where D is small next to N (shared masks only), direct sums otherwise."""
     model = _model(50, 2, 0.2)
-    assert model._grid_by_quadratic_forms(100, 50, 100, True)  # the D=50 benchmark
-    assert model._grid_by_quadratic_forms(100, 64, 1797, True)  # digits
-    assert not _model(512, 2, 0.2)._grid_by_quadratic_forms(10, 512, 100, True)
-    assert not model._grid_by_quadratic_forms(300, 1, 100, True)  # one mask per grid row
+    assert _grid_by_quadratic_forms(50, 2, 100, 50, 100, True)  # the D=50 benchmark
+    assert _grid_by_quadratic_forms(64, 2, 100, 64, 1797, True)  # digits
+    assert not _grid_by_quadratic_forms(512, 2, 10, 512, 100, True)
+    assert not _grid_by_quadratic_forms(50, 2, 300, 1, 100, True)  # one mask per grid row
     x = model.sample(100, generator=0)
     mask, weight = _grid(50, 4)
     with torch.no_grad():  # dispatched (shared) and generic (per datum) paths agree in law
         rows, cols = model.grid_masked_log_prob(x, mask, weight, None)
-        ref = model._grid_quadratic_forms(x, mask, weight, True)
+        ref = _forms(model, x, mask, weight, True)
     assert torch.equal(rows, ref[0]) and torch.equal(cols, ref[1])
     # with gradients the dispatcher takes the differentiable generic path
     rows_g, _ = model.grid_masked_log_prob(x, mask, weight, None)

@@ -7,15 +7,10 @@ model (every datum has D tokens) and a masked LM on ragged sequences (D_i
 tokens) fill the same fields (``mean``, ``stderr``, ``per_sample``,
 ``per_sample_stderr``; ``area``, ``area_stderr``, ``rates``, ...); a few
 optional fields exist only for ragged sequences and are None otherwise.
-
-The names of the former masked-LM results (``MLMCurveResult.scores``,
-``lml_se``, ``area_se``, ...) remain as deprecated read-only properties that
-return what they returned before (numpy arrays).
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -29,19 +24,6 @@ __all__ = ["LMLEstimate", "MPTCurve"]
 
 def _numpy(v: Any) -> Any:
     return v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v
-
-
-def _deprecated(old: str, new: str, numpy: bool = True) -> property:
-    """A read-only property ``old`` that warns and returns field ``new`` (as numpy)."""
-
-    def get(self: Any) -> Any:
-        warnings.warn(f"{type(self).__name__}.{old} is deprecated; use .{new}.",
-                      DeprecationWarning, stacklevel=2)
-        v = getattr(self, new)
-        return _numpy(v) if numpy else v
-
-    get.__doc__ = f"Deprecated alias of ``{new}``."
-    return property(get)
 
 
 class _Result:
@@ -111,9 +93,6 @@ class LMLEstimate(_Result):
     nested: bool = False
     seed: int | None = None
     model: str | None = None
-
-    lml = _deprecated("lml", "per_sample")
-    lml_se = _deprecated("lml_se", "per_sample_stderr")
 
     def to_pandas(self) -> Any:
         """A tidy ``pandas.DataFrame``: one row per datum (or sequence).
@@ -209,15 +188,6 @@ class MPTCurve(_Result):
     model: str | None = None
     corruption: str | None = None
     ids: list[str] | None = field(default=None, repr=False)
-
-    scores = _deprecated("scores", "per_sample")
-    scores_se = _deprecated("scores_se", "per_sample_stderr")
-    curve = _deprecated("curve", "mean")
-    curve_se = _deprecated("curve_se", "stderr")
-    area_se = _deprecated("area_se", "area_stderr", numpy=False)
-    lml_se = _deprecated("lml_se", "lml_stderr")
-    lml_exact_se = _deprecated("lml_exact_se", "lml_exact_stderr")
-    lengths = _deprecated("lengths", "num_tokens")
 
     def to_pandas(self, per_sample: bool = False) -> Any:
         """A tidy ``pandas.DataFrame`` of the curve.

@@ -35,16 +35,9 @@ from .._progress import progress_bar
 from .._validation import check_positive_int
 from ..models.protocols import RaggedMaskedModel
 from .checkpoints import CheckpointError, check_meta, load_chunk, save_chunk
-from .distributed import (
-    DistContext,
-    barrier,
-    distributed_context,
-    gather,
-    shard,
-    shutdown_distributed,
-)
+from .distributed import DistContext, barrier, distributed_context, gather, shard
 
-__all__ = ["RunOutput", "distributed_context", "run_pairs", "seq_seed", "shutdown_distributed"]
+__all__ = ["RunOutput", "run_pairs", "seq_seed"]
 
 
 def seq_seed(seed: int, index: int) -> int:

@@ -64,13 +64,14 @@ def _status(holds: bool | None, recomputed: bool) -> str:
 
 
 def status_of(c: dict[str, Any]) -> str:
-    """The status of a claim dict; claims written before statuses existed get one from ``holds``.
+    """The status of a claim dict (built by :func:`claim`).
 
-    Raises ``ValueError`` on a status outside :data:`STATUSES`.
+    Raises ``ValueError`` on a missing status or one outside :data:`STATUSES`.
     """
     s = c.get("status")
     if s is None:
-        return _status(c.get("holds"), False)
+        raise ValueError(f"claim {c.get('claim')!r} has no status; build claims with "
+                         "mptlml.experiments._claims.claim(...).")
     if s not in STATUSES:
         raise ValueError(f"claim {c.get('claim')!r} has status {s!r}; a status is one of "
                          f"{', '.join(STATUSES)}.")

@@ -1,7 +1,8 @@
 """Fig. 4: the MPT curve S(x; M) against the masking rate, and its area (= the LML).
 
-Setting (NOTES.md): PPCA with N = 1000, D = 200, sigma2 = 0.2 (data drawn from
-the model with W entries N(0, 1)); the curve of the generating parameters
+Setting (``docs/notes.md``, "Experiment settings"): PPCA with N = 1000,
+D = 200, sigma2 = 0.2 (data drawn from the model with W entries N(0, 1));
+the curve of the generating parameters
 
     S_hat(x; M) = (1/P) sum_{p=1..P} (1/M) sum_{j in mask_p} log p(x_j | x_R),  M = 1..D,
 

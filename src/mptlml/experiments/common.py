@@ -32,12 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_bytes, atomic_write_text, jsonable
-from .rundir import RunDirError, Transaction
+from .rundir import Transaction
 
 __all__ = [
     "RESULTS_FORMAT",
     "RunDir",
-    "RunDirError",
     "environment",
     "load_results",
     "print_table",

@@ -167,8 +167,8 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
     """What each figure shows, its setting and the paper's figure it corresponds to."""
-    every = config.get("curve_every", config.get("every", "?"))  # former names in old runs
-    masks = config.get("curve_num_masks", config.get("curve_masks", "?"))
+    every = config.get("curve_every", "?")
+    masks = config.get("curve_num_masks", "?")
     return {"fig5_curve_evolution": (
         "Paper Figure 5 (left). Left: the MPT curve S(x; M) against the masking rate, measured "
         f"every {every} epochs (colour: epoch, see the bar) while a PPCA is "

@@ -243,7 +243,7 @@ def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
         out[f"scores_{c['case']}"] = (
             "Beyond the paper: choosing the latent dimension K of a "
             f"{_FAMILY_NAMES.get(c.get('family', ''), c.get('family', '?'))} model on "
-            f"{c.get('description', c.get('data', '?'))}. Left: held-out log p(x) per "
+            f"{c.get('description', '?')}. Left: held-out log p(x) per "
             "datum by the MPT estimate (±2 SE) and exactly, for K = 1.."
             f"{c.get('k_max', '?')}; right: the training BIC"
             + (f"; the true K is {c['true_k']}" if c.get("true_k") is not None else "") + ".")

@@ -374,6 +374,3 @@ class MaskedModel(nn.Module):
             Positive number of array elements per mask.
         """
         return num_data * self.num_tokens
-
-    def forward(self, x: Any, mask: Any) -> torch.Tensor:  # pragma: no cover - alias
-        return self.log_conditionals(x, mask)

@@ -33,7 +33,7 @@ estimator of the LML through Proposition 1; it is there for comparison.
 References
 ----------
 Moreno-Munoz, Recasens, Hauberg (2023), "On Masked Pre-training and the
-Marginal Likelihood", NeurIPS, Sec. 4; erratum in ``shared/paper/NOTES.md``.
+Marginal Likelihood", NeurIPS, Sec. 4; erratum in ``docs/notes.md``, "Errata".
 Kingma & Welling (2014), "Auto-encoding variational Bayes", ICLR.
 """
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["DTYPES", "PretrainedLoaders", "hf_offline_mode", "hub_offline", "hub_reachable",
+__all__ = ["DTYPES", "PretrainedLoaders", "hf_offline_mode", "hub_offline",
            "dtype_name", "load_antiberty", "load_pretrained", "resolve_dtype", "space_residues",
            "tokenizer_files"]
 
@@ -81,14 +80,6 @@ def hf_offline_mode() -> Iterator[None]:
     finally:
         for t, v in zip(targets, old, strict=True):
             t.HF_HUB_OFFLINE = v
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:  # noqa: ARG001 - kept for the old signature
-    """Deprecated: ``not hub_offline()``. The raw socket probe is gone; use ``HF_HUB_OFFLINE``."""
-    warnings.warn("hub_reachable() is deprecated: the hub is no longer probed; set "
-                  "HF_HUB_OFFLINE=1 to work offline (mptlml.models.hf_loading.hub_offline()).",
-                  DeprecationWarning, stacklevel=2)
-    return not hub_offline()
 
 
 def resolve_dtype(dtype: Any = None, torch_dtype: Any = None) -> torch.dtype | str | None:

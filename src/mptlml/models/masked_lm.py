@@ -34,11 +34,11 @@ import torch
 from torch import nn
 
 from .._validation import make_generator
-from .hf_loading import DTYPES, PretrainedLoaders, dtype_name, hub_reachable
+from .hf_loading import DTYPES, PretrainedLoaders, dtype_name
 from .tokenizer_checks import check_tokenizer, check_unknown_tokens
 from .word_units import WordUnits
 
-__all__ = ["CORRUPTIONS", "MaskedLM", "hub_reachable"]
+__all__ = ["CORRUPTIONS", "MaskedLM"]
 
 CORRUPTIONS = ("mask", "bert")
 _HEAD_NAMES = ("cls", "lm_head", "predictions")
@@ -445,6 +445,3 @@ class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
                 owner.append((i, q, p))
         return owner, self.score_positions(inputs, pos, tgt, token_budget=token_budget,
                                            batch_size=batch_size, progress=progress)
-
-    def forward(self, x: Any, mask: Any) -> Any:  # pragma: no cover - alias
-        return self.log_conditionals(x, mask)
