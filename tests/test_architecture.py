@@ -11,8 +11,10 @@
   ``experiments/``) may import the experiments; only ``cli.py``/``__main__.py``
   the CLI; only ``cli.py`` the report.
 - No import circle between modules.
-- The estimators see models only through the protocols: ``estimation/`` names no
-  model family and imports no module of one.
+- The estimators see models only through the protocols: ``estimation/`` and
+  ``estimators/`` name no model family and import no module of one.
+- Estimator names are listed in one place, the registry: no tuple, list or set
+  in ``src/`` holds two of them.
 - Every third-party package that ``src/`` imports is declared in ``pyproject.toml``.
 
 Files are drawn by concept, not by length: there is no line cap.
@@ -36,9 +38,10 @@ PACKAGE = SRC / "mptlml"
 #: ``(root)`` is ``mptlml/__init__.py``. A new room must be placed here.
 FLOORS: dict[str, int] = {
     "_io": 0, "_linalg": 0, "_validation": 0, "_progress": 0, "_heap": 0, "settings": 0,
-    "masks": 1, "mask_sizes": 1,
+    "masks": 1,
     "models": 2,
-    "estimation": 3, "objectives": 3, "training": 3, "selection": 3, "hf": 3, "data": 3,
+    "estimation": 3, "estimators": 3, "objectives": 3, "training": 3, "selection": 3, "hf": 3,
+    "data": 3,
     "testing": 3, "(root)": 3,
     "experiments": 4, "report": 4,
     "cli": 5, "__main__": 5,
@@ -201,17 +204,28 @@ def _families() -> set[str]:
     return families
 
 
+def _estimation_files() -> list[Path]:
+    rooms = ("estimation", "estimators")
+    return sorted(p for room in rooms for p in (PACKAGE / room).rglob("*.py"))
+
+
+def _without_examples(text: str) -> str:
+    """The file less its docstring usage examples (``>>>`` and ``...`` lines)."""
+    return "\n".join(line for line in text.splitlines()
+                     if not line.lstrip().startswith((">>>", "... ")))
+
+
 def test_estimation_names_no_model_family():
     """The estimators see models only through the protocols (no isinstance side doors).
 
     Every class that ``mptlml.models`` exports, other than the protocols, is a model family;
-    none of their names may appear in the estimation package, code or text (so no
-    ``isinstance(model, PPCA)`` either).
+    none of their names may appear in the estimation packages, code or text (so no
+    ``isinstance(model, PPCA)`` either); only a docstring's usage example may build one.
     """
     families = _families()
-    found = {(p.name, n) for p in (PACKAGE / "estimation").rglob("*.py")
-             for n in families if re.search(rf"\b{n}\b", p.read_text())}
-    assert not found, f"estimation/ names model families: {sorted(found)}"
+    found = {(p.name, n) for p in _estimation_files()
+             for n in families if re.search(rf"\b{n}\b", _without_examples(p.read_text()))}
+    assert not found, f"estimation/ or estimators/ name model families: {sorted(found)}"
 
 
 def test_estimation_imports_no_model_family():
@@ -219,7 +233,7 @@ def test_estimation_imports_no_model_family():
     modules = _modules()
     families = _families()
     bad = []
-    for p in sorted((PACKAGE / "estimation").rglob("*.py")):
+    for p in _estimation_files():
         bad += [f"{p.relative_to(PACKAGE)} imports {d}" for d in _imports(p, modules)
                 if d.startswith("mptlml.models") and d not in PROTOCOL_MODULES]
         for node in ast.walk(ast.parse(p.read_text())):
@@ -261,3 +275,33 @@ def test_every_third_party_import_is_declared():
                if DISTRIBUTIONS.get(top, top).lower().replace("_", "-") not in declared}
     assert "torch" in imported and "pandas" in imported
     assert not missing, f"declare in pyproject.toml (imported by, e.g.): {missing}"
+
+
+def _name_lists(names: set[str]) -> list[str]:
+    """Tuples, lists and sets in src/ that hold two or more estimator names."""
+    found = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if isinstance(node, ast.Tuple | ast.List | ast.Set):
+                held = {e.value for e in node.elts
+                        if isinstance(e, ast.Constant) and e.value in names}
+                if len(held) >= 2:
+                    found.append(f"{p.relative_to(PACKAGE)}:{node.lineno} {sorted(held)}")
+    return found
+
+
+def test_estimator_names_live_only_in_the_registry():
+    """A new estimator is one file: no list of estimator names elsewhere to keep in step."""
+    from mptlml.estimators import available
+
+    names = set(available())
+    assert {"cumulative", "random-size", "fixed-rate"} <= names
+    found = _name_lists(names)
+    assert not found, "lists of estimator names outside the registry:\n" + "\n".join(found)
+
+
+def test_the_name_list_check_sees_a_list(tmp_path, monkeypatch):
+    (tmp_path / "mptlml").mkdir()
+    (tmp_path / "mptlml" / "x.py").write_text('NAMES = ("cumulative", "random-size")\n')
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "mptlml")
+    assert _name_lists({"cumulative", "random-size"}) == ["x.py:1 ['cumulative', 'random-size']"]

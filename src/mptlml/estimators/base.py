@@ -202,7 +202,7 @@ class Estimator:
         uniform masks of the sizes of :meth:`sizes`. Differentiable with respect
         to the model's parameters (gradients flow unless called under
         ``torch.no_grad()``). With ``mean_over_data`` (shared masks only) the
-        model averages each mask's scores over the data itself (for PPCA from
+        model averages each mask's scores over the data itself (e.g. from
         the data's second moments). The same generator state gives the same
         masks whatever the model, so two models scored with one seed share
         their masks (common random numbers).
