@@ -40,7 +40,7 @@ from .._validation import check_positive_int
 from ..masks import sample_masks
 from ..models.protocols import RaggedMaskedModel
 from .rates import check_rates, mask_sizes, rate_widths
-from .results import MPTCurve, as_float64
+from .results import MPTCurve, announce_nonfinite, as_float64
 from .runner import run_pairs
 from .stats import mean_stderr, sum_stderr
 from .words import TokenScores, encode, encode_words, pll_scores, word_counts
@@ -84,6 +84,7 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
     res = pll_scores(model, sequences, per_token=per_token, whole_word=whole_word,
                      variant=variant, chunk_size=chunk_size, token_budget=token_budget,
                      batch_size=batch_size, checkpoint_dir=checkpoint_dir, progress=progress)
+    announce_nonfinite(res.total, "the PLL", "sequences")
     return res if per_token else res.total
 
 

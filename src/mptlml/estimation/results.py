@@ -11,6 +11,7 @@ optional fields exist only for ragged sequences and are None otherwise.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 
 from .._io import jsonable
 
-__all__ = ["LMLEstimate", "MPTCurve"]
+__all__ = ["LMLEstimate", "MPTCurve", "NonFiniteWarning", "announce_nonfinite"]
 
 
 def _numpy(v: Any) -> Any:
@@ -226,3 +227,31 @@ class MPTCurve(_Result):
 def as_float64(a: Any) -> torch.Tensor:
     """A float64 CPU tensor of ``a`` (numpy arrays convert exactly)."""
     return torch.as_tensor(np.asarray(a, dtype=np.float64))
+
+
+class NonFiniteWarning(RuntimeWarning):
+    """A result holds NaN or infinite values (the model gave non-finite log-probabilities)."""
+
+
+def announce_nonfinite(values: Any, what: str, unit: str = "data", stacklevel: int = 3) -> int:
+    """Warn (:class:`NonFiniteWarning`) when ``values`` hold NaN or inf; return how many rows do.
+
+    The one check every front door runs on what it returns (estimates, curves,
+    PLLs), so that a NaN never leaves a result unannounced. ``values`` is
+    ``(N,)`` or ``(N, ...)``: a row with any non-finite entry counts once.
+    """
+    v = torch.as_tensor(np.asarray(_numpy(values), dtype=np.float64))
+    if v.numel() == 0:
+        return 0
+    bad = ~torch.isfinite(v.reshape(v.shape[0], -1) if v.ndim else v.reshape(1, 1)).all(1)
+    k = int(bad.sum())
+    if k:
+        i = int(bad.nonzero()[0, 0])
+        row = v[i] if v.ndim else v
+        first = float(row.reshape(-1)[~torch.isfinite(row.reshape(-1))][0])
+        warnings.warn(
+            f"{what} is not finite for {k} of {bad.numel()} {unit} (first: index {i}, value "
+            f"{first}): the model gave NaN or infinite log-probabilities. Check those inputs and "
+            "the model's parameters (a NaN weight, an overflow); with float16 or bfloat16, try "
+            "float32 or float64.", NonFiniteWarning, stacklevel=stacklevel)
+    return k

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..estimation.ragged import mlm_curve
-from ..estimation.results import LMLEstimate, MPTCurve
+from ..estimation.results import LMLEstimate, MPTCurve, announce_nonfinite
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
 from .base import Estimator, available, create, get
@@ -66,16 +66,10 @@ def _ragged_seed(seed: Any) -> int:
 
 
 def _announce(est: LMLEstimate) -> LMLEstimate:
-    """Never let a NaN leave silently: warn on a NaN estimate and on an unknown SE."""
-    if math.isnan(est.mean):
-        bad = torch.isnan(est.per_sample)
-        first = int(bad.nonzero()[0, 0]) if bad.any() else None
-        warnings.warn(
-            f"the {est.estimator!r} estimate is NaN: the model gave NaN log-probabilities for "
-            f"{int(bad.sum())} of {bad.numel()} data (first: index {first}). Check those data "
-            "and the model's parameters; with float32, try float64.", RuntimeWarning,
-            stacklevel=3)
-    elif math.isnan(est.stderr):
+    """Never let a NaN leave silently: warn on a non-finite estimate and on an unknown SE."""
+    bad = announce_nonfinite(est.per_sample, f"the {est.estimator!r} estimate of log p(x)",
+                             stacklevel=4)
+    if not bad and math.isnan(est.stderr):
         warnings.warn(
             f"the standard error of the {est.estimator!r} estimate cannot be computed from "
             f"{est.num_masks} Monte Carlo draw(s) per datum (it needs at least 2); stderr is "
@@ -216,10 +210,14 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
     """
     if isinstance(model, RaggedMaskedModel):
         _refuse_for_ragged(_given(sizes=sizes, share_masks=share_masks, nested=nested))
-        return mlm_curve(model, x, num_masks=num_masks, seed=_ragged_seed(seed),
-                         progress=progress, **options)
+        curve = mlm_curve(model, x, num_masks=num_masks, seed=_ragged_seed(seed),
+                          progress=progress, **options)
+        announce_nonfinite(curve.per_sample, "the MPT curve", "sequences")
+        return curve
     _check_model(model)
     if options:
         raise TypeError(f"unexpected arguments {sorted(options)} (only for ragged sequences).")
-    return Cumulative(num_masks, share_masks=share_masks, nested=nested).curve(
+    curve = Cumulative(num_masks, share_masks=share_masks, nested=nested).curve(
         model, x, sizes=sizes, seed=seed, progress=progress)
+    announce_nonfinite(curve.per_sample, "the MPT curve")
+    return curve

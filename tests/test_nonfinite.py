@@ -1,0 +1,58 @@
+"""A NaN or inf never leaves a front door unannounced: estimates, curves and PLLs warn."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mptlml
+from mptlml.estimation.results import NonFiniteWarning
+from mptlml.estimators import available
+from mptlml.models import PPCA
+
+_OPTIONS = {"fixed-rate": {"rate": 0.4}}
+
+
+@pytest.fixture
+def nan_model():
+    model = PPCA.random(5, 2, sigma2=0.3, seed=0)
+    x = model.sample(6, generator=0).detach()
+    with torch.no_grad():
+        model.W[0, 0] = float("nan")  # one NaN weight
+    return model, x
+
+
+@pytest.mark.parametrize("name", available(dense=True))
+def test_every_dense_estimator_warns_on_nan(nan_model, name):
+    model, x = nan_model
+    with pytest.warns(NonFiniteWarning, match=r"not finite for \d+ of 6 data \(first: index 0"):
+        est = mptlml.estimate_lml(model, x, name, num_masks=1 if name == "exhaustive" else 2,
+                                  seed=0, **_OPTIONS.get(name, {}))
+    assert not torch.isfinite(est.per_sample).all()
+
+
+def test_dense_curve_warns_on_nan(nan_model):
+    model, x = nan_model
+    with pytest.warns(NonFiniteWarning, match="the MPT curve is not finite"):
+        mptlml.mpt_curve(model, x, num_masks=2, seed=0)
+
+
+def test_masked_lm_pll_and_curve_warn_on_nan(tiny_dir):
+    from mptlml.models import MaskedLM
+
+    mlm = MaskedLM.from_pretrained(tiny_dir)
+    with torch.no_grad():
+        next(iter(mlm.parameters())).fill_(float("nan"))
+    seqs = ["the cat sat on a mat", "blue tree"]
+    with pytest.warns(NonFiniteWarning, match="the PLL is not finite for 2 of 2 sequences"):
+        mptlml.pll(mlm, seqs)
+    with pytest.warns(NonFiniteWarning, match="the MPT curve is not finite"):
+        mptlml.mpt_curve(mlm, seqs, rates=[0.3, 0.6], seed=0)
+    with pytest.warns(NonFiniteWarning, match="estimate of log p"):
+        mptlml.estimate_lml(mlm, seqs, "chain-rule", num_masks=2, seed=0)
+
+
+def test_finite_results_do_not_warn(recwarn):
+    model = PPCA.random(5, 2, sigma2=0.3, seed=0)
+    mptlml.estimate_lml(model, model.sample(6, generator=0), num_masks=2, seed=0)
+    assert not [w for w in recwarn if issubclass(w.category, NonFiniteWarning)]
