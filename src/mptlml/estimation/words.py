@@ -66,6 +66,8 @@ class TokenScores:
         The word (0..W_i-1) of each unit, for word-level runs.
     word_texts : list of list of str or None
         The W_i words of each sequence, for word-level runs.
+    model : str or None
+        The model's name.
     """
 
     total: torch.Tensor
@@ -75,6 +77,35 @@ class TokenScores:
     variant: str
     words: list[torch.Tensor] | None = None
     word_texts: list[list[str]] | None = None
+    model: str | None = None
+
+    def to_pandas(self, ids: Sequence[str] | None = None) -> Any:
+        """A tidy ``pandas.DataFrame``: one row per unit (token, or word) of each sequence.
+
+        Columns ``sequence`` (its index), ``position`` (the unit's place among
+        the content units, from 0), ``token`` (the unit's string), ``log_prob``,
+        ``model``, ``variant``, ``unit``; ``word`` for word-level runs and
+        ``id`` when ``ids`` are given. ``log_prob`` summed per sequence is ``total``.
+        """
+        import pandas as pd
+
+        if len(self.tokens) != len(self.log_probs):
+            raise ValueError("these scores carry no token strings; run pll(..., per_token=True).")
+        names = None if ids is None else [str(i) for i in ids]
+        if names is not None and len(names) != len(self.log_probs):
+            raise ValueError(f"ids has {len(names)} entries for {len(self.log_probs)} sequences.")
+        rows = []
+        for i, (toks, lp) in enumerate(zip(self.tokens, self.log_probs, strict=True)):
+            for j, (t, v) in enumerate(zip(toks, lp, strict=True)):
+                row: dict[str, Any] = {"sequence": i, "position": j, "token": t,
+                                       "log_prob": float(v), "model": self.model,
+                                       "variant": self.variant, "unit": self.unit}
+                if self.words is not None:
+                    row["word"] = int(self.words[i][j])
+                if names is not None:
+                    row["id"] = names[i]
+                rows.append(row)
+        return pd.DataFrame(rows)
 
     def word_log_probs(self) -> list[np.ndarray]:
         """Per-word scores: the sum of each word's units' log-probs ``(W_i,)``."""
@@ -234,4 +265,5 @@ def pll_scores(model: Any, sequences: Any, *, per_token: bool, whole_word: bool,
     return TokenScores(
         total=torch.tensor([float(v.sum()) for v in out.sums], dtype=torch.float64),
         log_probs=[np.asarray(v, dtype=np.float64) for v in out.sums], tokens=tokens,
-        unit=unit, variant=name, words=unit_words, word_texts=texts)
+        unit=unit, variant=name, words=unit_words, word_texts=texts,
+        model=getattr(model, "name", None))

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_UNKNOWN_FRACTION", "check_tokenizer", "check_unknown_tokens"]
+__all__ = ["MAX_UNKNOWN_FRACTION", "check_round_trip", "check_tokenizer", "check_unknown_tokens"]
 
 #: Largest fraction of unknown tokens in the encoded data accepted without allow_unknown=True.
 MAX_UNKNOWN_FRACTION = 0.05
@@ -96,6 +96,23 @@ def check_tokenizer(model: Any, tokenizer: Any, *, allow_unknown: bool = False) 
             "tokenizer saved with this model; if the config is what is wrong, set "
             "model.config.<name>_token_id to the tokenizer's id."
         )
+    check_round_trip(tokenizer, allow_unknown=allow_unknown)
+
+
+def check_round_trip(tokenizer: Any, *, allow_unknown: bool = False) -> None:
+    """Refuse a tokenizer that turns its own vocabulary tokens into the unknown token.
+
+    Up to eight ordinary vocabulary tokens, spread over the vocabulary, are
+    encoded from their own text; when half or more come back as the unknown
+    token the tokenizer normalises text away from its vocabulary. Used by
+    :func:`check_tokenizer` and by :class:`mptlml.hf.DataCollatorForMPT`
+    (which has no model to compare with).
+
+    Raises
+    ------
+    ValueError
+        Unless ``allow_unknown`` (then a warning).
+    """
     unk = tokenizer.unk_token_id
     if unk is None:
         return
