@@ -17,8 +17,9 @@ fast tokenizer's ``word_ids()``), three pseudo-log-likelihoods:
   ``sum_t log p(x_t | x without {s in word(t): s >= t})``; a word's score is
   the sum over its sub-tokens (a left-to-right chain rule inside the word).
 
-:func:`encode` (a ragged model's content tokens) and :func:`encode_words`
-(its tokens and words) are the units every ragged estimator starts from.
+:func:`mptlml.models.sequence_input.encode` (a ragged model's content tokens,
+re-exported here as :func:`encode`) and :func:`encode_words` (its tokens and
+words) are the units every ragged estimator starts from.
 A whole-word MPT curve (:func:`mptlml.estimation.ragged.mlm_curve` with
 ``whole_word=True``) counts words: D_i is the number of words, M_ik words are
 masked, and S is the mean word score over the masked words.
@@ -36,7 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..models.protocols import RaggedMaskedModel, WordMaskedModel
+from ..models.protocols import WordMaskedModel
+from ..models.sequence_input import encode, normalise_sequences
 from .runner import run_pairs
 
 __all__ = ["VARIANTS", "TokenScores", "encode", "encode_words", "pll_scores", "targeted",
@@ -134,17 +136,6 @@ class TokenScores:
         return out
 
 
-def encode(model: Any, sequences: Any) -> list[torch.Tensor]:
-    """Content token ids: ``model.encode(sequences)`` after checking the ragged protocol."""
-    if not isinstance(model, RaggedMaskedModel):
-        raise TypeError(
-            f"model must implement mptlml.models.protocols.RaggedMaskedModel (a masked "
-            f"language model), got {type(model).__name__}; wrap a transformers model in the "
-            "masked-LM adapter of mptlml.models (its from_pretrained loads one by name or path)."
-        )
-    return model.encode(sequences)
-
-
 def _word_model(model: Any, what: str) -> WordMaskedModel:
     if not isinstance(model, WordMaskedModel):
         raise TypeError(f"{what} needs a model implementing mptlml.models.protocols."
@@ -157,7 +148,7 @@ def _word_model(model: Any, what: str) -> WordMaskedModel:
 def encode_words(model: Any, sequences: Any,
                  ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[list[str]]]:
     """``model.encode_words(sequences)``: content ids, word of each token, word texts."""
-    return _word_model(model, "whole-word scoring").encode_words(sequences)
+    return _word_model(model, "whole-word scoring").encode_words(normalise_sequences(sequences))
 
 
 def word_counts(words: Sequence[torch.Tensor]) -> np.ndarray:
@@ -227,7 +218,7 @@ def pll_scores(model: Any, sequences: Any, *, per_token: bool, whole_word: bool,
     texts: list[list[str]] | None = None
     if whole_word or variant == "word_l2r":
         what = "whole-word scoring" if whole_word else "PLL-word-l2r"
-        ids, words, texts = _word_model(model, what).encode_words(sequences)
+        ids, words, texts = _word_model(model, what).encode_words(normalise_sequences(sequences))
     else:
         ids = encode(model, sequences)
     maps = words or []

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from ..masks import draw_mask_sizes, draw_sequence_mask_sizes
+from ..models.sequence_input import as_token_ids
 from ..models.tokenizer_checks import MAX_UNKNOWN_FRACTION, check_round_trip
 from .loss import IGNORE_INDEX, LABELS, WEIGHTS
 
@@ -234,22 +235,37 @@ class DataCollatorForMPT:
         What :class:`~mptlml.hf.MPTTrainer`'s DataLoader returns;
         :meth:`apply_masks` masks it.
         """
+        if isinstance(examples, str | bytes | Mapping):
+            raise TypeError(f"pass a list of examples (tokenizer outputs, one per sequence), not "
+                            f"a single {type(examples).__name__}.")
         if not examples:
             raise ValueError("empty batch: pass at least one example.")
+        how = "pass tokenizer outputs (tokenizer(text)) or lists of integer ids"
         if isinstance(examples[0], Mapping):
             keys = set(examples[0])
+            feats = []
             for i, e in enumerate(examples):
-                if "input_ids" not in e:
+                if not isinstance(e, Mapping) or "input_ids" not in e:
                     raise ValueError(f"example {i} has no 'input_ids'; pass tokenizer outputs.")
                 if set(e) != keys:
                     raise ValueError(f"example {i} has fields {sorted(e)} but example 0 has "
                                      f"{sorted(keys)}; give every example the same fields.")
-            feats = [dict(e) for e in examples]
+                f = dict(e)
+                f["input_ids"] = as_token_ids(e["input_ids"], f"example {i}'s input_ids",
+                                              how).tolist()
+                feats.append(f)
         else:
-            feats = [{"input_ids": list(e.tolist() if isinstance(e, torch.Tensor) else e)}
-                     for e in examples]
+            feats = [{"input_ids": as_token_ids(e, f"example {i}", how).tolist()}
+                     for i, e in enumerate(examples)]
         batch = self.tokenizer.pad(feats, return_tensors="pt",
                                    pad_to_multiple_of=self.pad_to_multiple_of)
+        hit = (batch["input_ids"] == self.mask_token_id).nonzero()
+        if hit.numel():
+            i, j = (int(v) for v in hit[0])
+            raise ValueError(
+                f"example {i} already holds the mask token {self.tokenizer.mask_token!r} (input "
+                f"position {j}) before masking: it would be visible context that is never "
+                "scored. The collator masks positions itself; remove it from the text.")
         return {k: v for k, v in batch.items()}
 
     def maskable(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -35,7 +35,8 @@ from torch import nn
 
 from .._validation import make_generator
 from .hf_loading import DTYPES, PretrainedLoaders, dtype_name, hub_reachable
-from .tokenizer_checks import check_tokenizer, check_unknown_tokens
+from .sequence_input import check_content, tokenize
+from .tokenizer_checks import check_tokenizer
 from .word_units import WordUnits
 
 __all__ = ["CORRUPTIONS", "MaskedLM", "hub_reachable"]
@@ -179,14 +180,16 @@ class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
         """Largest D a sequence may have (model maximum minus special tokens)."""
         return self.max_length - len(self.prefix) - len(self.suffix)
 
-    def encode(self, sequences: Sequence[str] | Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    def encode(self, sequences: Any) -> list[torch.Tensor]:
         """Content token ids (no special tokens) of each sequence.
 
         Parameters
         ----------
         sequences : list of str, or list of token-id sequences
             Texts are tokenized without special tokens; token-id sequences are
-            taken as content ids and must hold no special token.
+            taken as content ids. Normalised and checked by
+            :mod:`mptlml.models.sequence_input` (the same checks for both
+            kinds: a special-token string in a text is refused like its id).
 
         Returns
         -------
@@ -195,53 +198,20 @@ class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
 
         Raises
         ------
-        ValueError
-            On an empty sequence, a sequence longer than the model's maximum
-            (unless ``truncate=True``), or out-of-vocabulary/special ids.
+        TypeError, ValueError
+            On input that is not a list of texts or of integer ids (a single
+            string, a dict/BatchEncoding, float ids, ...), an empty sequence,
+            a sequence longer than the model's maximum (unless
+            ``truncate=True``), out-of-vocabulary ids, special tokens, or a
+            flood of unknown tokens.
         """
-        if isinstance(sequences, str | bytes):
-            raise TypeError("pass a list of texts (or token-id lists), not a single string; "
-                            "wrap it: [text].")
-        if isinstance(sequences, torch.Tensor):
-            sequences = [row for row in sequences]
-        seqs = list(sequences)
-        if not seqs:
-            raise ValueError("no sequences given; pass at least one text.")
-        if all(isinstance(s, str) for s in seqs):
-            texts = [self.preprocess(s) if self.preprocess else s for s in seqs]
-            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-            out = [torch.as_tensor(i, dtype=torch.long) for i in ids]
-        elif any(isinstance(s, str) for s in seqs):
-            raise TypeError("sequences mix texts and token ids; pass one kind.")
-        else:
-            out = []
-            specials = torch.tensor(self.special_ids, dtype=torch.long)
-            for i, s in enumerate(seqs):
-                t = torch.as_tensor(s).long().flatten().cpu()
-                if t.numel() and (int(t.min()) < 0 or int(t.max()) >= self.vocab_size):
-                    raise ValueError(f"sequence {i} has token ids outside [0, "
-                                     f"{self.vocab_size}); pass ids of this model's vocabulary.")
-                if torch.isin(t, specials).any():
-                    raise ValueError(
-                        f"sequence {i} contains special token ids {self.special_ids}; pass "
-                        "content ids only (the adapter adds [CLS]/[SEP] itself)."
-                    )
-                out.append(t)
-        limit = self.max_content_length
-        for i, t in enumerate(out):
-            if t.numel() == 0:
-                raise ValueError(f"sequence {i} is empty (no tokens); remove it from the data.")
-            if t.numel() > limit:
-                if not self.truncate:
-                    raise ValueError(
-                        f"sequence {i} has {t.numel()} tokens, more than the model's maximum of "
-                        f"{limit} (+{len(self.prefix) + len(self.suffix)} special tokens). "
-                        "Shorten it, or pass truncate=True (--truncate) to cut it."
-                    )
-                out[i] = t[:limit]
-        check_unknown_tokens(out, self.tokenizer.unk_token_id, str(self.tokenizer.unk_token),
+        ids = tokenize(sequences, self.tokenizer, vocab_size=self.vocab_size,
+                       preprocess=self.preprocess)
+        return check_content(ids, max_length=self.max_content_length,
+                             frame=len(self.prefix) + len(self.suffix), truncate=self.truncate,
+                             unk_id=self.tokenizer.unk_token_id,
+                             unk_token=str(self.tokenizer.unk_token),
                              allow_unknown=self.allow_unknown)
-        return out
 
     def corrupt(self, ids: torch.Tensor, masks: torch.Tensor,
                 generator: torch.Generator | None = None) -> torch.Tensor:
