@@ -53,6 +53,7 @@ import torch
 from transformers import Trainer
 
 from .._validation import check_positive_int
+from ..models.hf_loading import check_masked_lm
 from .collator import DataCollatorForMPT, stream_seed
 from .loss import LABELS, WEIGHTS, _logits_of, mpt_loss
 
@@ -103,6 +104,8 @@ class MPTTrainer(Trainer):
                 f"label_smoothing_factor={args.label_smoothing_factor} would train another "
                 "objective: the MPT loss is the weighted log-likelihood of the masked tokens "
                 "(a bound on the log-likelihood); set label_smoothing_factor=0.")
+        if model is not None:
+            check_masked_lm(model, "MPTTrainer")
         self.mpt_collator = data_collator
         self.eval_num_draws = check_positive_int(eval_num_draws, "eval_num_draws")
         self._mpt_scaled = False

@@ -21,9 +21,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["DTYPES", "PretrainedLoaders", "hf_offline_mode", "hub_offline", "hub_reachable",
-           "dtype_name", "load_antiberty", "load_pretrained", "resolve_dtype", "space_residues",
-           "tokenizer_files"]
+from .._validation import check_device
+
+__all__ = ["DTYPES", "PretrainedLoaders", "check_masked_lm", "check_model_source", "dtype_name",
+           "hf_offline_mode", "hub_offline", "hub_reachable", "load_antiberty", "load_pretrained",
+           "position_limit", "resolve_dtype", "space_residues", "tokenizer_files"]
 
 _AMINO_ACIDS = set("ACDEFGHIKLMNPQRSTVWY")
 _TRUE = ("1", "on", "true", "yes")
@@ -119,6 +121,81 @@ def dtype_name(dtype: Any) -> str | None:
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
+def _mapping_names(mapping: dict[str, Any]) -> set[str]:
+    out: set[str] = set()
+    for v in mapping.values():
+        out.update(v if isinstance(v, list | tuple) else [v])
+    return out
+
+
+def check_masked_lm(model: Any, what: str) -> None:
+    """Refuse a model that is not a masked LM (a causal LM, a decoder).
+
+    A causal LM predicts each token from the tokens to its left only; given a
+    [MASK] it returns next-token predictions, and its "masked conditionals"
+    are not p(x_j | x_R). Refused: a model whose config says ``is_decoder``,
+    or whose class transformers lists as a causal LM and not as a masked LM.
+    Classes transformers does not list (custom models) are accepted.
+    """
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    name = type(model).__name__
+    cfg = getattr(model, "config", None)
+    causal = name in _mapping_names(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) and name not in (
+        _mapping_names(MODEL_FOR_MASKED_LM_MAPPING_NAMES))
+    if causal or bool(getattr(cfg, "is_decoder", False)):
+        why = ("a causal LM" if causal else "configured as a decoder (config.is_decoder=True)")
+        raise TypeError(
+            f"{what} needs a masked language model, but {name} is {why}: it predicts each "
+            "token from the tokens to its left only, so its outputs at masked positions are not "
+            "the conditionals p(x_j | x_R) of a masked LM. Load a masked LM "
+            "(transformers.AutoModelForMaskedLM: BERT, RoBERTa, DeBERTa, ModernBERT, ...).")
+
+
+def position_limit(model: Any) -> int | None:
+    """Longest input (special tokens included) the model's position embeddings allow.
+
+    A learned position table ``embeddings.position_embeddings`` gives its size,
+    less ``padding_idx + 1`` when positions start after the padding index
+    (RoBERTa: 514 rows, 512 tokens); else ``config.max_position_embeddings``;
+    None when the model states no limit.
+    """
+    from torch import nn
+
+    base = getattr(model, getattr(model, "base_model_prefix", ""), model)
+    emb = getattr(getattr(base, "embeddings", None), "position_embeddings", None)
+    if isinstance(emb, nn.Embedding):
+        pad = emb.padding_idx
+        return int(emb.num_embeddings) - (0 if pad is None else int(pad) + 1)
+    pmax = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(pmax) if isinstance(pmax, int) and pmax > 0 else None
+
+
+def check_model_source(src: str, what: str = "model") -> None:
+    """Refuse a path that names no directory, before any hub lookup blames the cache.
+
+    ``src`` is taken for a path (not a hub id) when it exists, is absolute,
+    starts with ``.`` or ``~``, or has more than one ``/``. A path must be a
+    directory; a missing one is "no such directory", a file "not a directory".
+    """
+    p = Path(src).expanduser()
+    looks_like_path = (p.is_absolute() or src.startswith((".", "~")) or src.count("/") > 1
+                       or "\\" in src)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{what} {src!r} is a file, not a directory; pass the directory that "
+                         "save_pretrained wrote (config.json, weights, tokenizer files).")
+    if looks_like_path and not p.exists():
+        parent = next((q for q in p.parents if q.exists()), None)
+        raise ValueError(f"{what} {src!r}: no such directory"
+                         + (f" ({parent} exists, {p.relative_to(parent)} does not)"
+                            if parent is not None and parent != Path("/") else "")
+                         + ". Pass the directory that save_pretrained wrote, or a hub id "
+                         "such as 'bert-base-uncased'.")
+
+
 def tokenizer_files(directory: str | os.PathLike) -> list[str]:
     """Tokenizer files present in a model directory (empty: the model was saved alone)."""
     return sorted(f for f in _TOKENIZER_FILES if (Path(directory) / f).is_file())
@@ -149,6 +226,26 @@ def _load_tokenizer(src: str, tokenizer: Any, shared: dict[str, Any]) -> Any:
         )
     return AutoTokenizer.from_pretrained(str(tokenizer if tokenizer is not None else src),
                                          **shared)
+
+
+class _NotMaskedLM(ValueError):
+    """A loadable checkpoint that is no masked LM (re-raised as it is, not as a cache miss)."""
+
+
+def _check_masked_lm_config(src: str, shared: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose config has no masked-LM class, naming its architecture."""
+    from transformers import MODEL_FOR_MASKED_LM_MAPPING, AutoConfig
+
+    config = AutoConfig.from_pretrained(src, **shared)
+    if type(config) in MODEL_FOR_MASKED_LM_MAPPING or "AutoModelForMaskedLM" in (
+            getattr(config, "auto_map", None) or {}):
+        return
+    arch = ", ".join(getattr(config, "architectures", None) or []) or type(config).__name__
+    raise _NotMaskedLM(
+        f"{src!r} is not a masked language model: its checkpoint is {arch} (model type "
+        f"{config.model_type!r}), which has no masked-LM head in transformers "
+        "(AutoModelForMaskedLM). MPT scores and trains masked LMs (BERT, RoBERTa, DeBERTa, "
+        "ModernBERT, ...); a causal LM predicts tokens from their left context only.")
 
 
 def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
@@ -188,6 +285,9 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
     from transformers import AutoConfig, AutoModelForMaskedLM
 
     src = str(name_or_dir)
+    check_model_source(src, "masked LM")
+    if isinstance(tokenizer, str | os.PathLike):
+        check_model_source(str(tokenizer), "tokenizer")
     dt = resolve_dtype(dtype, hf_kwargs.pop("torch_dtype", None))
     offline = hub_offline()
     if offline:
@@ -195,6 +295,7 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
     shared = {k: hf_kwargs[k] for k in _SHARED_KWARGS if k in hf_kwargs}
     try:
         tok = _load_tokenizer(src, tokenizer, {**shared, **(tokenizer_kwargs or {})})
+        _check_masked_lm_config(src, shared)
         if random_init:
             extra = sorted(set(hf_kwargs) - set(_SHARED_KWARGS) - {"attn_implementation"})
             if extra:
@@ -213,7 +314,7 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
                 hf_kwargs["dtype"] = dt
             model = AutoModelForMaskedLM.from_pretrained(src, **hf_kwargs)
     except (OSError, ValueError) as exc:
-        if str(exc).startswith("no tokenizer files"):
+        if str(exc).startswith("no tokenizer files") or isinstance(exc, _NotMaskedLM):
             raise
         where = ("offline (HF_HUB_OFFLINE or local_files_only) and it is not in the local "
                  "Hugging Face cache" if offline or hf_kwargs.get("local_files_only") else
@@ -311,6 +412,8 @@ class PretrainedLoaders:
         if device is not None and hf_kwargs.get("device_map") is not None:
             raise ValueError("pass device= or device_map=, not both (device_map places the "
                              "model itself).")
+        if device is not None:
+            device = check_device(device)  # before loading: "gpu" or a missing GPU
         model, tok, label = load_pretrained(name_or_dir, tokenizer=tokenizer, dtype=dtype,
                                             random_init=random_init, init_seed=init_seed,
                                             **hf_kwargs)
@@ -329,6 +432,8 @@ class PretrainedLoaders:
         (unspaced residues would tokenize to a single [UNK]). ``device`` and
         ``dtype`` place the model; ``**kwargs`` go to :class:`MaskedLM`.
         """
+        if device is not None:
+            device = check_device(device)
         model, tokenizer, label = load_antiberty(random_init=random_init, init_seed=init_seed)
         dt = resolve_dtype(dtype, kwargs.pop("torch_dtype", None))
         if isinstance(dt, torch.dtype):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +35,14 @@ import torch
 from torch import nn
 
 from .._validation import make_generator
-from .hf_loading import DTYPES, PretrainedLoaders, dtype_name, hub_reachable
+from .hf_loading import (
+    DTYPES,
+    PretrainedLoaders,
+    check_masked_lm,
+    dtype_name,
+    hub_reachable,
+    position_limit,
+)
 from .sequence_input import check_content, tokenize
 from .tokenizer_checks import check_tokenizer
 from .word_units import WordUnits
@@ -44,6 +52,27 @@ __all__ = ["CORRUPTIONS", "MaskedLM", "hub_reachable"]
 CORRUPTIONS = ("mask", "bert")
 _HEAD_NAMES = ("cls", "lm_head", "predictions")
 _AUTOCAST = ("bfloat16", "float16")
+
+
+def _max_length(model: nn.Module, tokenizer: Any) -> int:
+    """Longest model input: the tokenizer's ``model_max_length``, at most the model's positions.
+
+    A tokenizer that claims more than the model's position table
+    (:func:`~mptlml.models.hf_loading.position_limit`) would crash inside the
+    model on long inputs; the model's limit is used instead, with a warning.
+    A tokenizer without a limit (transformers' 1e30 placeholder) takes the
+    model's; 512 when neither states one.
+    """
+    tmax = getattr(tokenizer, "model_max_length", None)
+    tmax = int(tmax) if isinstance(tmax, int | float) and 0 < tmax < 1_000_000 else None
+    pmax = position_limit(model)
+    if tmax is not None and pmax is not None and tmax > pmax:
+        warnings.warn(f"the tokenizer's model_max_length ({tmax}) exceeds the model's position "
+                      f"table ({pmax} positions); inputs are limited to {pmax} tokens, special "
+                      "tokens included (truncate=True cuts longer sequences there).",
+                      stacklevel=3)
+        return pmax
+    return tmax if tmax is not None else (pmax if pmax is not None else 512)
 
 
 class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
@@ -89,6 +118,7 @@ class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
             )
         if corruption not in CORRUPTIONS:
             raise ValueError(f"corruption must be one of {CORRUPTIONS}, got {corruption!r}.")
+        check_masked_lm(model, "MaskedLM")
         check_tokenizer(model, tokenizer, allow_unknown=allow_unknown)
         if autocast not in (None, True, False) and dtype_name(autocast) not in _AUTOCAST:
             raise ValueError(f"autocast must be None, True, False, 'bfloat16' or 'float16'; "
@@ -107,14 +137,7 @@ class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
                                 else 0)
         self.special_ids = sorted({int(i) for i in tokenizer.all_special_ids})
         self.prefix, self.suffix = self._special_frame()
-        tmax = getattr(tokenizer, "model_max_length", None)
-        pmax = getattr(model.config, "max_position_embeddings", None)
-        if tmax is not None and tmax < 1_000_000:
-            self.max_length = int(tmax)
-        elif pmax is not None:
-            self.max_length = int(pmax)
-        else:
-            self.max_length = 512
+        self.max_length = _max_length(model, tokenizer)
         base = getattr(model, getattr(model, "base_model_prefix", ""), None)
         head = next((getattr(model, n) for n in _HEAD_NAMES
                      if isinstance(getattr(model, n, None), nn.Module)), None)
