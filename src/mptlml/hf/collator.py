@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from ..masks import draw_mask_sizes, draw_sequence_mask_sizes
+from ..models.mlm_inputs import CORRUPTIONS, corrupt
 from ..models.sequence_input import as_token_ids
 from ..models.tokenizer_checks import MAX_UNKNOWN_FRACTION, check_round_trip
 from .loss import IGNORE_INDEX, LABELS, WEIGHTS
@@ -59,7 +60,6 @@ __all__ = ["CORRUPTIONS", "DEFAULT_RATE", "ESTIMATORS", "DataCollatorForMPT",
            "draw_sequence_mask_sizes", "stream_seed"]
 
 ESTIMATORS = ("random-size", "fixed-rate")
-CORRUPTIONS = ("mask", "bert")
 #: BERT's masking rate, the default of ``estimator="fixed-rate"``.
 DEFAULT_RATE = 0.15
 
@@ -324,16 +324,9 @@ class DataCollatorForMPT:
         rank = keys.argsort(dim=1).argsort(dim=1)
         masked = rank < m[:, None]
         labels = torch.where(masked, ids, torch.full_like(ids, IGNORE_INDEX))
-        x = ids.clone()
-        if self.corruption == "mask":
-            x[masked] = self.mask_token_id
-        else:
-            u = torch.rand(ids.shape, generator=g)
-            rnd = self.replacement_ids[torch.randint(self.replacement_ids.numel(), ids.shape,
-                                                     generator=g)]
-            x = torch.where(masked & (u < 0.8), self.mask_token_id, x)
-            x = torch.where(masked & (u >= 0.8) & (u < 0.9), rnd, x)
-        batch["input_ids"] = x
+        batch["input_ids"] = corrupt(ids, masked, corruption=self.corruption,
+                                     mask_token_id=self.mask_token_id,
+                                     replacement_ids=self.replacement_ids, generator=g)
         batch[LABELS] = labels
         weights = torch.where(m > 0, d.double() / m.clamp_min(1).double(), 0.0)
         batch[WEIGHTS] = weights.float()

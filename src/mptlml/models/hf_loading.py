@@ -2,7 +2,9 @@
 
 :class:`~mptlml.models.masked_lm.MaskedLM` scores; this module finds and loads
 the weights and the tokenizer it wraps (``MaskedLM.from_pretrained`` and
-``MaskedLM.antiberty`` call :func:`load_pretrained` and :func:`load_antiberty`).
+``MaskedLM.antiberty`` call :func:`load_pretrained` and :func:`load_antiberty`),
+and says what the model is: a masked LM (:func:`check_masked_lm`) with a
+length limit (:func:`max_input_length`).
 
 Offline behaviour is Hugging Face's own: with ``HF_HUB_OFFLINE=1`` (or
 ``local_files_only=True``) nothing is downloaded and a hub id loads from the
@@ -15,16 +17,14 @@ import contextlib
 import os
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._validation import check_device
-
-__all__ = ["DTYPES", "PretrainedLoaders", "check_masked_lm", "check_model_source", "dtype_name",
-           "hf_offline_mode", "hub_offline", "hub_reachable", "load_antiberty", "load_pretrained",
+__all__ = ["DTYPES", "check_masked_lm", "check_model_source", "dtype_name", "hf_offline_mode",
+           "hub_offline", "hub_reachable", "load_antiberty", "load_pretrained", "max_input_length",
            "position_limit", "resolve_dtype", "space_residues", "tokenizer_files"]
 
 _AMINO_ACIDS = set("ACDEFGHIKLMNPQRSTVWY")
@@ -172,6 +172,27 @@ def position_limit(model: Any) -> int | None:
         return int(emb.num_embeddings) - (0 if pad is None else int(pad) + 1)
     pmax = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     return int(pmax) if isinstance(pmax, int) and pmax > 0 else None
+
+
+def max_input_length(model: Any, tokenizer: Any) -> int:
+    """Longest model input: the tokenizer's ``model_max_length``, at most the model's positions.
+
+    A tokenizer that claims more than the model's position table
+    (:func:`position_limit`) would crash inside the model on long inputs; the
+    model's limit is used instead, with a warning. A tokenizer without a
+    limit (transformers' 1e30 placeholder) takes the model's; 512 when
+    neither states one.
+    """
+    tmax = getattr(tokenizer, "model_max_length", None)
+    tmax = int(tmax) if isinstance(tmax, int | float) and 0 < tmax < 1_000_000 else None
+    pmax = position_limit(model)
+    if tmax is not None and pmax is not None and tmax > pmax:
+        warnings.warn(f"the tokenizer's model_max_length ({tmax}) exceeds the model's position "
+                      f"table ({pmax} positions); inputs are limited to {pmax} tokens, special "
+                      "tokens included (truncate=True cuts longer sequences there).",
+                      stacklevel=3)
+        return pmax
+    return tmax if tmax is not None else (pmax if pmax is not None else 512)
 
 
 def check_model_source(src: str, what: str = "model") -> None:
@@ -367,77 +388,3 @@ def load_antiberty(*, random_init: bool = False, init_seed: int = 0) -> tuple[An
     finally:
         hf_logging.set_verbosity(verbosity)
     return model, tokenizer, "AntiBERTy" + (" (random init)" if random_init else "")
-
-
-class PretrainedLoaders:
-    """The constructors of :class:`~mptlml.models.masked_lm.MaskedLM` that load weights.
-
-    A mixin: ``cls`` is ``MaskedLM`` (or a subclass) and gets the loaded
-    model and tokenizer; both return it on ``device`` when one is given.
-    """
-
-    @classmethod
-    def from_pretrained(cls, name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
-                        device: str | torch.device | None = None, dtype: Any = None,
-                        random_init: bool = False, init_seed: int = 0,
-                        corruption: str = "mask", truncate: bool = False,
-                        preprocess: Callable[[str], str] | None = None, name: str | None = None,
-                        allow_unknown: bool = False, autocast: bool | str | None = None,
-                        **hf_kwargs: Any) -> Any:
-        """Load a masked LM and its tokenizer by hub name or local directory.
-
-        Parameters
-        ----------
-        name_or_dir : str or path
-            A hub id (the hub, or its cache offline) or a ``save_pretrained`` directory.
-        tokenizer : tokenizer, str or path, optional
-            A tokenizer object or the name/directory to load one from; required
-            for a directory saved without tokenizer files (AntiBERTy's layout).
-        device : str or torch.device, optional
-            Where to put the model (``"cuda:1"``, ``"cpu"``); not with ``device_map``.
-        dtype : torch.dtype or str, optional
-            Parameter dtype (``torch_dtype=`` is accepted too; ``"auto"``: the
-            checkpoint's). None: transformers' default.
-        random_init, init_seed : bool, int
-            Random weights of the same config, seeded.
-        corruption, truncate, preprocess, name, allow_unknown, autocast
-            As for :class:`MaskedLM`.
-        **hf_kwargs
-            Everything else goes to ``AutoModelForMaskedLM.from_pretrained``
-            (``revision``, ``trust_remote_code``, ``device_map``,
-            ``attn_implementation``, ``local_files_only``, ``cache_dir``, ...; the
-            repository options reach ``AutoTokenizer.from_pretrained`` too); see
-            :func:`mptlml.models.hf_loading.load_pretrained`.
-        """
-        if device is not None and hf_kwargs.get("device_map") is not None:
-            raise ValueError("pass device= or device_map=, not both (device_map places the "
-                             "model itself).")
-        if device is not None:
-            device = check_device(device)  # before loading: "gpu" or a missing GPU
-        model, tok, label = load_pretrained(name_or_dir, tokenizer=tokenizer, dtype=dtype,
-                                            random_init=random_init, init_seed=init_seed,
-                                            **hf_kwargs)
-        lm = cls(model, tok, corruption=corruption, truncate=truncate, preprocess=preprocess,
-                 name=name or label, allow_unknown=allow_unknown, autocast=autocast)
-        return lm.to(device) if device is not None else lm
-
-    @classmethod
-    def antiberty(cls, *, random_init: bool = False, init_seed: int = 0,
-                  device: str | torch.device | None = None, dtype: Any = None,
-                  **kwargs: Any) -> Any:
-        """AntiBERTy (``antiberty==0.1.3``): an offline, pre-trained antibody BERT.
-
-        8 layers, hidden size 512, vocabulary of 25 (20 residues + 5 specials).
-        Inputs are amino-acid strings; residues are spaced automatically
-        (unspaced residues would tokenize to a single [UNK]). ``device`` and
-        ``dtype`` place the model; ``**kwargs`` go to :class:`MaskedLM`.
-        """
-        if device is not None:
-            device = check_device(device)
-        model, tokenizer, label = load_antiberty(random_init=random_init, init_seed=init_seed)
-        dt = resolve_dtype(dtype, kwargs.pop("torch_dtype", None))
-        if isinstance(dt, torch.dtype):
-            model = model.to(dt)
-        lm = cls(model, tokenizer, preprocess=space_residues,
-                 name=kwargs.pop("name", label), **kwargs)
-        return lm.to(device) if device is not None else lm
