@@ -51,6 +51,7 @@ def _examples(tok, texts=SENTENCES):
 
 
 # ---------------------------------------------------------------------- plain Trainer
+@pytest.mark.slow
 def test_a_plain_trainer_cannot_train_the_unweighted_loss(tiny, tmp_path):
     """Before: Trainer + DataCollatorForMPT trained BERT's unweighted mean silently."""
     from transformers import Trainer
@@ -67,6 +68,7 @@ def test_a_plain_trainer_cannot_train_the_unweighted_loss(tiny, tmp_path):
 
 
 # ---------------------------------------------------------------------- accumulation
+@pytest.mark.slow
 def test_accumulation_over_unequal_micro_batches_is_the_full_batch_mean(tiny, tmp_path):
     """3 + 2 sequences, accumulated: the update is the gradient of the mean over the 5.
 
@@ -125,6 +127,7 @@ def _trained(path, tok, out, *, resume=None, **kw):
     return trainer, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_resume_is_exact_and_evaluation_changes_no_training_mask(tiny, tmp_path):
     """5 steps straight (evaluating after each) == 2 steps, saved, resumed to 5 (no evaluation).
 
@@ -142,6 +145,7 @@ def test_resume_is_exact_and_evaluation_changes_no_training_mask(tiny, tmp_path)
     assert e1 == e2 and math.isfinite(e1)
 
 
+@pytest.mark.slow
 def test_masks_do_not_depend_on_dataloader_workers(tiny, tmp_path):
     path, tok = tiny
     _, a = _trained(path, tok, tmp_path / "a")
