@@ -130,3 +130,11 @@ def test_list_or_dict_text_fields_are_refused_with_file_and_line(tmp_path, value
     with pytest.raises(ValueError, match=rf"data.jsonl: line 2, field 'text' holds a "
                                          rf"{type(value).__name__}"):
         load_texts(path)
+
+
+def test_sampling_refuses_float_allowed_ids(tiny):
+    from mptlml.hf import sample_random_order
+
+    mlm, _ = tiny
+    with pytest.raises(TypeError, match="allowed_ids, position 0: 5.5"):
+        sample_random_order(mlm, 2, 3, allowed_ids=[5.5, 6])
