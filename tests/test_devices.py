@@ -125,6 +125,7 @@ def test_device_refusals(monkeypatch):
         with pytest.raises(ValueError, match="CUDA is not available"):
             distributed.resolve_device("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="each rank takes cuda:LOCAL_RANK"):
         distributed.resolve_device("cuda:1")

@@ -53,12 +53,12 @@ def test_masks_exactly_m_maskable_tokens(tiny, estimator):
     dcount = torch.tensor(_content_counts(tok))
     for _ in range(50):
         b = coll(ex)
-        masked = b["labels"] != -100
+        masked = b["mpt_labels"] != -100
         m = masked.sum(1)
         assert not (masked & special).any(), "a special or padding position was masked"
         assert (m >= 1).all() and (m <= dcount).all()
         torch.testing.assert_close(b["mpt_weights"], (dcount / m).float())
-        assert torch.equal(b["labels"][masked], clean[masked])
+        assert torch.equal(b["mpt_labels"][masked], clean[masked])
         assert (b["input_ids"][masked] == tok.mask_token_id).all()  # pure [MASK]
         assert torch.equal(b["input_ids"][~masked], clean[~masked])
         assert torch.equal(b["attention_mask"], (clean != tok.pad_token_id).long())
@@ -72,7 +72,7 @@ def test_random_sizes_span_one_to_d_uniformly(tiny):
     d = _content_counts(tok, [text])[0]
     coll = DataCollatorForMPT(tok, seed=1)
     b = coll(_examples(tok, [text] * 3000))
-    m = (b["labels"] != -100).sum(1)
+    m = (b["mpt_labels"] != -100).sum(1)
     counts = torch.bincount(m, minlength=d + 1)
     assert counts[0] == 0 and counts[1:].min() > 0, "some size in 1..D never drawn"
     # chi-square against U{1..D}: far below the 0.1% point for D - 1 degrees of freedom
@@ -105,7 +105,7 @@ def test_special_tokens_mask_empty_sequences_and_lists(tiny):
     b = coll([{"input_ids": ids, "special_tokens_mask": stm},
               {"input_ids": ids[:1] + ids[-1:], "special_tokens_mask": [1, 1]}])
     assert "special_tokens_mask" not in b
-    masked = b["labels"] != -100
+    masked = b["mpt_labels"] != -100
     assert not masked[0, :2].any() and masked[0].sum() >= 1
     assert b["mpt_weights"][0] == 2 / masked[0].sum()
     assert not masked[1].any() and b["mpt_weights"][1] == 0  # D = 0: the empty sum
@@ -122,7 +122,7 @@ def test_bert_corruption_80_10_10(tiny):
     ex = _examples(tok, [SENTENCES[-1]] * 4000)
     clean = tok.pad(ex, return_tensors="pt")["input_ids"]
     b = coll(ex)
-    masked = b["labels"] != -100
+    masked = b["mpt_labels"] != -100
     x, y = b["input_ids"][masked], clean[masked]
     n = masked.sum().item()
     frac_mask = (x == tok.mask_token_id).double().mean().item()
@@ -153,7 +153,7 @@ def test_seed_reproducible_and_arguments_refused(tiny):
     with pytest.raises(ValueError, match="mpt_weights"):
         mpt_loss(torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long), torch.ones(3))
     with pytest.raises(ValueError, match="mpt_weights"):
-        mpt_batch_loss(tiny[0], {"input_ids": a["input_ids"], "labels": a["labels"]})
+        mpt_batch_loss(tiny[0], {"input_ids": a["input_ids"], "mpt_labels": a["mpt_labels"]})
 
 
 # ---------------------------------------------------------------------- the loss
@@ -167,7 +167,7 @@ def test_loss_is_weighted_sum_of_the_scorers_conditionals(tiny):
     with torch.no_grad():
         terms = mpt_batch_loss(model, b, reduction="none")
     content = [torch.tensor(tok(s, add_special_tokens=False)["input_ids"]) for s in SENTENCES]
-    masks = [(b["labels"][i, 1:1 + len(c)] != -100) for i, c in enumerate(content)]
+    masks = [(b["mpt_labels"][i, 1:1 + len(c)] != -100) for i, c in enumerate(content)]
     lc = mlm.log_conditionals([c.tolist() for c in content], masks)
     ref = torch.stack([-(len(c) / m.sum()) * v.sum() for c, m, v in zip(content, masks, lc,
                                                                       strict=True)])
@@ -318,4 +318,5 @@ def test_trainer_five_steps_lower_the_loss(tiny, tmp_path):
     after = probe_loss()
     assert after < before, f"5 MPT steps did not lower the loss: {before:.3f} -> {after:.3f}"
     with pytest.raises(ValueError, match="mpt_weights"):
-        trainer.compute_loss(model, {"input_ids": probe["input_ids"], "labels": probe["labels"]})
+        trainer.compute_loss(model, {"input_ids": probe["input_ids"],
+                                     "mpt_labels": probe["mpt_labels"]})

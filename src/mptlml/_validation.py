@@ -15,6 +15,7 @@ import torch
 __all__ = [
     "as_tensor",
     "check_data",
+    "check_device",
     "check_mask",
     "check_positive_int",
     "check_rate",
@@ -112,6 +113,50 @@ def check_mask(mask: Any, num_tokens: int, num_data: int | None = None,
             f"got {tuple(mask.shape)}. Use a (B, D) mask to share masks across data."
         )
     return mask.to(device=device)
+
+
+def _device_choices() -> str:
+    """The valid device strings here, for messages."""
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    out = "'cpu'" + (f", 'cuda', 'cuda:0'..'cuda:{n - 1}'" if n else "")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out += ", 'mps'"
+    return f"valid choices: {out}" + ("" if n else " (this machine has no CUDA device)")
+
+
+def check_device(device: Any) -> torch.device:
+    """``device`` as a ``torch.device`` that exists here, or a ValueError naming the choices.
+
+    Accepts a ``torch.device`` or a string (``"cpu"``, ``"cuda"``, ``"cuda:1"``,
+    ``"mps"``). Refuses an unknown name (``"gpu"``), CUDA without CUDA, a CUDA
+    index beyond the devices present, and MPS where it is not available.
+    """
+    if isinstance(device, torch.device):
+        d = device
+    elif isinstance(device, str):
+        try:
+            d = torch.device(device.strip())
+        except RuntimeError:
+            raise ValueError(f"unknown device {device!r}; {_device_choices()}.") from None
+    else:
+        raise TypeError(f"device must be a string or torch.device, got {device!r}.")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but CUDA is not available "
+                             f"(torch.cuda.is_available() is False); {_device_choices()}.")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: there are {torch.cuda.device_count()} CUDA "
+                             f"devices; {_device_choices()}.")
+    elif d.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ValueError(f"device {device!r}: MPS is not available here; "
+                             f"{_device_choices()}.")
+    elif d.type != "cpu":
+        raise ValueError(f"device {device!r} is not one this package runs on; "
+                         f"{_device_choices()}.")
+    return d
 
 
 def check_positive_int(value: Any, name: str) -> int:

@@ -13,7 +13,9 @@ Sources:
   JSON defaults to ``text``); ``"sentence1,sentence2"`` joins a sentence pair.
   A header-less CSV/TSV (the original CoLA TSVs) is addressed by 0-based
   column positions (``column="3"``). TSVs are read without quote handling, as
-  GLUE's are. A file is one split: ``split`` is refused for files.
+  GLUE's are. A file is one split: ``split`` is refused for files. A field
+  holding a list or a dict (JSON), or an empty cell, is refused, naming the
+  file, the line (row, record) and the value: its Python repr is no text.
 - ``.txt``: one sequence per line (a blank line is an error: empty sequence);
   ``.fasta`` / ``.fa``: one sequence per record (ids from the headers).
 
@@ -25,6 +27,7 @@ with a single space, so the pair is scored as one sequence of non-special tokens
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,11 +174,19 @@ def _table(path: Path, ext: str, column: str | None) -> TextData:
                              "--column.")
     values = [ds[c] for c in cols]
     texts = []
+    unit = {".jsonl": "line", ".json": "record"}.get(ext, "row")
     for r, row in enumerate(zip(*values, strict=True)):
         for c, v in zip(cols, row, strict=True):
-            if v is None:
-                raise ValueError(f"{path}: row {r + 1} has no field {c!r} (an empty cell); fill "
-                                 "it or remove the row.")
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                raise ValueError(f"{path}: {unit} {r + 1} has no field {c!r} (an empty cell); "
+                                 "fill it or remove the row.")
+            if isinstance(v, list | tuple | dict):
+                shown = repr(v) if len(repr(v)) <= 60 else repr(v)[:57] + "..."
+                raise ValueError(
+                    f"{path}: {unit} {r + 1}, field {c!r} holds a {type(v).__name__} ({shown}), "
+                    "not a text: its Python repr would be scored. Give one string per record "
+                    "(join a list of sentences into one text), or name a text field with "
+                    "--column.")
         texts.append(" ".join(str(v) for v in row))
     ids = [str(v) for v in ds["idx"]] if "idx" in names else [str(i) for i in range(len(texts))]
     return TextData(texts, ids, f"{ext[1:]}:{path}:{'+'.join(cols)}")

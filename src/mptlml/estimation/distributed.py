@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from .._validation import check_device
+
 __all__ = ["DistContext", "barrier", "default_device", "distributed_context", "gather",
            "launched", "resolve_device", "shard", "shutdown_distributed"]
 
@@ -159,10 +161,7 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     """
     if device is None:
         return default_device()
-    d = torch.device(device)
-    if d.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available "
-                         "(torch.cuda.is_available() is False); pass --device cpu.")
+    d = check_device(device)  # "gpu", or CUDA without CUDA: a ValueError naming the choices
     if launched():
         if d.type == "cuda":
             if d.index is not None:

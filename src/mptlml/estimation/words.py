@@ -17,8 +17,9 @@ fast tokenizer's ``word_ids()``), three pseudo-log-likelihoods:
   ``sum_t log p(x_t | x without {s in word(t): s >= t})``; a word's score is
   the sum over its sub-tokens (a left-to-right chain rule inside the word).
 
-:func:`encode` (a ragged model's content tokens) and :func:`encode_words`
-(its tokens and words) are the units every ragged estimator starts from.
+:func:`mptlml.models.sequence_input.encode` (a ragged model's content tokens,
+re-exported here as :func:`encode`) and :func:`encode_words` (its tokens and
+words) are the units every ragged estimator starts from.
 A whole-word MPT curve (:func:`mptlml.estimation.ragged.mlm_curve` with
 ``whole_word=True``) counts words: D_i is the number of words, M_ik words are
 masked, and S is the mean word score over the masked words.
@@ -36,7 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..models.protocols import RaggedMaskedModel, WordMaskedModel
+from ..models.protocols import WordMaskedModel
+from ..models.sequence_input import encode, normalise_sequences
 from .runner import run_pairs
 
 __all__ = ["VARIANTS", "TokenScores", "encode", "encode_words", "pll_scores", "targeted",
@@ -66,6 +68,8 @@ class TokenScores:
         The word (0..W_i-1) of each unit, for word-level runs.
     word_texts : list of list of str or None
         The W_i words of each sequence, for word-level runs.
+    model : str or None
+        The model's name.
     """
 
     total: torch.Tensor
@@ -75,6 +79,35 @@ class TokenScores:
     variant: str
     words: list[torch.Tensor] | None = None
     word_texts: list[list[str]] | None = None
+    model: str | None = None
+
+    def to_pandas(self, ids: Sequence[str] | None = None) -> Any:
+        """A tidy ``pandas.DataFrame``: one row per unit (token, or word) of each sequence.
+
+        Columns ``sequence`` (its index), ``position`` (the unit's place among
+        the content units, from 0), ``token`` (the unit's string), ``log_prob``,
+        ``model``, ``variant``, ``unit``; ``word`` for word-level runs and
+        ``id`` when ``ids`` are given. ``log_prob`` summed per sequence is ``total``.
+        """
+        import pandas as pd
+
+        if len(self.tokens) != len(self.log_probs):
+            raise ValueError("these scores carry no token strings; run pll(..., per_token=True).")
+        names = None if ids is None else [str(i) for i in ids]
+        if names is not None and len(names) != len(self.log_probs):
+            raise ValueError(f"ids has {len(names)} entries for {len(self.log_probs)} sequences.")
+        rows = []
+        for i, (toks, lp) in enumerate(zip(self.tokens, self.log_probs, strict=True)):
+            for j, (t, v) in enumerate(zip(toks, lp, strict=True)):
+                row: dict[str, Any] = {"sequence": i, "position": j, "token": t,
+                                       "log_prob": float(v), "model": self.model,
+                                       "variant": self.variant, "unit": self.unit}
+                if self.words is not None:
+                    row["word"] = int(self.words[i][j])
+                if names is not None:
+                    row["id"] = names[i]
+                rows.append(row)
+        return pd.DataFrame(rows)
 
     def word_log_probs(self) -> list[np.ndarray]:
         """Per-word scores: the sum of each word's units' log-probs ``(W_i,)``."""
@@ -103,17 +136,6 @@ class TokenScores:
         return out
 
 
-def encode(model: Any, sequences: Any) -> list[torch.Tensor]:
-    """Content token ids: ``model.encode(sequences)`` after checking the ragged protocol."""
-    if not isinstance(model, RaggedMaskedModel):
-        raise TypeError(
-            f"model must implement mptlml.models.protocols.RaggedMaskedModel (a masked "
-            f"language model), got {type(model).__name__}; wrap a transformers model in the "
-            "masked-LM adapter of mptlml.models (its from_pretrained loads one by name or path)."
-        )
-    return model.encode(sequences)
-
-
 def _word_model(model: Any, what: str) -> WordMaskedModel:
     if not isinstance(model, WordMaskedModel):
         raise TypeError(f"{what} needs a model implementing mptlml.models.protocols."
@@ -126,7 +148,7 @@ def _word_model(model: Any, what: str) -> WordMaskedModel:
 def encode_words(model: Any, sequences: Any,
                  ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[list[str]]]:
     """``model.encode_words(sequences)``: content ids, word of each token, word texts."""
-    return _word_model(model, "whole-word scoring").encode_words(sequences)
+    return _word_model(model, "whole-word scoring").encode_words(normalise_sequences(sequences))
 
 
 def word_counts(words: Sequence[torch.Tensor]) -> np.ndarray:
@@ -196,7 +218,7 @@ def pll_scores(model: Any, sequences: Any, *, per_token: bool, whole_word: bool,
     texts: list[list[str]] | None = None
     if whole_word or variant == "word_l2r":
         what = "whole-word scoring" if whole_word else "PLL-word-l2r"
-        ids, words, texts = _word_model(model, what).encode_words(sequences)
+        ids, words, texts = _word_model(model, what).encode_words(normalise_sequences(sequences))
     else:
         ids = encode(model, sequences)
     maps = words or []
@@ -234,4 +256,5 @@ def pll_scores(model: Any, sequences: Any, *, per_token: bool, whole_word: bool,
     return TokenScores(
         total=torch.tensor([float(v.sum()) for v in out.sums], dtype=torch.float64),
         log_probs=[np.asarray(v, dtype=np.float64) for v in out.sums], tokens=tokens,
-        unit=unit, variant=name, words=unit_words, word_texts=texts)
+        unit=unit, variant=name, words=unit_words, word_texts=texts,
+        model=getattr(model, "name", None))

@@ -2,11 +2,12 @@
 
     loss = (1/B) sum_i w_i * sum_{j : labels_ij != -100} -log softmax(logits_ij)[labels_ij]
 
-with w_i = ``mpt_weights`` = D_i / M_i. Under random-size masking each term is
-an unbiased estimate of ``-sum_{M=1..D_i} S(x_i; M)``, the negative MPT sum of
-sequence i (a lower bound on its log-likelihood under the order mixture; see
-:mod:`mptlml.hf`), so the loss is an unbiased estimate of the batch's mean
-negative bound, in nats per sequence.
+with ``labels`` = the batch's ``mpt_labels`` and w_i = ``mpt_weights`` =
+D_i / M_i. Under random-size masking each term is an unbiased estimate of
+``-sum_{M=1..D_i} S(x_i; M)``, the negative MPT sum of sequence i (a lower
+bound on its log-likelihood under the order mixture; see :mod:`mptlml.hf`),
+so the loss is an unbiased estimate of the batch's mean negative bound, in
+nats per sequence.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["IGNORE_INDEX", "mpt_batch_loss", "mpt_loss"]
+__all__ = ["IGNORE_INDEX", "LABELS", "WEIGHTS", "mpt_batch_loss", "mpt_loss"]
 
 #: label of positions that are not scored (transformers' convention).
 IGNORE_INDEX = -100
+#: the batch key of the targets: not ``labels``, so that no model computes its own
+#: (unweighted) loss from an MPT batch (:mod:`mptlml.hf.collator`).
+LABELS = "mpt_labels"
+#: the batch key of the per-sequence weights D_i / M_i.
+WEIGHTS = "mpt_weights"
 
 
 def mpt_loss(logits: torch.Tensor, labels: torch.Tensor, mpt_weights: torch.Tensor, *,
@@ -84,18 +90,21 @@ def mpt_batch_loss(model: torch.nn.Module, batch: dict[str, Any], *,
                    reduction: str = "mean") -> torch.Tensor:
     """Run ``model`` on a collator batch and return its :func:`mpt_loss`.
 
-    ``labels`` and ``mpt_weights`` are taken out of the batch (the model never
-    sees them); every other field is passed to the model. For a plain loop::
+    ``mpt_labels`` and ``mpt_weights`` are taken out of the batch (the model
+    never sees them); every other field is passed to the model. For a plain loop::
 
         loss = mpt_batch_loss(model, collator(examples))
         loss.backward()
     """
     inputs = dict(batch)
     try:
-        labels, weights = inputs.pop("labels"), inputs.pop("mpt_weights")
+        labels, weights = inputs.pop(LABELS), inputs.pop(WEIGHTS)
     except KeyError as exc:
         raise ValueError(f"the batch has no {exc.args[0]!r}; build it with "
                          "mptlml.hf.DataCollatorForMPT.") from None
+    if "labels" in inputs:
+        raise ValueError("the batch has 'labels' besides 'mpt_labels': the model would compute "
+                         "its own unweighted loss from them; pass the collator's batch as it is.")
     dev = next(model.parameters()).device
     inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     return mpt_loss(_logits_of(model(**inputs)), labels, weights, reduction=reduction)

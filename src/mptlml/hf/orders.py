@@ -26,6 +26,7 @@ from .._validation import check_positive_int, make_generator
 from ..estimators import estimate_lml
 from ..masks import random_orders
 from ..models.masked_lm import MaskedLM
+from ..models.sequence_input import as_token_ids
 
 __all__ = ["chain_rule_lml", "sample_random_order"]
 
@@ -86,9 +87,11 @@ def sample_random_order(mlm: MaskedLM, num_samples: int, length: int, *,
         raise ValueError(f"length {d} exceeds the model's maximum of {mlm.max_content_length}.")
     g = make_generator(generator)
     specials = set(mlm.special_ids)
-    allowed = torch.tensor(sorted(set(allowed_ids)) if allowed_ids is not None else
-                           [i for i in range(mlm.vocab_size) if i not in specials],
-                           dtype=torch.long)
+    allowed = (torch.unique(as_token_ids(list(allowed_ids), "allowed_ids",
+                                             "pass integer vocabulary ids"))
+               if allowed_ids is not None else
+               torch.tensor([i for i in range(mlm.vocab_size) if i not in specials],
+                            dtype=torch.long))
     if allowed.numel() == 0 or int(allowed.min()) < 0 or int(allowed.max()) >= mlm.vocab_size:
         raise ValueError(f"allowed_ids must be non-empty ids in [0, {mlm.vocab_size}).")
     model, dev = mlm.model, mlm.device

@@ -2,7 +2,9 @@
 
 :class:`~mptlml.models.masked_lm.MaskedLM` scores; this module finds and loads
 the weights and the tokenizer it wraps (``MaskedLM.from_pretrained`` and
-``MaskedLM.antiberty`` call :func:`load_pretrained` and :func:`load_antiberty`).
+``MaskedLM.antiberty`` call :func:`load_pretrained` and :func:`load_antiberty`),
+and says what the model is: a masked LM (:func:`check_masked_lm`) with a
+length limit (:func:`max_input_length`).
 
 Offline behaviour is Hugging Face's own: with ``HF_HUB_OFFLINE=1`` (or
 ``local_files_only=True``) nothing is downloaded and a hub id loads from the
@@ -14,15 +16,16 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["DTYPES", "PretrainedLoaders", "hf_offline_mode", "hub_offline",
-           "dtype_name", "load_antiberty", "load_pretrained", "resolve_dtype", "space_residues",
-           "tokenizer_files"]
+__all__ = ["DTYPES", "check_masked_lm", "check_model_source", "dtype_name", "hf_offline_mode",
+           "hub_offline", "load_antiberty", "load_pretrained", "max_input_length",
+           "position_limit", "resolve_dtype", "space_residues", "tokenizer_files"]
 
 _AMINO_ACIDS = set("ACDEFGHIKLMNPQRSTVWY")
 _TRUE = ("1", "on", "true", "yes")
@@ -110,6 +113,102 @@ def dtype_name(dtype: Any) -> str | None:
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
+def _mapping_names(mapping: dict[str, Any]) -> set[str]:
+    out: set[str] = set()
+    for v in mapping.values():
+        out.update(v if isinstance(v, list | tuple) else [v])
+    return out
+
+
+def check_masked_lm(model: Any, what: str) -> None:
+    """Refuse a model that is not a masked LM (a causal LM, a decoder).
+
+    A causal LM predicts each token from the tokens to its left only; given a
+    [MASK] it returns next-token predictions, and its "masked conditionals"
+    are not p(x_j | x_R). Refused: a model whose config says ``is_decoder``,
+    or whose class transformers lists as a causal LM and not as a masked LM.
+    Classes transformers does not list (custom models) are accepted.
+    """
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    name = type(model).__name__
+    cfg = getattr(model, "config", None)
+    causal = name in _mapping_names(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) and name not in (
+        _mapping_names(MODEL_FOR_MASKED_LM_MAPPING_NAMES))
+    if causal or bool(getattr(cfg, "is_decoder", False)):
+        why = ("a causal LM" if causal else "configured as a decoder (config.is_decoder=True)")
+        raise TypeError(
+            f"{what} needs a masked language model, but {name} is {why}: it predicts each "
+            "token from the tokens to its left only, so its outputs at masked positions are not "
+            "the conditionals p(x_j | x_R) of a masked LM. Load a masked LM "
+            "(transformers.AutoModelForMaskedLM: BERT, RoBERTa, DeBERTa, ModernBERT, ...).")
+
+
+def position_limit(model: Any) -> int | None:
+    """Longest input (special tokens included) the model's position embeddings allow.
+
+    A learned position table ``embeddings.position_embeddings`` gives its size,
+    less ``padding_idx + 1`` when positions start after the padding index
+    (RoBERTa: 514 rows, 512 tokens); else ``config.max_position_embeddings``;
+    None when the model states no limit.
+    """
+    from torch import nn
+
+    base = getattr(model, getattr(model, "base_model_prefix", ""), model)
+    emb = getattr(getattr(base, "embeddings", None), "position_embeddings", None)
+    if isinstance(emb, nn.Embedding):
+        pad = emb.padding_idx
+        return int(emb.num_embeddings) - (0 if pad is None else int(pad) + 1)
+    pmax = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(pmax) if isinstance(pmax, int) and pmax > 0 else None
+
+
+def max_input_length(model: Any, tokenizer: Any) -> int:
+    """Longest model input: the tokenizer's ``model_max_length``, at most the model's positions.
+
+    A tokenizer that claims more than the model's position table
+    (:func:`position_limit`) would crash inside the model on long inputs; the
+    model's limit is used instead, with a warning. A tokenizer without a
+    limit (transformers' 1e30 placeholder) takes the model's; 512 when
+    neither states one.
+    """
+    tmax = getattr(tokenizer, "model_max_length", None)
+    tmax = int(tmax) if isinstance(tmax, int | float) and 0 < tmax < 1_000_000 else None
+    pmax = position_limit(model)
+    if tmax is not None and pmax is not None and tmax > pmax:
+        warnings.warn(f"the tokenizer's model_max_length ({tmax}) exceeds the model's position "
+                      f"table ({pmax} positions); inputs are limited to {pmax} tokens, special "
+                      "tokens included (truncate=True cuts longer sequences there).",
+                      stacklevel=3)
+        return pmax
+    return tmax if tmax is not None else (pmax if pmax is not None else 512)
+
+
+def check_model_source(src: str, what: str = "model") -> None:
+    """Refuse a path that names no directory, before any hub lookup blames the cache.
+
+    ``src`` is taken for a path (not a hub id) when it exists, is absolute,
+    starts with ``.`` or ``~``, or has more than one ``/``. A path must be a
+    directory; a missing one is "no such directory", a file "not a directory".
+    """
+    p = Path(src).expanduser()
+    looks_like_path = (p.is_absolute() or src.startswith((".", "~")) or src.count("/") > 1
+                       or "\\" in src)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{what} {src!r} is a file, not a directory; pass the directory that "
+                         "save_pretrained wrote (config.json, weights, tokenizer files).")
+    if looks_like_path and not p.exists():
+        parent = next((q for q in p.parents if q.exists()), None)
+        raise ValueError(f"{what} {src!r}: no such directory"
+                         + (f" ({parent} exists, {p.relative_to(parent)} does not)"
+                            if parent is not None and parent != Path("/") else "")
+                         + ". Pass the directory that save_pretrained wrote, or a hub id "
+                         "such as 'bert-base-uncased'.")
+
+
 def tokenizer_files(directory: str | os.PathLike) -> list[str]:
     """Tokenizer files present in a model directory (empty: the model was saved alone)."""
     return sorted(f for f in _TOKENIZER_FILES if (Path(directory) / f).is_file())
@@ -140,6 +239,26 @@ def _load_tokenizer(src: str, tokenizer: Any, shared: dict[str, Any]) -> Any:
         )
     return AutoTokenizer.from_pretrained(str(tokenizer if tokenizer is not None else src),
                                          **shared)
+
+
+class _NotMaskedLM(ValueError):
+    """A loadable checkpoint that is no masked LM (re-raised as it is, not as a cache miss)."""
+
+
+def _check_masked_lm_config(src: str, shared: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose config has no masked-LM class, naming its architecture."""
+    from transformers import MODEL_FOR_MASKED_LM_MAPPING, AutoConfig
+
+    config = AutoConfig.from_pretrained(src, **shared)
+    if type(config) in MODEL_FOR_MASKED_LM_MAPPING or "AutoModelForMaskedLM" in (
+            getattr(config, "auto_map", None) or {}):
+        return
+    arch = ", ".join(getattr(config, "architectures", None) or []) or type(config).__name__
+    raise _NotMaskedLM(
+        f"{src!r} is not a masked language model: its checkpoint is {arch} (model type "
+        f"{config.model_type!r}), which has no masked-LM head in transformers "
+        "(AutoModelForMaskedLM). MPT scores and trains masked LMs (BERT, RoBERTa, DeBERTa, "
+        "ModernBERT, ...); a causal LM predicts tokens from their left context only.")
 
 
 def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
@@ -179,6 +298,9 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
     from transformers import AutoConfig, AutoModelForMaskedLM
 
     src = str(name_or_dir)
+    check_model_source(src, "masked LM")
+    if isinstance(tokenizer, str | os.PathLike):
+        check_model_source(str(tokenizer), "tokenizer")
     dt = resolve_dtype(dtype, hf_kwargs.pop("torch_dtype", None))
     offline = hub_offline()
     if offline:
@@ -186,6 +308,7 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
     shared = {k: hf_kwargs[k] for k in _SHARED_KWARGS if k in hf_kwargs}
     try:
         tok = _load_tokenizer(src, tokenizer, {**shared, **(tokenizer_kwargs or {})})
+        _check_masked_lm_config(src, shared)
         if random_init:
             extra = sorted(set(hf_kwargs) - set(_SHARED_KWARGS) - {"attn_implementation"})
             if extra:
@@ -204,7 +327,7 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
                 hf_kwargs["dtype"] = dt
             model = AutoModelForMaskedLM.from_pretrained(src, **hf_kwargs)
     except (OSError, ValueError) as exc:
-        if str(exc).startswith("no tokenizer files"):
+        if str(exc).startswith("no tokenizer files") or isinstance(exc, _NotMaskedLM):
             raise
         where = ("offline (HF_HUB_OFFLINE or local_files_only) and it is not in the local "
                  "Hugging Face cache" if offline or hf_kwargs.get("local_files_only") else
@@ -257,73 +380,3 @@ def load_antiberty(*, random_init: bool = False, init_seed: int = 0) -> tuple[An
     finally:
         hf_logging.set_verbosity(verbosity)
     return model, tokenizer, "AntiBERTy" + (" (random init)" if random_init else "")
-
-
-class PretrainedLoaders:
-    """The constructors of :class:`~mptlml.models.masked_lm.MaskedLM` that load weights.
-
-    A mixin: ``cls`` is ``MaskedLM`` (or a subclass) and gets the loaded
-    model and tokenizer; both return it on ``device`` when one is given.
-    """
-
-    @classmethod
-    def from_pretrained(cls, name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
-                        device: str | torch.device | None = None, dtype: Any = None,
-                        random_init: bool = False, init_seed: int = 0,
-                        corruption: str = "mask", truncate: bool = False,
-                        preprocess: Callable[[str], str] | None = None, name: str | None = None,
-                        allow_unknown: bool = False, autocast: bool | str | None = None,
-                        **hf_kwargs: Any) -> Any:
-        """Load a masked LM and its tokenizer by hub name or local directory.
-
-        Parameters
-        ----------
-        name_or_dir : str or path
-            A hub id (the hub, or its cache offline) or a ``save_pretrained`` directory.
-        tokenizer : tokenizer, str or path, optional
-            A tokenizer object or the name/directory to load one from; required
-            for a directory saved without tokenizer files (AntiBERTy's layout).
-        device : str or torch.device, optional
-            Where to put the model (``"cuda:1"``, ``"cpu"``); not with ``device_map``.
-        dtype : torch.dtype or str, optional
-            Parameter dtype (``torch_dtype=`` is accepted too; ``"auto"``: the
-            checkpoint's). None: transformers' default.
-        random_init, init_seed : bool, int
-            Random weights of the same config, seeded.
-        corruption, truncate, preprocess, name, allow_unknown, autocast
-            As for :class:`MaskedLM`.
-        **hf_kwargs
-            Everything else goes to ``AutoModelForMaskedLM.from_pretrained``
-            (``revision``, ``trust_remote_code``, ``device_map``,
-            ``attn_implementation``, ``local_files_only``, ``cache_dir``, ...; the
-            repository options reach ``AutoTokenizer.from_pretrained`` too); see
-            :func:`mptlml.models.hf_loading.load_pretrained`.
-        """
-        if device is not None and hf_kwargs.get("device_map") is not None:
-            raise ValueError("pass device= or device_map=, not both (device_map places the "
-                             "model itself).")
-        model, tok, label = load_pretrained(name_or_dir, tokenizer=tokenizer, dtype=dtype,
-                                            random_init=random_init, init_seed=init_seed,
-                                            **hf_kwargs)
-        lm = cls(model, tok, corruption=corruption, truncate=truncate, preprocess=preprocess,
-                 name=name or label, allow_unknown=allow_unknown, autocast=autocast)
-        return lm.to(device) if device is not None else lm
-
-    @classmethod
-    def antiberty(cls, *, random_init: bool = False, init_seed: int = 0,
-                  device: str | torch.device | None = None, dtype: Any = None,
-                  **kwargs: Any) -> Any:
-        """AntiBERTy (``antiberty==0.1.3``): an offline, pre-trained antibody BERT.
-
-        8 layers, hidden size 512, vocabulary of 25 (20 residues + 5 specials).
-        Inputs are amino-acid strings; residues are spaced automatically
-        (unspaced residues would tokenize to a single [UNK]). ``device`` and
-        ``dtype`` place the model; ``**kwargs`` go to :class:`MaskedLM`.
-        """
-        model, tokenizer, label = load_antiberty(random_init=random_init, init_seed=init_seed)
-        dt = resolve_dtype(dtype, kwargs.pop("torch_dtype", None))
-        if isinstance(dt, torch.dtype):
-            model = model.to(dt)
-        lm = cls(model, tokenizer, preprocess=space_residues,
-                 name=kwargs.pop("name", label), **kwargs)
-        return lm.to(device) if device is not None else lm

@@ -17,7 +17,8 @@ protocol :class:`~mptlml.models.protocols.RaggedMaskedModel` (no fixed D):
 padded, length-bucketed sub-batches (:meth:`MaskedLM.score_positions`). For
 equal-length id tensors :meth:`MaskedLM.log_conditionals` also takes the
 ``(N, D)`` shapes of :class:`~mptlml.models.base.MaskedModel`. Loading
-(``from_pretrained``, ``antiberty``) lives in :mod:`mptlml.models.hf_loading`.
+(``from_pretrained``, ``antiberty``) calls :mod:`mptlml.models.hf_loading`;
+words and token strings are functions of :mod:`mptlml.models.word_units`.
 
 Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
 Marginal Likelihood", NeurIPS 2023, Sec. 4 (Table 2, Fig. 5 right).
@@ -27,29 +28,47 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from .._validation import make_generator
-from .hf_loading import DTYPES, PretrainedLoaders, dtype_name
-from .tokenizer_checks import check_tokenizer, check_unknown_tokens
-from .word_units import WordUnits
+from .._validation import check_device, make_generator
+from . import word_units
+from .hf_loading import (
+    DTYPES,
+    check_masked_lm,
+    dtype_name,
+    load_antiberty,
+    load_pretrained,
+    max_input_length,
+    resolve_dtype,
+    space_residues,
+)
+from .mlm_inputs import (
+    CORRUPTIONS,
+    corrupt,
+    dense_mask_rows,
+    ragged_mask_list,
+    score_in_buckets,
+)
+from .sequence_input import check_content, tokenize
+from .tokenizer_checks import check_tokenizer, special_frame
 
 __all__ = ["CORRUPTIONS", "MaskedLM"]
 
-CORRUPTIONS = ("mask", "bert")
 _HEAD_NAMES = ("cls", "lm_head", "predictions")
 _AUTOCAST = ("bfloat16", "float16")
 
 
-class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
+class MaskedLM(nn.Module):
     """A Hugging Face masked LM plus its tokenizer, scored on masked content tokens.
 
-    Implements :class:`~mptlml.models.protocols.RaggedMaskedModel` (sequences of
-    their own lengths D_i; no fixed ``num_tokens``).
+    Implements :class:`~mptlml.models.protocols.WordMaskedModel` (the ragged
+    protocol, sequences of their own lengths D_i and no fixed ``num_tokens``,
+    plus token strings and words from :mod:`~mptlml.models.word_units`).
 
     Parameters
     ----------
@@ -88,6 +107,7 @@ class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
             )
         if corruption not in CORRUPTIONS:
             raise ValueError(f"corruption must be one of {CORRUPTIONS}, got {corruption!r}.")
+        check_masked_lm(model, "MaskedLM")
         check_tokenizer(model, tokenizer, allow_unknown=allow_unknown)
         if autocast not in (None, True, False) and dtype_name(autocast) not in _AUTOCAST:
             raise ValueError(f"autocast must be None, True, False, 'bfloat16' or 'float16'; "
@@ -105,20 +125,81 @@ class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                                 else 0)
         self.special_ids = sorted({int(i) for i in tokenizer.all_special_ids})
-        self.prefix, self.suffix = self._special_frame()
-        tmax = getattr(tokenizer, "model_max_length", None)
-        pmax = getattr(model.config, "max_position_embeddings", None)
-        if tmax is not None and tmax < 1_000_000:
-            self.max_length = int(tmax)
-        elif pmax is not None:
-            self.max_length = int(pmax)
-        else:
-            self.max_length = 512
+        specials = set(self.special_ids)
+        self._replacements = torch.tensor([i for i in range(self.vocab_size)
+                                           if i not in specials], dtype=torch.long)
+        self.prefix, self.suffix = special_frame(tokenizer)
+        self.max_length = max_input_length(model, tokenizer)
         base = getattr(model, getattr(model, "base_model_prefix", ""), None)
         head = next((getattr(model, n) for n in _HEAD_NAMES
                      if isinstance(getattr(model, n, None), nn.Module)), None)
         self._split = base is not None and head is not None and base is not model
         self._base, self._head = (base, head) if self._split else (None, None)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
+                        device: str | torch.device | None = None, dtype: Any = None,
+                        random_init: bool = False, init_seed: int = 0,
+                        corruption: str = "mask", truncate: bool = False,
+                        preprocess: Callable[[str], str] | None = None, name: str | None = None,
+                        allow_unknown: bool = False, autocast: bool | str | None = None,
+                        **hf_kwargs: Any) -> MaskedLM:
+        """Load a masked LM and its tokenizer by hub name or local directory.
+
+        Parameters
+        ----------
+        name_or_dir : str or path
+            A hub id (the hub, or its cache offline) or a ``save_pretrained`` directory.
+        tokenizer : tokenizer, str or path, optional
+            A tokenizer object or the name/directory to load one from; required
+            for a directory saved without tokenizer files (AntiBERTy's layout).
+        device : str or torch.device, optional
+            Where to put the model (``"cuda:1"``, ``"cpu"``; checked first by
+            :func:`mptlml._validation.check_device`); not with ``device_map``.
+        dtype : torch.dtype or str, optional
+            Parameter dtype (``torch_dtype=`` is accepted too; ``"auto"``: the
+            checkpoint's). None: transformers' default.
+        random_init, init_seed : bool, int
+            Random weights of the same config, seeded.
+        corruption, truncate, preprocess, name, allow_unknown, autocast
+            As for :class:`MaskedLM`.
+        **hf_kwargs
+            Everything else goes to ``AutoModelForMaskedLM.from_pretrained``
+            (``revision``, ``trust_remote_code``, ``device_map``, ...; the
+            repository options reach ``AutoTokenizer.from_pretrained`` too); see
+            :func:`mptlml.models.hf_loading.load_pretrained`.
+        """
+        if device is not None and hf_kwargs.get("device_map") is not None:
+            raise ValueError("pass device= or device_map=, not both (device_map places the "
+                             "model itself).")
+        dev = None if device is None else check_device(device)  # before loading anything
+        model, tok, label = load_pretrained(name_or_dir, tokenizer=tokenizer, dtype=dtype,
+                                            random_init=random_init, init_seed=init_seed,
+                                            **hf_kwargs)
+        lm = cls(model, tok, corruption=corruption, truncate=truncate, preprocess=preprocess,
+                 name=name or label, allow_unknown=allow_unknown, autocast=autocast)
+        return lm.to(dev) if dev is not None else lm
+
+    @classmethod
+    def antiberty(cls, *, random_init: bool = False, init_seed: int = 0,
+                  device: str | torch.device | None = None, dtype: Any = None,
+                  **kwargs: Any) -> MaskedLM:
+        """AntiBERTy (``antiberty==0.1.3``): an offline, pre-trained antibody BERT.
+
+        8 layers, hidden size 512, vocabulary of 25 (20 residues + 5 specials).
+        Inputs are amino-acid strings; residues are spaced automatically
+        (unspaced residues would tokenize to a single [UNK]). ``device`` and
+        ``dtype`` place the model; ``**kwargs`` go to :class:`MaskedLM`.
+        """
+        dev = None if device is None else check_device(device)
+        model, tokenizer, label = load_antiberty(random_init=random_init, init_seed=init_seed)
+        dt = resolve_dtype(dtype, kwargs.pop("torch_dtype", None))
+        if isinstance(dt, torch.dtype):
+            model = model.to(dt)
+        lm = cls(model, tokenizer, preprocess=space_residues,
+                 name=kwargs.pop("name", label), **kwargs)
+        return lm.to(dev) if dev is not None else lm
 
     def fingerprint(self) -> dict[str, Any]:
         """Name, size, a probe of the first weights, corruption, dtype and autocast."""
@@ -156,37 +237,21 @@ class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
                 "autocast": dtype_name(self.autocast_dtype)}
 
     # ------------------------------------------------------------------ tokens
-    def _special_frame(self) -> tuple[list[int], list[int]]:
-        """Special tokens the tokenizer puts before/after the content tokens."""
-        tok = self.tokenizer
-        for probe in ("a", "A", "the", "1"):
-            content = tok(probe, add_special_tokens=False)["input_ids"]
-            full = tok(probe, add_special_tokens=True)["input_ids"]
-            if not content or self.mask_token_id in content or (
-                    tok.unk_token_id is not None and tok.unk_token_id in content):
-                continue
-            for i in range(len(full) - len(content) + 1):
-                if full[i:i + len(content)] == content:
-                    return list(full[:i]), list(full[i + len(content):])
-        pre = [tok.cls_token_id] if tok.cls_token_id is not None else (
-            [tok.bos_token_id] if tok.bos_token_id is not None else [])
-        suf = [tok.sep_token_id] if tok.sep_token_id is not None else (
-            [tok.eos_token_id] if tok.eos_token_id is not None else [])
-        return pre, suf
-
     @property
     def max_content_length(self) -> int:
         """Largest D a sequence may have (model maximum minus special tokens)."""
         return self.max_length - len(self.prefix) - len(self.suffix)
 
-    def encode(self, sequences: Sequence[str] | Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    def encode(self, sequences: Any) -> list[torch.Tensor]:
         """Content token ids (no special tokens) of each sequence.
 
         Parameters
         ----------
         sequences : list of str, or list of token-id sequences
             Texts are tokenized without special tokens; token-id sequences are
-            taken as content ids and must hold no special token.
+            taken as content ids. Normalised and checked by
+            :mod:`mptlml.models.sequence_input` (the same checks for both
+            kinds: a special-token string in a text is refused like its id).
 
         Returns
         -------
@@ -195,53 +260,20 @@ class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
 
         Raises
         ------
-        ValueError
-            On an empty sequence, a sequence longer than the model's maximum
-            (unless ``truncate=True``), or out-of-vocabulary/special ids.
+        TypeError, ValueError
+            On input that is not a list of texts or of integer ids (a single
+            string, a dict/BatchEncoding, float ids, ...), an empty sequence,
+            a sequence longer than the model's maximum (unless
+            ``truncate=True``), out-of-vocabulary ids, special tokens, or a
+            flood of unknown tokens.
         """
-        if isinstance(sequences, str | bytes):
-            raise TypeError("pass a list of texts (or token-id lists), not a single string; "
-                            "wrap it: [text].")
-        if isinstance(sequences, torch.Tensor):
-            sequences = [row for row in sequences]
-        seqs = list(sequences)
-        if not seqs:
-            raise ValueError("no sequences given; pass at least one text.")
-        if all(isinstance(s, str) for s in seqs):
-            texts = [self.preprocess(s) if self.preprocess else s for s in seqs]
-            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-            out = [torch.as_tensor(i, dtype=torch.long) for i in ids]
-        elif any(isinstance(s, str) for s in seqs):
-            raise TypeError("sequences mix texts and token ids; pass one kind.")
-        else:
-            out = []
-            specials = torch.tensor(self.special_ids, dtype=torch.long)
-            for i, s in enumerate(seqs):
-                t = torch.as_tensor(s).long().flatten().cpu()
-                if t.numel() and (int(t.min()) < 0 or int(t.max()) >= self.vocab_size):
-                    raise ValueError(f"sequence {i} has token ids outside [0, "
-                                     f"{self.vocab_size}); pass ids of this model's vocabulary.")
-                if torch.isin(t, specials).any():
-                    raise ValueError(
-                        f"sequence {i} contains special token ids {self.special_ids}; pass "
-                        "content ids only (the adapter adds [CLS]/[SEP] itself)."
-                    )
-                out.append(t)
-        limit = self.max_content_length
-        for i, t in enumerate(out):
-            if t.numel() == 0:
-                raise ValueError(f"sequence {i} is empty (no tokens); remove it from the data.")
-            if t.numel() > limit:
-                if not self.truncate:
-                    raise ValueError(
-                        f"sequence {i} has {t.numel()} tokens, more than the model's maximum of "
-                        f"{limit} (+{len(self.prefix) + len(self.suffix)} special tokens). "
-                        "Shorten it, or pass truncate=True (--truncate) to cut it."
-                    )
-                out[i] = t[:limit]
-        check_unknown_tokens(out, self.tokenizer.unk_token_id, str(self.tokenizer.unk_token),
+        ids = tokenize(sequences, self.tokenizer, vocab_size=self.vocab_size,
+                       preprocess=self.preprocess)
+        return check_content(ids, max_length=self.max_content_length,
+                             frame=len(self.prefix) + len(self.suffix), truncate=self.truncate,
+                             unk_id=self.tokenizer.unk_token_id,
+                             unk_token=str(self.tokenizer.unk_token),
                              allow_unknown=self.allow_unknown)
-        return out
 
     def corrupt(self, ids: torch.Tensor, masks: torch.Tensor,
                 generator: torch.Generator | None = None) -> torch.Tensor:
@@ -252,18 +284,10 @@ class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
         frame every row.
         """
         q = masks.shape[0]
-        x = ids.unsqueeze(0).expand(q, -1).clone()
-        if self.corruption == "mask":
-            x[masks] = self.mask_token_id
-        else:
-            g = make_generator(generator)
-            u = torch.rand(masks.shape, generator=g)
-            specials = set(self.special_ids)
-            allowed = torch.tensor([i for i in range(self.vocab_size) if i not in specials],
-                                   dtype=torch.long)
-            rnd = allowed[torch.randint(len(allowed), masks.shape, generator=g)]
-            x = torch.where(masks & (u < 0.8), self.mask_token_id, x)
-            x = torch.where(masks & (u >= 0.8) & (u < 0.9), rnd, x)
+        g = None if self.corruption == "mask" else make_generator(generator)
+        x = corrupt(ids.unsqueeze(0).expand(q, -1), masks, corruption=self.corruption,
+                    mask_token_id=self.mask_token_id, replacement_ids=self._replacements,
+                    generator=g)
         pre = torch.tensor(self.prefix, dtype=torch.long).expand(q, -1)
         suf = torch.tensor(self.suffix, dtype=torch.long).expand(q, -1)
         return torch.cat([pre, x, suf], dim=1)
@@ -306,54 +330,15 @@ class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
                         progress: Any = None) -> list[torch.Tensor]:
         """Score many ragged model inputs in length-bucketed, token-budgeted sub-batches.
 
-        Parameters
-        ----------
-        inputs : list of LongTensor ``(T_k,)``
-            Full model inputs (special tokens included, masks applied).
-        positions, targets : list of LongTensor ``(m_k,)``
-            Input positions to score and the true token ids there.
-        token_budget : int
-            Upper bound on ``batch_size * padded_length`` of one forward pass.
-        batch_size : int, optional
-            Upper bound on the inputs of one forward pass (besides the budget).
-        progress : tqdm-like, optional
-            ``progress.update(n)`` is called with the pairs finished.
-
-        Returns
-        -------
-        list of float64 tensors ``(m_k,)``: log p(target | input) per position.
+        ``inputs`` are full model inputs ``(T_k,)`` (special tokens included,
+        masks applied); ``positions`` and ``targets`` ``(m_k,)`` the input
+        positions to score and the true ids there. Returns float64 ``(m_k,)``
+        tensors of log p(target | input): :func:`~mptlml.models.mlm_inputs.score_in_buckets`
+        over :meth:`masked_log_probs`, whose parameters these are.
         """
-        n = len(inputs)
-        lengths = torch.tensor([len(t) for t in inputs])
-        order = torch.argsort(lengths, stable=True).tolist()
-        out: list[torch.Tensor | None] = [None] * n
-        i = 0
-        while i < n:
-            j = i + 1
-            while j < n and (j - i + 1) * int(lengths[order[j]]) <= token_budget and (
-                    batch_size is None or j - i < batch_size):
-                j += 1
-            tmax = int(lengths[order[j - 1]])  # ascending order: the last is the longest
-            idx = order[i:j]
-            b = len(idx)
-            ids = torch.full((b, tmax), self.pad_token_id, dtype=torch.long)
-            att = torch.zeros((b, tmax), dtype=torch.long)
-            rs, cs, ts = [], [], []
-            for r, k in enumerate(idx):
-                t = inputs[k]
-                ids[r, :len(t)] = t
-                att[r, :len(t)] = 1
-                rs.append(torch.full((len(positions[k]),), r, dtype=torch.long))
-                cs.append(positions[k])
-                ts.append(targets[k])
-            lp = self.masked_log_probs(ids, att, torch.cat(rs), torch.cat(cs), torch.cat(ts))
-            lp = lp.double().cpu().split([len(positions[k]) for k in idx])
-            for k, v in zip(idx, lp, strict=True):
-                out[k] = v
-            if progress is not None:
-                progress.update(b)
-            i = j
-        return out  # type: ignore[return-value]
+        return score_in_buckets(self.masked_log_probs, self.pad_token_id, inputs, positions,
+                                targets, token_budget=token_budget, batch_size=batch_size,
+                                progress=progress)
 
     # ------------------------------------------------------------------ protocol
     def log_conditionals(self, x: Any, mask: Any, *,
@@ -371,35 +356,12 @@ class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
           tensors of the same shapes.
         """
         if isinstance(x, torch.Tensor) and x.ndim == 2:
-            if x.dtype.is_floating_point:
-                raise TypeError("x must hold integer token ids (a LongTensor), not floats.")
-            n, d = x.shape
-            m = mask if isinstance(mask, torch.Tensor) else torch.as_tensor(mask)
-            if m.dtype != torch.bool or m.ndim not in (1, 2, 3) or m.shape[-1] != d:
-                raise ValueError(f"mask must be bool of shape (D,), (B, D) or (B, N, D) with "
-                                 f"D={d}; got {m.dtype} {tuple(m.shape)}.")
-            squeeze = m.ndim == 1
-            m3 = (m[None] if squeeze else m)
-            if m3.ndim == 2:
-                m3 = m3[:, None, :].expand(-1, n, -1)
-            if m3.shape[1] != n:
-                raise ValueError(f"a (B, N, D) mask needs N={n}; got {tuple(m3.shape)}.")
-            ids = self.encode(x)
-            res = self._ragged(ids, [m3[:, i, :] for i in range(n)], generator, token_budget)
+            rows, squeeze = dense_mask_rows(mask, *x.shape)
+            res = self._ragged(self.encode(x), rows, generator, token_budget)
             out = torch.stack(res, dim=1)  # (B, N, D)
             return out[0] if squeeze else out
         ids = self.encode(x)
-        if not isinstance(mask, list | tuple) or len(mask) != len(ids):
-            raise ValueError(f"for ragged sequences pass a list of {len(ids)} bool masks, one per "
-                             "sequence, each of shape (D_i,) or (Q_i, D_i).")
-        masks, flat = [], []
-        for i, (t, m) in enumerate(zip(ids, mask, strict=True)):
-            m = torch.as_tensor(m)
-            if m.dtype != torch.bool or m.shape[-1] != len(t) or m.ndim not in (1, 2):
-                raise ValueError(f"mask {i} must be bool of shape (D_i,) or (Q_i, D_i) with "
-                                 f"D_i={len(t)}; got {m.dtype} {tuple(m.shape)}.")
-            flat.append(m.ndim == 1)
-            masks.append(m[None] if m.ndim == 1 else m)
+        masks, flat = ragged_mask_list(mask, ids)
         res = self._ragged(ids, masks, generator, token_budget)
         return [r[0] if f else r for r, f in zip(res, flat, strict=True)]
 
@@ -421,8 +383,42 @@ class MaskedLM(PretrainedLoaders, WordUnits, nn.Module):
         sequence i is corrupted with ``generators[i]``, then all pairs are scored
         together by :meth:`score_positions`.
         """
-        owner, lp = self._score_pairs(list(ids), list(masks), list(generators), token_budget,
-                                      progress, batch_size)
+        return self._sums(list(ids), list(masks), None, list(generators), token_budget,
+                          progress, batch_size)
+
+    # ------------------------------------------------------------------ words
+    def token_strings(self, ids: torch.Tensor) -> list[str]:
+        """The vocabulary strings of content ids ``(D,)`` (e.g. ``["un", "##happy"]``)."""
+        return word_units.token_strings(self.tokenizer, ids)
+
+    def encode_words(self, sequences: Sequence[str],
+                     ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[list[str]]]:
+        """Content ids, the word of each token, and the words' texts
+        (:func:`mptlml.models.word_units.encode_words`)."""
+        return word_units.encode_words(self, sequences)
+
+    def ragged_target_log_prob(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor],
+                               targets: Sequence[torch.Tensor],
+                               generators: Sequence[torch.Generator | None], *,
+                               token_budget: int = 8192, batch_size: int | None = None,
+                               progress: Any = None) -> list[torch.Tensor]:
+        """``sum_{j in T} log p(x_j | x_{-M})`` for each mask M ``(Q_i, D_i)`` and targets T.
+
+        Every row of ``targets`` must be a subset of the same row of ``masks``;
+        the input hides all of M (corrupted as the model corrupts masks), and
+        only the positions in T are scored. Returns float64 ``(Q_i,)`` each.
+        """
+        ms, ts = list(masks), list(targets)
+        word_units.check_targets(ms, ts)
+        return self._sums(list(ids), ms, ts, list(generators), token_budget, progress,
+                          batch_size)
+
+    def _sums(self, ids: list[torch.Tensor], masks: list[torch.Tensor], targets: Any,
+              generators: list[torch.Generator | None], token_budget: int, progress: Any,
+              batch_size: int | None) -> list[torch.Tensor]:
+        """Per (sequence, mask) pair the sum of its scored positions' log-probs: ``(Q_i,)``."""
+        owner, lp = self._score_pairs(ids, masks, generators, token_budget, progress,
+                                      batch_size, targets=targets)
         out = [torch.zeros(m.shape[0], dtype=torch.float64) for m in masks]
         for (i, q, _), v in zip(owner, lp, strict=True):
             out[i][q] = v.sum()

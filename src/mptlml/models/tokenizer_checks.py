@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_UNKNOWN_FRACTION", "check_tokenizer", "check_unknown_tokens"]
+__all__ = ["MAX_UNKNOWN_FRACTION", "check_round_trip", "check_tokenizer", "check_unknown_tokens",
+           "special_frame"]
 
 #: Largest fraction of unknown tokens in the encoded data accepted without allow_unknown=True.
 MAX_UNKNOWN_FRACTION = 0.05
@@ -96,6 +97,23 @@ def check_tokenizer(model: Any, tokenizer: Any, *, allow_unknown: bool = False) 
             "tokenizer saved with this model; if the config is what is wrong, set "
             "model.config.<name>_token_id to the tokenizer's id."
         )
+    check_round_trip(tokenizer, allow_unknown=allow_unknown)
+
+
+def check_round_trip(tokenizer: Any, *, allow_unknown: bool = False) -> None:
+    """Refuse a tokenizer that turns its own vocabulary tokens into the unknown token.
+
+    Up to eight ordinary vocabulary tokens, spread over the vocabulary, are
+    encoded from their own text; when half or more come back as the unknown
+    token the tokenizer normalises text away from its vocabulary. Used by
+    :func:`check_tokenizer` and by :class:`mptlml.hf.DataCollatorForMPT`
+    (which has no model to compare with).
+
+    Raises
+    ------
+    ValueError
+        Unless ``allow_unknown`` (then a warning).
+    """
     unk = tokenizer.unk_token_id
     if unk is None:
         return
@@ -136,3 +154,27 @@ def check_unknown_tokens(ids: Sequence[torch.Tensor], unk_id: int | None, unk_to
                  "alphabet).", allow_unknown)
     else:
         warnings.warn(f"{what}; they are scored as such.", stacklevel=3)
+
+
+def special_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The special tokens a tokenizer puts before and after the content tokens.
+
+    Read from the tokenizer itself: a short probe text is encoded with and
+    without special tokens and the content located in the full encoding
+    ([CLS] ... [SEP] for BERT, <s> ... </s> for RoBERTa). Falls back to
+    cls/bos before and sep/eos after when no probe encodes cleanly.
+    """
+    mask, unk = tokenizer.mask_token_id, tokenizer.unk_token_id
+    for probe in ("a", "A", "the", "1"):
+        content = tokenizer(probe, add_special_tokens=False)["input_ids"]
+        full = tokenizer(probe, add_special_tokens=True)["input_ids"]
+        if not content or mask in content or (unk is not None and unk in content):
+            continue
+        for i in range(len(full) - len(content) + 1):
+            if full[i:i + len(content)] == content:
+                return list(full[:i]), list(full[i + len(content):])
+    pre = [tokenizer.cls_token_id] if tokenizer.cls_token_id is not None else (
+        [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else [])
+    suf = [tokenizer.sep_token_id] if tokenizer.sep_token_id is not None else (
+        [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+    return pre, suf

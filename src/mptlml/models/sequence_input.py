@@ -1,0 +1,224 @@
+"""Sequence input of the ragged entry points: one normalisation, one tokenisation.
+
+A sequence is what it looks like: a text, or a sequence of integer token ids
+of its content (no special tokens). Every ragged entry point goes through
+this module: :func:`mptlml.pll`, :func:`mptlml.mpt_curve` and
+:func:`mptlml.estimate_lml` on a :class:`~mptlml.models.protocols.RaggedMaskedModel`
+(:func:`encode`), :meth:`mptlml.models.MaskedLM.encode` (:func:`tokenize`),
+the data collator :class:`mptlml.hf.DataCollatorForMPT` (:func:`as_token_ids`)
+and the CLI (which loads texts with :func:`mptlml.data.text.load_texts` and
+encodes them with ``MaskedLM.encode``).
+
+:func:`normalise_sequences` accepts
+
+- a list (tuple, or other iterable) of texts;
+- a list of token-id sequences: lists/tuples of ints, 1-D integer tensors or
+  numpy arrays;
+- a 2-D integer tensor or array, one row per sequence;
+
+and refuses, naming the sequence and the value,
+
+- a single text (wrap it: ``[text]``), a ``dict`` or ``BatchEncoding`` (its
+  iteration would give its key names): pass the texts, or the content ids
+  ``tokenizer(texts, add_special_tokens=False)["input_ids"]``;
+- float, complex or bool token ids (never truncated to ints), nested lists,
+  ``None``, a list of strings as one sequence (a list-valued JSON field), a
+  mix of texts and ids, and an empty input.
+
+:func:`tokenize` turns texts into content ids (the tokenizer without special
+tokens) and checks ids of both kinds *the same way*: inside the vocabulary,
+and free of special tokens other than the unknown token. A special-token
+string inside a text (``"the [MASK] sat"``, ``"[CLS] [SEP]"``) becomes a
+special id and is refused exactly as the id would be: it is not content, and
+scoring it would score the model's control symbols. The unknown token is
+content the tokenizer could not represent, accepted on both paths and
+counted by :func:`~mptlml.models.tokenizer_checks.check_unknown_tokens`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .protocols import RaggedMaskedModel
+from .tokenizer_checks import check_unknown_tokens
+
+__all__ = ["as_token_ids", "check_content", "encode", "normalise_sequences", "tokenize"]
+
+_HOW = ("pass the texts themselves, or content token ids "
+        "(tokenizer(texts, add_special_tokens=False)['input_ids'])")
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    r = repr(value)
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
+def as_token_ids(value: Any, where: str, how: str = _HOW) -> torch.Tensor:
+    """One sequence of token ids as a 1-D LongTensor, or an error naming ``where``.
+
+    Accepts a list/tuple of ints (Python or numpy), a 1-D integer tensor or
+    numpy array. Float, complex and bool ids are refused, never truncated.
+    ``how`` says what to pass instead.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+            raise TypeError(f"{where} holds {value.dtype} token ids; ids are integers (floats "
+                            "are never truncated): pass an integer tensor.")
+        if value.ndim != 1:
+            raise ValueError(f"{where} is a tensor of shape {tuple(value.shape)}; one sequence "
+                             "is 1-D.")
+        return value.detach().cpu().long()
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "iu":
+            raise TypeError(f"{where} holds {value.dtype} token ids; ids are integers (floats "
+                            "are never truncated): pass an integer array.")
+        if value.ndim != 1:
+            raise ValueError(f"{where} is an array of shape {value.shape}; one sequence is 1-D.")
+        return torch.from_numpy(value.astype(np.int64))
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
+        raise TypeError(f"{where} is a {type(value).__name__} ({_show(value)}), not a sequence "
+                        f"of token ids; {how}.")
+    for j, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            if isinstance(v, torch.Tensor | np.ndarray) and v.ndim == 0 and not (
+                    v.dtype.is_floating_point if isinstance(v, torch.Tensor)
+                    else v.dtype.kind not in "iu"):
+                continue
+            what = ("a nested sequence" if isinstance(v, Sequence | torch.Tensor | np.ndarray)
+                    and not isinstance(v, str) else f"{_show(v)} ({type(v).__name__})")
+            raise TypeError(f"{where}, position {j}: {what} is not a token id; ids are integers "
+                            f"(floats are never truncated); {how}.")
+    return torch.tensor([int(v) for v in value], dtype=torch.long)
+
+
+def normalise_sequences(sequences: Any) -> list[str] | list[torch.Tensor]:
+    """The user's sequences as a list of texts or a list of 1-D LongTensors of ids.
+
+    See the module docstring for what is accepted and refused.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the offending sequence and its value, and what to pass instead.
+    """
+    if isinstance(sequences, str | bytes):
+        raise TypeError("pass a list of texts (or token-id lists), not a single string; "
+                        "wrap it: [text].")
+    if isinstance(sequences, Mapping):
+        keys = ", ".join(repr(k) for k in list(sequences)[:4])
+        raise TypeError(f"got a {type(sequences).__name__} (keys {keys}): its sequences would be "
+                        f"its key names. {_HOW[0].upper()}{_HOW[1:]}; tokenizer outputs carry "
+                        "special tokens ([CLS], [SEP]) that are not content.")
+    if isinstance(sequences, torch.Tensor | np.ndarray):
+        if sequences.ndim != 2:
+            raise ValueError(f"a tensor of sequences must be 2-D (one row per sequence), got "
+                             f"shape {tuple(sequences.shape)}.")
+        return [as_token_ids(row, f"sequence {i}") for i, row in enumerate(sequences)]
+    if sequences is None or not isinstance(sequences, Iterable):
+        raise TypeError(f"sequences must be a list of texts or of token-id sequences, got "
+                        f"{type(sequences).__name__}.")
+    seqs = list(sequences)
+    if not seqs:
+        raise ValueError("no sequences given; pass at least one text.")
+    texts = [isinstance(s, str) for s in seqs]
+    if all(texts):
+        return seqs
+    if any(texts):
+        i = texts.index(False)
+        raise TypeError(f"sequences mix texts and token ids (sequence {i} is "
+                        f"{_show(seqs[i])}); pass one kind.")
+    out = []
+    for i, s in enumerate(seqs):
+        if isinstance(s, Sequence | np.ndarray) and len(s) and all(
+                isinstance(v, str) for v in s):
+            raise TypeError(f"sequence {i} is a list of {len(s)} strings ({_show(s)}), not one "
+                            "text; join them into one string per sequence.")
+        out.append(as_token_ids(s, f"sequence {i}"))
+    return out
+
+
+def tokenize(sequences: Any, tokenizer: Any, *, vocab_size: int,
+             preprocess: Callable[[str], str] | None = None) -> list[torch.Tensor]:
+    """Content token ids of each sequence, checked the same way for texts and ids.
+
+    Texts (after ``preprocess``) are tokenized without special tokens; ids are
+    taken as they are. Then, on both paths: every id lies in
+    ``[0, vocab_size)``, and no id is a special token other than the unknown
+    token.
+
+    Raises
+    ------
+    ValueError
+        On an id outside the vocabulary or a special token, naming the
+        sequence, the token and what to do.
+    """
+    seqs = normalise_sequences(sequences)
+    from_text = isinstance(seqs[0], str)
+    if from_text:
+        texts = [preprocess(s) if preprocess else s for s in seqs]  # type: ignore[arg-type]
+        out = [torch.as_tensor(i, dtype=torch.long)
+               for i in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    else:
+        out = list(seqs)  # type: ignore[arg-type]
+    unk = getattr(tokenizer, "unk_token_id", None)
+    forbidden = torch.tensor(sorted({int(i) for i in tokenizer.all_special_ids} - (
+        set() if unk is None else {int(unk)})), dtype=torch.long)
+    for i, t in enumerate(out):
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab_size):
+            raise ValueError(f"sequence {i} has token ids outside [0, {vocab_size}); pass ids "
+                             "of this model's vocabulary.")
+        hit = torch.isin(t, forbidden)
+        if bool(hit.any()):
+            j = int(hit.nonzero()[0, 0])
+            name = tokenizer.convert_ids_to_tokens(int(t[j]))
+            where = f"sequence {i} ({_show(seqs[i])})" if from_text else f"sequence {i}"
+            raise ValueError(
+                f"{where} contains the special token {name!r} (id {int(t[j])}) at content "
+                f"position {j}: special tokens are not content and are never scored. Remove it "
+                + ("from the text" if from_text else "from the ids")
+                + " (the model adds its own [CLS]/[SEP]-like frame, and masks are placed by the "
+                "estimator).")
+    return out
+
+
+def encode(model: Any, sequences: Any) -> list[torch.Tensor]:
+    """Content token ids of a ragged model: :func:`normalise_sequences`, then ``model.encode``.
+
+    What every ragged estimator calls first (the model's ``encode`` may
+    tokenize; :class:`~mptlml.models.MaskedLM` uses :func:`tokenize`).
+    """
+    if not isinstance(model, RaggedMaskedModel):
+        raise TypeError(
+            f"model must implement mptlml.models.protocols.RaggedMaskedModel (a masked "
+            f"language model), got {type(model).__name__}; wrap a transformers model in the "
+            "masked-LM adapter of mptlml.models (its from_pretrained loads one by name or path)."
+        )
+    return model.encode(normalise_sequences(sequences))
+
+
+def check_content(ids: list[torch.Tensor], *, max_length: int, frame: int, truncate: bool,
+                  unk_id: int | None, unk_token: str, allow_unknown: bool) -> list[torch.Tensor]:
+    """Lengths and unknown tokens of encoded sequences (empty, too long, [UNK] floods).
+
+    ``max_length`` is the most content tokens a sequence may have (``frame``
+    special tokens come on top); longer sequences are cut when ``truncate``.
+    """
+    out = list(ids)
+    for i, t in enumerate(out):
+        if t.numel() == 0:
+            raise ValueError(f"sequence {i} is empty (no tokens); remove it from the data.")
+        if t.numel() > max_length:
+            if not truncate:
+                raise ValueError(
+                    f"sequence {i} has {t.numel()} tokens, more than the model's maximum of "
+                    f"{max_length} (+{frame} special tokens). Shorten it, or pass "
+                    "truncate=True (--truncate) to cut it."
+                )
+            out[i] = t[:max_length]
+    check_unknown_tokens(out, unk_id, unk_token, allow_unknown=allow_unknown)
+    return out
