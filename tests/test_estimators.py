@@ -204,11 +204,12 @@ def test_a_new_estimator_is_one_class_from_outside(small_sizes, tiny_dir):
     from transformers import AutoTokenizer
 
     from mptlml.hf import DataCollatorForMPT
+    from mptlml.hf.loss import LABELS
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     coll = DataCollatorForMPT(tok, estimator=name, seed=0)
     batch = coll([tok("the cat sat on a mat")["input_ids"]] * 64)
-    mi = (batch["labels"] != -100).sum(1)
+    mi = (batch[LABELS] != -100).sum(1)
     qd = small_sizes().size_probs(6)
     want = 1.0 / (qd[mi - 1] * mi.double())
     torch.testing.assert_close(batch["mpt_weights"].double(), want, rtol=1e-6, atol=0)
