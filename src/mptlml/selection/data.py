@@ -159,7 +159,8 @@ def _read_table(p: Path, sep: str) -> np.ndarray:
                          [str(j + 1) for j in range(len(named))])
     header = index_cell or not all(_is_number(c) for c in first) or numbered
     if numbered and len(cells) > 1:
-        warnings.warn(f"--data {p}: line 1 is {', '.join(named[:3])}, ..., {named[-1]}: read as "
+        shown = ", ".join(named) if len(named) <= 4 else f"{named[0]}, {named[1]}, ..., {named[-1]}"
+        warnings.warn(f"--data {p}: line 1 is {shown}: read as "
                       "a header of column numbers and skipped (it is not data); remove it if it "
                       "was a data row.", stacklevel=3)
     names = first if header else [str(j + 1) for j in range(d)]
