@@ -343,8 +343,8 @@ def _env_rows(rep: Report) -> list[tuple[str, str]]:
     rows = [("python", str(env.get("python"))), ("platform", str(env.get("platform"))),
             ("CPU cores", str(env.get("cpu_count"))),
             ("torch threads", str(env.get("torch_threads"))),
-            ("GPU", str(env.get("cuda") or "none"))]
-    shown = {"python", "platform", "cpu_count", "torch_threads", "cuda", "versions", "machine"}
+            ("GPU", str(env.get("gpu") or "none"))]
+    shown = {"python", "platform", "cpu_count", "torch_threads", "gpu", "versions", "machine"}
     rows += [(k, str(v)) for k, v in env.items() if k not in shown and v is not None
              and not isinstance(v, dict | list)]  # e.g. a CPU model or git commit, when recorded
     rows += [(k, str(v)) for k, v in (env.get("versions") or {}).items()]
