@@ -146,7 +146,7 @@ def test_cli_refuses_bad_counts_naming_key_and_value(argv, tmp_path, capsys):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("flag", ["--limit", "--num-sequences", "--num-masks", "--token-budget",
+@pytest.mark.parametrize("flag", ["--num-sequences", "--num-masks", "--token-budget",
                                   "--chunk-size"])
 def test_curve_refuses_bad_counts(flag, tmp_path, capsys):
     argv = ["curve", "--model", "m", "--data", "d", "--out", str(tmp_path / "c"), flag, "-3"]
@@ -210,22 +210,27 @@ def test_seed_sets_every_experiments_seed():
         _overrides(["area", "--seed", "4", "--set", "seed=5"])
 
 
-def test_former_names_still_work_with_a_warning():
+def test_former_names_are_refused_naming_the_valid_ones():
+    """The package was never released: renamed settings have no aliases."""
     cls = CONFIGS["curve-evolution"]
-    with pytest.warns(FutureWarning, match="'every' is deprecated; it is now called 'curve_every'"):
-        assert parse_setting(cls, "every=10") == ("curve_every", 10)
-    with pytest.warns(FutureWarning, match="'curve_masks'"):
-        cfg = apply_overrides(cls.quick(), {"curve_masks": 3})
-    assert cfg.curve_num_masks == 3
+    with pytest.raises(ValueError, match="unknown setting 'every'.*curve_every"):
+        parse_setting(cls, "every=10")
+    with pytest.raises(ValueError, match="unknown setting 'curve_masks'"):
+        apply_overrides(cls.quick(), {"curve_masks": 3})
 
 
-def test_curve_limit_is_a_deprecated_alias(tmp_path, monkeypatch):
-    import mptlml.experiments.mlm as mlm
+def test_curve_flags_are_the_settings(tmp_path, monkeypatch, capsys):
+    """Every `curve` flag is a setting of CurveConfig (one declaration); --limit is gone."""
+    import mptlml.experiments.driver as driver
+    from mptlml.experiments.mlm import CurveConfig
 
     seen = {}
-    monkeypatch.setattr(mlm, "run_curve", lambda *a, **k: seen.update(k))
+    monkeypatch.setattr(driver, "run_job", lambda name, cfg, out, **k: seen.update(cfg=cfg))
     base = ["curve", "--model", "m", "--data", "d", "--out", str(tmp_path / "c")]
-    assert main([*base, "--num-sequences", "4"]) == 0 and seen["limit"] == 4
-    with pytest.warns(FutureWarning, match="--limit is deprecated"):
-        assert main([*base, "--limit", "3"]) == 0
-    assert seen["limit"] == 3
+    assert main([*base, "--num-sequences", "4", "--rates", "0.2,0.5", "--pll", "--no-progress",
+                 "--nominal-length", "512", "--dtype", "float64"]) == 0
+    assert seen["cfg"] == CurveConfig(model="m", data="d", num_sequences=4, rates="0.2,0.5",
+                                      pll=True, progress=False, nominal_length=512.0,
+                                      dtype="float64")
+    assert main([*base, "--limit", "3"]) == 2
+    assert "unrecognized arguments: --limit" in capsys.readouterr().err

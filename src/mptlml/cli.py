@@ -14,44 +14,24 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from .experiments.config import check_value
+from .experiments.config import add_flags, flag_overrides
 
 __all__ = ["build_parser", "configure_output", "main"]
 
 _log = logging.getLogger(__name__)
 
 
-def _arg(typ: type, **bounds: Any) -> Callable[[str], Any]:
-    """An argparse ``type=`` reading ``typ``, whose ``bounds`` (Config metadata keys:
-    ``min``, ``gt``, ...) :func:`_check_bounds` checks after parsing, naming the flag."""
-
-    def read(text: str) -> Any:
-        return typ(text)
-
-    read.__name__ = typ.__name__  # argparse names the type in its messages
-    read.bounds = (typ, bounds)  # type: ignore[attr-defined]
-    return read
-
-
-def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Check every bounded option of the chosen command, as the Configs check their fields."""
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for action in sub.choices[args.command]._actions:
-        typ, bounds = getattr(action.type, "bounds", (None, None))
-        value = getattr(args, action.dest, None)
-        if typ is not None and value is not None:
-            check_value(action.option_strings[-1], value, typ, bounds, value)
-
-
-_COUNT = _arg(int, min=1)  # a count: a positive integer (negative ones would slice)
-_SEED = _arg(int, min=0)
+def _seed(text: str) -> int:
+    """``reproduce --seed``: a non-negative integer."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--seed must be >= 0, got {text}")
+    return value
 
 
 def _show_config(names: list[str], quick: bool, overrides: dict[str, dict[str, Any]]) -> None:
@@ -81,32 +61,15 @@ def _add_run_dir_flags(p: argparse.ArgumentParser, default: str | None, *,
         p.add_argument("--resume", action="store_true", help=resume)
 
 
-_MLM_FLAGS = ("device", "dtype", "autocast", "batch_size")
-
-
-def _add_mlm_flags(p: argparse.ArgumentParser) -> None:
-    """--device, --dtype, --autocast/--no-autocast, --batch-size: where and how an MLM runs."""
-    p.add_argument("--device", default=None,
-                   help="cpu, cuda, cuda:1, ... (default: the rank's CUDA device when "
-                        "available, else cpu; under torchrun each rank takes cuda:LOCAL_RANK)")
-    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16", "float64"),
-                   default=None, help="model dtype (default: the checkpoint's)")
-    p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=None,
-                   help="mixed-precision forward (bfloat16; float16 on GPUs without it); "
-                        "default off; recorded in results.json")
-    p.add_argument("--batch-size", type=_COUNT, default=None,
-                   help="most inputs per forward pass, besides --token-budget (default: none)")
-
-
 def _mlm_overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, dict]:
     """Config overrides from the MLM flags, for the experiments (``names``) that take them."""
-    given = {k: getattr(args, k) for k in _MLM_FLAGS if getattr(args, k, None) is not None}
+    from .experiments import get_experiment
+    from .experiments.mlm import DEVICE_SETTINGS, MLMRunSettings
+
+    given = flag_overrides(args, MLMRunSettings, only=DEVICE_SETTINGS)
     if not given:
         return {}
-    from .experiments import get_experiment
-
-    out = {n: given for n in names  # the MLM experiments: their Config has every MLM flag
-           if set(_MLM_FLAGS) <= {f.name for f in dataclasses.fields(get_experiment(n).Config)}}
+    out = {n: given for n in names if issubclass(get_experiment(n).Config, MLMRunSettings)}
     if not out:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise ValueError(f"{flags} apply to the masked-LM experiments (antibody, bert), not to "
@@ -140,26 +103,12 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _cmd_curve(args: argparse.Namespace) -> int:
-    from .experiments.mlm import run_curve
+    from .experiments.driver import run_job
+    from .experiments.mlm import CurveConfig, load_curve, run_curve
 
-    limit = args.num_sequences
-    if args.limit is not None:
-        warnings.warn("--limit is deprecated; use --num-sequences (the key of the bert and "
-                      "antibody experiments).", FutureWarning, stacklevel=1)
-        if limit is not None and limit != args.limit:
-            raise ValueError(f"--limit {args.limit} and --num-sequences {limit} disagree; "
-                             "give --num-sequences only.")
-        limit = args.limit
-    run_curve(args.model, args.data, args.out, random_init=args.random_init, column=args.column,
-              split=args.split, limit=limit, rates=args.rates, num_masks=args.num_masks,
-              seed=args.seed, nominal_length=args.nominal_length, exact=args.exact,
-              with_pll=args.pll, truncate=args.truncate, corruption=args.corruption,
-              token_budget=args.token_budget, chunk_size=args.chunk_size,
-              batch_size=args.batch_size, device=args.device, dtype=args.dtype,
-              autocast=args.autocast, tokenizer=args.tokenizer,
-              allow_unknown=args.allow_unknown, overwrite=args.overwrite, resume=args.resume,
-              progress=not args.no_progress, whole_word=args.whole_word,
-              pll_variant=args.pll_variant)
+    cfg = CurveConfig(**flag_overrides(args, CurveConfig))
+    run_job("curve", cfg, args.out, run=run_curve, load=load_curve, overwrite=args.overwrite,
+            resume=args.resume)
     return 0
 
 
@@ -178,19 +127,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .experiments.demo import run_demo
+    from .experiments.demo import DemoConfig, run_demo
+    from .experiments.driver import run_job
 
-    run_demo(args.out, overwrite=args.overwrite, num_masks=args.num_masks, seed=args.seed)
+    run_job("demo", DemoConfig(**flag_overrides(args, DemoConfig)), args.out, run=run_demo,
+            overwrite=args.overwrite)
     return 0
 
 
 def _cmd_select(args: argparse.Namespace) -> int:
-    from .experiments.select import run_selection
+    from .experiments.driver import run_job
+    from .experiments.select import SelectConfig, load_selection, run_selection
 
-    std = None if args.standardise is None else args.standardise == "yes"
-    run_selection(args.data, args.k_max, args.out, true_k=args.true_k, standardise=std,
-                  overwrite=args.overwrite, num_masks=args.num_masks,
-                  max_masks=args.max_masks, seed=args.seed, family=args.family)
+    run_job("select", SelectConfig(**flag_overrides(args, SelectConfig)), args.out,
+            run=run_selection, load=load_selection, overwrite=args.overwrite)
     return 0
 
 
@@ -222,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``mptlml`` argument parser."""
     from . import __version__
     from .experiments import EXPERIMENTS
+    from .experiments.demo import DemoConfig
+    from .experiments.mlm import DEVICE_SETTINGS, CurveConfig, MLMRunSettings
+    from .experiments.select import SelectConfig
 
     parser = argparse.ArgumentParser(prog="mptlml", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -240,8 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("demo")
     _add_run_dir_flags(p, "runs/demo")
-    p.add_argument("--num-masks", type=_COUNT, default=10, help="P masks per size (default 10)")
-    p.add_argument("--seed", type=_SEED, default=0)
+    add_flags(p, DemoConfig)
     p.set_defaults(func=_cmd_demo)
 
     p = command("reproduce")
@@ -254,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "comma-separated (--set dims=5,50). With 'all': NAME.KEY=VALUE for one "
                         "experiment (--set training.num_inits=2), a bare KEY=VALUE for every "
                         "experiment that has KEY")
-    p.add_argument("--seed", type=_SEED, default=None,
+    p.add_argument("--seed", type=_seed, default=None,
                    help="the run's base seed (masks, initialisations): the setting 'seed' of "
                         "the experiment (of every experiment, with 'all')")
     p.add_argument("--show-config", action="store_true",
@@ -263,56 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", default=None,
                    help="published BERT curves CSV (bert and all; default: "
                         "../shared/reference/bert_mpt_curves.csv when it exists)")
-    _add_mlm_flags(p)
+    add_flags(p, MLMRunSettings, only=DEVICE_SETTINGS)
     p.set_defaults(func=_cmd_reproduce)
 
     p = command("curve")
-    p.add_argument("--model", required=True,
-                   help="hub name, local directory (save_pretrained) or 'antiberty'")
-    p.add_argument("--data", required=True,
-                   help="a .txt/.csv/.tsv/.parquet/.jsonl/.fasta file, glue:TASK, or "
-                        "'antibodies'")
-    p.add_argument("--column", default=None,
-                   help="column/field with the text; A,B joins a sentence pair; 0-based "
-                        "positions for a header-less CSV/TSV")
-    p.add_argument("--split", default=None,
-                   help="GLUE split (default validation; ax: test); not for files")
-    p.add_argument("--num-sequences", type=_COUNT, default=None, metavar="N",
-                   help="score the first N texts (default all)")
-    p.add_argument("--limit", type=_COUNT, default=None, help=argparse.SUPPRESS)  # deprecated
-    p.add_argument("--random-init", action="store_true",
-                   help="score a randomly initialised model of the same config")
-    p.add_argument("--rates", default=None,
-                   help="START:STOP:STEP or a comma list (default 0.01:0.99:0.01)")
-    p.add_argument("--num-masks", type=_COUNT, default=1, help="P masks per rate (default 1)")
-    p.add_argument("--seed", type=_SEED, default=0)
-    p.add_argument("--nominal-length", type=_arg(float, gt=0), default=None,
-                   help="L of the area (L/100)*sum (paper: 512; default mean length)")
-    p.add_argument("--exact", action="store_true",
-                   help="also the exact cumulative sum over M=1..D_i (D_i*P pairs)")
-    p.add_argument("--pll", action="store_true",
-                   help="also the pseudo-log-likelihood, per token in pll_tokens.csv")
-    p.add_argument("--pll-variant", choices=("original", "word_l2r"), default="original",
-                   help="PLL masking: one token at a time, or word_l2r (Kauf & Ivanova 2023: "
-                        "a word's later sub-tokens masked too)")
-    p.add_argument("--whole-word", action="store_true",
-                   help="mask whole words (fast tokenizer's word_ids), curve and PLL: D_i "
-                        "counts words")
-    p.add_argument("--truncate", action="store_true",
-                   help="cut sequences longer than the model maximum instead of failing")
-    p.add_argument("--corruption", choices=("mask", "bert"), default="mask",
-                   help="pure [MASK] (default) or BERT's 80/10/10")
-    p.add_argument("--token-budget", type=_COUNT, default=8192,
-                   help="padded tokens per forward pass (default 8192)")
-    p.add_argument("--chunk-size", type=_COUNT, default=8,
-                   help="sequences per checkpointed chunk (default 8)")
-    _add_mlm_flags(p)
-    p.add_argument("--tokenizer", default=None,
-                   help="tokenizer name or directory, for a model directory saved without one")
-    p.add_argument("--allow-unknown", action="store_true",
-                   help="accept more than 5%% unknown tokens (an error by default)")
+    add_flags(p, CurveConfig, required=("model", "data"))
     _add_run_dir_flags(p, "runs/curve", resume="continue an interrupted run")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_curve)
 
     p = command("report")
@@ -320,21 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="where to write the report (default: first RUN)")
     p.set_defaults(func=_cmd_report)
     p = command("select")
-    p.add_argument("--data", required=True,
-                   help="a .npy/.csv matrix (N, D), or digits, wine, breast_cancer, synthetic")
-    p.add_argument("--k-max", type=_COUNT, required=True, help="largest K to try (>= 1, < D)")
+    add_flags(p, SelectConfig, required=("data", "k_max"))
     _add_run_dir_flags(p, "runs/select")
-    p.add_argument("--family", choices=("ppca", "bernoulli"), default="ppca",
-                   help="model family: ppca (continuous data, default) or bernoulli (0/1 data, "
-                        "K <= 3)")
-    p.add_argument("--true-k", type=_COUNT, default=None,
-                   help="latent dimension of --data synthetic")
-    p.add_argument("--standardise", choices=("yes", "no"), default=None,
-                   help="z-score columns (default: yes for the built-in real data sets)")
-    p.add_argument("--num-masks", type=_COUNT, default=10, help="initial P masks per size")
-    p.add_argument("--max-masks", type=_COUNT, default=640,
-                   help="largest P while resolving near-ties (default 640)")
-    p.add_argument("--seed", type=_SEED, default=0)
     p.set_defaults(func=_cmd_select)
     return parser
 
@@ -401,7 +296,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ok = False
     try:
-        _check_bounds(parser, args)
         code = int(args.func(args) or 0)
         ok = True
         return code

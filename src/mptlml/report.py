@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -177,8 +178,21 @@ def collect_runs(paths: Sequence[str | Path]) -> tuple[dict[str, tuple[Path, dic
             except (FileNotFoundError, ValueError) as exc:
                 problems.append(str(exc))
                 continue
-            found[res.get("experiment", d.name)] = (d, res)
+            kind = res.get("experiment")
+            if kind not in EXPERIMENTS:
+                problems.append(_not_a_reproduction(d, kind))
+                continue
+            found[kind] = (d, res)
     return found, problems
+
+
+def _not_a_reproduction(d: Path, kind: Any) -> str:
+    """Why a finished run directory is not part of the report (a demo, curve or select run)."""
+    what = (f"a `mptlml {kind}` run" if kind in ("demo", "curve", "select")
+            else f"a run of {kind!r}, which is not a reproduction")
+    return (f"{d} is {what}: the report covers the paper's reproductions; pass the --out "
+            "directory of `mptlml reproduce NAME` or `mptlml reproduce all` (this run's "
+            "results are its results.json, CSVs and figures)")
 
 
 def _claims_for(name: str, results: dict) -> list[dict[str, Any]]:
@@ -251,6 +265,27 @@ def _sizes(name: str, config: dict) -> list[dict[str, str]]:
             if k in full and k not in _NOT_SIZES and jsonable(v) != full[k]]
 
 
+def _unsafe_figure(f: Path, run_dir: Path) -> str:
+    """Why ``f`` must not go into the report (``""``: it may): a link out of ``run_dir``, no PNG.
+
+    The HTML embeds every figure, so a ``*.png`` symlink to any file (a key, a
+    password file) would copy that file into report.html.
+    """
+    try:
+        target = f.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return "a broken symbolic link"
+    if not target.is_relative_to(run_dir.resolve()):
+        return (f"a symbolic link to {target}, outside the run directory; copy the figure "
+                "into the run directory instead")
+    if not target.is_file():
+        return "not a file"
+    with open(target, "rb") as fh:
+        if fh.read(8) != b"\x89PNG\r\n\x1a\n":
+            return "not a PNG image (its first bytes are not the PNG signature)"
+    return ""
+
+
 def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> Report:
     """Build ``report.html``, ``report.md`` and ``report.json`` in ``out`` from run directories.
 
@@ -268,6 +303,9 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
             "directory of `mptlml reproduce NAME` or `mptlml reproduce all`."
         )
     found, problems = collect_runs(paths)
+    if not found and problems and all("the report covers the paper's reproductions" in p
+                                      for p in problems):
+        raise ValueError(problems[0] + ".")
     rep = Report(problems=problems)
     for name, (title, statement) in PAPER_SECTIONS.items():
         if name not in found:
@@ -277,8 +315,13 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
         captions = _captions(name, res)
         order = {stem: i for i, stem in enumerate(captions)}  # the experiment's figure order
         pngs = sorted(d.glob("*.png"), key=lambda f: (order.get(f.stem, len(order)), f.name))
-        figures = [{"path": f, "stem": f.stem, "caption": captions.get(f.stem, f.name)}
-                   for f in pngs]
+        figures = []
+        for f in pngs:
+            why = _unsafe_figure(f, d)
+            if why:
+                rep.problems.append(f"{f}: not embedded: {why}")
+                continue
+            figures.append({"path": f, "stem": f.stem, "caption": captions.get(f.stem, f.name)})
         rep.sections.append({
             "name": name, "title": title, "paper": statement, "dir": str(d),
             "claims": _claims_for(name, res), "figures": figures,
@@ -300,8 +343,8 @@ def _env_rows(rep: Report) -> list[tuple[str, str]]:
     rows = [("python", str(env.get("python"))), ("platform", str(env.get("platform"))),
             ("CPU cores", str(env.get("cpu_count"))),
             ("torch threads", str(env.get("torch_threads"))),
-            ("GPU", str(env.get("cuda") or "none"))]
-    shown = {"python", "platform", "cpu_count", "torch_threads", "cuda", "versions", "machine"}
+            ("GPU", str(env.get("gpu") or "none"))]
+    shown = {"python", "platform", "cpu_count", "torch_threads", "gpu", "versions", "machine"}
     rows += [(k, str(v)) for k, v in env.items() if k not in shown and v is not None
              and not isinstance(v, dict | list)]  # e.g. a CPU model or git commit, when recorded
     rows += [(k, str(v)) for k, v in (env.get("versions") or {}).items()]
@@ -314,9 +357,33 @@ _BADGES_MD = {"holds": "✅ holds", "fails": "❌ fails", "recomputed": "🔁 re
               "not run": "⚪ not run"}
 
 
+#: characters with a meaning in Markdown (or inline HTML) inside a line; ``(`` and ``!``
+#: only act after ``]`` or before ``[``, which are escaped
+_MD_SPECIAL = frozenset("\\`*_[]<>|~&#")
+
+
 def _md_cell(v: Any) -> str:
-    """A value as one Markdown table cell (pipes escaped, one line)."""
-    return " ".join(str("" if v is None else v).split()).replace("|", "\\|")
+    """A string from a run directory as literal Markdown text on one line.
+
+    Every character with a meaning in Markdown or inline HTML (``* _ [ ] < > |``
+    and so on) is backslash-escaped (CommonMark escapes any ASCII
+    punctuation), so a value can neither format, link, embed an image, open
+    an HTML tag nor break a table; a leading ``- ``, ``+ `` or ``1. `` cannot
+    start a list.
+    """
+    text = " ".join(str("" if v is None else v).split())
+    out = "".join("\\" + ch if ch in _MD_SPECIAL else ch for ch in text)
+    m = re.match(r"(\d*)([-+.)])(\s|$)", out)
+    if m and (m.group(1) or m.group(2) in "-+"):
+        out = out[:m.start(2)] + "\\" + out[m.start(2):]
+    return out
+
+
+def _md_link(path: str) -> str:
+    """A relative file path as a Markdown link target (percent-encoded)."""
+    from urllib.parse import quote
+
+    return quote(path)
 
 
 def _render(rep: Report, template: str, out_dir: Path) -> str:
@@ -329,6 +396,7 @@ def _render(rep: Report, template: str, out_dir: Path) -> str:
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined)
     env.filters["md"] = _md_cell
+    env.filters["md_link"] = _md_link
     env.filters["badge_md"] = lambda s: _BADGES_MD[s]
     env.filters["slug"] = lambda s: s.replace(" ", "-")
 

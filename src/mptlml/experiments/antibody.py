@@ -17,32 +17,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..data.text import bundled_antibodies
+from ..estimation.distributed import distributed_context
+from ..models.masked_lm import MaskedLM
 from ._claims import claim
 from .common import RunDir
-from .config import setting
-from .mlm import MLMDeviceSettings, RateGridSettings, load_model, score_models, write_curves
+from .config import redefault, setting
+from .mlm import MLMRunSettings, load_model, score_models, write_curves, write_pll_tokens
 
-__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "run", "summary"]
+__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "load", "run", "summary"]
 
 
 @dataclass
-class Config(MLMDeviceSettings, RateGridSettings):
-    """Settings; defaults: all 111 sequences on the paper's 99-rate grid."""
+class Config(MLMRunSettings):
+    """The masked-LM run settings (:class:`~.mlm.MLMRunSettings`); by default all 111
+    sequences, the paper's grid and the PLL."""
 
-    num_sequences: int = setting(111, "score the first N bundled sequences", min=1)
-    num_masks: int = setting(1, "P, masks per rate and sequence", min=1)
-    seed: int = setting(0, "seed of the masks", min=0)
     init_seed: int = setting(0, "seed of the random initialisation", min=0)
-    pll: bool = setting(True, "also the pseudo-log-likelihood")
-    exact: bool = setting(False, "also the exact cumulative sum over M = 1..D_i")
-    token_budget: int = setting(8192, "padded tokens per forward pass", min=1)
-    chunk_size: int = setting(8, "sequences per checkpointed chunk", min=1)
-    progress: bool = setting(True, "progress bars (off anyway with --quiet or TQDM_DISABLE=1)")
+    pll: bool = redefault(MLMRunSettings, "pll", True)
 
     @classmethod
     def quick(cls) -> Config:
         """Tiny setting for tests: 3 sequences, 9 rates, no PLL (a few seconds)."""
-        return cls(num_sequences=3, rate_start=0.1, rate_step=0.1, pll=False, progress=False)
+        return cls(num_sequences=3, rates="0.1:0.99:0.1", pll=False, progress=False)
 
     @classmethod
     def demo(cls) -> Config:
@@ -50,20 +46,24 @@ class Config(MLMDeviceSettings, RateGridSettings):
         return cls(num_sequences=12)
 
 
-def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
-    """Score both models, write curve/per-sequence CSVs and the figure."""
+def load(cfg: Config) -> tuple[Any, dict[str, MaskedLM]]:
+    """The bundled sequences and both models, before the run directory exists."""
     data = bundled_antibodies(limit=cfg.num_sequences)
-    place = dict(device=cfg.device, dtype=cfg.dtype, autocast=cfg.autocast)
-    models = {"pretrained": load_model("antiberty", **place),
-              "random_init": load_model("antiberty", random_init=True,
-                                        init_seed=cfg.init_seed, **place)}
-    scored = score_models(models, data.texts, rates=cfg.rates(), num_masks=cfg.num_masks,
-                          seed=cfg.seed, run_dir=run_dir, nominal_length=None, exact=cfg.exact,
-                          with_pll=cfg.pll, token_budget=cfg.token_budget,
-                          chunk_size=cfg.chunk_size, batch_size=cfg.batch_size,
-                          progress=cfg.progress, ids=data.ids)
+    models = {"pretrained": load_model("antiberty", cfg),
+              "random_init": load_model("antiberty", cfg, random_init=True,
+                                        init_seed=cfg.init_seed)}
+    return data, models
+
+
+def run(cfg: Config, run_dir: RunDir, loaded: tuple[Any, dict[str, MaskedLM]]) -> dict[str, Any]:
+    """Score both models, write curve/per-sequence CSVs and the figure."""
+    data, models = loaded
+    scored = score_models(models, data.texts, cfg, run_dir=run_dir, ids=data.ids)
+    if not distributed_context().main:
+        return {}
     summ = write_curves(run_dir, scored, title="AntiBERTy: pre-trained vs random init",
                         baseline=(-math.log(25), "-ln 25 (uniform over 25 tokens)"))
+    write_pll_tokens(run_dir, scored, data.ids)
     return {"data": data.source, "num_sequences": len(data), "models": summ,
             "log_uniform": -math.log(25),
             "area_difference": summ["pretrained"]["area"] - summ["random_init"]["area"]}

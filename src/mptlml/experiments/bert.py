@@ -29,9 +29,10 @@ from ..estimation.rates import mpt_area
 from ..models.hf_loading import resolve_dtype
 from ._claims import claim
 from .common import RunDir
-from .config import setting
+from .config import redefault, setting
 from .mlm import (
-    MLMDeviceSettings,
+    CurveConfig,
+    MLMRunSettings,
     load_model,
     plot_paired_curves,
     project_root,
@@ -54,19 +55,18 @@ PAPER_TABLE2: dict[str, tuple[float, float]] = {
 
 
 @dataclass
-class Config(MLMDeviceSettings):
-    """Settings (the paper: bert-base-uncased, L = 512, rates 1..99%)."""
+class Config(MLMRunSettings):
+    """The masked-LM run settings (:class:`~.mlm.MLMRunSettings`) with the paper's values:
+    bert-base-uncased, L = 512, rates 1..99%, long texts cut to the model maximum."""
 
-    model: str = setting("bert-base-uncased", "hub name or local directory of the masked LM")
+    model: str = redefault(CurveConfig, "model", "bert-base-uncased")
     tasks: tuple[str, ...] = setting(("ax", "cola", "qnli", "mrpc"), "GLUE tasks to score")
-    num_sequences: int = setting(64, "score the first N sequences of each task", min=1)
-    nominal_length: float = setting(512, "L of the area (L/100) * sum (the paper: 512)", gt=0)
-    num_masks: int = setting(1, "P, masks per rate and sequence", min=1)
-    seed: int = setting(0, "seed of the masks", min=0)
+    num_sequences: int | None = redefault(MLMRunSettings, "num_sequences", 64)
+    nominal_length: float | None = redefault(MLMRunSettings, "nominal_length", 512)
     reference: str | None = setting(None, "the authors' published curves CSV (default: "
                                     "../shared/reference/bert_mpt_curves.csv)")
-    token_budget: int = setting(16384, "padded tokens per forward pass", min=1)
-    progress: bool = setting(True, "progress bars (off anyway with --quiet or TQDM_DISABLE=1)")
+    token_budget: int = redefault(MLMRunSettings, "token_budget", 16384)
+    truncate: bool = redefault(MLMRunSettings, "truncate", True)
 
     @classmethod
     def quick(cls) -> Config:
@@ -144,9 +144,8 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     try:
         from ..data.text import load_texts
 
-        place = dict(device=cfg.device, dtype=cfg.dtype, autocast=cfg.autocast, truncate=True)
-        models = {"pretrained": load_model(cfg.model, **place),
-                  "random_init": load_model(cfg.model, random_init=True, **place)}
+        models = {"pretrained": load_model(cfg.model, cfg),
+                  "random_init": load_model(cfg.model, cfg, random_init=True)}
         glue = {task: load_texts(f"glue:{task}", limit=cfg.num_sequences) for task in cfg.tasks}
     except ValueError as exc:  # not cached and the hub not reachable (or HF_HUB_OFFLINE)
         _log.warning("cannot load %s or GLUE: %s", cfg.model, str(exc).splitlines()[0][:300])
@@ -155,10 +154,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
         ours = {}
         for task, data in glue.items():
             scored = score_models({f"{task}-{k}": m for k, m in models.items()}, data.texts,
-                                  rates=None, num_masks=cfg.num_masks, seed=cfg.seed,
-                                  run_dir=run_dir, nominal_length=cfg.nominal_length,
-                                  token_budget=cfg.token_budget, batch_size=cfg.batch_size,
-                                  progress=cfg.progress, ids=data.ids)
+                                  cfg, run_dir=run_dir, ids=data.ids)
             ours.update(scored)
         results["computed"] = write_curves(run_dir, ours, reference=reference_curves,
                                            title="BERT-base: pre-trained vs random init")

@@ -81,8 +81,7 @@ def environment() -> dict[str, Any]:
         import torch
 
         env["torch_threads"] = torch.get_num_threads()
-        # the GPU model (None without CUDA); the key keeps its name for older readers
-        env["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except ImportError:  # pragma: no cover
         pass
     return env

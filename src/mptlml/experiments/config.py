@@ -10,7 +10,7 @@ each setting with :func:`setting`::
     class Config(ExperimentConfig):
         num_masks: int = setting(1, "P, masks per rate and sequence", min=1)
         noise: str = setting("independent", "noise generator", choices=("independent", "shared"))
-        every: int = setting(10, "epochs between curves", min=1, aliases=("old_name",))
+        every: int = setting(10, "epochs between curves", min=1)
 
         @classmethod
         def quick(cls) -> Config: ...        # small sizes for tests and `--quick`
@@ -22,13 +22,19 @@ each setting with :func:`setting`::
 The metadata keys are ``help`` (one line, shown by ``--show-config``),
 ``min``/``max`` (inclusive bounds of a number, or of each element of a tuple),
 ``gt``/``lt`` (exclusive bounds: ``gt=0`` a positive number, ``gt=0, lt=1`` a rate),
-``choices`` (allowed values of a string, or of each element of a tuple) and
-``aliases`` (former names still accepted by ``--set`` with a deprecation
-warning). The same metadata drives ``mptlml reproduce NAME --show-config``,
-the parsing of ``--set KEY=VALUE`` (:func:`parse_setting`, by the field's type
-hint) and the checks (:func:`check_settings`): they run when a Config is
-constructed (``__post_init__``, so also after :func:`dataclasses.replace`)
-and once more in :func:`validate_config`, before a run directory exists.
+and ``choices`` (allowed values of a string, or of each element of a tuple).
+The same metadata drives ``mptlml reproduce NAME --show-config``, the parsing
+of ``--set KEY=VALUE`` (:func:`parse_setting`, by the field's type hint), the
+command-line flags of the jobs (:func:`add_flags`: ``mptlml curve
+--num-masks 2`` is the setting ``num_masks``) and the checks
+(:func:`check_settings`): they run when a Config is constructed
+(``__post_init__``, so also after :func:`dataclasses.replace`) and once more
+in :func:`validate_config`, before a run directory exists.
+
+A group of settings shared by several jobs (the masked-LM runs:
+:class:`~.mlm.MLMRunSettings`) is declared once, as a base class; a job that
+needs another default for one of them says so with :func:`redefault`, which
+keeps the declaration's help and bounds.
 
 Key names mean the same in every experiment: ``seed`` is the base seed of the
 run's randomness (masks, and initialisations unless ``init_seed`` is given;
@@ -48,17 +54,20 @@ import math
 import numbers
 import types
 import typing
-import warnings
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
     "ExperimentConfig",
+    "add_flags",
     "apply_overrides",
     "check_settings",
     "check_value",
     "describe_settings",
+    "flag_overrides",
     "format_value",
     "parse_setting",
+    "redefault",
     "resolve_key",
     "scoped_overrides",
     "setting",
@@ -71,8 +80,7 @@ _FALSE = ("false", "0", "no", "off")
 
 def setting(default: Any, help: str, *, min: float | None = None,  # noqa: A002
             max: float | None = None, gt: float | None = None,  # noqa: A002
-            lt: float | None = None, choices: tuple[Any, ...] | None = None,
-            aliases: tuple[str, ...] = ()) -> Any:
+            lt: float | None = None, choices: tuple[Any, ...] | None = None) -> Any:
     """A dataclass field for one experiment setting, with its ``--set`` metadata.
 
     Parameters
@@ -87,11 +95,20 @@ def setting(default: Any, help: str, *, min: float | None = None,  # noqa: A002
         Exclusive bounds (``gt=0``: a positive number; ``gt=0, lt=1``: a rate).
     choices : tuple, optional
         Allowed values (of each element, for a tuple).
-    aliases : tuple of str
-        Former names, accepted by ``--set`` with a deprecation warning.
     """
-    meta = {"help": help, "min": min, "max": max, "gt": gt, "lt": lt, "choices": choices,
-            "aliases": tuple(aliases)}
+    meta = {"help": help, "min": min, "max": max, "gt": gt, "lt": lt, "choices": choices}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def redefault(base: type, name: str, default: Any) -> Any:
+    """The setting ``name`` declared by ``base``, with another ``default`` (help and bounds kept).
+
+    For a job whose default differs from the shared declaration's, e.g. the
+    antibody reproduction scores the PLL by default::
+
+        pll: bool = redefault(MLMRunSettings, "pll", True)
+    """
+    meta = _fields(base)[name].metadata
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -203,15 +220,10 @@ def validate_config(cfg: Any) -> None:
 
 
 def resolve_key(cls: type, key: str, *, where: str = "") -> str:
-    """The current name of setting ``key`` of ``cls`` (a former name warns and maps to it)."""
+    """``key`` when ``cls`` has such a setting; otherwise an error listing the valid ones."""
     fields = _fields(cls)
     if key in fields:
         return key
-    for f in fields.values():
-        if key in f.metadata.get("aliases", ()):
-            warnings.warn(f"setting {key!r}{where} is deprecated; it is now called {f.name!r}.",
-                          FutureWarning, stacklevel=3)
-            return f.name
     raise ValueError(f"unknown setting {key!r}{where}; valid settings: {', '.join(fields)} "
                      "(see --show-config).")
 
@@ -256,7 +268,7 @@ def _convert(raw: str, typ: Any) -> Any:
 
 
 def apply_overrides(cfg: Any, overrides: dict[str, Any] | None, *, name: str = "") -> Any:
-    """``cfg`` with ``overrides`` applied (former names accepted with a warning), checked."""
+    """``cfg`` with ``overrides`` applied (unknown keys refused), checked."""
     if not overrides:
         return cfg
     where = f" for {name}" if name else ""
@@ -280,8 +292,6 @@ def describe_settings(cls: type) -> list[dict[str, Any]]:
         text = meta.get("help", "")
         if bounds:
             text += f" [{', '.join(bounds)}]"
-        if meta.get("aliases"):
-            text += f" (formerly {', '.join(meta['aliases'])})"
         rows.append({"key": f.name, "type": _type_name(hints.get(f.name, Any)),
                      "default": format_value(getattr(default, f.name)),
                      "quick": format_value(getattr(quick, f.name)), "meaning": text})
@@ -345,5 +355,64 @@ def _keys(cfg_cls: type) -> set[str]:
 
 
 def _has_key(cfg_cls: type, key: str) -> bool:
-    return key in _keys(cfg_cls) or any(key in f.metadata.get("aliases", ())
-                                        for f in dataclasses.fields(cfg_cls))
+    return key in _keys(cfg_cls)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_flags(parser: Any, cls: type, *, only: Sequence[str] | None = None,
+              required: Sequence[str] = ()) -> None:
+    """Add one command-line flag per setting of ``cls`` (``num_masks`` -> ``--num-masks``).
+
+    The flags are the settings: same names, the same reading as ``--set``
+    (:func:`parse_setting`), the help and bounds of :func:`setting`, the
+    default of ``cls``. A boolean is ``--NAME/--no-NAME``. A flag not given
+    leaves the setting at its default; :func:`flag_overrides` collects the given
+    ones and checks them, naming the flag.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+    cls : a Config dataclass
+    only : the settings to expose (default: every one)
+    required : settings the command line must give
+    """
+    import argparse
+
+    hints, fields, default = _hints(cls), _fields(cls), cls()
+    for name in only if only is not None else list(fields):
+        f, typ = fields[name], hints.get(name, str)
+        meta, value = f.metadata, getattr(default, name)
+        text = meta.get("help", "")
+        if name not in required and "default" not in text:
+            text += f" (default {format_value(value) if value is not None else 'none'})"
+        text = text.replace("%", "%%")
+        inner = _optional_inner(typ) or typ
+        if inner is bool:
+            parser.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS, help=text)
+            continue
+
+        def read(raw: str, typ: Any = typ) -> Any:
+            return _convert(raw.strip(), typ)
+
+        read.__name__ = _type_name(inner)  # argparse names the type in its messages
+        parser.add_argument(_flag(name), dest=name, type=read, default=argparse.SUPPRESS,
+                            required=name in required, help=text,
+                            choices=meta.get("choices") if inner is str else None,
+                            metavar=None if meta.get("choices") and inner is str
+                            else name.upper())
+
+
+def flag_overrides(args: Any, cls: type, *, only: Sequence[str] | None = None
+                   ) -> dict[str, Any]:
+    """The settings of ``cls`` given as flags (see :func:`add_flags`), checked, naming the flag."""
+    hints, out = _hints(cls), {}
+    for f in dataclasses.fields(cls):
+        if (only is None or f.name in only) and hasattr(args, f.name):
+            value = getattr(args, f.name)
+            check_value(_flag(f.name), value, hints.get(f.name, Any), dict(f.metadata), value)
+            out[f.name] = value
+    return out

@@ -55,10 +55,8 @@ class Config(PPCATrainingConfig):
     latent_dim: int = setting(5, "K, latent dimension (< num_tokens)", min=1)
     lr: float = setting(2e-2, "Adam learning rate", gt=0)
     epochs: int = setting(600, "training epochs (600 in the paper)", min=1)
-    curve_every: int = setting(100, "epochs between curves (100 in the paper)", min=1,
-                               aliases=("every",))
-    curve_num_masks: int = setting(10, "P, masks per size when measuring each curve", min=1,
-                                   aliases=("curve_masks",))
+    curve_every: int = setting(100, "epochs between curves (100 in the paper)", min=1)
+    curve_num_masks: int = setting(10, "P, masks per size when measuring each curve", min=1)
 
     @classmethod
     def quick(cls) -> Config:

@@ -10,7 +10,7 @@ and the MPT curve as PNG/PDF into a run directory.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,20 +18,29 @@ import numpy as np
 from ..estimators import estimate_lml, get, mpt_curve
 from ..models import PPCA
 from .common import RunDir, print_table, pyplot
+from .config import ExperimentConfig, setting
 
-__all__ = ["run_demo"]
+__all__ = ["DemoConfig", "run_demo"]
 
 _log = logging.getLogger(__name__)
 
 
-def run_demo(out: str | Path = "runs/demo", *, overwrite: bool = False, num_masks: int = 10,
-             seed: int = 0, latent_dim: int = 10) -> dict[str, Any]:
-    """Run the demo and return its results (also written to ``out/results.json``)."""
+@dataclass
+class DemoConfig(ExperimentConfig):
+    """``mptlml demo``: its settings (every flag is one)."""
+
+    num_masks: int = setting(10, "P, masks per size", min=1)
+    seed: int = setting(0, "seed of the split and the masks", min=0)
+    latent_dim: int = setting(10, "K of the PPCA fitted to the digits", min=1, max=63)
+
+
+def run_demo(cfg: DemoConfig, run: RunDir) -> dict[str, Any]:
+    """Run the demo into ``run`` (a job: :func:`mptlml.experiments.driver.run_job`)."""
     from sklearn.datasets import load_digits
     from sklearn.decomposition import PCA
     from sklearn.model_selection import train_test_split
 
-    run = RunDir(out, "demo", overwrite=overwrite)
+    num_masks, seed, latent_dim = cfg.num_masks, cfg.seed, cfg.latent_dim
     x = load_digits().data.astype(np.float64)
     x_train, x_test = train_test_split(x, test_size=300, random_state=seed)
     pca = PCA(n_components=latent_dim).fit(x_train)
@@ -78,7 +87,7 @@ def run_demo(out: str | Path = "runs/demo", *, overwrite: bool = False, num_mask
     ax.legend()
     run.save_figure(fig, "mpt_curve")
     results = {
-        "data": "sklearn digits (8x8), 300 held out",
+        "data": "sklearn digits (8x8), 300 held out", "test_size": n,
         "exact_mean_lml": float(exact.mean()),
         "sklearn_score_samples_mean": float(sk.mean()),
         "max_abs_diff_vs_sklearn": float(np.abs(exact - sk).max()),
@@ -89,8 +98,5 @@ def run_demo(out: str | Path = "runs/demo", *, overwrite: bool = False, num_mask
         k.pop("per_sample", None)
         k.pop("per_sample_stderr", None)
     results["curve"].pop("per_sample", None)
-    path = run.write_results({"latent_dim": latent_dim, "num_masks": num_masks,
-                              "seed": seed, "test_size": n}, results, seed=seed)
-    _log.info(f"results written to {path.parent}/ (results.json, estimates.csv, curve.csv, "
-          "mpt_curve.png/.pdf)")
+    _log.info("files: results.json, estimates.csv, curve.csv, mpt_curve.png/.pdf")
     return results

@@ -1,7 +1,15 @@
-"""Running reproductions: one into its run directory, or all of them one after another.
+"""Running jobs: one into its run directory, or every reproduction one after another.
 
-:func:`run_experiment` builds the config (paper defaults, ``quick()``, overrides),
-checks it before anything is written, runs the module and writes results.json.
+Every job is run the same way, by :func:`run_job`: its settings are a Config
+dataclass (:mod:`.config`), checked before anything is written; an optional
+``load(cfg)`` reads and checks the inputs (a model, texts, a matrix), still
+before the run directory exists; ``run(cfg, run_dir[, loaded])`` computes and
+writes its files into the run directory (a transaction, :class:`~.common.RunDir`),
+and :func:`run_job` writes results.json (the settings, the seed, the
+environment and the numbers) and swaps the run in. The reproductions
+(:func:`run_experiment`), ``mptlml curve``, ``select`` and ``demo`` are such
+jobs.
+
 :func:`run_all` runs every registered experiment into ``out/NAME``, keeps going
 past a failed part, and hands the finished directory to a report builder if one
 is given (``mptlml reproduce all`` passes :func:`mptlml.report.build_report`;
@@ -12,37 +20,96 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, jsonable
+from ..estimation.distributed import barrier, distributed_context
 from .common import RunDir, load_results, print_table
 from .config import apply_overrides, validate_config
 from .registry import EXPERIMENTS, get_experiment
 from .rundir import locked
 
-__all__ = ["run_all", "run_experiment"]
+__all__ = ["prepare_run_dir", "run_all", "run_experiment", "run_job"]
 
 _log = logging.getLogger(__name__)
 
 
-def run_experiment(name: str, out: str | Path, *, quick: bool = False, overwrite: bool = False,
-                   overrides: dict[str, Any] | None = None, resume: bool = False) -> dict[str, Any]:
-    """Run one experiment into ``out`` and return the content of its results.json."""
-    mod = get_experiment(name)
-    cfg = apply_overrides(mod.Config.quick() if quick else mod.Config(), overrides, name=name)
+def prepare_run_dir(out: str | os.PathLike, name: str, *, overwrite: bool,
+                    resume: bool) -> RunDir:
+    """The run directory on every rank: rank 0 stages it (and locks it), the others join.
+
+    The staging directory starts empty unless ``resume`` (then from the
+    finished checkpoint chunks), so ``overwrite`` never meets a stale checkpoint.
+    """
+    ctx = distributed_context()
+    if ctx.main:
+        rd = RunDir(out, name, overwrite=overwrite, resume=resume)
+    barrier(ctx)
+    if not ctx.main:
+        rd = RunDir(out, name, worker=True)
+    return rd
+
+
+def run_job(name: str, cfg: Any, out: str | os.PathLike, *, run: Callable[..., dict[str, Any]],
+            load: Callable[[Any], Any] | None = None,
+            summary: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
+            overwrite: bool = False, resume: bool = False,
+            extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run one job into ``out``; return the content of its results.json (``{}`` on a worker rank).
+
+    Parameters
+    ----------
+    name : str
+        The job's name, recorded in results.json (``experiment``).
+    cfg : a Config dataclass
+        The settings; checked (:func:`~.config.validate_config`) before anything is written.
+    run : callable ``(cfg, run_dir[, loaded]) -> results``
+        Computes and writes the job's files into ``run_dir``.
+    load : callable ``cfg -> loaded``, optional
+        Reads and checks the inputs before the run directory exists, so a bad
+        input leaves nothing behind; its value is ``run``'s third argument.
+    summary : callable ``results -> rows``, optional
+        A table printed once the run is in place.
+    overwrite, resume : bool
+        See :class:`~.common.RunDir`.
+    extra : dict, optional
+        Entries added to the results (e.g. ``quick``).
+    """
     validate_config(cfg)  # before the run directory exists: a bad setting writes nothing
-    with RunDir(out, name, overwrite=overwrite, resume=resume) as run_dir:
-        results = mod.run(cfg, run_dir)
-        results.setdefault("quick", quick)
+    loaded = load(cfg) if load is not None else None
+    with prepare_run_dir(out, name, overwrite=overwrite, resume=resume) as run_dir:
+        results = run(cfg, run_dir) if load is None else run(cfg, run_dir, loaded)
+        if not distributed_context().main:  # a worker rank: rank 0 writes the results
+            return {}
+        for key, value in (extra or {}).items():
+            results.setdefault(key, value)
         path = run_dir.write_results(cfg, results, seed=getattr(cfg, "seed", None))
-    if hasattr(mod, "summary"):
-        print_table(mod.summary(results), title=f"{name}: summary")
+    if summary is not None:
+        print_table(summary(results), title=f"{name}: summary")
     _log.info(f"results written to {path.parent}/")
     return json.loads(path.read_text())
+
+
+def run_experiment(name: str, out: str | Path, *, quick: bool = False, overwrite: bool = False,
+                   overrides: dict[str, Any] | None = None, resume: bool = False) -> dict[str, Any]:
+    """Run one reproduction into ``out`` (:func:`run_job`) and return its results.json."""
+    mod = get_experiment(name)
+    cfg = experiment_config(name, quick=quick, overrides=overrides)
+    return run_job(name, cfg, out, run=mod.run, load=getattr(mod, "load", None),
+                   summary=getattr(mod, "summary", None), overwrite=overwrite, resume=resume,
+                   extra={"quick": quick})
+
+
+def experiment_config(name: str, *, quick: bool = False,
+                      overrides: dict[str, Any] | None = None) -> Any:
+    """The Config of reproduction ``name``: the paper's (or ``quick()``) with ``overrides``."""
+    cls = get_experiment(name).Config
+    return apply_overrides(cls.quick() if quick else cls(), overrides, name=name)
 
 
 def run_all(out: str | Path, *, quick: bool = False, overwrite: bool = False,
@@ -59,7 +126,10 @@ def run_all(out: str | Path, *, quick: bool = False, overwrite: bool = False,
     stale for :func:`mptlml.report.collect_runs` (until a later run of the part
     succeeds and deletes it), and the other parts go on. ``out/status.json``
     holds every part's latest status, updated after each part. With
-    ``resume``, parts that finished (and did not fail since) are kept.
+    ``resume``, parts that finished with the same settings (and did not fail
+    since) are kept; a part that finished with other settings (another
+    ``--set``, ``--seed`` or mode) is run again from scratch, and a warning
+    names the settings that changed.
 
     Parameters
     ----------
@@ -98,19 +168,27 @@ def _run_parts(out: Path, names: list[str], *, quick: bool, resume: bool,
 
     for name in names:
         part, error_file = out / name, out / f"{name}.error.txt"
+        part_resume = resume
         if resume and not error_file.exists():
             try:
-                load_results(part)
-                status[name] = "kept"
-                _log.info(f"[{name}] finished earlier: kept")
-                continue
+                earlier = load_results(part)
             except (FileNotFoundError, ValueError):
-                pass
+                earlier = None
+            if earlier is not None:
+                changed = _changed_settings(name, earlier, quick=quick,
+                                            overrides=overrides.get(name))
+                if not changed:
+                    status[name] = "kept"
+                    _log.info(f"[{name}] finished earlier with the same settings: kept")
+                    continue
+                part_resume = False  # its checkpoint chunks belong to the other settings
+                _log.warning(f"[{name}] finished earlier with other settings ({changed}); "
+                             "running it again with this run's settings")
         _log.info(f"[{name}] running{' (quick)' if quick else ''} ...")
         t0 = time.perf_counter()
         try:
             run_experiment(name, part, quick=quick, overwrite=True,
-                           overrides=overrides.get(name), resume=resume)
+                           overrides=overrides.get(name), resume=part_resume)
         except Exception as exc:  # keep going: the report lists the failed part as failed
             atomic_write_text(error_file, traceback.format_exc())
             record(name, f"failed: {exc}")
@@ -123,3 +201,28 @@ def _run_parts(out: Path, names: list[str], *, quick: bool, resume: bool,
         _log.info(f"report: {out / 'report.html'} and {out / 'report.md'} "
                   f"({rep.summary_line()})")
     return status
+
+
+def _changed_settings(name: str, earlier: dict[str, Any], *, quick: bool,
+                      overrides: dict[str, Any] | None) -> str:
+    """How a finished part's settings differ from this run's (``""``: the same).
+
+    Compares every setting of results.json's ``config`` and the quick mode
+    with the Config this run would use, e.g. ``"num_data: 500 -> 50"``.
+    """
+    now = jsonable(experiment_config(name, quick=quick, overrides=overrides))
+    before = earlier.get("config")
+    if not isinstance(before, dict):
+        return "its results.json records no settings"
+    diffs = [f"{k}: {_short(before.get(k, '(unset)'))} -> {_short(v)}"
+             for k, v in now.items() if before.get(k, "(unset)") != v]
+    diffs += [f"{k}: no longer a setting" for k in before if k not in now]
+    was_quick = (earlier.get("results") or {}).get("quick")
+    if was_quick is not None and bool(was_quick) != quick:
+        diffs.insert(0, f"quick: {str(bool(was_quick)).lower()} -> {str(quick).lower()}")
+    return "; ".join(diffs)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,6 +1,9 @@
 """Masked-LM runs: MPT curves of one or more models on texts, written to a run directory.
 
-Shared by ``mptlml curve`` and the ``antibody``/``bert`` reproductions. Files:
+Shared by ``mptlml curve`` (:class:`CurveConfig`, :func:`load_curve`,
+:func:`run_curve`: a job like every reproduction, run by
+:func:`mptlml.experiments.driver.run_job`) and the ``antibody``/``bert``
+reproductions; all three take the settings of :class:`MLMRunSettings`. Files:
 
 - ``curve.csv``: model, rate, mean log-prob of the masked tokens, standard error;
 - ``per_sequence.csv``: model, id, D_i, LML estimate D_i * mean_k S_ik (and
@@ -19,7 +22,6 @@ world size.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,34 +31,80 @@ from typing import Any
 import numpy as np
 
 from ..estimation import MPTCurve, mlm_curve, pll
-from ..estimation.distributed import barrier, distributed_context, resolve_device
+from ..estimation.distributed import distributed_context, resolve_device
 from ..estimation.rates import check_rates, rate_grid, rate_widths
 from ..models.masked_lm import MaskedLM
 from .common import RunDir, pyplot
 from .config import ExperimentConfig, setting
 
-__all__ = ["MLMDeviceSettings", "RateGridSettings", "load_model", "parse_rates",
-           "plot_paired_curves", "prepare_run_dir", "project_root", "run_curve", "score_models",
-           "write_curves", "write_pll_tokens"]
+__all__ = ["DEVICE_SETTINGS", "CurveConfig", "CurveInputs", "MLMRunSettings", "RateGridSettings",
+           "load_curve", "load_model", "parse_rates", "plot_paired_curves", "project_root",
+           "run_curve", "score_models", "write_curves", "write_pll_tokens"]
 
 _log = logging.getLogger(__name__)
 
 
 @dataclass
-class MLMDeviceSettings(ExperimentConfig):
-    """Where and how a masked LM runs: the settings every MLM experiment shares.
+class MLMRunSettings(ExperimentConfig):
+    """The settings of a masked-LM run, declared once for ``curve``, ``antibody`` and ``bert``.
 
-    Recorded in results.json (with the world size) so that a number says what ran it.
+    What is scored (rates, masks, seed, the area's L, the extra estimates) and
+    where and how (device, dtype, autocast, batch sizes). Each is a ``--set``
+    key of the reproductions and a flag of ``mptlml curve`` (``num_masks``,
+    ``--num-masks``); a job that needs another default re-declares it with
+    :func:`~.config.redefault`. The device, dtype and autocast that actually
+    ran are recorded per model in results.json, with the world size.
     """
 
-    batch_size: int | None = setting(None, "sequences per forward pass, beside token_budget "
-                                     "(default: as many as the budget allows)", min=1)
-    device: str | None = setting(None, "torch device (default: the rank's CUDA device when "
-                                 "available, else cpu)")
+    num_sequences: int | None = setting(None, "score the first N sequences (default: all)",
+                                        min=1)
+    rates: str = setting("0.01:0.99:0.01", "masking rates: START:STOP:STEP (inclusive) or a "
+                         "comma list (the paper: 0.01:0.99:0.01)")
+    num_masks: int = setting(1, "P, masks per rate and sequence", min=1)
+    seed: int = setting(0, "seed of the masks", min=0)
+    nominal_length: float | None = setting(None, "L of the area (L/100) * sum (the paper: 512; "
+                                           "none: the mean sequence length)", gt=0)
+    exact: bool = setting(False, "also the exact cumulative sum over M = 1..D_i (D_i*P pairs)")
+    pll: bool = setting(False, "also the pseudo-log-likelihood, per token in pll_tokens.csv")
+    pll_variant: str = setting("original", "PLL masking: one token at a time, or word_l2r "
+                               "(Kauf & Ivanova 2023: a word's later sub-tokens masked too)",
+                               choices=("original", "word_l2r"))
+    whole_word: bool = setting(False, "mask whole words (the fast tokenizer's word_ids), curve "
+                               "and PLL: D_i counts words")
+    corruption: str = setting("mask", "pure [MASK], or BERT's 80/10/10",
+                              choices=("mask", "bert"))
+    truncate: bool = setting(False, "cut sequences longer than the model maximum instead of "
+                             "failing")
+    token_budget: int = setting(8192, "padded tokens per forward pass", min=1)
+    chunk_size: int = setting(8, "sequences per checkpointed chunk (--resume)", min=1)
+    batch_size: int | None = setting(None, "most sequences per forward pass, beside "
+                                     "token_budget (default: as many as the budget allows)",
+                                     min=1)
+    device: str | None = setting(None, "torch device: cpu, cuda, cuda:1, ... (default: the "
+                                 "rank's CUDA device when available, else cpu; under torchrun "
+                                 "each rank takes cuda:LOCAL_RANK)")
     dtype: str | None = setting(None, "model dtype (default: the checkpoint's)",
                                 choices=("float32", "float16", "bfloat16", "float64"))
-    autocast: bool | None = setting(None, "autocast the forward pass to bfloat16/float16 "
-                                    "(default: off)")
+    autocast: bool | None = setting(None, "mixed-precision forward (bfloat16; float16 on GPUs "
+                                    "without it; default: off)")
+    progress: bool = setting(True, "progress bars (off anyway with --quiet or TQDM_DISABLE=1)")
+
+    def rate_grid(self) -> np.ndarray:
+        """The masking rates of ``rates`` (:func:`parse_rates`), checked."""
+        return check_rates(parse_rates(self.rates))
+
+    def validate(self) -> None:
+        """The rates parse; a PLL variant needs the PLL."""
+        super().validate()
+        self.rate_grid()
+        if self.pll_variant != "original" and not self.pll:
+            raise ValueError(f"pll_variant {self.pll_variant} applies to the PLL; add --pll "
+                             "(pll=true).")
+
+
+#: the settings of :class:`MLMRunSettings` that say where and how a model runs
+#: (``mptlml reproduce`` takes them as flags too: ``--device``, ``--dtype``, ...).
+DEVICE_SETTINGS = ("device", "dtype", "autocast", "batch_size")
 
 
 @dataclass
@@ -89,49 +137,31 @@ def parse_rates(text: str | None) -> np.ndarray | None:
         raise ValueError(f"rates {text!r}: {exc}") from exc
 
 
-def prepare_run_dir(out: str | os.PathLike, name: str, *, overwrite: bool,
-                    resume: bool) -> RunDir:
-    """The run directory on every rank: rank 0 stages it (and locks it), the others join.
+def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], cfg: MLMRunSettings, *,
+                 run_dir: RunDir, ids: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Curve (and, with ``cfg.pll``, PLL) of each model; checkpoints under ``run_dir/checkpoint``.
 
-    The staging directory starts empty unless ``resume`` (then from the
-    finished checkpoint chunks), so ``overwrite`` never meets a stale checkpoint.
-    """
-    ctx = distributed_context()
-    if ctx.main:
-        rd = RunDir(out, name, overwrite=overwrite, resume=resume)
-    barrier(ctx)
-    if not ctx.main:
-        rd = RunDir(out, name, worker=True)
-    return rd
-
-
-def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], *, rates: Any,
-                 num_masks: int, seed: int, run_dir: RunDir, nominal_length: float | None,
-                 exact: bool = False, with_pll: bool = False, token_budget: int = 8192,
-                 chunk_size: int = 8, batch_size: int | None = None, progress: bool = True,
-                 ids: list[str] | None = None, whole_word: bool = False,
-                 pll_variant: str = "original") -> dict[str, dict[str, Any]]:
-    """Curve (and optionally PLL) of each model; checkpoints under ``run_dir/checkpoint``.
-
+    Every setting of the scoring comes from ``cfg`` (:class:`MLMRunSettings`).
     Each entry also holds ``settings``: the model's device, dtype, autocast
     and the world size, which :func:`write_curves` records; with the PLL,
     ``pll_tokens`` (:class:`~mptlml.estimation.words.TokenScores`) for
-    :func:`write_pll_tokens`. ``whole_word`` masks words (curve and PLL);
-    ``pll_variant`` is the PLL's ``variant``.
+    :func:`write_pll_tokens`.
     """
     out: dict[str, dict[str, Any]] = {}
     world = distributed_context().world
+    rates = cfg.rate_grid()
     for label, model in models.items():
-        run = dict(token_budget=token_budget, chunk_size=chunk_size, batch_size=batch_size,
-                   checkpoint_dir=run_dir.path / "checkpoint" / label, progress=progress)
-        res = mlm_curve(model, texts, rates=rates, num_masks=num_masks, seed=seed,
-                        nominal_length=nominal_length, exact=exact, ids=ids,
-                        whole_word=whole_word, **run)
+        run = dict(token_budget=cfg.token_budget, chunk_size=cfg.chunk_size,
+                   batch_size=cfg.batch_size, checkpoint_dir=run_dir.path / "checkpoint" / label,
+                   progress=cfg.progress)
+        res = mlm_curve(model, texts, rates=rates, num_masks=cfg.num_masks, seed=cfg.seed,
+                        nominal_length=cfg.nominal_length, exact=cfg.exact, ids=ids,
+                        whole_word=cfg.whole_word, **run)
         entry: dict[str, Any] = {"curve": res, "settings": {**model.settings(),
                                                             "world_size": world}}
-        if with_pll:
-            tokens = pll(model, texts, per_token=True, whole_word=whole_word,
-                         variant=pll_variant, **run)
+        if cfg.pll:
+            tokens = pll(model, texts, per_token=True, whole_word=cfg.whole_word,
+                         variant=cfg.pll_variant, **run)
             entry["pll"], entry["pll_tokens"] = tokens.total, tokens
         out[label] = entry
     return out
@@ -272,80 +302,82 @@ def project_root() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
-def load_model(model: str, *, random_init: bool = False, tokenizer: str | None = None,
-               device: str | None = None, dtype: str | None = None,
-               autocast: bool | None = None, **kwargs: Any) -> MaskedLM:
+def load_model(model: str, cfg: MLMRunSettings, *, random_init: bool = False,
+               tokenizer: str | None = None, **kwargs: Any) -> MaskedLM:
     """A masked LM by name (``antiberty``, hub id or directory) on this rank's device.
 
-    ``device`` None: the rank's CUDA device when CUDA is available, else the
-    CPU (:func:`mptlml.estimation.distributed.resolve_device`).
+    Placed and read by ``cfg``: ``device`` (None: the rank's CUDA device when
+    CUDA is available, else the CPU, :func:`mptlml.estimation.distributed.resolve_device`),
+    ``dtype``, ``autocast``, ``truncate`` and ``corruption``.
     """
-    dev = resolve_device(device)
+    dev = resolve_device(cfg.device)
+    place = dict(device=dev, dtype=cfg.dtype, autocast=cfg.autocast, truncate=cfg.truncate,
+                 corruption=cfg.corruption, **kwargs)
     if model.lower() == "antiberty":
         if tokenizer is not None:
             raise ValueError("--tokenizer does not apply to antiberty (it has its own).")
-        return MaskedLM.antiberty(random_init=random_init, device=dev, dtype=dtype,
-                                  autocast=autocast, **kwargs)
-    return MaskedLM.from_pretrained(model, random_init=random_init, tokenizer=tokenizer,
-                                    device=dev, dtype=dtype, autocast=autocast, **kwargs)
+        return MaskedLM.antiberty(random_init=random_init, **place)
+    return MaskedLM.from_pretrained(model, random_init=random_init, tokenizer=tokenizer, **place)
 
 
-def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: bool = False,
-              column: str | None = None, split: str | None = None, limit: int | None = None,
-              rates: str | None = None, num_masks: int = 1, seed: int = 0,
-              nominal_length: float | None = None, exact: bool = False, with_pll: bool = False,
-              truncate: bool = False, corruption: str = "mask", token_budget: int = 8192,
-              chunk_size: int = 8, batch_size: int | None = None, device: str | None = None,
-              dtype: str | None = None, autocast: bool | None = None,
-              tokenizer: str | None = None, allow_unknown: bool = False,
-              overwrite: bool = False, resume: bool = False, progress: bool = True,
-              whole_word: bool = False, pll_variant: str = "original") -> dict[str, Any]:
-    """``mptlml curve``: MPT curve of one masked LM on texts, into a run directory.
+@dataclass
+class CurveConfig(MLMRunSettings):
+    """``mptlml curve``: the MPT curve of one masked LM on texts (every flag is a setting)."""
 
-    ``model`` is a hub name, a local directory, or ``antiberty``; ``data`` a
-    local file, ``glue:TASK`` or ``antibodies`` (the bundled FASTA). All input
-    is validated (model, data, every sequence's length, the rates) before the
-    run directory is created, so a bad input leaves no result file.
-    ``device``/``dtype``/``autocast`` place the model (see :func:`load_model`)
-    and are recorded with the world size in ``results.json``. ``whole_word``
-    masks words (curve and PLL); ``pll_variant`` ``"word_l2r"`` is PLL-word-l2r.
-    """
-    import json
+    model: str = setting("", "hub name, local directory (save_pretrained) or 'antiberty'")
+    data: str = setting("", "a .txt/.csv/.tsv/.parquet/.jsonl/.fasta file, glue:TASK, or "
+                        "'antibodies'")
+    column: str | None = setting(None, "column/field with the text; A,B joins a sentence pair; "
+                                 "0-based positions for a header-less CSV/TSV")
+    split: str | None = setting(None, "GLUE split (default validation; ax: test); not for files")
+    random_init: bool = setting(False, "score a randomly initialised model of the same config")
+    tokenizer: str | None = setting(None, "tokenizer name or directory, for a model directory "
+                                    "saved without one")
+    allow_unknown: bool = setting(False, "accept more than 5% unknown tokens (an error by "
+                                  "default)")
 
+    def validate(self) -> None:
+        """A model and data are given; the shared checks."""
+        super().validate()
+        for key in ("model", "data"):
+            if not getattr(self, key):
+                raise ValueError(f"{key} is empty; give --{key}.")
+
+
+@dataclass
+class CurveInputs:
+    """What :func:`load_curve` checked before the run directory exists: the model and the texts."""
+
+    model: MaskedLM
+    texts: Any  # mptlml.data.text.Texts
+
+
+def load_curve(cfg: CurveConfig) -> CurveInputs:
+    """Load and check the model and every sequence (empty, too long, no words) up front."""
     from ..data.text import bundled_antibodies, load_texts
 
-    r = check_rates(parse_rates(rates))
-    if pll_variant != "original" and not with_pll:
-        raise ValueError(f"--pll-variant {pll_variant} applies to the PLL; add --pll.")
-    lm = load_model(model, random_init=random_init, tokenizer=tokenizer, device=device,
-                    dtype=dtype, autocast=autocast, truncate=truncate, corruption=corruption,
-                    allow_unknown=allow_unknown)
-    texts = (bundled_antibodies(limit) if data == "antibodies"
-             else load_texts(data, column=column, split=split, limit=limit))
+    lm = load_model(cfg.model, cfg, random_init=cfg.random_init, tokenizer=cfg.tokenizer,
+                    allow_unknown=cfg.allow_unknown)
+    texts = (bundled_antibodies(cfg.num_sequences) if cfg.data == "antibodies"
+             else load_texts(cfg.data, column=cfg.column, split=cfg.split,
+                             limit=cfg.num_sequences))
     lm.encode(texts.texts)  # raises on empty / too long sequences before any file is made
-    if whole_word or pll_variant != "original":
+    if cfg.whole_word or cfg.pll_variant != "original":
         lm.encode_words(texts.texts)  # and on a tokenizer without words
-    with prepare_run_dir(out, "curve", overwrite=overwrite, resume=resume) as run_dir:
-        label = "random_init" if random_init else "pretrained"
-        scored = score_models({label: lm}, texts.texts, rates=r, num_masks=num_masks, seed=seed,
-                              run_dir=run_dir, nominal_length=nominal_length, exact=exact,
-                              with_pll=with_pll, token_budget=token_budget,
-                              chunk_size=chunk_size, batch_size=batch_size, progress=progress,
-                              ids=texts.ids, whole_word=whole_word, pll_variant=pll_variant)
-        if not distributed_context().main:
-            return {}
-        summ = write_curves(run_dir, scored, title=f"MPT curve: {lm.name}")
-        write_pll_tokens(run_dir, scored, texts.ids)
-        config = {"model": model, "data": texts.source, "random_init": random_init,
-                  "rates": r, "num_masks": num_masks, "nominal_length": nominal_length,
-                  "exact": exact, "pll": with_pll, "truncate": truncate,
-                  "corruption": corruption, "token_budget": token_budget,
-                  "chunk_size": chunk_size, "batch_size": batch_size, "tokenizer": tokenizer,
-                  "allow_unknown": allow_unknown, "whole_word": whole_word,
-                  "pll_variant": pll_variant, **scored[label]["settings"]}
-        path = run_dir.write_results(config, {"models": summ}, seed=seed)
+    return CurveInputs(lm, texts)
+
+
+def run_curve(cfg: CurveConfig, run_dir: RunDir, inputs: CurveInputs) -> dict[str, Any]:
+    """Score the model; write curve.csv, per_sequence.csv, pll_tokens.csv and the figure."""
+    lm, texts = inputs.model, inputs.texts
+    label = "random_init" if cfg.random_init else "pretrained"
+    scored = score_models({label: lm}, texts.texts, cfg, run_dir=run_dir, ids=texts.ids)
+    if not distributed_context().main:
+        return {}
+    summ = write_curves(run_dir, scored, title=f"MPT curve: {lm.name}")
+    write_pll_tokens(run_dir, scored, texts.ids)
     s = summ[label]
     _log.info(f"{lm.name}: {s['num_sequences']} sequences, area {s['area']:.2f} "
               f"(+- {s['area_se']:.2f}, L={s['nominal_length']:.1f}), mean LML estimate "
-              f"{s['mean_lml_riemann']:.2f}; results in {path.parent}/")
-    return json.loads(path.read_text())
+              f"{s['mean_lml_riemann']:.2f}")
+    return {"data": texts.source, "models": summ}

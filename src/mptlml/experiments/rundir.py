@@ -27,9 +27,14 @@ those chunks or, when there are none, from hard links to the chunks of the
 finished run in ``OUT`` (so ``OUT`` itself is never modified).
 
 A second process that targets the same ``OUT`` while the lock is held is
-refused at once with :class:`RunDirError`. The lock is an ``fcntl.flock`` on
-an open file, so the operating system releases it when the process exits or
-crashes; the (empty) lock file stays.
+refused at once with :class:`RunDirError`. The lock is a :class:`filelock.FileLock`
+(an ``fcntl.flock`` on POSIX), so the operating system releases it when the
+process exits or crashes; the lock file holds the holder's process id.
+
+An ``OUT`` that is a symbolic link (or lies under one) is resolved first: the
+run replaces the directory the link points to, and the lock, the staging
+directory and the swap are all beside that directory, so two processes that
+reach it by different names exclude each other and the link stays a link.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from pathlib import Path
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["RunDirError", "Transaction", "lock_path", "locked", "staging_path"]
+__all__ = ["RunDirError", "Transaction", "lock_path", "locked", "resolve_out", "staging_path"]
 
 #: the sub-directory of a run directory that survives a failed run (for --resume)
 CHECKPOINT_DIR = "checkpoint"
@@ -58,15 +63,27 @@ class RunDirError(ValueError):
     """A run directory is in use, or cannot be created, replaced or repaired."""
 
 
+def resolve_out(out: str | os.PathLike) -> Path:
+    """``out`` as an absolute path with every symbolic link resolved (the directory a run replaces).
+
+    Logs where the run goes when ``out`` itself is a link.
+    """
+    p = Path(os.path.realpath(out))
+    if Path(out).is_symlink():
+        _log.info("--out %s is a symbolic link to %s: the run goes there (the link stays).",
+                  out, p)
+    return p
+
+
 def staging_path(out: str | os.PathLike) -> Path:
-    """The hidden staging directory ``.OUT.partial`` beside ``out``."""
-    p = Path(os.path.abspath(out))
+    """The hidden staging directory ``.OUT.partial`` beside ``out`` (links resolved)."""
+    p = Path(os.path.realpath(out))
     return p.parent / f".{p.name}.partial"
 
 
 def lock_path(out: str | os.PathLike) -> Path:
-    """The lock file ``.OUT.lock`` beside ``out``."""
-    p = Path(os.path.abspath(out))
+    """The lock file ``.OUT.lock`` beside ``out`` (links resolved)."""
+    p = Path(os.path.realpath(out))
     return p.parent / f".{p.name}.lock"
 
 
@@ -75,41 +92,41 @@ def _aside_path(out: Path) -> Path:
 
 
 class _Lock:
-    """An exclusive, non-blocking ``flock`` on ``.OUT.lock`` (released on exit or crash)."""
+    """An exclusive, non-blocking :class:`filelock.FileLock` on ``.OUT.lock`` (released on exit)."""
 
     def __init__(self, out: Path) -> None:
-        self.path, self.out, self.fd = lock_path(out), out, None
+        import filelock
+
+        self.path, self.out = lock_path(out), out
+        self._lock = filelock.FileLock(self.path, blocking=False, thread_local=False)
 
     def acquire(self) -> None:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX: no locking
-            return
+        import filelock
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
+            self._lock.acquire()
+        except filelock.Timeout:
+            try:
+                holder = self.path.read_text(errors="replace").strip() or "unknown"
+            except OSError:
+                holder = "unknown"
             raise RunDirError(
                 f"{self.out} is being written by another mptlml process (pid {holder}, lock "
                 f"{self.path}); wait for it to finish, or choose another --out directory."
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
+        with contextlib.suppress(OSError):
+            self.path.write_text(f"{os.getpid()}\n")
 
     def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the descriptor drops the flock
-            self.fd = None
+        if self._lock.is_locked:
+            self._lock.release()
 
 
 @contextlib.contextmanager
 def locked(out: str | os.PathLike) -> Iterator[None]:
     """Hold the lock of ``out`` (refusing at once if another process holds it)."""
-    lock = _Lock(Path(os.path.abspath(out)))
+    lock = _Lock(resolve_out(out))
     lock.acquire()
     try:
         yield
@@ -247,8 +264,8 @@ class Transaction:
 
     def __init__(self, out: str | os.PathLike, *, overwrite: bool = False, resume: bool = False,
                  worker: bool = False) -> None:
-        self.out = Path(os.path.abspath(out))
-        self.staging = staging_path(out)
+        self.out = resolve_out(out) if not worker else Path(os.path.realpath(out))
+        self.staging = staging_path(self.out)
         self._lock = _Lock(self.out)
         self._state = _State(self.staging, self._lock)
         if worker:

@@ -37,7 +37,8 @@ from ._claims import claim
 from .common import RunDir, print_table, pyplot
 from .config import ExperimentConfig, setting
 
-__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "plot_scores", "run", "run_selection",
+__all__ = ["PAPER", "TITLE", "Config", "SelectConfig", "SelectInputs", "captions",
+           "choice_warnings", "claims", "load_selection", "plot_scores", "run", "run_selection",
            "summary"]
 
 _log = logging.getLogger(__name__)
@@ -113,10 +114,13 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
         _log.info("[select] %s: %s", name, desc)
         res = select_latent_dim(x, k_max, standardise=std, family=fam, num_masks=cfg.num_masks,
                                 max_masks=cfg.max_masks, seed=cfg.seed)
+        warned = choice_warnings(res, k_max)
+        for w in warned:
+            _log.warning("[select] %s: %s", name, w)
         run_dir.write_csv(f"scores_{name}.csv", res.rows())
         plot_scores(res, desc, run_dir, stem=f"scores_{name}")
         cases.append({"case": name, "family": fam, "data": data, "description": desc,
-                      "true_k": true_k, "k_max": k_max, **res.to_dict()})
+                      "true_k": true_k, "k_max": k_max, **res.to_dict(), "warnings": warned})
     return {"cases": cases}
 
 
@@ -152,29 +156,58 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def run_selection(data: str, k_max: int, out: str, *, true_k: int | None = None,
-                  standardise: bool | None = None, overwrite: bool = False, num_masks: int = 10,
-                  max_masks: int = 640, seed: int = 0, family: str = "ppca"
-                  ) -> SelectionResult:
-    """``mptlml select``: load data, select K, write results.json, scores.csv and a plot.
+@dataclass
+class SelectConfig(ExperimentConfig):
+    """``mptlml select``: one data set or matrix file (every flag is a setting)."""
+
+    data: str = setting("", "a .npy/.csv/.tsv matrix (N, D), or digits, wine, breast_cancer, "
+                        "synthetic")
+    k_max: int = setting(1, "largest K to try (>= 1, < D)", min=1)
+    family: str = setting("ppca", "model family: ppca (continuous data) or bernoulli (0/1 data, "
+                          "K <= 3)", choices=tuple(FAMILIES))
+    true_k: int | None = setting(None, "latent dimension of --data synthetic (only there)", min=1)
+    standardise: bool | None = setting(None, "z-score the columns (default: yes for the "
+                                       "built-in real data sets with ppca, else no)")
+    num_masks: int = setting(10, "initial P, masks per size and held-out datum", min=1)
+    max_masks: int = setting(640, "largest P while resolving near-ties", min=1)
+    seed: int = setting(0, "seed of the split, the synthetic data and the masks", min=0)
+
+    def validate(self) -> None:
+        """Data given; --true-k only for synthetic data (a file or a real set has its own K)."""
+        super().validate()
+        if not self.data:
+            raise ValueError("data is empty; give --data (a matrix file or "
+                             f"{', '.join(BUILTIN_DATASETS)}).")
+        if self.true_k is not None and self.data != "synthetic":
+            raise ValueError(f"--true-k applies to --data synthetic only (it sets the latent "
+                             f"dimension of the generated data); {self.data} has its own: drop "
+                             "--true-k.")
+
+
+@dataclass
+class SelectInputs:
+    """The data matrix, its description and whether it is standardised (checked up front)."""
+
+    x: np.ndarray
+    description: str
+    standardised: bool
+
+
+def load_selection(cfg: SelectConfig) -> SelectInputs:
+    """Load the data and check it against the family and ``k_max`` before anything is written.
 
     Built-in real data sets are standardised for PPCA (``standardise=None``
     means: yes for digits, wine and breast_cancer, no for synthetic data,
     files and the bernoulli family).
     """
-    if isinstance(k_max, int) and not isinstance(k_max, bool) and k_max < 1:
-        raise ValueError(f"--k-max must be >= 1 (the largest latent dimension to try), got "
-                         f"{k_max}.")
-    if family not in FAMILIES:
-        raise ValueError(f"unknown model family {family!r}; choose one of {sorted(FAMILIES)}.")
+    data, family, k_max = cfg.data, cfg.family, cfg.k_max
     if data in BUILTIN_DATASETS:
-        x, desc = load_dataset(data, true_k=true_k, seed=seed, family=family)
+        x, desc = load_dataset(data, true_k=cfg.true_k, seed=cfg.seed, family=family)
         real = data != "synthetic" and family == "ppca"
     else:
         x, desc, real = load_matrix(data), f"file {data}", False
         desc += f" (N={x.shape[0]}, D={x.shape[1]})"
-    std = real if standardise is None else standardise
-    # validate everything before the run directory is created
+    std = real if cfg.standardise is None else cfg.standardise
     if k_max >= x.shape[1]:
         raise ValueError(f"--k-max {k_max} must be smaller than D={x.shape[1]}.")
     if k_max > FAMILIES[family].max_k(x.shape[1]):
@@ -182,32 +215,57 @@ def run_selection(data: str, k_max: int, out: str, *, true_k: int | None = None,
                          f"{FAMILIES[family].max_k(x.shape[1])}.")
     if family == "bernoulli":
         if std:
-            raise ValueError("--standardise yes makes binary data continuous; the bernoulli "
-                             "family needs 0/1 data: pass --standardise no.")
+            raise ValueError("--standardise makes binary data continuous; the bernoulli family "
+                             "needs 0/1 data: pass --no-standardise.")
         if not np.isin(x, (0.0, 1.0)).all():
             raise ValueError(f"--data {data}: the bernoulli family needs a 0/1 matrix; binarise "
                              "it first (e.g. x > 0.5) or use --family ppca.")
-    with RunDir(out, "select", overwrite=overwrite) as run:
-        _log.info(f"model selection on {desc}; {'standardised' if std else 'not standardised'}")
-        res = select_latent_dim(x, k_max, standardise=std, num_masks=num_masks,
-                                max_masks=max_masks, seed=seed, family=family)
-        for note in res.notes:
-            _log.info("note: %s", note)
-        rows = res.rows()
-        print_table(rows, ["K", "mpt_lml", "mpt_stderr", "exact_lml", "bic"],
-                    title=f"held-out log p(x) per datum (MPT, P={res.num_masks} masks per size; "
-                          "exact) and training BIC")
-        for crit, k in res.choices.items():
-            print(f"{crit}: K = {k}")  # the answer of the command, on stdout beside the table
-        run.write_csv("scores.csv", rows)
-        plot_scores(res, desc, run)
-        run.write_results({"data": data, "family": family, "k_max": k_max, "true_k": true_k,
-                           "standardise": std,
-                           "num_masks": num_masks, "max_masks": max_masks, "seed": seed},
-                          {"data_description": desc, "standardised": std, **res.to_dict()},
-                          seed=seed)
-    _log.info(f"results written to {run.path}/ (results.json, scores.csv, scores.png/.pdf)")
-    return res
+    return SelectInputs(x, desc, std)
+
+
+def choice_warnings(res: SelectionResult, k_max: int) -> list[str]:
+    """What a choice does not say by itself: a K at the edge of the search, Minka's outside it.
+
+    A criterion that picks ``k_max``, the largest K searched, may have its
+    optimum beyond the range (widen it); Minka's K comes from its own search
+    over every K and may lie outside ``1..k_max``.
+    """
+    out = []
+    for crit, k in res.choices.items():
+        if crit == "Minka":
+            if not 1 <= k <= k_max:
+                out.append(f"Minka's K = {k} lies outside the searched range 1..{k_max} (it "
+                           "searches every K); compare it with the others only after widening "
+                           "--k-max")
+        elif k == k_max and k_max > 1:
+            out.append(f"{crit} picks K = {k}, the largest K searched: the optimum is at the "
+                       "edge of the search range and may lie beyond it; widen it (--k-max)")
+    return out
+
+
+def run_selection(cfg: SelectConfig, run: RunDir, inputs: SelectInputs) -> dict[str, Any]:
+    """``mptlml select``: select K, print the table and choices, write scores.csv and a plot."""
+    x, desc, std = inputs.x, inputs.description, inputs.standardised
+    _log.info(f"model selection on {desc}; {'standardised' if std else 'not standardised'}")
+    res = select_latent_dim(x, cfg.k_max, standardise=std, num_masks=cfg.num_masks,
+                            max_masks=cfg.max_masks, seed=cfg.seed, family=cfg.family)
+    for note in res.notes:
+        _log.info("note: %s", note)
+    warned = choice_warnings(res, cfg.k_max)
+    for w in warned:
+        _log.warning(w)
+    rows = res.rows()
+    print_table(rows, ["K", "mpt_lml", "mpt_stderr", "exact_lml", "bic"],
+                title=f"held-out log p(x) per datum (MPT, P={res.num_masks} masks per size; "
+                      "exact) and training BIC")
+    for crit, k in res.choices.items():
+        edge = (f"  (outside the searched 1..{cfg.k_max})" if not 1 <= k <= cfg.k_max
+                else "  (the largest K searched)" if k == cfg.k_max and cfg.k_max > 1 else "")
+        print(f"{crit}: K = {k}{edge}")  # the answer of the command, on stdout beside the table
+    run.write_csv("scores.csv", rows)
+    plot_scores(res, desc, run)
+    _log.info("files: results.json, scores.csv, scores.png/.pdf")
+    return {"data_description": desc, "standardised": std, **res.to_dict(), "warnings": warned}
 
 
 def plot_scores(res: SelectionResult, desc: str, run: RunDir, stem: str = "scores") -> None:
@@ -242,9 +300,8 @@ def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
     for c in results.get("cases", []):
         out[f"scores_{c['case']}"] = (
             "Beyond the paper: choosing the latent dimension K of a "
-            f"{_FAMILY_NAMES.get(c.get('family', ''), c.get('family', '?'))} model on "
-            f"{c.get('description', '?')}. Left: held-out log p(x) per "
-            "datum by the MPT estimate (±2 SE) and exactly, for K = 1.."
-            f"{c.get('k_max', '?')}; right: the training BIC"
-            + (f"; the true K is {c['true_k']}" if c.get("true_k") is not None else "") + ".")
+            f"{_FAMILY_NAMES[c['family']]} model on {c['description']}. Left: held-out "
+            "log p(x) per datum by the MPT estimate (±2 SE) and exactly, for K = 1.."
+            f"{c['k_max']}; right: the training BIC"
+            + (f"; the true K is {c['true_k']}" if c["true_k"] is not None else "") + ".")
     return out

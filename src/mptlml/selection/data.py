@@ -78,7 +78,10 @@ def load_matrix(path: str) -> np.ndarray:
 
     - the first row is a header when any of its cells is not a number, or when
       it is exactly ``0, 1, ..., D-1`` (the column names pandas writes for an
-      unnamed frame: ``pd.DataFrame(x).to_csv()``);
+      unnamed frame: ``pd.DataFrame(x).to_csv()``), or ``1, 2, ..., D``
+      (column numbers: skipped with a warning naming the file, since it
+      could be data);
+    - a file that is not UTF-8 text is an error naming the file and the byte;
     - a pandas index column, i.e. a first column whose header cell is empty
       (or ``Unnamed: 0``), as ``df.to_csv()`` writes by default, is dropped
       with a warning; without a header, a first column equal to 0..N-1 is
@@ -111,6 +114,10 @@ def load_matrix(path: str) -> np.ndarray:
         raise ValueError(f"--data {path}: unsupported file type {p.suffix!r}; use .npy or .csv.")
     if x.ndim != 2:
         raise ValueError(f"--data {path}: expected a 2-D matrix (N, D), got shape {x.shape}.")
+    if np.iscomplexobj(x):
+        raise ValueError(f"--data {path}: the matrix is complex ({x.dtype}); the models take "
+                         "real data: pass its real part, its modulus, or real and imaginary "
+                         "parts as separate columns.")
     if not np.issubdtype(x.dtype, np.number) and x.dtype != bool:
         raise ValueError(f"--data {path}: expected numbers, got an array of dtype {x.dtype}.")
     return x.astype(np.float64)
@@ -137,6 +144,10 @@ def _read_table(p: Path, sep: str) -> np.ndarray:
         raise ValueError(f"--data {p}: the file is empty.") from None
     except pd.errors.ParserError as exc:
         raise ValueError(f"--data {p}: not a rectangular table ({exc}).") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--data {p}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+                         f"offset {exc.start}); save the table as UTF-8 CSV or as .npy."
+                         ) from None
     cells = [[c.strip() if isinstance(c, str) else "" for c in row]
              for row in raw.to_numpy().tolist()]
     if not cells:
@@ -144,8 +155,14 @@ def _read_table(p: Path, sep: str) -> np.ndarray:
     first, d = cells[0], len(cells[0])
     index_cell = first[0] in ("", "Unnamed: 0")
     named = first[1:] if index_cell else first
-    header = (index_cell or not all(_is_number(c) for c in first)
-              or named == [str(j) for j in range(len(named))])
+    pandas_names = named == [str(j) for j in range(len(named))]
+    numbered = named == [str(j + 1) for j in range(len(named))]
+    header = index_cell or not all(_is_number(c) for c in first) or pandas_names or numbered
+    if numbered and len(cells) > 1:
+        shown = (", ".join(named) if len(named) <= 4
+                 else f"{named[0]}, {named[1]}, ..., {named[-1]}")
+        warnings.warn(f"--data {p}: line 1 is {shown}: read as a header of column numbers and "
+                      "skipped (it is not data); remove it if it was a data row.", stacklevel=3)
     names = first if header else [str(j + 1) for j in range(d)]
     body = cells[1:] if header else cells
     line0 = 2 if header else 1  # file line of the first data row (1-based)
