@@ -56,3 +56,29 @@ def test_finite_results_do_not_warn(recwarn):
     model = PPCA.random(5, 2, sigma2=0.3, seed=0)
     mptlml.estimate_lml(model, model.sample(6, generator=0), num_masks=2, seed=0)
     assert not [w for w in recwarn if issubclass(w.category, NonFiniteWarning)]
+
+
+def test_cli_curve_fails_on_nan_and_writes_nothing(tmp_path):
+    """`mptlml curve` on a model with NaN weights exits 1, names the problem, writes no run."""
+    import subprocess
+    import sys
+
+    from transformers import BertForMaskedLM
+
+    from .mlm_helpers import make_tiny_bert
+
+    path = make_tiny_bert(tmp_path / "nan_bert")
+    model = BertForMaskedLM.from_pretrained(path)
+    with torch.no_grad():
+        model.bert.embeddings.word_embeddings.weight.fill_(float("nan"))
+    model.save_pretrained(path)
+    data = tmp_path / "texts.txt"
+    data.write_text("the cat sat on a mat\nblue tree\n")
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "mptlml", "-q", "curve", "--model", str(path),
+                           "--data", str(data), "--rates", "0.3,0.6", "--no-pll",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "not finite" in proc.stderr and "Nothing was written" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()

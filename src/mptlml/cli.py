@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -290,15 +291,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     configure_output(quiet=getattr(args, "quiet", False))
     from .estimation.distributed import shutdown_distributed
+    from .estimation.results import NonFiniteWarning
     from .settings import keep_heap
 
     keep_heap()  # the command line opts in to glibc's larger heap thresholds (mptlml.settings)
 
     ok = False
     try:
-        code = int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            # a non-finite result fails the run: nothing is written with NaN cells
+            warnings.simplefilter("error", NonFiniteWarning)
+            code = int(args.func(args) or 0)
         ok = True
         return code
+    except NonFiniteWarning as exc:
+        print(f"mptlml: error: {exc} Nothing was written: the run directory (if any) is "
+              "unchanged.", file=sys.stderr)
+        return 1
     except (ValueError, TypeError, OSError, NotImplementedError) as exc:
         # ValueError includes RunDirError (a locked or unusable --out) and CheckpointError
         print(f"mptlml: error: {exc}", file=sys.stderr)

@@ -188,9 +188,11 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
         per_sample_stderr=as_float64(scores_se), lml=as_float64(lengths * scores.mean(axis=1)),
         lml_stderr=as_float64(lml_se), nominal_length=length, model=model.name,
         corruption=model.fingerprint().get("corruption"), ids=ids, extra=dict(unit))
+    announce_nonfinite(res.per_sample, "the MPT curve", "sequences")
     if exact:
         tot, tse, calls = exact_sum(model, toks, p, int(seed), words=words, **run)
         res.lml_exact, res.lml_exact_stderr = as_float64(tot), as_float64(tse)
+        announce_nonfinite(tot, "the cumulative sum over M", "sequences")
         res.num_model_calls += calls
     return res
 

@@ -210,14 +210,10 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
     """
     if isinstance(model, RaggedMaskedModel):
         _refuse_for_ragged(_given(sizes=sizes, share_masks=share_masks, nested=nested))
-        curve = mlm_curve(model, x, num_masks=num_masks, seed=_ragged_seed(seed),
-                          progress=progress, **options)
-        announce_nonfinite(curve.per_sample, "the MPT curve", "sequences")
-        return curve
+        return mlm_curve(model, x, num_masks=num_masks, seed=_ragged_seed(seed),
+                         progress=progress, **options)
     _check_model(model)
     if options:
         raise TypeError(f"unexpected arguments {sorted(options)} (only for ragged sequences).")
-    curve = Cumulative(num_masks, share_masks=share_masks, nested=nested).curve(
+    return Cumulative(num_masks, share_masks=share_masks, nested=nested).curve(
         model, x, sizes=sizes, seed=seed, progress=progress)
-    announce_nonfinite(curve.per_sample, "the MPT curve")
-    return curve

@@ -23,7 +23,7 @@ import torch
 from .._validation import check_size, make_generator
 from ..estimation.engine import Counter, score_grid, score_nested
 from ..estimation.ragged import exact_sum
-from ..estimation.results import MPTCurve
+from ..estimation.results import MPTCurve, announce_nonfinite
 from ..estimation.stats import mean_stderr
 from ..estimation.words import encode
 from ..models.base import MaskedModel
@@ -133,6 +133,7 @@ class Cumulative(Estimator):
         exact_sum = sorted(set(size_list)) == list(range(1, d + 1)) and len(size_list) == d
         area_ps = per_sample.sum(1) if exact_sum else d * per_sample.mean(1)
         area, area_se = mean_stderr(area_ps)
+        announce_nonfinite(per_sample, "the MPT curve")
         return MPTCurve(
             sizes=size_list, rates=[m / d for m in size_list], mean=mean, stderr=stderr,
             per_sample=per_sample, area=float(area), area_stderr=float(area_se),
