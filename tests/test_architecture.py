@@ -190,8 +190,10 @@ def test_the_floor_check_sees_an_upward_import(tmp_path, monkeypatch):
         test_dependencies_point_down()
 
 
-#: the modules of ``mptlml.models`` that hold protocols, not model families.
-PROTOCOL_MODULES = ("mptlml.models", "mptlml.models.base", "mptlml.models.protocols")
+#: the modules of ``mptlml.models`` that hold protocols (and the one normalisation of
+#: sequence input every ragged estimator starts from), not model families.
+PROTOCOL_MODULES = ("mptlml.models", "mptlml.models.base", "mptlml.models.protocols",
+                    "mptlml.models.sequence_input")
 
 
 def _families() -> set[str]:

@@ -53,7 +53,7 @@ def test_bars_by_default_none_with_tqdm_disable_or_quiet(tmp_path):
     assert env_block["command"][1:3] == ["reproduce", "curve-evolution"]
     assert env_block["git_commit"] is None or len(env_block["git_commit"]) == 40
     assert isinstance(env_block["cpu"], str) and env_block["cpu"]
-    assert "cuda" in env_block  # the GPU model, None without one
+    assert "gpu" in env_block  # the GPU model, None without one
 
 
 def test_quiet_goes_before_or_after_the_command():

@@ -101,7 +101,7 @@ def test_cli_select_file_input(tmp_path, capsys):
     (["--data", "nope", "--k-max", "3"], "no such file"),
     (["--data", "wine", "--k-max", "2", "--family", "bernoulli"], "needs binary data"),
     (["--data", "digits", "--k-max", "4", "--family", "bernoulli"], "allows K <= 3"),
-    (["--data", "digits", "--k-max", "2", "--family", "bernoulli", "--standardise", "yes"],
+    (["--data", "digits", "--k-max", "2", "--family", "bernoulli", "--standardise"],
      "needs 0/1 data"),
 ])
 def test_cli_select_errors(tmp_path, capsys, argv, match):

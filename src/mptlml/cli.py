@@ -304,14 +304,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = int(args.func(args) or 0)
         ok = True
         return code
-    except NonFiniteWarning as exc:
-        print(f"mptlml: error: {exc} Nothing was written: the run directory (if any) is "
-              "unchanged.", file=sys.stderr)
-        return 1
-    except (ValueError, TypeError, OSError, NotImplementedError) as exc:
-        # ValueError includes RunDirError (a locked or unusable --out) and CheckpointError
-        print(f"mptlml: error: {exc}", file=sys.stderr)
-        return 2
+    except (NonFiniteWarning, ValueError, TypeError, OSError, NotImplementedError) as exc:
+        # ValueError includes RunDirError (a locked or unusable --out) and CheckpointError;
+        # a non-finite result (the model's fault, exit 1) fails the run before anything is kept
+        nonfinite = isinstance(exc, NonFiniteWarning)
+        tail = " Nothing was written: the run directory (if any) is unchanged." if nonfinite else ""
+        print(f"mptlml: error: {exc}{tail}", file=sys.stderr)
+        return 1 if nonfinite else 2
     except KeyboardInterrupt:
         print("mptlml: interrupted; the previous run directory (if any) is unchanged, and "
               "finished checkpoint chunks are kept for --resume.", file=sys.stderr)

@@ -39,11 +39,12 @@ import torch
 from .._validation import check_positive_int
 from ..masks import sample_masks
 from ..models.protocols import RaggedMaskedModel
+from ..models.sequence_input import encode
 from .rates import check_rates, mask_sizes, rate_widths
 from .results import MPTCurve, announce_nonfinite, as_float64
 from .runner import run_pairs
 from .stats import mean_stderr, sum_stderr
-from .words import TokenScores, encode, encode_words, pll_scores, word_counts
+from .words import TokenScores, encode_words, pll_scores, word_counts
 
 __all__ = ["exact_sum", "mlm_curve", "pll"]
 

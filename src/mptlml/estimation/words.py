@@ -17,9 +17,8 @@ fast tokenizer's ``word_ids()``), three pseudo-log-likelihoods:
   ``sum_t log p(x_t | x without {s in word(t): s >= t})``; a word's score is
   the sum over its sub-tokens (a left-to-right chain rule inside the word).
 
-:func:`mptlml.models.sequence_input.encode` (a ragged model's content tokens,
-re-exported here as :func:`encode`) and :func:`encode_words` (its tokens and
-words) are the units every ragged estimator starts from.
+:func:`mptlml.models.sequence_input.encode` (a ragged model's content tokens)
+and :func:`encode_words` (its tokens and words) are the units every ragged estimator starts from.
 A whole-word MPT curve (:func:`mptlml.estimation.ragged.mlm_curve` with
 ``whole_word=True``) counts words: D_i is the number of words, M_ik words are
 masked, and S is the mean word score over the masked words.
@@ -41,7 +40,7 @@ from ..models.protocols import WordMaskedModel
 from ..models.sequence_input import encode, normalise_sequences
 from .runner import run_pairs
 
-__all__ = ["VARIANTS", "TokenScores", "encode", "encode_words", "pll_scores", "targeted",
+__all__ = ["VARIANTS", "TokenScores", "encode_words", "pll_scores", "targeted",
            "word_counts"]
 
 VARIANTS = ("original", "word_l2r")

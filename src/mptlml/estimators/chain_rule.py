@@ -21,10 +21,11 @@ import torch
 from ..estimation.engine import Counter, score_chain_rule
 from ..estimation.runner import run_pairs
 from ..estimation.stats import mean_stderr
-from ..estimation.words import encode, targeted
+from ..estimation.words import targeted
 from ..masks import prefix_masks, random_orders
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
+from ..models.sequence_input import encode
 from .base import Draws, Estimator, RaggedScores, register
 
 __all__ = ["ChainRule"]

@@ -25,9 +25,9 @@ from ..estimation.engine import Counter, score_grid, score_nested
 from ..estimation.ragged import exact_sum
 from ..estimation.results import MPTCurve, announce_nonfinite
 from ..estimation.stats import mean_stderr
-from ..estimation.words import encode
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
+from ..models.sequence_input import encode
 from .base import Draws, Estimator, RaggedScores, register
 
 __all__ = ["Cumulative"]
