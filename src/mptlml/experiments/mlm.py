@@ -32,7 +32,7 @@ from ..estimation import MPTCurve, mlm_curve, pll
 from ..estimation.distributed import barrier, distributed_context, resolve_device
 from ..estimation.rates import check_rates, rate_grid, rate_widths
 from ..models.masked_lm import MaskedLM
-from .common import RunDir, pyplot
+from .common import RunDir, print_table, pyplot
 from .config import ExperimentConfig, setting
 
 __all__ = ["MLMDeviceSettings", "RateGridSettings", "load_model", "parse_rates",
@@ -344,8 +344,13 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
                   "allow_unknown": allow_unknown, "whole_word": whole_word,
                   "pll_variant": pll_variant, **scored[label]["settings"]}
         path = run_dir.write_results(config, {"models": summ}, seed=seed)
-    s = summ[label]
-    _log.info(f"{lm.name}: {s['num_sequences']} sequences, area {s['area']:.2f} "
-              f"(+- {s['area_se']:.2f}, L={s['nominal_length']:.1f}), mean LML estimate "
-              f"{s['mean_lml_riemann']:.2f}; results in {path.parent}/")
+    s = summ[label]  # the result goes to stdout, even under --quiet (progress and logs do not)
+    row = {"model": lm.name, "sequences": s["num_sequences"], "area": s["area"],
+           "area_se": s["area_se"], "L": s["nominal_length"],
+           "mean_lml_riemann": s["mean_lml_riemann"]}
+    for key in ("mean_lml_exact", "mean_pll"):
+        if key in s:
+            row[key] = s[key]
+    print_table([row], title="curve: summary")
+    _log.info(f"results written to {path.parent}/")
     return json.loads(path.read_text())
