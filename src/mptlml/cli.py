@@ -74,7 +74,7 @@ def _show_config(names: list[str], quick: bool, overrides: dict[str, dict[str, A
 def _add_run_dir_flags(p: argparse.ArgumentParser, default: str | None, *,
                        resume: str | None = None) -> None:
     """--out, --overwrite (and --resume): the run directory (a transaction, ``rundir``)."""
-    where = "runs/NAME" if default is None else default
+    where = "runs/NAME, runs/NAME-quick with --quick" if default is None else default
     p.add_argument("--out", default=default, help=f"run directory (default {where})")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     if resume is not None:
