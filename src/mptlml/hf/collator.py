@@ -41,6 +41,13 @@ DEFAULT_RATE = 0.15
 class DataCollatorForMPT:
     """Masked-LM collator for masked pre-training with every mask size.
 
+    Call it on a list of examples: dicts holding ``input_ids`` (tokenizer
+    outputs, special tokens included; ``attention_mask`` and
+    ``special_tokens_mask`` are used when present) or plain lists of ids.
+    Maskable tokens are those that are not special (``special_tokens_mask``
+    when given, else membership in ``tokenizer.all_special_ids``, as in
+    transformers' collator: [UNK] counts as special) and not padding.
+
     Parameters
     ----------
     tokenizer : transformers tokenizer
@@ -65,13 +72,6 @@ class DataCollatorForMPT:
         Passed to ``tokenizer.pad``.
     return_tensors : {"pt"}
         Only PyTorch tensors.
-
-    Call it on a list of examples: dicts holding ``input_ids`` (tokenizer
-    outputs, special tokens included; ``attention_mask`` and
-    ``special_tokens_mask`` are used when present) or plain lists of ids.
-    Maskable tokens are those that are not special (``special_tokens_mask``
-    when given, else membership in ``tokenizer.all_special_ids``, as in
-    transformers' collator: [UNK] counts as special) and not padding.
 
     Returns
     -------
