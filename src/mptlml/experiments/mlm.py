@@ -214,6 +214,13 @@ def _pair_key(label: str) -> tuple[str, bool]:
     return group.strip(" -_"), rnd
 
 
+def _display_label(label: str) -> str:
+    """A curve label as a legend shows it: ``"random_init (area -286.5)"`` -> ``"random init ..."``."""
+    out = re.sub(r"random[-_ ]init", "random init", label)
+    out = re.sub(r"\bpretrained", "pre-trained", out)
+    return re.sub(r"-(pre-trained|random init)", r" \1", out)
+
+
 def plot_paired_curves(curves: Mapping[str, tuple[np.ndarray, np.ndarray, Any]], *,
                        reference: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
                        title: str = "MPT curve",
@@ -249,15 +256,17 @@ def plot_paired_curves(curves: Mapping[str, tuple[np.ndarray, np.ndarray, Any]],
         ax.axhline(baseline[0], color="grey", ls=":", lw=1)
     handles = [Line2D([], [], color=col, lw=2, label=g.upper() if len(g) <= 5 else g)
                for g, col in groups.items() if g]
-    handles += [Line2D([], [], color="k", ls="-", lw=1.6, label="pre-trained"),
-                Line2D([], [], color="k", ls="--", lw=1.6, label="random init")]
+    areas = [label for label in curves if "(area" in label]
+    if len(groups) > 1 or not areas or reference:  # one group with areas: its entries say it
+        handles += [Line2D([], [], color="k", ls="-", lw=1.6, label="pre-trained"),
+                    Line2D([], [], color="k", ls="--", lw=1.6, label="random init")]
     if curves and reference:
         handles.append(Line2D([], [], color="k", lw=0.9, alpha=0.55, label="authors' curves"))
+    # each curve's area beside the line it labels (colour and style of that curve)
+    handles += [Line2D([], [], color=colour(label)[0], ls=colour(label)[1], lw=1.6,
+                       label=_display_label(label)) for label in areas]
     if baseline is not None:
         handles.append(Line2D([], [], color="grey", ls=":", lw=1, label=baseline[1]))
-    areas = [label for label in curves if "(area" in label]
-    if areas:
-        handles += [Line2D([], [], lw=0, label=label) for label in areas]
     ax.set_xlabel("masking rate")
     ax.set_ylabel("mean log-prob of masked tokens (nats)")
     ax.set_title(title)
