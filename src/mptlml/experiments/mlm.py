@@ -215,7 +215,7 @@ def _pair_key(label: str) -> tuple[str, bool]:
 
 
 def _display_label(label: str) -> str:
-    """A curve label as a legend shows it: ``"random_init (area -286.5)"`` -> ``"random init ..."``."""
+    """A curve label as a legend shows it: ``"random_init"`` -> ``"random init"``."""
     out = re.sub(r"random[-_ ]init", "random init", label)
     out = re.sub(r"\bpretrained", "pre-trained", out)
     return re.sub(r"-(pre-trained|random init)", r" \1", out)
