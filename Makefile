@@ -4,13 +4,13 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast lint bench clean
+.PHONY: venv demo test test-fast lint docs bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -c constraints.txt torch==2.13.0
-	$(PIP) install --quiet -c constraints.txt -e ".[test,antibody]"
+	$(PIP) install --quiet -c constraints.txt -e ".[test,antibody,docs]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -29,7 +29,11 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
-# the sizes of the README's tables (about 5 minutes on 2 idle cores); each script has --help
+# the documentation site (mkdocs.yml, docs/) into site/; any warning is an error
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# the sizes of docs/results/performance.md (about 5 minutes on 2 idle cores); each script has --help
 bench: $(STAMP)
 	$(PY) benchmarks/bench_estimators.py
 	$(PY) benchmarks/bench_training.py --threads 1
@@ -37,4 +41,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_mlm.py --num-sequences 6 --repeats 2 --pll-sequences 2 --bert-batches 2
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site

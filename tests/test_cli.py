@@ -234,3 +234,22 @@ def test_curve_flags_are_the_settings(tmp_path, monkeypatch, capsys):
                                       dtype="float64")
     assert main([*base, "--limit", "3"]) == 2
     assert "unrecognized arguments: --limit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "where"), [
+    (["reproduce", "area"], "runs/area"),
+    (["reproduce", "area", "--quick"], "runs/area-quick"),
+    (["reproduce", "all", "--quick"], "runs/all-quick"),
+])
+def test_reproduce_writes_where_its_help_says(argv, where, monkeypatch, capsys):
+    import mptlml.experiments as experiments
+
+    seen = []
+    monkeypatch.setattr(experiments, "run_experiment", lambda name, out, **kw: seen.append(out))
+    monkeypatch.setattr(experiments, "run_all", lambda out, **kw: seen.append(out) or {})
+    assert main(argv) == 0
+    assert seen == [where]
+    capsys.readouterr()
+    assert main(["reproduce", "--help"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "default runs/NAME, runs/NAME-quick with --quick" in shown

@@ -97,9 +97,14 @@ def _per_seq(path: Path) -> list[dict]:
 def test_curve_cli_and_bad_inputs(tiny_dir, texts_file, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["curve", "--model", str(tiny_dir), "--data", str(texts_file), "--out", str(out),
-                 "--rates", "0.1:0.9:0.2", "--pll", "--no-progress"]) == 0
+                 "--rates", "0.1:0.9:0.2", "--pll", "--no-progress", "-q"]) == 0
     res = json.loads((out / "results.json").read_text())
-    assert res["results"]["models"]["pretrained"]["num_sequences"] == 10
+    summary = res["results"]["models"]["pretrained"]
+    assert summary["num_sequences"] == 10
+    # the summary is the command's result: on stdout even under -q (which silences logs)
+    printed = capsys.readouterr().out
+    assert "curve: summary" in printed
+    assert f"{summary['area']:.4f}" in printed and f"{summary['mean_pll']:.4f}" in printed
     rows = _per_seq(out)
     assert len(rows) == 10 and "pll" in rows[0]
     lm = MaskedLM.from_pretrained(tiny_dir)

@@ -96,7 +96,7 @@ def test_model_dir_without_tokenizer_files(tiny_dir, tiny, tmp_path):
     assert not (bare / "vocab.txt").exists()
     with pytest.raises(ValueError, match=rf"no tokenizer files in {bare}.*pass tokenizer="):
         MaskedLM.from_pretrained(bare)
-    code = main(["curve", "--model", str(bare), "--data", "antibodies", "--limit", "1",
+    code = main(["curve", "--model", str(bare), "--data", "antibodies", "--num-sequences", "1",
                  "--out", str(tmp_path / "run"), "--no-progress"])
     assert code == 2 and not (tmp_path / "run").exists()
     by_path = MaskedLM.from_pretrained(bare, tokenizer=str(tiny_dir))

@@ -55,7 +55,7 @@ def _show_config(names: list[str], quick: bool, overrides: dict[str, dict[str, A
 def _add_run_dir_flags(p: argparse.ArgumentParser, default: str | None, *,
                        resume: str | None = None) -> None:
     """--out, --overwrite (and --resume): the run directory (a transaction, ``rundir``)."""
-    where = "runs/NAME" if default is None else default
+    where = "runs/NAME, runs/NAME-quick with --quick" if default is None else default
     p.add_argument("--out", default=default, help=f"run directory (default {where})")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     if resume is not None:
@@ -105,11 +105,11 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 def _cmd_curve(args: argparse.Namespace) -> int:
     from .experiments.driver import run_job
-    from .experiments.mlm import CurveConfig, load_curve, run_curve
+    from .experiments.mlm import CurveConfig, curve_summary, load_curve, run_curve
 
     cfg = CurveConfig(**flag_overrides(args, CurveConfig))
-    run_job("curve", cfg, args.out, run=run_curve, load=load_curve, overwrite=args.overwrite,
-            resume=args.resume)
+    run_job("curve", cfg, args.out, run=run_curve, load=load_curve, summary=curve_summary,
+            overwrite=args.overwrite, resume=args.resume)
     return 0
 
 

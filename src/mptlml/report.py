@@ -54,7 +54,7 @@ PAPER_SECTIONS: dict[str, tuple[str, str]] = {
     name: (get_experiment(name).TITLE, get_experiment(name).PAPER) for name in EXPERIMENTS
 }
 
-#: errata found in the paper's text (see shared/paper/NOTES.md).
+#: errata found in the paper's text (see docs/notes.md, "Errata").
 ERRATA: list[str] = [
     "Eq. 7 and Appendix B give the Gaussian conditional variance as S_MM + S_MR^T S_RR^-1 "
     "S_MR; the correct variance has a minus sign (the authors' code uses the minus, and so do we).",

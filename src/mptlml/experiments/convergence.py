@@ -295,7 +295,7 @@ def _figure(cfg: Config, panels: dict[str, dict[str, Any]], run_dir: RunDir) -> 
         ax.set_xscale("log")
         ax.set_xlabel("P, masks per size" if pan["estimator"] == "cumulative" else "P, masks")
         ax.set_title(f"{name}: exact LML {pan['exact_lml']:.2f}", fontsize=10)
-    axes[0][0].set_ylabel("negative MPT loss (nats per datum)")
+        ax.set_ylabel("negative MPT loss (nats per datum)")  # every panel has its own scale
     # one legend for the figure, below the panels, so that it covers no curve
     handles = [Line2D([], [], color="C0", lw=0.8, alpha=0.6, label="MPT estimate, one per seed"),
                Line2D([], [], color="C0", lw=2, label="mean over seeds"),
@@ -306,8 +306,8 @@ def _figure(cfg: Config, panels: dict[str, dict[str, Any]], run_dir: RunDir) -> 
     masks = "masks shared across data" if cfg.share_masks else "masks per datum"
     fig.suptitle(f"PPCA K={cfg.latent_dim}, sigma2={cfg.sigma2}, N={cfg.num_data}, "
                  f"{cfg.noise} noise, {masks}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8,
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=10,
                frameon=False)
     run_dir.save_figure(fig, "fig1")
 

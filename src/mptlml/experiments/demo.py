@@ -79,8 +79,9 @@ def run_demo(cfg: DemoConfig, run: RunDir) -> dict[str, Any]:
     fig, ax = pyplot().subplots(figsize=(6, 4))
     mean, se = curve.mean.numpy(), curve.stderr.numpy()
     ax.plot(curve.rates, mean, color="C0", label=f"S(x; M), area = {curve.area:.1f}")
-    ax.fill_between(curve.rates, mean - 2 * se, mean + 2 * se, color="C0", alpha=0.25)
-    ax.axvline(0.15, color="grey", ls=":", lw=1)
+    ax.fill_between(curve.rates, mean - 2 * se, mean + 2 * se, color="C0", alpha=0.25,
+                    label="±2 SE across the digits")
+    ax.axvline(0.15, color="grey", ls=":", lw=1, label="15% (BERT's masking rate)")
     ax.set_xlabel("masking rate M / D")
     ax.set_ylabel("mean log p(x_j | x_R) per masked pixel")
     ax.set_title(f"MPT curve, PPCA K={latent_dim} on digits (exact LML {exact.mean():.1f})")

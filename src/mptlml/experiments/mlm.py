@@ -39,7 +39,7 @@ from .config import ExperimentConfig, setting
 
 __all__ = ["DEVICE_SETTINGS", "CurveConfig", "CurveInputs", "MLMRunSettings", "RateGridSettings",
            "load_curve", "load_model", "parse_rates", "plot_paired_curves", "project_root",
-           "run_curve", "score_models", "write_curves", "write_pll_tokens"]
+           "curve_summary", "run_curve", "score_models", "write_curves", "write_pll_tokens"]
 
 _log = logging.getLogger(__name__)
 
@@ -244,6 +244,13 @@ def _pair_key(label: str) -> tuple[str, bool]:
     return group.strip(" -_"), rnd
 
 
+def _display_label(label: str) -> str:
+    """A curve label as a legend shows it: ``"random_init"`` -> ``"random init"``."""
+    out = re.sub(r"random[-_ ]init", "random init", label)
+    out = re.sub(r"\bpretrained", "pre-trained", out)
+    return re.sub(r"-(pre-trained|random init)", r" \1", out)
+
+
 def plot_paired_curves(curves: Mapping[str, tuple[np.ndarray, np.ndarray, Any]], *,
                        reference: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
                        title: str = "MPT curve",
@@ -279,15 +286,17 @@ def plot_paired_curves(curves: Mapping[str, tuple[np.ndarray, np.ndarray, Any]],
         ax.axhline(baseline[0], color="grey", ls=":", lw=1)
     handles = [Line2D([], [], color=col, lw=2, label=g.upper() if len(g) <= 5 else g)
                for g, col in groups.items() if g]
-    handles += [Line2D([], [], color="k", ls="-", lw=1.6, label="pre-trained"),
-                Line2D([], [], color="k", ls="--", lw=1.6, label="random init")]
+    areas = [label for label in curves if "(area" in label]
+    if len(groups) > 1 or not areas or reference:  # one group with areas: its entries say it
+        handles += [Line2D([], [], color="k", ls="-", lw=1.6, label="pre-trained"),
+                    Line2D([], [], color="k", ls="--", lw=1.6, label="random init")]
     if curves and reference:
         handles.append(Line2D([], [], color="k", lw=0.9, alpha=0.55, label="authors' curves"))
+    # each curve's area beside the line it labels (colour and style of that curve)
+    handles += [Line2D([], [], color=colour(label)[0], ls=colour(label)[1], lw=1.6,
+                       label=_display_label(label)) for label in areas]
     if baseline is not None:
         handles.append(Line2D([], [], color="grey", ls=":", lw=1, label=baseline[1]))
-    areas = [label for label in curves if "(area" in label]
-    if areas:
-        handles += [Line2D([], [], lw=0, label=label) for label in areas]
     ax.set_xlabel("masking rate")
     ax.set_ylabel("mean log-prob of masked tokens (nats)")
     ax.set_title(title)
@@ -376,8 +385,16 @@ def run_curve(cfg: CurveConfig, run_dir: RunDir, inputs: CurveInputs) -> dict[st
         return {}
     summ = write_curves(run_dir, scored, title=f"MPT curve: {lm.name}")
     write_pll_tokens(run_dir, scored, texts.ids)
-    s = summ[label]
-    _log.info(f"{lm.name}: {s['num_sequences']} sequences, area {s['area']:.2f} "
-              f"(+- {s['area_se']:.2f}, L={s['nominal_length']:.1f}), mean LML estimate "
-              f"{s['mean_lml_riemann']:.2f}")
     return {"data": texts.source, "models": summ}
+
+
+def curve_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows ``mptlml curve`` prints to stdout (even under ``-q``): area, SE, L, mean LML."""
+    rows = []
+    for s in results["models"].values():
+        row = {"model": s.get("model"), "sequences": s["num_sequences"], "area": s["area"],
+               "area_se": s["area_se"], "L": s["nominal_length"],
+               "mean_lml_riemann": s["mean_lml_riemann"]}
+        row.update({k: s[k] for k in ("mean_lml_exact", "mean_pll") if k in s})
+        rows.append(row)
+    return rows

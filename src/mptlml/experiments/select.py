@@ -286,6 +286,8 @@ def plot_scores(res: SelectionResult, desc: str, run: RunDir, stem: str = "score
     ax2.set_xlabel("latent dimension K")
     ax2.set_ylabel("BIC (smaller is better)")
     ax2.legend(fontsize=8)
+    for a in (ax, ax2):  # K is an integer: one tick per K tried, never 1.25
+        a.set_xticks(ks)
     fig.suptitle(desc, fontsize=9)
     fig.tight_layout()
     run.save_figure(fig, stem)

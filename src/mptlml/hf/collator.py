@@ -79,6 +79,13 @@ def stream_seed(*keys: int) -> int:
 class DataCollatorForMPT:
     """Masked-LM collator for masked pre-training with every mask size.
 
+    Call it on a list of examples: dicts holding ``input_ids`` (tokenizer
+    outputs, special tokens included; ``attention_mask`` and
+    ``special_tokens_mask`` are used when present) or plain lists of ids.
+    Maskable tokens are those that are not special (``special_tokens_mask``
+    when given, else membership in ``tokenizer.all_special_ids``, as in
+    transformers' collator: [UNK] counts as special) and not padding.
+
     Parameters
     ----------
     tokenizer : transformers tokenizer
@@ -117,13 +124,6 @@ class DataCollatorForMPT:
         A batch with more than :data:`~mptlml.models.tokenizer_checks.MAX_UNKNOWN_FRACTION`
         unknown tokens among its tokens, and a tokenizer that fails the round
         trip, warn instead of raising.
-
-    Call it on a list of examples: dicts holding ``input_ids`` (tokenizer
-    outputs, special tokens included; ``attention_mask`` and
-    ``special_tokens_mask`` are used when present) or plain lists of ids.
-    Maskable tokens are those that are not special (``special_tokens_mask``
-    when given, else membership in ``tokenizer.all_special_ids``, as in
-    transformers' collator: [UNK] counts as special) and not padding.
 
     Returns
     -------

@@ -21,13 +21,13 @@ __all__ = ["Objective"]
 class Objective(nn.Module):
     """Base class of training objectives.
 
+    Subclasses implement :meth:`per_datum`, returning ``(N,)`` values.
+
     Parameters
     ----------
     model : MaskedModel
         The model whose parameters the objective depends on (registered as a
         submodule, so ``objective.parameters()`` are the model's).
-
-    Subclasses implement :meth:`per_datum`, returning ``(N,)`` values.
     """
 
     #: set by objectives that need ``model.log_marginal``.
