@@ -51,7 +51,7 @@ import torch
 from .. import estimate_lml, mpt_curve, pll
 from ..masks import fixed_rate_size
 from ..models import MaskedLM
-from ._claims import claim
+from ._claims import claim, quick_claim
 from ._mlm_training_analysis import OBJECTIVES, comparisons, figures, mean_se
 from ._mlm_training_data import (
     LEVELS,
@@ -69,7 +69,8 @@ from .common import RunDir
 from .config import setting
 from .mlm import RateGridSettings
 
-__all__ = ["OBJECTIVES", "PAPER", "TITLE", "Config", "captions", "claims", "run", "summary"]
+__all__ = ["OBJECTIVES", "PAPER", "TITLE", "Config", "captions", "claims", "run",
+           "seeds_to_decide", "summary"]
 
 _D = NUM_PIXELS
 #: exact references (key in results) -> label
@@ -354,47 +355,119 @@ def _fmt(d: dict[str, float] | None, digits: int = 2) -> str:
     return "n/a" if d is None else f"{d['mean']:+.{digits}f} +/- {d['stderr']:.{digits}f}"
 
 
+def _z(d: dict[str, float]) -> float:
+    return d["mean"] / d["stderr"] if d["stderr"] > 0 else math.copysign(math.inf, d["mean"])
+
+
 def _verdict(d: dict[str, float]) -> str:
     """Which way a paired difference points, at two standard errors."""
-    z = d["mean"] / d["stderr"] if d["stderr"] > 0 else math.copysign(math.inf, d["mean"])
+    z = _z(d)
     return ("higher" if z > 2 else "lower" if z < -2 else
             f"within noise (z = {z:+.1f}): neither confirmed nor refuted")
 
 
+#: z of a two-sided 5% test plus that of 80% power: the budget of :func:`seeds_to_decide`.
+_Z_DECIDE = 1.96 + 0.84
+
+
+def seeds_to_decide(d: dict[str, Any]) -> int | None:
+    """Seeds needed to decide a paired difference: ``ceil((2.8 s / |mean|)^2)``.
+
+    ``s = stderr * sqrt(n)`` is the spread of one seed's difference implied by
+    the standard error over the ``n`` seeds run (the sample SD of the per-seed
+    differences when, as usual, the spread between seeds dominates the SE).
+    With that many seeds a true difference equal to the observed one is found
+    at the two-sided 5% level with 80% power (z > 1.96 + 0.84). None when it
+    cannot be said (fewer than two seeds, or a zero difference).
+    """
+    n = len(d.get("per_seed") or [])
+    if n < 2 or d["mean"] == 0 or not math.isfinite(d["stderr"]):
+        return None
+    s = d["stderr"] * math.sqrt(n)
+    return max(int(math.ceil((_Z_DECIDE * s / abs(d["mean"])) ** 2)), n + 1)
+
+
+def _undecided(d: dict[str, Any], what: str) -> str:
+    """Why a difference within its noise decides nothing, and what budget would."""
+    n = len(d.get("per_seed") or [])
+    need = seeds_to_decide(d)
+    budget = ("the per-seed spread is unknown with one seed; run more seeds" if need is None
+              else f"about {need} seeds (per-seed spread {d['stderr'] * math.sqrt(n):.2f}) "
+              "would decide a true difference of this size (two-sided 5% test, 80% power)")
+    return (f"Undecided: {what} is {_fmt(d)} (z = {_z(d):+.1f}) over {n} seed(s), within two "
+            f"standard errors of zero: neither confirmed nor refuted; {budget}.")
+
+
+#: why quick sizes cannot decide the hypotheses about trained MLMs
+_QUICK_WHY = ("60 training steps: the quick models learn little more than the pixel marginals, "
+              "so they say nothing about fully trained ones")
+
+
 def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Hypotheses of the paper's outlook, with the measured outcome (either way)."""
+    """Hypotheses of the paper's outlook, with the measured outcome (either way).
+
+    Each hypothesis is a paired test at two standard errors: it holds beyond
+    +2 SE, fails beyond -2 SE (refuted), and is ``undecided`` in between, with
+    the number of seeds that would decide it. At quick sizes the hypotheses
+    about trained models are ``undecided`` (:func:`~._claims.quick_claim`);
+    the identity check (chain rule against the cumulative estimate) is
+    decided at every size.
+    """
     c = results["comparisons"]
     out = []
     d = c.get("lml_random_minus_fixed")
     if d is not None:
-        out.append(claim(
-            "hypothesis: random-size MPT training gives a higher held-out LML than fixed 15% "
-            "masking (paired difference, random-size minus fixed)",
-            "recommended in Sec. 5, not tested",
-            f"{_fmt(d)} nats / image over {len(d['per_seed'])} seed(s) (per seed "
-            f"{', '.join(f'{v:+.2f}' for v in d['per_seed'])}): {_verdict(d)}",
-            d["mean"] > 2 * d["stderr"]))
+        z = _z(d)
+        text = ("hypothesis: random-size MPT training gives a higher held-out LML than fixed 15% "
+                "masking (paired difference, random-size minus fixed)")
+        ours = (f"{_fmt(d)} nats / image over {len(d['per_seed'])} seed(s) (per seed "
+                f"{', '.join(f'{v:+.2f}' for v in d['per_seed'])}): {_verdict(d)}")
+        if results.get("quick"):
+            out.append(quick_claim(results, "mlm-training", _QUICK_WHY, text,
+                                   "recommended in Sec. 5, not tested", ours, z > 2))
+        else:
+            out.append(claim(text, "recommended in Sec. 5, not tested", ours, z > 2,
+                             undecided=None if abs(z) > 2 else _undecided(
+                                 d, "random-size minus fixed 15%")))
     a, b = c.get("curve15_fixed_minus_random"), c.get("curve_high_fixed_minus_random")
     if a is not None and b is not None:
-        out.append(claim(
-            "hypothesis: the fixed-15% model is at least as good as the random-size one at "
-            f"{c['curve15_rate']:.0%} and worse at high rates (>= {c['high_rate_threshold']:.0%})",
-            "fixed-rate training targets one point of the MPT curve (Sec. 5)",
-            f"fixed minus random: {_fmt(a, 3)} at {c['curve15_rate']:.0%}, "
-            f"{_fmt(b, 3)} at high rates (nats / masked pixel)",
-            a["mean"] > -2 * a["stderr"] and b["mean"] < -2 * b["stderr"]))
+        za, zb = _z(a), _z(b)
+        confirmed = za > -2 and zb < -2
+        refuted = za < -2 or zb > 2
+        text = ("hypothesis: the fixed-15% model is at least as good as the random-size one at "
+                f"{c['curve15_rate']:.0%} and worse at high rates (>= "
+                f"{c['high_rate_threshold']:.0%})")
+        paper = "fixed-rate training targets one point of the MPT curve (Sec. 5)"
+        ours = (f"fixed minus random: {_fmt(a, 3)} at {c['curve15_rate']:.0%}, "
+                f"{_fmt(b, 3)} at high rates (nats / masked pixel)")
+        key = ("hypothesis: the fixed-15% model is at least as good as the random-size one at "
+               "15% and worse at high rates")
+        if results.get("quick"):
+            out.append(quick_claim(results, "mlm-training", _QUICK_WHY, text, paper, ours,
+                                   confirmed, key=key))
+        else:
+            out.append(claim(text, paper, ours, confirmed, key=key,
+                             undecided=None if confirmed or refuted else _undecided(
+                                 b, "fixed minus random-size at high rates (per masked pixel)")))
     ref = c.get("reference", "bernoulli_lvm")  # results of earlier runs name only this one
     gap = c.get("best_minus_reference", c.get("best_minus_bernoulli"))
     row = next(t for t in results["table"] if t["objective"] == ref)
     what = ("the exact LML of the K=2 Bernoulli latent model" if ref == "bernoulli_lvm" else
             "the exact log-likelihood of independent pixels")
-    out.append(claim(
-        f"hypothesis: the best MLM's held-out LML bound ({c['best_objective']}) is above "
-        f"{what} on the same images",
-        "MLM LMLs are comparable with exact likelihoods (MPT = random-order bound)",
-        f"best MLM minus {REFERENCES[ref]} (paired over images): {_fmt(gap)} nats / image "
-        f"({REFERENCES[ref]} {row['lml']:.2f} +/- {row['lml_se']:.2f})",
-        gap["mean"] > 2 * gap["stderr"]))
+    text = (f"hypothesis: the best MLM's held-out LML bound ({c['best_objective']}) is above "
+            f"{what} on the same images")
+    paper = "MLM LMLs are comparable with exact likelihoods (MPT = random-order bound)"
+    ours = (f"best MLM minus {REFERENCES[ref]} (paired over images): {_fmt(gap)} nats / image "
+            f"({REFERENCES[ref]} {row['lml']:.2f} +/- {row['lml_se']:.2f})")
+    zg = _z(gap)
+    key = "hypothesis: the best MLM's held-out LML bound is above the exact reference LML"
+    if results.get("quick"):
+        out.append(quick_claim(results, "mlm-training", _QUICK_WHY, text, paper, ours, zg > 2,
+                               key=key))
+    else:
+        out.append(claim(text, paper, ours, zg > 2, key=key, undecided=None if abs(zg) > 2 else (
+            f"Undecided: the gap is within two standard errors of zero (z = {zg:+.1f}): "
+            "neither confirmed nor refuted; more held-out images would decide it.")))
     out.append(claim(
         "the cumulative estimate and the chain rule over random orders agree for every trained "
         "MLM (both estimate E_pi log q_pi(x))",
