@@ -199,12 +199,21 @@ def test_failing_fixed_rate_claim_explains_itself():
 
 
 # ---------------------------------------------------------------------- latent (Fig. 3)
+def _deep_vae(initial, final, spearman, refit_change=0.01, own=(-66.0, -20.0)):
+    follows = {"spearman": spearman, "max_fall": 0.0, "peak_minus_final": 0.0}
+    return {"lml_initial": initial, "lml": final, "lml_after_refit": final + refit_change,
+            "refit_steps": 500, "lml_own_initial": own[0], "lml_own": own[1],
+            "lml_own_peak": -7.8, "follows": follows,
+            "follows_own": {"spearman": -0.6, "max_fall": 1.7, "peak_minus_final": 12.1},
+            "num_checkpoints": 31}
+
+
 def _latent_good():
     return {
         "linear": {"mnist": {"mpt_relative_gap": -0.004, "mpt": {"lml": -100.4},
                              "elbo": {"lml": -100.0}}},
-        "deep": {"mnist": {"mpt": {"is_lml_initial": -500.0, "is_lml": -120.0},
-                           "elbo": {"is_lml": -110.0}}},
+        "deep": {"mnist": {"mpt": _deep_vae(-64.7, 0.68, 1.0),
+                           "elbo": _deep_vae(-64.7, 2.0, 0.99)}},
         "skipped": {},
     }
 
@@ -214,14 +223,43 @@ def test_latent_claims_flip():
         r["linear"]["mnist"]["mpt_relative_gap"] = -0.02
 
     def falls(r):
-        r["deep"]["mnist"]["mpt"]["is_lml"] = -501.0
+        r["deep"]["mnist"]["mpt"]["lml"] = -65.0
+        r["deep"]["mnist"]["mpt"]["lml_after_refit"] = -65.0
+
+    def does_not_follow(r):  # peaks early, then falls while the objective rises
+        r["deep"]["mnist"]["mpt"]["follows"]["spearman"] = 0.5
+
+    def proposal_unconverged(r):
+        r["deep"]["mnist"]["elbo"]["lml_after_refit"] = 3.0
 
     _check_flip(latent_claims, _latent_good(),
-                {"gap": (gap, "linear Bernoulli"), "deep": (falls, "deep VAE")},
-                expected_claims=2)
+                {"gap": (gap, "linear Bernoulli"), "deep": (falls, "LML increases"),
+                 "follows": (does_not_follow, "follows the MPT objective"),
+                 "proposal": (proposal_unconverged, "proposal had converged")},
+                expected_claims=4)
     skipped = _latent_good()
     skipped["skipped"] = {"fashion": "no network"}
     assert _verdicts(latent_claims, skipped)["fashion: data available"] is None
+    # results.json from before the decoder-fitted proposal: not run, with what to do
+    old = _latent_good()
+    old["deep"]["mnist"] = {"mpt": {"is_lml_initial": -66.0, "is_lml": -20.0},
+                            "elbo": {"is_lml": -9.0}}
+    st = _statuses(latent_claims, old)
+    assert st["deep VAE (mnist): the LML increases under MPT training"] == "not run"
+
+
+def test_follows_by_hand():
+    """Rank correlation and the largest fall while the objective rises, on a small curve."""
+    from mptlml.experiments.latent import follows
+
+    obj = [1.0, 2.0, 3.0, 4.0, 5.0]
+    f = follows(obj, [-10.0, -5.0, -7.0, -8.0, -9.0])  # peaks at the 2nd checkpoint
+    assert f["max_fall"] == pytest.approx(2.0) and f["peak_minus_final"] == pytest.approx(4.0)
+    assert f["spearman"] == pytest.approx(0.0, abs=1e-12)  # ranks 1..5 vs 1,5,4,3,2: 1-6*20/120
+    g = follows(obj, [-10.0, -6.0, -5.0, -2.0, 0.5])
+    assert g == {"spearman": pytest.approx(1.0), "max_fall": 0.0, "peak_minus_final": 0.0}
+    with pytest.raises(ValueError, match="as many"):
+        follows(obj, [1.0])
 
 
 # ---------------------------------------------------------------------- curve evolution (Fig. 5)

