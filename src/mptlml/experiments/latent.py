@@ -265,7 +265,8 @@ def _figure(lin: list[dict], deep: list[dict], run_dir: RunDir) -> None:
     fig, axes = plt.subplots(2, ncol, figsize=(4.2 * ncol, 6.4), squeeze=False)
     styles = {"elbo": ("ELBO", "tab:blue"), "mpt": ("MPT", "tab:red")}
     for row, (names, data, ylabel) in enumerate(
-            [(top, lin, "LML (quadrature)"), (bottom, deep, "LML (IS)")]):
+            [(top, lin, "nats per image (LML by quadrature)"),
+             (bottom, deep, "nats per image (LML by IS)")]):
         for col in range(ncol):
             ax = axes[row, col]
             if col >= len(names):
