@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from mptlml.experiments import mlm_training
+from mptlml.experiments._mlm_training_analysis import seeds_to_decide
 from mptlml.experiments.mlm_training import claims
 
 
@@ -64,10 +65,10 @@ def test_random_vs_fixed_within_noise_is_undecided_with_its_budget():
     assert "+0.19 +/- 0.43" in c["note"] and "z = +0.4" in c["note"]
     need = math.ceil((2.8 * sd / 0.19) ** 2)  # 123
     assert need == 123 and f"about {need} seeds" in c["note"]
-    assert mlm_training.seeds_to_decide(res["comparisons"]["lml_random_minus_fixed"]) == need
+    assert seeds_to_decide(res["comparisons"]["lml_random_minus_fixed"]) == need
     # one seed: no spread to plan with
     one = {"mean": 0.2, "stderr": 0.3, "per_seed": [0.2]}
-    assert mlm_training.seeds_to_decide(one) is None
+    assert seeds_to_decide(one) is None
 
 
 def test_quick_hypotheses_are_undecided_but_the_identity_is_decided():

@@ -53,6 +53,9 @@ from ..masks import fixed_rate_size
 from ..models import MaskedLM
 from ._claims import claim, quick_claim
 from ._mlm_training_analysis import OBJECTIVES, comparisons, figures, mean_se
+from ._mlm_training_analysis import fmt_diff as _fmt
+from ._mlm_training_analysis import undecided_note as _undecided
+from ._mlm_training_analysis import z_score as _z
 from ._mlm_training_data import (
     LEVELS,
     NUM_PIXELS,
@@ -69,8 +72,7 @@ from .common import RunDir
 from .config import setting
 from .mlm import RateGridSettings
 
-__all__ = ["OBJECTIVES", "PAPER", "TITLE", "Config", "captions", "claims", "run",
-           "seeds_to_decide", "summary"]
+__all__ = ["OBJECTIVES", "PAPER", "TITLE", "Config", "captions", "claims", "run", "summary"]
 
 _D = NUM_PIXELS
 #: exact references (key in results) -> label
@@ -351,51 +353,11 @@ PAPER = (
 )
 
 
-def _fmt(d: dict[str, float] | None, digits: int = 2) -> str:
-    return "n/a" if d is None else f"{d['mean']:+.{digits}f} +/- {d['stderr']:.{digits}f}"
-
-
-def _z(d: dict[str, float]) -> float:
-    return d["mean"] / d["stderr"] if d["stderr"] > 0 else math.copysign(math.inf, d["mean"])
-
-
 def _verdict(d: dict[str, float]) -> str:
     """Which way a paired difference points, at two standard errors."""
     z = _z(d)
     return ("higher" if z > 2 else "lower" if z < -2 else
             f"within noise (z = {z:+.1f}): neither confirmed nor refuted")
-
-
-#: z of a two-sided 5% test plus that of 80% power: the budget of :func:`seeds_to_decide`.
-_Z_DECIDE = 1.96 + 0.84
-
-
-def seeds_to_decide(d: dict[str, Any]) -> int | None:
-    """Seeds needed to decide a paired difference: ``ceil((2.8 s / |mean|)^2)``.
-
-    ``s = stderr * sqrt(n)`` is the spread of one seed's difference implied by
-    the standard error over the ``n`` seeds run (the sample SD of the per-seed
-    differences when, as usual, the spread between seeds dominates the SE).
-    With that many seeds a true difference equal to the observed one is found
-    at the two-sided 5% level with 80% power (z > 1.96 + 0.84). None when it
-    cannot be said (fewer than two seeds, or a zero difference).
-    """
-    n = len(d.get("per_seed") or [])
-    if n < 2 or d["mean"] == 0 or not math.isfinite(d["stderr"]):
-        return None
-    s = d["stderr"] * math.sqrt(n)
-    return max(int(math.ceil((_Z_DECIDE * s / abs(d["mean"])) ** 2)), n + 1)
-
-
-def _undecided(d: dict[str, Any], what: str) -> str:
-    """Why a difference within its noise decides nothing, and what budget would."""
-    n = len(d.get("per_seed") or [])
-    need = seeds_to_decide(d)
-    budget = ("the per-seed spread is unknown with one seed; run more seeds" if need is None
-              else f"about {need} seeds (per-seed spread {d['stderr'] * math.sqrt(n):.2f}) "
-              "would decide a true difference of this size (two-sided 5% test, 80% power)")
-    return (f"Undecided: {what} is {_fmt(d)} (z = {_z(d):+.1f}) over {n} seed(s), within two "
-            f"standard errors of zero: neither confirmed nor refuted; {budget}.")
 
 
 #: why quick sizes cannot decide the hypotheses about trained MLMs
