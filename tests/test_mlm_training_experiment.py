@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from mptlml.experiments import mlm_training
+from mptlml.experiments._mlm_training_analysis import seeds_to_decide
 from mptlml.experiments.mlm_training import claims
 
 
@@ -43,9 +45,45 @@ def test_claims_hold_on_supporting_results():
 def test_claims_fail_on_contrary_results():
     res = _fabricated(lml_gap=-1.0, at15=-0.1, high=0.05, bern_gap=-3.0, z_chain=6.0)
     assert [c["holds"] for c in claims(res)] == [False, False, False, False]
-    # a gap within noise is not evidence either way: the hypothesis is not confirmed
+    assert [c["status"] for c in claims(res)] == ["fails"] * 4
+    # a gap within noise is not evidence either way: undecided, neither confirmed nor refuted
     res = _fabricated(lml_gap=0.1, at15=0.0, high=-0.005, bern_gap=0.2, z_chain=1.0)
-    assert [c["holds"] for c in claims(res)] == [False, False, False, True]
+    assert [c["holds"] for c in claims(res)] == [None, None, None, True]
+    assert [c["status"] for c in claims(res)] == ["undecided"] * 3 + ["holds"]
+
+
+def test_random_vs_fixed_within_noise_is_undecided_with_its_budget():
+    """The full run's 3 seeds (+1.04, -0.38, -0.09; z = +0.4): undecided, with the numbers and
+    the seeds that would decide it, (2.8 s / d)^2 with s the per-seed spread."""
+    res = _fabricated(lml_gap=0.19, at15=0.0, high=-0.1, bern_gap=2.0, z_chain=1.0)
+    per_seed = [1.04, -0.38, -0.09]
+    sd = float(np.std(per_seed, ddof=1))  # 0.750: the SE over seeds is sd / sqrt(3)
+    res["comparisons"]["lml_random_minus_fixed"] = {
+        "mean": float(np.mean(per_seed)), "stderr": sd / math.sqrt(3), "per_seed": per_seed}
+    c = claims(res)[0]
+    assert c["status"] == "undecided" and c["holds"] is None
+    assert "+0.19 +/- 0.43" in c["note"] and "z = +0.4" in c["note"]
+    need = math.ceil((2.8 * sd / 0.19) ** 2)  # 123
+    assert need == 123 and f"about {need} seeds" in c["note"]
+    assert seeds_to_decide(res["comparisons"]["lml_random_minus_fixed"]) == need
+    # one seed: no spread to plan with
+    one = {"mean": 0.2, "stderr": 0.3, "per_seed": [0.2]}
+    assert seeds_to_decide(one) is None
+
+
+def test_quick_hypotheses_are_undecided_but_the_identity_is_decided():
+    """At quick sizes (60 steps) the hypotheses about trained MLMs are undecided, with the
+    full-size outcome beside them; the chain-rule identity is decided, and fails when broken."""
+    res = _fabricated(lml_gap=-1.0, at15=-0.1, high=0.05, bern_gap=-3.0, z_chain=1.0)
+    res["quick"] = True
+    got = claims(res)
+    assert [c["status"] for c in got] == ["undecided"] * 3 + ["holds"]
+    for c in got[:3]:
+        assert "Not decided at quick sizes" in c["note"]
+        assert "at full size (2026-" in c["note"], c["note"]  # from the packaged table
+        assert c["full_size"]["status"] in ("holds", "undecided")
+    res["comparisons"]["chain_vs_cumulative_max_abs_z"] = 6.0  # a broken identity
+    assert claims(res)[3]["status"] == "fails"
 
 
 def test_claims_name_the_reference_of_the_data():

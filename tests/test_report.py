@@ -9,7 +9,7 @@ import pytest
 
 from mptlml.cli import main
 from mptlml.experiments.common import RESULTS_FORMAT, RunDir, load_results
-from mptlml.report import ERRATA, build_report
+from mptlml.report import ERRATA, STATUSES, build_report
 
 
 def _fake_run(path, name, results=None):
@@ -85,15 +85,19 @@ def test_report_top_lists_mode_counts_and_every_failing_claim(tmp_path):
     from tests.test_claims import _bert_good, _training_good
 
     bad_training = _training_good()
+    # where fixed-rate training ends up: undecided at quick sizes, whatever the numbers
     bad_training["settings"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
     bad_training["settings"]["fixed-rate"]["bias_last_half_mean"] = 1.3
+    # decidable at quick sizes: these fail
+    bad_training["settings"]["fixed-rate"]["bias_rel_spread_max"] = 0.05
+    bad_training["flat_direction"]["fixed_rate_maximiser"]["exact_lml"] = -10.5
     _claims_run(tmp_path / "runs" / "training", "training", training.Config.quick(), bad_training)
     _claims_run(tmp_path / "runs" / "bert", "bert", bert.Config.quick(), _bert_good())
     rep = build_report([tmp_path / "runs"], tmp_path / "out")
 
     failing = [c["claim"] for c in rep.claims if c["status"] == "fails"]
     assert len(failing) == 2 and rep.mode == "quick"
-    assert rep.counts == {"holds": 4, "fails": 2, "recomputed": 3, "not run": 1}
+    assert rep.counts == {"holds": 2, "fails": 2, "undecided": 2, "recomputed": 3, "not run": 1}
 
     html_text = (tmp_path / "out" / "report.html").read_text()
     top = html_text[:html_text.index("<section")]
@@ -109,16 +113,20 @@ def test_report_top_lists_mode_counts_and_every_failing_claim(tmp_path):
     body = html_text[len(top):]
     assert body.count('<span class="badge s-recomputed">recomputed</span>') == 3
     assert body.count('<span class="badge s-fails">fails</span>') == 2
+    assert body.count('<span class="badge s-undecided">undecided</span>') == 2
     assert "11x flatter" in html_text
+    assert "Not decided at quick sizes" in html_text and "at full size (" in html_text
+    assert 'class="badge s-undecided">undecided</span> the run is too small' in top  # legend
 
     md = (tmp_path / "out" / "report.md").read_text()
     md_top = md[:md.index('<a id="training">')]
-    assert "**Mode: quick.**" in md_top and "❌ fails 2" in md_top
+    assert "**Mode: quick.**" in md_top and "❌ fails 2" in md_top and "🟡 undecided 2" in md_top
+    assert "🟡 undecided: the run is too small" in md_top
     assert all(f in md_top for f in failing)
 
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["mode"] == "quick" and data["counts"] == rep.counts
-    assert {c["status"] for c in data["claims"]} <= {"holds", "fails", "recomputed", "not run"}
+    assert {c["status"] for c in data["claims"]} <= set(STATUSES)
     assert [c["claim"] for c in data["failing"]] == failing
 
 
@@ -142,3 +150,21 @@ def test_report_figures_have_captions_not_file_names(tmp_path):
     text = (tmp_path / "out" / "report.html").read_text()
     cap = text[text.index("<figcaption>"):text.index("</figcaption>")]
     assert "Paper Figure 4" in cap and "N=200, D=40" in cap and "fig4_area.png" not in cap
+
+
+def test_a_claim_check_that_raises_fails(tmp_path, monkeypatch):
+    """A broken claim check is a failure of the package, reported as ``fails`` (not hidden as
+    "not run"), and the rest of the report is still built."""
+    from mptlml.experiments import bert, training
+    from tests.test_claims import _bert_good, _training_good
+
+    def broken(results):
+        raise KeyError("settings")
+
+    monkeypatch.setattr(training, "claims", broken)
+    _claims_run(tmp_path / "runs" / "training", "training", training.Config.quick(),
+                _training_good())
+    _claims_run(tmp_path / "runs" / "bert", "bert", bert.Config.quick(), _bert_good())
+    rep = build_report([tmp_path / "runs"], tmp_path / "out")
+    assert [c["claim"] for c in rep.failing] == ["claim check failed"]
+    assert rep.counts["recomputed"] == 3

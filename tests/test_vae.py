@@ -143,3 +143,36 @@ def test_seeded_estimate_is_independent_of_the_global_rng():
             runs.append(mptlml.estimate_lml(model, x, est, num_masks=p, seed=3).per_sample)
     for a, b in zip(runs[:3], runs[3:], strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_decoder_proposal_recovers_the_lml_a_bad_encoder_misses():
+    """IS with an encoder that is not the posterior underestimates log p(x); a proposal fitted
+    by the ELBO to the frozen decoder recovers the quadrature LML, and leaves the VAE as it
+    was (parameters and gradients)."""
+    from mptlml.models import DecoderProposal
+
+    model = GaussianVAE(5, 2, hidden=(16,), sigma2=0.05, seed=3)
+    x = model.sample(40, generator=7)
+    with torch.no_grad():  # a narrow encoder pointing away from the posterior
+        model.encoder[-1].weight.zero_()
+        model.encoder[-1].bias.copy_(torch.tensor([1.5, -1.5, -4.0, -4.0], dtype=torch.float64))
+    nodes, lw = latent_quadrature(2, "gauss-hermite", 80)
+    with torch.no_grad():
+        exact = float(torch.logsumexp(lw[:, None] + model.decoder_log_prob_tokens(
+            x, nodes[:, None, :]).sum(-1), 0).mean())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        own = float(model.iwae_log_marginal(x, num_samples=64, generator=g).mean())
+    prop = DecoderProposal(model, lr=2e-2, seed=0)
+    with torch.no_grad():  # fits with gradients even inside no_grad (as in a monitor)
+        prop.fit(x, 200)
+    fitted = float(prop.log_marginal(x, num_samples=64, generator=0).mean())
+    assert own < exact - 2.0, (own, exact)
+    assert abs(fitted - exact) < 0.1, (fitted, exact)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert prop.steps == 200 and not list(prop.parameters()) == list(model.parameters())
+    with pytest.raises(TypeError, match="GaussianVAE"):
+        DecoderProposal(torch.nn.Linear(2, 2))

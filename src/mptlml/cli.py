@@ -214,8 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print every setting (key, type, default, quick value, this run's "
                         "value, meaning) and exit without running")
     p.add_argument("--reference", default=None,
-                   help="published BERT curves CSV (bert and all; default: "
-                        "../shared/reference/bert_mpt_curves.csv when it exists)")
+                   help="published BERT curves CSV (bert and all; default: the authors' "
+                        "curves shipped in the package, mptlml/data/bert_mpt_curves.csv)")
     add_flags(p, MLMRunSettings, only=DEVICE_SETTINGS)
     p.set_defaults(func=_cmd_reproduce)
 

@@ -2,10 +2,11 @@
 
 For each figure and table of the paper the report sets the paper's statement
 beside our numbers and says exactly what was checked: every claim has a
-status, one of ``holds``, ``fails``, ``recomputed`` (re-derived from the
-authors' published data, nothing re-run) and ``not run`` (see
-:mod:`mptlml.experiments._claims`). The checks live with the experiments: a
-module in :mod:`mptlml.experiments` may define
+status, one of ``holds``, ``fails``, ``undecided`` (the run is too small to
+decide it: quick sizes, with the full-size outcome beside it, or a test within
+its noise), ``recomputed`` (re-derived from the authors' published data,
+nothing re-run) and ``not run`` (see :mod:`mptlml.experiments._claims`). The
+checks live with the experiments: a module in :mod:`mptlml.experiments` may define
 
 - ``claims(results) -> list[dict]`` (built with
   :func:`mptlml.experiments._claims.claim`: ``claim``, ``paper``, ``ours``,
@@ -119,10 +120,11 @@ class Report:
         return "mixed" if len(modes) > 1 else ("quick" if modes.pop() else "full")
 
     def summary_line(self) -> str:
-        """``"20 hold, 2 fail, 12 recomputed, 1 not run (35 claims, quick mode)"``."""
+        """``"20 hold, 2 fail, 3 undecided, 12 recomputed, 1 not run (38 claims, quick mode)"``."""
         c = self.counts
-        return (f"{c['holds']} hold, {c['fails']} fail, {c['recomputed']} recomputed, "
-                f"{c['not run']} not run ({self.num_claims} claims, {self.mode} mode)")
+        return (f"{c['holds']} hold, {c['fails']} fail, {c['undecided']} undecided, "
+                f"{c['recomputed']} recomputed, {c['not run']} not run ({self.num_claims} "
+                f"claims, {self.mode} mode)")
 
 
 def collect_runs(paths: Sequence[str | Path]) -> tuple[dict[str, tuple[Path, dict]], list[str]]:
@@ -207,8 +209,8 @@ def _claims_for(name: str, results: dict) -> list[dict[str, Any]]:
         claims = [{**c, "status": status_of(c)} for c in raw]
     except Exception as exc:  # a broken claim check must not hide the rest of the report
         claims = [{"claim": "claim check failed", "paper": "", "ours": repr(exc),
-                   "holds": None, "status": "not run",
-                   "note": "the experiment's claims() raised; see the error"}]
+                   "holds": False, "status": "fails",
+                   "note": "the experiment's claims() raised: a bug in the check; see the error"}]
     for i, c in enumerate(claims):
         c["anchor"] = f"{name}-claim-{i + 1}"
     return claims
@@ -353,8 +355,8 @@ def _env_rows(rep: Report) -> list[tuple[str, str]]:
     return rows
 
 
-_BADGES_MD = {"holds": "✅ holds", "fails": "❌ fails", "recomputed": "🔁 recomputed",
-              "not run": "⚪ not run"}
+_BADGES_MD = {"holds": "✅ holds", "fails": "❌ fails", "undecided": "🟡 undecided",
+              "recomputed": "🔁 recomputed", "not run": "⚪ not run"}
 
 
 #: characters with a meaning in Markdown (or inline HTML) inside a line; ``(`` and ``!``

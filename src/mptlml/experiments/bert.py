@@ -8,8 +8,8 @@ the hub), scores it and a random initialisation of its config on the first
 ``HF_HUB_OFFLINE=1`` and not cached) it says so and goes on with the rest.
 
 In both cases Table 2 is reproduced from the authors' published curves
-(``--reference``, default ``../shared/reference/bert_mpt_curves.csv`` from
-the project root when that exists; the file is not part of the project), the
+(``bert_mpt_curves.csv``, shipped in :mod:`mptlml.data`, provenance in its
+README; ``--reference PATH`` reads another file of the same columns), the
 reference curves are drawn, and the table is printed and written to
 ``table2.csv``.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import logging
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,6 @@ from .mlm import (
     MLMRunSettings,
     load_model,
     plot_paired_curves,
-    project_root,
     score_models,
     write_curves,
 )
@@ -63,8 +63,8 @@ class Config(MLMRunSettings):
     tasks: tuple[str, ...] = setting(("ax", "cola", "qnli", "mrpc"), "GLUE tasks to score")
     num_sequences: int | None = redefault(MLMRunSettings, "num_sequences", 64)
     nominal_length: float | None = redefault(MLMRunSettings, "nominal_length", 512)
-    reference: str | None = setting(None, "the authors' published curves CSV (default: "
-                                    "../shared/reference/bert_mpt_curves.csv)")
+    reference: str | None = setting(None, "the authors' published curves CSV (default: the "
+                                    "copy shipped in mptlml/data/bert_mpt_curves.csv)")
     token_budget: int = redefault(MLMRunSettings, "token_budget", 16384)
     truncate: bool = redefault(MLMRunSettings, "truncate", True)
 
@@ -73,13 +73,13 @@ class Config(MLMRunSettings):
         return cls(num_sequences=4, progress=False)
 
 
-def default_reference() -> Path | None:
-    """``../shared/reference/bert_mpt_curves.csv`` next to the project root, if present."""
-    for base in (project_root(), Path.cwd()):
-        p = (base / ".." / "shared" / "reference" / "bert_mpt_curves.csv").resolve()
-        if p.is_file():
-            return p
-    return None
+def default_reference() -> Path:
+    """The authors' published curves shipped with the package: ``mptlml/data/bert_mpt_curves.csv``.
+
+    From https://github.com/pmorenoz/MPT-LML (``data/results/<task>_*BERT``);
+    provenance and checksum in ``mptlml/data/README.md``.
+    """
+    return Path(str(files("mptlml.data").joinpath("bert_mpt_curves.csv")))
 
 
 def read_reference(path: str | Path) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
@@ -128,17 +128,13 @@ def table2_from_reference(path: str | Path,
 def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     """Table 2 from the reference curves; BERT curves too when the hub is reachable."""
     ref_path = Path(cfg.reference) if cfg.reference else default_reference()
-    results: dict[str, Any] = {"reference": str(ref_path) if ref_path else None}
-    reference_curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    if ref_path is not None:
-        table = table2_from_reference(ref_path, cfg.nominal_length)
-        run_dir.write_csv("table2.csv", table)
-        results["table2"] = table
-        for (task, w), rc in read_reference(ref_path).items():
-            reference_curves[f"{task} {w}"] = rc  # every task of the file, SST-2 included
-    else:
-        _log.warning("no reference curves found (../shared/reference/bert_mpt_curves.csv); pass "
-                     "--reference PATH to reproduce Table 2 from the authors' curves.")
+    results: dict[str, Any] = {"reference": str(ref_path) if cfg.reference else
+                               "packaged: mptlml/data/bert_mpt_curves.csv"}
+    table = table2_from_reference(ref_path, cfg.nominal_length)
+    run_dir.write_csv("table2.csv", table)
+    results["table2"] = table
+    reference_curves = {f"{task} {w}": rc  # every task of the file, SST-2 included
+                        for (task, w), rc in read_reference(ref_path).items()}
     resolve_device(cfg.device)  # a bad device or dtype is an error, not "offline"
     resolve_dtype(cfg.dtype)
     try:
@@ -161,16 +157,12 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     else:
         results["computed"] = None
         results["notes"] = ("Offline: the BERT curves could not be recomputed (bert-base-uncased "
-                            "and GLUE need the Hugging Face hub); "
-                            + ("Table 2 is reproduced from the authors' published curves."
-                               if ref_path is not None else
-                               "no reference curves were found either, so Table 2 is not "
-                               "reproduced (pass --reference PATH)."))
+                            "and GLUE need the Hugging Face hub); Table 2 is reproduced from "
+                            "the authors' published curves.")
         _log.warning("offline: cannot recompute the BERT curves (bert-base-uncased and GLUE "
                      "need the Hugging Face hub); reproducing Table 2 from the reference "
                      "curves only.")
-        if reference_curves:
-            _plot_reference(run_dir, reference_curves)
+        _plot_reference(run_dir, reference_curves)
     return results
 
 

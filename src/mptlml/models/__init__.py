@@ -11,7 +11,7 @@ from .masked_lm import MaskedLM
 from .ppca import PPCA
 from .protocols import RaggedMaskedModel
 from .quadrature import latent_quadrature
-from .vae import GaussianVAE
+from .vae import DecoderProposal, GaussianVAE
 
-__all__ = ["PPCA", "BernoulliLVM", "GaussianVAE", "LinearVAE", "MaskedLM", "MaskedModel",
-           "RaggedMaskedModel", "latent_quadrature"]
+__all__ = ["PPCA", "BernoulliLVM", "DecoderProposal", "GaussianVAE", "LinearVAE", "MaskedLM",
+           "MaskedModel", "RaggedMaskedModel", "latent_quadrature"]
