@@ -163,18 +163,17 @@ def test_gradients_flow_and_match_finite_differences():
     x = model.sample(3, generator=5)
     mask = sample_masks(4, torch.tensor([1, 2, 4]), num_data=3, generator=6)
 
-    class Conditionals(torch.nn.Module):  # functional_call needs a forward
+    class Conditionals(torch.nn.Module):  # a model is not callable: functional_call needs one
         def __init__(self) -> None:
             super().__init__()
-            self.m = model
+            self.model = model
 
         def forward(self, x, mask):
-            return self.m.log_conditionals(x, mask)
-
-    wrapped = Conditionals()
+            return self.model.log_conditionals(x, mask)
 
     def f(w, b):
-        return torch.func.functional_call(wrapped, {"m.W": w, "m.b": b}, (x, mask)).sum(-1)
+        return torch.func.functional_call(Conditionals(), {"model.W": w, "model.b": b},
+                                          (x, mask)).sum(-1)
 
     w = model.W.detach().clone().requires_grad_(True)
     b = model.b.detach().clone().requires_grad_(True)
