@@ -18,6 +18,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._validation import check_size, make_generator
@@ -85,17 +86,21 @@ class Cumulative(Estimator):
 
     def evaluate(self, model: MaskedModel, x: torch.Tensor, generator: torch.Generator,
                  counter: Counter, progress: bool) -> Draws:
-        """A whole grid of sizes per model call (``grid_masked_log_prob``), or nested orders."""
+        """Every size's P masks, kept by size (the strata of the standard error), or nested orders.
+
+        The masks of different sizes are independent, so the variance of a
+        draw is the sum of the sizes' variances, each estimated from its P
+        masks (and pooled over the data): see
+        :func:`mptlml.estimation.stats.strata_stderr`. Nested masks are
+        dependent across sizes, so their draws are one stratum.
+        """
         d, p = x.shape[1], self.num_masks
         sizes = list(range(1, d + 1))
         if self.nested:
             s = score_nested(model, x, p, share_masks=self.share_masks, generator=generator,
                              progress=progress, counter=counter)  # (P, D, N)
             return Draws(s.sum(1), sizes, s.mean((0, 2)))
-        samples, size_sums = score_grid(model, x, sizes, p, share_masks=self.share_masks,
-                                        generator=generator, progress=progress, counter=counter)
-        assert size_sums is not None
-        return Draws(samples, sizes, size_sums / p)
+        return super().evaluate(model, x, generator, counter, progress)
 
     def curve(self, model: MaskedModel, x: Any, *, sizes: Sequence[int] | None = None,
               seed: int | torch.Generator | None = None, progress: bool = False) -> MPTCurve:
@@ -140,5 +145,6 @@ class Cumulative(Estimator):
                         progress: bool, run: dict[str, Any]) -> RaggedScores:
         toks = encode(model, sequences)
         lml, se, calls = exact_sum(model, toks, self.num_masks, seed, progress=progress, **run)
-        return RaggedScores(lml, se, calls, int(sum(len(t) for t in toks) * self.num_masks))
+        rows = np.array([len(t) for t in toks], dtype=np.int64) * self.num_masks
+        return RaggedScores(lml, se, calls, int(rows.sum()), rows)
 
