@@ -98,6 +98,12 @@ class LMLEstimate(_Result):
         (``max_masks`` spent first; ``stderr`` is then above the target).
     allocation : str or None
         With ``target_se``: ``"neyman"`` or ``"uniform"``.
+    masks_per_size : list of int or None
+        With ``target_se``: the masks per size (per rate bin for ragged
+        sequences) the pilot allocated.
+    masks_wanted : float or None
+        With ``target_se``: masked inputs per datum the plan needed (pilot
+        included); above ``max_masks`` when the budget cut it.
     rate : float or None
         Masking rate (fixed-rate only).
     exact : float or None
@@ -126,6 +132,8 @@ class LMLEstimate(_Result):
     target_se: float | None = None
     stop_reason: str | None = None
     allocation: str | None = None
+    masks_per_size: list[int] | None = None
+    masks_wanted: float | None = None
     rate: float | None = None
     exact: float | None = None
     bias: float | None = None
