@@ -144,3 +144,18 @@ def test_masked_lm_curve_to_target(tiny):
     c = mptlml.mpt_curve(tiny, texts, rates=[0.2, 0.5, 0.8], target_se=0.3, seed=0)
     assert c.stop_reason in ("target", "missed") and len(c.extra["masks_per_rate"]) == 3
     assert c.num_masked_rows == int(c.num_masked_rows_per_sample.sum())
+
+
+def test_cli_curve_target_se(tiny_dir, tmp_path):
+    import json
+
+    from mptlml.cli import main
+
+    data = tmp_path / "texts.txt"
+    data.write_text("\n".join(SENTENCES[:3]) + "\n")
+    out = tmp_path / "run"
+    rc = main(["curve", "--model", str(tiny_dir), "--data", str(data), "--out", str(out),
+               "--rates", "0.25,0.5,0.75", "--target-se", "0.5", "--no-progress"])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["config"]["target_se"] == 0.5

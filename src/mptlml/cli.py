@@ -159,7 +159,7 @@ def _cmd_curve(args: argparse.Namespace) -> int:
               autocast=args.autocast, tokenizer=args.tokenizer,
               allow_unknown=args.allow_unknown, overwrite=args.overwrite, resume=args.resume,
               progress=not args.no_progress, whole_word=args.whole_word,
-              pll_variant=args.pll_variant)
+              pll_variant=args.pll_variant, target_se=args.target_se)
     return 0
 
 
@@ -285,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rates", default=None,
                    help="START:STOP:STEP or a comma list (default 0.01:0.99:0.01)")
     p.add_argument("--num-masks", type=_COUNT, default=1, help="P masks per rate (default 1)")
+    p.add_argument("--target-se", type=_arg(float, gt=0), default=None, metavar="NATS",
+                   help="allocate masks per rate (Neyman) for this Monte Carlo standard error "
+                        "of the mean LML; --num-masks is then the pilot")
     p.add_argument("--seed", type=_SEED, default=0)
     p.add_argument("--nominal-length", type=_arg(float, gt=0), default=None,
                    help="L of the area (L/100)*sum (paper: 512; default mean length)")

@@ -255,7 +255,8 @@ def ragged_curve_to_target(model: Any, sequences: Any, target_se: float, max_mas
     n = len(seqs)
     sub = _pilot_subset(n, seed)
     p0 = pilot_masks(num_masks, len(sub))
-    pilot = mlm_curve(model, [seqs[i] for i in sub], num_masks=p0, seed=seed, **options)
+    pilot_options = {k: v for k, v in options.items() if k not in ("checkpoint_dir", "ids")}
+    pilot = mlm_curve(model, [seqs[i] for i in sub], num_masks=p0, seed=seed, **pilot_options)
     assert pilot.per_sample_stderr is not None
     k = len(pilot.rates)
     d_sub = np.asarray(pilot.num_tokens, dtype=np.float64)

@@ -31,6 +31,7 @@ import numpy as np
 from ..estimation import MPTCurve, mlm_curve, pll
 from ..estimation.distributed import barrier, distributed_context, resolve_device
 from ..estimation.rates import check_rates, rate_grid, rate_widths
+from ..estimators import mpt_curve
 from ..models.masked_lm import MaskedLM
 from .common import RunDir, pyplot
 from .config import ExperimentConfig, setting
@@ -110,8 +111,12 @@ def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], *, rates:
                  exact: bool = False, with_pll: bool = False, token_budget: int = 8192,
                  chunk_size: int = 8, batch_size: int | None = None, progress: bool = True,
                  ids: list[str] | None = None, whole_word: bool = False,
-                 pll_variant: str = "original") -> dict[str, dict[str, Any]]:
+                 pll_variant: str = "original",
+                 target_se: float | None = None) -> dict[str, dict[str, Any]]:
     """Curve (and optionally PLL) of each model; checkpoints under ``run_dir/checkpoint``.
+
+    ``target_se``: masks per rate allocated for that Monte Carlo standard error
+    of the mean LML (:func:`mptlml.mpt_curve`; ``num_masks`` is then the pilot).
 
     Each entry also holds ``settings``: the model's device, dtype, autocast
     and the world size, which :func:`write_curves` records; with the PLL,
@@ -124,9 +129,14 @@ def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], *, rates:
     for label, model in models.items():
         run = dict(token_budget=token_budget, chunk_size=chunk_size, batch_size=batch_size,
                    checkpoint_dir=run_dir.path / "checkpoint" / label, progress=progress)
-        res = mlm_curve(model, texts, rates=rates, num_masks=num_masks, seed=seed,
-                        nominal_length=nominal_length, exact=exact, ids=ids,
-                        whole_word=whole_word, **run)
+        if target_se is not None:  # issue 24: a target standard error
+            res = mpt_curve(model, texts, rates=rates, num_masks=num_masks, seed=seed,
+                            nominal_length=nominal_length, exact=exact, ids=ids,
+                            whole_word=whole_word, target_se=target_se, **run)
+        else:
+            res = mlm_curve(model, texts, rates=rates, num_masks=num_masks, seed=seed,
+                            nominal_length=nominal_length, exact=exact, ids=ids,
+                            whole_word=whole_word, **run)
         entry: dict[str, Any] = {"curve": res, "settings": {**model.settings(),
                                                             "world_size": world}}
         if with_pll:
@@ -299,7 +309,8 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
               dtype: str | None = None, autocast: bool | None = None,
               tokenizer: str | None = None, allow_unknown: bool = False,
               overwrite: bool = False, resume: bool = False, progress: bool = True,
-              whole_word: bool = False, pll_variant: str = "original") -> dict[str, Any]:
+              whole_word: bool = False, pll_variant: str = "original",
+              target_se: float | None = None) -> dict[str, Any]:
     """``mptlml curve``: MPT curve of one masked LM on texts, into a run directory.
 
     ``model`` is a hub name, a local directory, or ``antiberty``; ``data`` a
@@ -331,7 +342,8 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
                               run_dir=run_dir, nominal_length=nominal_length, exact=exact,
                               with_pll=with_pll, token_budget=token_budget,
                               chunk_size=chunk_size, batch_size=batch_size, progress=progress,
-                              ids=texts.ids, whole_word=whole_word, pll_variant=pll_variant)
+                              ids=texts.ids, whole_word=whole_word, pll_variant=pll_variant,
+                              target_se=target_se)
         if not distributed_context().main:
             return {}
         summ = write_curves(run_dir, scored, title=f"MPT curve: {lm.name}")
@@ -342,7 +354,8 @@ def run_curve(model: str, data: str, out: str | os.PathLike, *, random_init: boo
                   "corruption": corruption, "token_budget": token_budget,
                   "chunk_size": chunk_size, "batch_size": batch_size, "tokenizer": tokenizer,
                   "allow_unknown": allow_unknown, "whole_word": whole_word,
-                  "pll_variant": pll_variant, **scored[label]["settings"]}
+                  "pll_variant": pll_variant, "target_se": target_se,
+                  **scored[label]["settings"]}
         path = run_dir.write_results(config, {"models": summ}, seed=seed)
     s = summ[label]
     _log.info(f"{lm.name}: {s['num_sequences']} sequences, area {s['area']:.2f} "
