@@ -46,7 +46,7 @@ from .runner import run_pairs
 from .stats import mean_stderr, sum_stderr
 from .words import TokenScores, encode_words, pll_scores, word_counts
 
-__all__ = ["exact_sum", "mlm_curve", "pll"]
+__all__ = ["exact_sum", "mlm_curve", "pll", "size_cells"]
 
 
 def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[int]], *,
@@ -107,8 +107,10 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
         Ragged: each sequence has its own D_i (non-special tokens).
     rates : array-like, optional
         Masking rates in (0, 1), strictly increasing (default 0.01..0.99).
-    num_masks : int
-        P, uniform masks per (sequence, rate).
+    num_masks : int or sequence of int
+        P, uniform masks per (sequence, rate); or one count per rate (an
+        allocation, e.g. Neyman's from :func:`mptlml.mpt_curve` with
+        ``target_se``). ``num_masks`` of the result is the largest count.
     seed : int
         Masks (and input corruption) of sequence i are drawn from a generator
         seeded by (seed, i).
@@ -143,7 +145,8 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
         (N,) D_i, ``lml`` the Riemann estimates ``D_i * mean_k S_ik``.
     """
     r = check_rates(rates)
-    p = check_positive_int(num_masks, "num_masks")
+    counts = _counts(num_masks, r.size, "rates")
+    p = int(counts.max())
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
         raise TypeError(f"seed must be an int, got {seed!r}.")
     if not isinstance(whole_word, bool):
@@ -161,23 +164,27 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
     suffix = "_whole_word" if whole_word else ""
 
     def curve_masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
-        m = sample_masks(int(lengths[i]), torch.as_tensor(sizes[i]).repeat_interleave(p),
-                         generator=g)
+        m = sample_masks(int(lengths[i]), torch.as_tensor(sizes[i]).repeat_interleave(
+            torch.as_tensor(counts)), generator=g)
         return m if words is None else m[:, words[i]]
 
     run = dict(chunk_size=chunk_size, token_budget=token_budget, batch_size=batch_size,
                checkpoint_dir=checkpoint_dir, progress=progress)
     out = run_pairs(model, toks, curve_masks, seed=int(seed), tag="curve" + suffix,
-                    spec={"kind": "curve", "rates": r.tolist(), "num_masks": p,
-                          "total_pairs": int(len(toks) * k * p), **unit},
+                    spec={"kind": "curve", "rates": r.tolist(),
+                          "num_masks": p if (counts == p).all() else counts.tolist(),
+                          "total_pairs": int(len(toks) * counts.sum()), **unit},
                     desc="MPT curve", **run)
-    per_mask = np.stack([s.reshape(k, p) for s in out.sums]) / sizes[:, :, None]  # (N, K, P)
-    scores, scores_se = mean_stderr(per_mask, axis=2)
+    bounds = np.cumsum(counts)[:-1]
+    stats = [[mean_stderr(c) for c in np.split(sm, bounds)] for sm in out.sums]
+    scores = np.array([[m for m, _ in row] for row in stats]) / sizes  # (N, K)
+    scores_se = np.array([[e for _, e in row] for row in stats]) / sizes
     length = float(lengths.mean()) if nominal_length is None else float(nominal_length)
     seq_areas = length * (scores * rate_widths(r)).sum(axis=1)
-    lml_se = np.array([lengths[i] / k * float(sum_stderr(scores_se[i] if p > 1 else None,
-                                                         scores[i]))
+    lml_se = np.array([lengths[i] / k * float(sum_stderr(scores_se[i] if counts.min() > 1
+                                                         else None, scores[i]))
                        for i in range(len(toks))])
+    rows = np.full(len(toks), int(counts.sum()), dtype=np.int64)
     curve_mean, curve_se = mean_stderr(scores, axis=0)
     area_mean, area_se = mean_stderr(seq_areas, axis=0)
     res = MPTCurve(
@@ -186,6 +193,7 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
         area=float(area_mean), area_stderr=float(area_se),
         area_is_exact_sum=False, num_tokens=torch.from_numpy(lengths), num_masks=p,
         num_model_calls=out.num_model_calls, seed=int(seed),
+        lml_stderr_mean=float(np.sqrt(np.sum(lml_se ** 2))) / len(toks),
         per_sample_stderr=as_float64(scores_se), lml=as_float64(lengths * scores.mean(axis=1)),
         lml_stderr=as_float64(lml_se), nominal_length=length, model=model.name,
         corruption=model.fingerprint().get("corruption"), ids=ids, extra=dict(unit))
@@ -195,33 +203,72 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
         res.lml_exact, res.lml_exact_stderr = as_float64(tot), as_float64(tse)
         announce_nonfinite(tot, "the cumulative sum over M", "sequences")
         res.num_model_calls += calls
+        rows = rows + lengths * p
+    res.num_masked_rows, res.num_masked_rows_per_sample = int(rows.sum()), torch.from_numpy(rows)
     return res
 
 
+def _counts(num_masks: int | Sequence[int] | np.ndarray, num_strata: int, what: str
+            ) -> np.ndarray:
+    """Masks per stratum: one int for every stratum, or one per stratum (each >= 1)."""
+    if isinstance(num_masks, int | np.integer) and not isinstance(num_masks, bool):
+        return np.full(num_strata, check_positive_int(num_masks, "num_masks"), dtype=np.int64)
+    counts = np.asarray(num_masks)
+    if counts.shape != (num_strata,) or counts.dtype.kind not in "iu" or (counts < 1).any():
+        raise ValueError(f"num_masks must be a positive int or {num_strata} positive ints (one "
+                         f"per entry of {what}); got {num_masks!r}.")
+    return counts.astype(np.int64)
+
+
 def exact_sum(model: RaggedMaskedModel, toks: list[torch.Tensor], p: int, seed: int,
-               words: list[torch.Tensor] | None = None,
-               **kwargs: Any) -> tuple[np.ndarray, np.ndarray, int]:
+              words: list[torch.Tensor] | None = None,
+              **kwargs: Any) -> tuple[np.ndarray, np.ndarray, int]:
     """sum_{M=1..D_i} S_hat(x_i; M) with P masks per M, its standard error, model calls.
 
     With ``words`` (word of each token) the units are words: M words masked.
+    The standard error pools the sizes' spreads, ``sqrt(sum_M s_M^2 / P)``.
     """
     lengths = (np.array([len(t) for t in toks], dtype=np.int64) if words is None
                else word_counts(words))
+    cells, calls = size_cells(model, toks, [np.full(int(d), p) for d in lengths], seed,
+                              words=words, **kwargs)
+    tot, tse = [], []
+    for cell in cells:
+        mean = np.array([c.mean() for c in cell])
+        se = np.array([c.std(ddof=1) / np.sqrt(c.size) if c.size > 1 else np.nan for c in cell])
+        tot.append(float(mean.sum()))
+        tse.append(float(sum_stderr(se if p > 1 else None, mean)))
+    return np.array(tot), np.array(tse), calls
+
+
+def size_cells(model: RaggedMaskedModel, toks: list[torch.Tensor], counts: list[np.ndarray],
+               seed: int, words: list[torch.Tensor] | None = None, tag: str = "exact",
+               **kwargs: Any) -> tuple[list[list[np.ndarray]], int]:
+    """S_hat(x_i; M) of ``counts[i][M-1]`` uniform masks of every size M = 1..D_i of each sequence.
+
+    Returns, per sequence, the list over M of the per-mask scores
+    ``(1/M) sum_{j in mask} log p(x_j | x_R)``, and the model calls.
+    """
+    lengths = (np.array([len(t) for t in toks], dtype=np.int64) if words is None
+               else word_counts(words))
+    counts = [np.asarray(c, dtype=np.int64) for c in counts]
+    uniform = len({int(v) for c in counts for v in np.unique(c)}) <= 1
 
     def all_sizes(i: int, d: int, g: torch.Generator) -> torch.Tensor:
         n = int(lengths[i])
-        m = sample_masks(n, torch.arange(1, n + 1).repeat_interleave(p), generator=g)
+        m = sample_masks(n, torch.arange(1, n + 1).repeat_interleave(torch.as_tensor(counts[i])),
+                         generator=g)
         return m if words is None else m[:, words[i]]
 
     unit = {} if words is None else {"unit": "word"}
-    ex = run_pairs(model, toks, all_sizes, seed=seed, tag="exact" + ("_whole_word" if unit else ""),
-                   spec={"kind": "exact", "num_masks": p,
-                         "total_pairs": int(lengths.sum() * p), **unit},
+    total = int(sum(int(c.sum()) for c in counts))
+    spec_p: Any = int(counts[0][0]) if uniform and counts and counts[0].size else [
+        c.tolist() for c in counts]
+    ex = run_pairs(model, toks, all_sizes, seed=seed, tag=tag + ("_whole_word" if unit else ""),
+                   spec={"kind": "exact", "num_masks": spec_p, "total_pairs": total, **unit},
                    desc="exact sum over M", **kwargs)
-    tot, tse = [], []
-    for s, d in zip(ex.sums, lengths, strict=True):
-        sm = s.reshape(int(d), p) / np.arange(1, d + 1)[:, None]  # S_hat per mask
-        mean, se = mean_stderr(sm, axis=1)
-        tot.append(float(mean.sum()))
-        tse.append(float(sum_stderr(se if p > 1 else None, mean)))
-    return np.array(tot), np.array(tse), ex.num_model_calls
+    cells = []
+    for s, d, c in zip(ex.sums, lengths, counts, strict=True):
+        parts = np.split(np.asarray(s, dtype=np.float64), np.cumsum(c)[:-1])
+        cells.append([part / m for m, part in enumerate(parts, start=1)][:int(d)])
+    return cells, ex.num_model_calls

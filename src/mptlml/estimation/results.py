@@ -63,7 +63,30 @@ class LMLEstimate(_Result):
     num_model_calls : int
         Calls to the model (blocks of masks; forward passes for a masked LM).
     num_masked_rows : int
-        (mask, datum) pairs evaluated.
+        Masked inputs scored in total: (mask, datum) pairs for dense data,
+        (sequence, masked copy) pairs for a masked LM. The cost to compare
+        two settings at equal standard error.
+    num_masked_rows_per_sample : torch.Tensor or None, (N,)
+        Masked inputs scored for each datum (sequence); sums to
+        ``num_masked_rows``.
+    stderr_dof : float or None
+        Effective degrees of freedom of ``stderr`` (Welch-Satterthwaite over
+        the pooled variance estimates of the sizes and data; inf when exact).
+        Below about 5, ``mean / stderr`` is far from normal (|z| > 2 in more
+        than 10% of runs) and a warning says so.
+    target_se : float or None
+        The standard error asked for (``estimate_lml(..., target_se=)``).
+    stop_reason : str or None
+        With ``target_se``: ``"target"`` (reached) or ``"budget"``
+        (``max_masks`` spent first; ``stderr`` is then above the target).
+    allocation : str or None
+        With ``target_se``: ``"neyman"`` or ``"uniform"``.
+    masks_per_size : list of int or None
+        With ``target_se``: the masks per size (per rate bin for ragged
+        sequences) the pilot allocated.
+    masks_wanted : float or None
+        With ``target_se``: masked inputs per datum the plan needed (pilot
+        included); above ``max_masks`` when the budget cut it.
     rate : float or None
         Masking rate (fixed-rate only).
     exact : float or None
@@ -87,6 +110,13 @@ class LMLEstimate(_Result):
     num_masks: int
     num_model_calls: int
     num_masked_rows: int
+    num_masked_rows_per_sample: torch.Tensor | None = None
+    stderr_dof: float | None = None
+    target_se: float | None = None
+    stop_reason: str | None = None
+    allocation: str | None = None
+    masks_per_size: list[int] | None = None
+    masks_wanted: float | None = None
     rate: float | None = None
     exact: float | None = None
     bias: float | None = None
@@ -146,6 +176,16 @@ class MPTCurve(_Result):
     num_masks : int
         P, masks per size (rate) and datum.
     num_model_calls : int
+    num_masked_rows : int
+        Masked inputs scored in total ((mask, datum) or (sequence, masked
+        copy) pairs, the exact sum's included when requested).
+    num_masked_rows_per_sample : torch.Tensor or None, (N,)
+        Masked inputs scored per datum (sequence).
+    lml_stderr_mean : float or None
+        Monte Carlo standard error of the mean over data of ``lml`` (the
+        masks' error; ``area_stderr`` is the spread across data).
+    target_se, stop_reason, allocation
+        As in :class:`LMLEstimate`, for ``mpt_curve(..., target_se=)``.
     nested : bool
     seed : int or None
     extra : dict
@@ -177,6 +217,12 @@ class MPTCurve(_Result):
     num_tokens: int | torch.Tensor
     num_masks: int
     num_model_calls: int
+    num_masked_rows: int = 0
+    num_masked_rows_per_sample: torch.Tensor | None = None
+    lml_stderr_mean: float | None = None
+    target_se: float | None = None
+    stop_reason: str | None = None
+    allocation: str | None = None
     nested: bool = False
     seed: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -9,6 +9,15 @@ of independent draws. Its standard error follows from two rules:
 - a sum of independent terms has ``se = sqrt(sum_k se_k^2)`` (times a
   constant for a scaled sum, e.g. 1/N for a mean over N data points).
 
+An estimate that is a sum over independent strata (mask sizes, and data
+with independent masks) is best given its variance stratum by stratum:
+:func:`strata_stderr` pools each stratum's spread over the P draws and sums
+them, so its variance estimate rests on many more degrees of freedom than the
+P - 1 of the P draws of the whole sum (Welch-Satterthwaite,
+:func:`welch_dof`). With P = 2 draws of the mean the z-score is Student's t
+with one degree of freedom (|z| > 2 in 30% of runs); pooled over the data and
+the sizes it is close to normal.
+
 When every term holds a single draw, the per-term spread is unknown; for a
 smooth curve of terms (the MPT curve over sizes) :func:`sum_stderr` then
 estimates the local variance from successive differences,
@@ -23,12 +32,13 @@ errors these are).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TypeVar
 
 import numpy as np
 import torch
 
-__all__ = ["mean_stderr", "sum_stderr"]
+__all__ = ["mean_stderr", "strata_stderr", "sum_stderr", "welch_dof"]
 
 A = TypeVar("A", torch.Tensor, np.ndarray)
 
@@ -93,3 +103,69 @@ def sum_stderr(stderrs: A | None, values: A | None = None, axis: int = -1) -> A 
         return float("nan")
     var = float(np.mean(np.diff(v) ** 2) / 2.0)  # one draw per term: local variance
     return math.sqrt(v.size * var)
+
+
+def welch_dof(variances: torch.Tensor, dofs: torch.Tensor | float) -> float:
+    """Effective degrees of freedom of a sum of independent variance estimates.
+
+    Welch-Satterthwaite: ``(sum_k v_k)^2 / sum_k (v_k^2 / nu_k)`` for
+    estimates v_k with nu_k degrees of freedom (``dofs``, one each or one for
+    all). It is ``sum_k nu_k`` when the terms are alike and falls to one
+    term's nu_k when that term dominates (a heavy-tailed datum, one noisy
+    mask size). Infinite when every v_k is 0 (an exact sum).
+    """
+    v = variances.double().reshape(-1)
+    nu = torch.as_tensor(dofs, dtype=torch.float64).expand_as(v) if not isinstance(
+        dofs, torch.Tensor) else dofs.double().reshape(-1)
+    den = float((v.pow(2) / nu).sum())
+    return float("inf") if den == 0.0 else float(v.sum()) ** 2 / den
+
+
+def strata_stderr(cells: torch.Tensor | Sequence[torch.Tensor], shared: bool = False
+                  ) -> tuple[torch.Tensor, float, float]:
+    """Standard errors of a stratified Monte Carlo sum, pooled over strata (and data).
+
+    ``cells[h][p, n]`` is the term of stratum h (a mask size) in draw p of
+    datum n; the estimate of datum n is ``sum_h mean_p cells[h][p, n]``, the
+    strata are independent and the P_h draws of a stratum i.i.d. Then, with
+    ``s2[h, n]`` the sample variance over the P_h draws::
+
+        per-datum  se_n^2 = sum_h s2[h, n] / P_h
+        mean over data, independent masks:  se^2 = sum_n se_n^2 / N^2
+        mean over data, shared masks:       se^2 = sum_h var_p(mean_n cells[h][p, n]) / P_h
+
+    (shared masks correlate the data, so only the data means of a stratum are
+    independent across draws). Each is unbiased for the variance, as the
+    sample variance of P draws of the whole sum is, but pools H (times N)
+    variance estimates instead of relying on P - 1 degrees of freedom.
+
+    Parameters
+    ----------
+    cells : torch.Tensor (H, P, N), or a sequence of H tensors (P_h, N)
+    shared : bool
+        Whether one mask per (stratum, draw) served every datum.
+
+    Returns
+    -------
+    (per_datum_se (N,), se_of_mean, dof)
+        ``dof`` is the Welch-Satterthwaite effective degrees of freedom of
+        ``se_of_mean`` (:func:`welch_dof`); the SEs are NaN where a stratum has
+        fewer than two draws.
+    """
+    per_datum: torch.Tensor | float = 0.0
+    terms, dofs = [], []
+    for cell in cells:
+        c = cell.double()
+        p, n = c.shape
+        if p < 2:
+            nan = float("nan")
+            return torch.full((n,), nan, dtype=torch.float64, device=c.device), nan, nan
+        s2 = c.var(0, correction=1)  # (N,)
+        per_datum = per_datum + s2 / p
+        terms.append(c.mean(1).var(correction=1).reshape(1) / p if shared else s2 / (p * n * n))
+        dofs.append(torch.full_like(terms[-1], float(p - 1)))
+    if not terms:
+        raise ValueError("strata_stderr needs at least one stratum.")
+    v = torch.cat(terms)
+    assert isinstance(per_datum, torch.Tensor)
+    return per_datum.sqrt(), float(v.sum().sqrt()), welch_dof(v, torch.cat(dofs))

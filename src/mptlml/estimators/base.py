@@ -38,6 +38,7 @@ package or outside it::
 from __future__ import annotations
 
 import inspect
+import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ import torch
 from .._validation import check_positive_int, make_generator
 from ..estimation.engine import Counter, score_masks
 from ..estimation.results import LMLEstimate, as_float64
-from ..estimation.stats import mean_stderr, sum_stderr
+from ..estimation.stats import mean_stderr, strata_stderr, sum_stderr
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
 
@@ -82,12 +83,18 @@ class Draws:
         never drawn, or where the estimator has no per-size scores).
     exact : bool
         True when the samples enumerate every mask (no Monte Carlo error).
+    cells : torch.Tensor, (H, P, N), optional
+        The terms of the draws by independent stratum (a mask size):
+        ``samples = cells.sum(0)``. Given, the standard errors pool each
+        stratum's spread (:func:`mptlml.estimation.stats.strata_stderr`);
+        None: one stratum, the draws themselves.
     """
 
     samples: torch.Tensor
     sizes: list[int]
     size_scores: torch.Tensor
     exact: bool = False
+    cells: torch.Tensor | None = None
 
 
 @dataclass
@@ -102,12 +109,15 @@ class RaggedScores:
         Forward passes.
     num_masked_rows : int
         (sequence, masked input) pairs scored.
+    rows_per_sequence : numpy.ndarray, (N,), optional
+        Masked inputs scored per sequence (sums to ``num_masked_rows``).
     """
 
     lml: np.ndarray
     stderr: np.ndarray
     num_model_calls: int
     num_masked_rows: int
+    rows_per_sequence: np.ndarray | None = None
 
 
 class Estimator:
@@ -221,9 +231,13 @@ class Estimator:
         return rows, s
 
     def _combine(self, rows: torch.Tensor, s: torch.Tensor, d: int) -> torch.Tensor:
+        return self._cells(rows, s, d).sum(0)
+
+    def _cells(self, rows: torch.Tensor, s: torch.Tensor, d: int) -> torch.Tensor:
+        """The weighted scores by (row of a draw, draw, ...): ``(rows_per_draw, P, ...)``."""
         w = self.weights(rows, d).to(device=s.device, dtype=s.dtype)
         y = w.reshape(*w.shape, *([1] * (s.ndim - w.ndim))) * s
-        return y.view(-1, self.num_masks, *y.shape[1:]).sum(0)
+        return y.view(-1, self.num_masks, *y.shape[1:])
 
     def evaluate(self, model: MaskedModel, x: torch.Tensor, generator: torch.Generator,
                  counter: Counter, progress: bool) -> Draws:
@@ -240,7 +254,10 @@ class Estimator:
         tot = torch.zeros(d, dtype=torch.float64).index_add_(0, idx, s.reshape(-1).cpu())
         cnt = torch.bincount(idx, minlength=d).double()
         size_scores = torch.where(cnt > 0, tot / cnt.clamp_min(1), float("nan"))
-        return Draws(self._combine(rows, s, d), list(range(1, d + 1)), size_scores)
+        cells = self._cells(rows, s, d)
+        if s.ndim == 1:  # mean over data: one value per row
+            cells = cells[..., None]
+        return Draws(cells.sum(0), list(range(1, d + 1)), size_scores, cells=cells)
 
     def masks_per_draw(self, num_tokens: int) -> int:
         """Masked inputs one draw scores per datum (its cost): 1 unless overridden."""
@@ -285,6 +302,8 @@ class Estimator:
                 stderr_data=float(mean_stderr(out.lml)[1]),
                 sizes=None, size_scores=None, num_masks=self.num_masks,
                 num_model_calls=out.num_model_calls, num_masked_rows=out.num_masked_rows,
+                num_masked_rows_per_sample=None if out.rows_per_sequence is None
+                else torch.as_tensor(out.rows_per_sequence, dtype=torch.long),
                 seed=int(seed), model=model.name)
         if run:
             raise TypeError(f"unexpected arguments {sorted(run)} (only for ragged sequences).")
@@ -304,19 +323,22 @@ class Estimator:
             exact = None
             if model.has_log_marginal and not model.stochastic:
                 exact = float(model._log_marginal(xt).double().mean())
-        per_sample, per_se = mean_stderr(out.samples)
+        per_sample = out.samples.mean(0)
         if out.exact:
-            per_se, stderr = torch.zeros_like(per_sample), 0.0
+            per_se, stderr, dof = torch.zeros_like(per_sample), 0.0, math.inf
         else:
-            stderr = float(mean_stderr(out.samples.mean(1, keepdim=True))[1][0])
+            cells = out.cells if out.cells is not None else out.samples[None]
+            per_se, stderr, dof = strata_stderr(cells, shared=self.share_masks)
         mean = float(per_sample.mean())
+        rows_per_datum = counter.rows // n
         return LMLEstimate(
             estimator=self.name, per_sample=per_sample.cpu(), per_sample_stderr=per_se.cpu(),
             mean=mean, stderr=stderr,
             stderr_data=float(mean_stderr(per_sample)[1]),
             sizes=out.sizes, size_scores=out.size_scores.cpu(), num_masks=out.samples.shape[0],
             num_model_calls=counter.calls, num_masked_rows=counter.rows,
-            rate=self.recorded_rate(d), exact=exact,
+            num_masked_rows_per_sample=torch.full((n,), rows_per_datum, dtype=torch.long),
+            stderr_dof=dof, rate=self.recorded_rate(d), exact=exact,
             bias=None if exact is None else mean - exact,
             shared_masks=self.share_masks or out.exact,
             nested=bool(getattr(self, "nested", False)),

@@ -91,4 +91,5 @@ class ChainRule(Estimator):
         stats = [mean_stderr(s.reshape(p, d).sum(axis=1))
                  for s, d in zip(out.sums, lengths, strict=True)]
         return RaggedScores(np.array([float(m) for m, _ in stats]),
-                            np.array([float(e) for _, e in stats]), out.num_model_calls, pairs)
+                            np.array([float(e) for _, e in stats]), out.num_model_calls, pairs,
+                            np.array(lengths, dtype=np.int64) * p)

@@ -14,21 +14,24 @@ On ragged sequences each sequence sums its own sizes 1..D_i.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._validation import check_size, make_generator
-from ..estimation.engine import Counter, score_grid, score_nested
+from ..estimation.engine import Counter, score_masks, score_nested
 from ..estimation.ragged import exact_sum
-from ..estimation.results import MPTCurve, announce_nonfinite
-from ..estimation.stats import mean_stderr
+from ..estimation.results import LMLEstimate, MPTCurve, announce_nonfinite
+from ..estimation.stats import mean_stderr, strata_stderr
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
 from ..models.sequence_input import encode
 from .base import Draws, Estimator, RaggedScores, register
+from .precision import PILOT_DATA, check_target, pilot_masks, plan_counts, stop_reason
 
 __all__ = ["Cumulative"]
 
@@ -89,61 +92,167 @@ class Cumulative(Estimator):
 
     def evaluate(self, model: MaskedModel, x: torch.Tensor, generator: torch.Generator,
                  counter: Counter, progress: bool) -> Draws:
-        """A whole grid of sizes per model call (``grid_masked_log_prob``), or nested orders."""
+        """Every size's P masks, kept by size (the strata of the standard error), or nested orders.
+
+        The masks of different sizes are independent, so the variance of a
+        draw is the sum of the sizes' variances, each estimated from its P
+        masks (and pooled over the data): see
+        :func:`mptlml.estimation.stats.strata_stderr`. Nested masks are
+        dependent across sizes, so their draws are one stratum.
+        """
         d, p = x.shape[1], self.num_masks
         sizes = list(range(1, d + 1))
         if self.nested:
             s = score_nested(model, x, p, share_masks=self.share_masks, generator=generator,
                              progress=progress, counter=counter)  # (P, D, N)
             return Draws(s.sum(1), sizes, s.mean((0, 2)))
-        samples, size_sums = score_grid(model, x, sizes, p, share_masks=self.share_masks,
-                                        generator=generator, progress=progress, counter=counter)
-        assert size_sums is not None
-        return Draws(samples, sizes, size_sums / p)
+        return super().evaluate(model, x, generator, counter, progress)
 
     def curve(self, model: MaskedModel, x: Any, *, sizes: Sequence[int] | None = None,
-              seed: int | torch.Generator | None = None, progress: bool = False) -> MPTCurve:
+              seed: int | torch.Generator | None = None, progress: bool = False,
+              target_se: float | None = None, max_masks: int | None = None,
+              allocation: str | None = None) -> MPTCurve:
         """The MPT curve of dense data: per size, the mean over P masks of S_hat(x_n; M).
 
         The terms of this estimator, size by size (all sizes by default, in
         which case the area is the cumulative estimate of log p(x); for a
-        subset of sizes the area is D times their mean). Standard errors are
-        over the data. See :func:`mptlml.mpt_curve`.
+        subset of sizes the area is D times their mean). ``stderr`` and
+        ``area_stderr`` are over the data, ``per_sample_stderr`` and
+        ``lml_stderr_mean`` over the masks. With ``target_se`` the masks per
+        size are allocated for that Monte Carlo standard error of the mean
+        area (:mod:`mptlml.estimators.precision`). See :func:`mptlml.mpt_curve`.
         """
+        target_se, max_masks, allocation = check_target(target_se, max_masks, allocation)
         xt = model.validate_data(x)
         n, d = xt.shape
         p = self.num_masks
         size_list = list(range(1, d + 1)) if sizes is None else [check_size(m, d) for m in sizes]
         if not size_list:
             raise ValueError("sizes is empty; pass at least one mask size in 1..D.")
+        exact_sum = sorted(set(size_list)) == list(range(1, d + 1)) and len(size_list) == d
+        coef = 1.0 if exact_sum else d / len(size_list)
         g = make_generator(seed)
         counter = Counter()
+        target: dict[str, Any] = {}
+        per_se = None
         with torch.no_grad(), model.reuse_data():
             if self.nested:
+                if target_se is not None:
+                    raise ValueError("target_se needs independent masks per size (nested=False).")
                 s = score_nested(model, xt, p, share_masks=self.share_masks, generator=g,
                                  progress=progress, counter=counter)  # (P, D, N)
                 idx = torch.tensor(size_list, dtype=torch.long, device=s.device) - 1
                 per_sample = s[:, idx].mean(0).T.cpu()  # (N, S)
+                mc_se = float("nan")
             else:
-                s, _ = score_grid(model, xt, size_list, p, by="size",
-                                  share_masks=self.share_masks, generator=g, progress=progress,
-                                  counter=counter)
-                per_sample = (s / p).T.cpu()  # (N, S)
+                cells, target = self._cells_for(model, xt, size_list, coef, target_se, max_masks,
+                                                allocation, g, counter, progress)
+                per_sample = torch.stack([c.mean(0) for c in cells], 1).cpu() / coef  # (N, S)
+                per_se = torch.stack([c.var(0, correction=1).div(c.shape[0]).sqrt()
+                                      for c in cells], 1).cpu() / coef
+                _, mc_se, _ = strata_stderr(cells, shared=self.share_masks)
         mean, stderr = mean_stderr(per_sample)
-        exact_sum = sorted(set(size_list)) == list(range(1, d + 1)) and len(size_list) == d
         area_ps = per_sample.sum(1) if exact_sum else d * per_sample.mean(1)
         area, area_se = mean_stderr(area_ps)
         announce_nonfinite(per_sample, "the MPT curve")
-        return MPTCurve(
+        res = MPTCurve(
             sizes=size_list, rates=[m / d for m in size_list], mean=mean, stderr=stderr,
             per_sample=per_sample, area=float(area), area_stderr=float(area_se),
-            area_is_exact_sum=exact_sum, num_tokens=d, num_masks=p,
-            num_model_calls=counter.calls, nested=self.nested,
+            area_is_exact_sum=exact_sum, num_tokens=d,
+            num_masks=int(max(target["counts"])) if target else p,
+            num_model_calls=counter.calls, num_masked_rows=counter.rows,
+            num_masked_rows_per_sample=torch.full((n,), counter.rows // n, dtype=torch.long),
+            lml_stderr_mean=mc_se, nested=self.nested, per_sample_stderr=per_se,
             seed=int(seed) if isinstance(seed, numbers.Integral) else None, lml=area_ps)
+        if target:
+            res.target_se, res.allocation = target_se, allocation
+            res.stop_reason = stop_reason(mc_se, float(target_se), target["capped"])
+            res.extra["masks_per_size"] = [int(c) for c in target["counts"]]
+        return res
+
+    def _cells_for(self, model: MaskedModel, x: torch.Tensor, sizes: list[int], coef: float,
+                   target_se: float | None, max_masks: int | None, allocation: str,
+                   g: torch.Generator, counter: Counter, progress: bool
+                   ) -> tuple[list[torch.Tensor], dict[str, Any]]:
+        """``coef * S_hat`` of the masks of each size: ``(P_M, N)`` per size.
+
+        P_M = ``num_masks``, or, with ``target_se``, the counts a pilot plans
+        for it (:func:`mptlml.estimators.precision.plan_counts`), scored afresh.
+        """
+        n = x.shape[0]
+        size_t = torch.as_tensor(sizes, dtype=torch.long)
+        target: dict[str, Any] = {}
+        counts = torch.full((len(sizes),), self.num_masks, dtype=torch.long)
+        if target_se is not None:
+            sub = x if self.share_masks or n <= PILOT_DATA else x[
+                torch.randperm(n, generator=g)[:PILOT_DATA].to(x.device)]
+            p0 = pilot_masks(self.num_masks, 1 if self.share_masks else sub.shape[0])
+            pilot = score_masks(model, sub, size_t.repeat_interleave(p0),
+                                share_masks=self.share_masks, generator=g, progress=progress,
+                                counter=counter).view(len(sizes), p0, -1) * coef
+            v = (pilot.mean(2).var(1) if self.share_masks
+                 else pilot.var(1).mean(1) / n).cpu().numpy()
+            left = None if max_masks is None else max_masks - counter.rows / n
+            plan, capped, wanted = plan_counts(v, np.ones(len(sizes)), target_se, allocation,
+                                               left)
+            counts = torch.as_tensor(plan)
+            target = {"counts": plan.tolist(), "capped": capped,
+                      "wanted": wanted + counter.rows / n}
+        s = score_masks(model, x, size_t.repeat_interleave(counts), share_masks=self.share_masks,
+                        generator=g, progress=progress, counter=counter)
+        return [c * coef for c in s.split(counts.tolist())], target
+
+    def estimate_to_target(self, model: MaskedModel, x: Any, target_se: float, *,
+                           max_masks: int | None = None, allocation: str | None = None,
+                           seed: int | torch.Generator | None = None,
+                           progress: bool = False) -> LMLEstimate:
+        """The cumulative estimate at a target Monte Carlo standard error of the mean LML.
+
+        A pilot (:func:`~mptlml.estimators.precision.pilot_masks` masks per
+        size), masks allocated over the sizes (``"neyman"``: in proportion to each size's spread;
+        ``"uniform"``: the same P for every size) and a fresh estimate; see
+        :mod:`mptlml.estimators.precision`. ``max_masks`` caps the masked
+        inputs per datum, pilot included.
+        """
+        if self.nested:
+            raise ValueError("target_se needs independent masks per size (nested=False).")
+        target_se, max_masks, allocation = check_target(target_se, max_masks, allocation)
+        assert target_se is not None
+        xt = model.validate_data(x)
+        n, d = xt.shape
+        g = make_generator(seed)
+        counter = Counter()
+        with torch.no_grad(), model.reuse_data():
+            cells, target = self._cells_for(model, xt, list(range(1, d + 1)), 1.0, target_se,
+                                            max_masks, allocation, g, counter, progress)
+            exact = None
+            if model.has_log_marginal and not model.stochastic:
+                exact = float(model._log_marginal(xt).double().mean())
+        per_sample = torch.stack([c.mean(0) for c in cells]).sum(0).cpu()
+        per_se, stderr, dof = strata_stderr(cells, shared=self.share_masks)
+        mean = float(per_sample.mean())
+        res = LMLEstimate(
+            estimator=self.name, per_sample=per_sample, per_sample_stderr=per_se.cpu(),
+            mean=mean, stderr=stderr,
+            stderr_data=float(per_sample.std(correction=1) / math.sqrt(n)) if n > 1
+            else float("nan"),
+            sizes=list(range(1, d + 1)),
+            size_scores=torch.stack([c.mean() for c in cells]).cpu(),
+            num_masks=int(max(target["counts"])), num_model_calls=counter.calls,
+            num_masked_rows=counter.rows,
+            num_masked_rows_per_sample=torch.full((n,), counter.rows // n, dtype=torch.long),
+            stderr_dof=dof, target_se=target_se,
+            stop_reason=stop_reason(stderr, target_se, target["capped"]),
+            allocation=allocation, masks_per_size=target["counts"],
+            masks_wanted=target["wanted"], exact=exact,
+            bias=None if exact is None else mean - exact, shared_masks=self.share_masks,
+            seed=int(seed) if isinstance(seed, numbers.Integral) else None)
+        return res
 
     def score_sequences(self, model: RaggedMaskedModel, sequences: Any, seed: int,
                         progress: bool, run: dict[str, Any]) -> RaggedScores:
         toks = encode(model, sequences)
         lml, se, calls = exact_sum(model, toks, self.num_masks, seed, progress=progress, **run)
-        return RaggedScores(lml, se, calls, int(sum(len(t) for t in toks) * self.num_masks))
+        rows = np.array([len(t) for t in toks], dtype=np.int64) * self.num_masks
+        return RaggedScores(lml, se, calls, int(rows.sum()), rows)
 

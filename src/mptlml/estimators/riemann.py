@@ -47,5 +47,7 @@ class Riemann(Estimator):
         res = mlm_curve(model, sequences, rates=self.rates, num_masks=self.num_masks, seed=seed,
                         progress=progress, **run)
         assert res.lml is not None and res.lml_stderr is not None
+        assert res.num_masked_rows_per_sample is not None
         return RaggedScores(np.asarray(res.lml.numpy()), np.asarray(res.lml_stderr.numpy()),
-                            res.num_model_calls, int(res.per_sample.numel() * self.num_masks))
+                            res.num_model_calls, res.num_masked_rows,
+                            np.asarray(res.num_masked_rows_per_sample.numpy()))

@@ -25,6 +25,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ import numpy as np
 from ..estimation import MPTCurve, mlm_curve, pll
 from ..estimation.distributed import distributed_context, resolve_device
 from ..estimation.rates import check_rates, rate_grid, rate_widths
+from ..estimators import mpt_curve
 from ..models.masked_lm import MaskedLM
 from .common import RunDir, pyplot
 from .config import ExperimentConfig, setting
@@ -154,9 +156,11 @@ def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], cfg: MLMR
         run = dict(token_budget=cfg.token_budget, chunk_size=cfg.chunk_size,
                    batch_size=cfg.batch_size, checkpoint_dir=run_dir.path / "checkpoint" / label,
                    progress=cfg.progress)
-        res = mlm_curve(model, texts, rates=rates, num_masks=cfg.num_masks, seed=cfg.seed,
-                        nominal_length=cfg.nominal_length, exact=cfg.exact, ids=ids,
-                        whole_word=cfg.whole_word, **run)
+        target_se = getattr(cfg, "target_se", None)
+        curve = mlm_curve if target_se is None else partial(mpt_curve, target_se=target_se)
+        res = curve(model, texts, rates=rates, num_masks=cfg.num_masks, seed=cfg.seed,
+                    nominal_length=cfg.nominal_length, exact=cfg.exact, ids=ids,
+                    whole_word=cfg.whole_word, **run)
         entry: dict[str, Any] = {"curve": res, "settings": {**model.settings(),
                                                             "world_size": world}}
         if cfg.pll:
@@ -344,6 +348,9 @@ class CurveConfig(MLMRunSettings):
                                     "saved without one")
     allow_unknown: bool = setting(False, "accept more than 5% unknown tokens (an error by "
                                   "default)")
+    target_se: float | None = setting(None, "allocate masks per rate (Neyman) for this Monte "
+                                      "Carlo standard error of the mean LML, in nats; "
+                                      "num_masks is then the pilot", gt=0)
 
     def validate(self) -> None:
         """A model and data are given; the shared checks."""

@@ -1,0 +1,161 @@
+"""A target standard error: unbiased estimates, calibrated SEs, the cost stated, budgets said.
+
+``estimate_lml(..., target_se=)`` draws a pilot, allocates masks over the
+sizes (Neyman or uniform) and estimates from fresh draws. Over many seeds the
+z-scores against an independent exact value must average near 0 and the
+spread of the estimates must match the mean reported SE (ratio in
+[0.8, 1.25]), for both allocations; on PPCA (exact LML by Woodbury) and on a
+tiny masked LM whose exact sum over every mask is computed here with
+transformers directly, never through mptlml's scoring.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import mptlml
+from mptlml.models import PPCA
+
+from .mlm_helpers import SENTENCES
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _check(means, ses, exact, label):
+    means, ses = np.asarray(means), np.asarray(ses)
+    z = (means - exact) / ses
+    ratio = means.std(ddof=1) / np.sqrt(np.mean(ses ** 2))
+    assert abs(z.mean()) < 3.5 / np.sqrt(z.size), f"{label}: mean z {z.mean():.3f}"
+    assert 0.8 < ratio < 1.25, f"{label}: spread / reported SE = {ratio:.3f}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("allocation", ["neyman", "uniform"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_ppca_target_se_unbiased_and_calibrated(allocation, shared):
+    model = PPCA.random(8, 2, sigma2=0.3, seed=1)
+    x = model.sample(20, generator=1)
+    exact = float(model.log_marginal(x).mean())
+    runs = [mptlml.estimate_lml(model, x, target_se=0.02, allocation=allocation, seed=s,
+                                share_masks=shared) for s in range(200)]
+    _check([r.mean for r in runs], [r.stderr for r in runs], exact, f"{allocation}, {shared}")
+    assert np.mean([r.stderr <= 0.02 for r in runs]) > 0.8  # the plan aims at 0.9 target
+    assert {r.stop_reason for r in runs} <= {"target", "missed"}
+
+
+def test_target_reports_cost_and_neyman_costs_less():
+    model = PPCA.random(12, 3, sigma2=0.2, seed=0)
+    x = model.sample(40, generator=0)
+    ney = mptlml.estimate_lml(model, x, target_se=0.01, seed=0)
+    uni = mptlml.estimate_lml(model, x, target_se=0.01, allocation="uniform", seed=0)
+    for est in (ney, uni):
+        assert est.target_se == 0.01 and est.stop_reason == "target" and est.stderr <= 0.01
+        assert int(est.num_masked_rows_per_sample.sum()) == est.num_masked_rows
+        # the fresh draws are the allocated masks per size, for every datum; the pilot on top
+        assert est.num_masked_rows >= sum(est.masks_per_size) * x.shape[0]
+    assert ney.allocation == "neyman" and len(set(uni.masks_per_size)) == 1
+    assert ney.num_masked_rows < uni.num_masked_rows
+
+
+def test_budget_too_small_for_the_target_is_said():
+    model = PPCA.random(10, 2, sigma2=0.2, seed=0)
+    x = model.sample(30, generator=0)
+    with pytest.warns(RuntimeWarning, match="max_masks was spent before the target"):
+        est = mptlml.estimate_lml(model, x, target_se=1e-4, max_masks=200, seed=0)
+    assert est.stop_reason == "budget" and est.stderr > 1e-4
+    assert est.num_masked_rows_per_sample.float().mean() <= 200
+    assert est.masks_wanted > 200
+    with pytest.raises(ValueError, match="max_masks is too small"):
+        mptlml.estimate_lml(model, x, target_se=1e-4, max_masks=25, seed=0)
+
+
+def test_target_arguments_refused_where_they_do_not_apply():
+    model = PPCA.random(6, 2, sigma2=0.2, seed=0)
+    x = model.sample(10, generator=0)
+    with pytest.raises(ValueError, match="target_se= needs estimator='cumulative'"):
+        mptlml.estimate_lml(model, x, "random-size", target_se=0.1)
+    with pytest.raises(ValueError, match="allocation='neyman' applies with target_se"):
+        mptlml.estimate_lml(model, x, allocation="neyman")
+    with pytest.raises(ValueError, match="allocation must be one of"):
+        mptlml.estimate_lml(model, x, target_se=0.1, allocation="optimal")
+    with pytest.raises(ValueError, match="target_se must be a positive number"):
+        mptlml.estimate_lml(model, x, target_se=-1.0)
+    with pytest.raises(ValueError, match="max_masks applies to mpt_curve with target_se"):
+        mptlml.mpt_curve(model, x, max_masks=10)
+
+
+def test_dense_curve_to_target():
+    model = PPCA.random(8, 2, sigma2=0.3, seed=0)
+    x = model.sample(20, generator=0)
+    c = mptlml.mpt_curve(model, x, target_se=0.03, seed=0)
+    assert c.stop_reason in ("target", "missed") and c.allocation == "neyman"
+    assert len(c.extra["masks_per_size"]) == 8 and c.num_masked_rows > 0
+    assert abs(c.area - float(model.log_marginal(x).mean())) < 5 * c.lml_stderr_mean
+
+
+# ---------------------------------------------------------------- a tiny masked LM
+def _exact_sums(tiny_dir, texts):
+    """sum_M mean over every mask of size M of (1/M) sum_j log p(x_j | x_R), by transformers."""
+    from transformers import BertForMaskedLM, BertTokenizer
+
+    tok = BertTokenizer.from_pretrained(tiny_dir)
+    net = BertForMaskedLM.from_pretrained(tiny_dir).eval()
+    out = []
+    for text in texts:
+        ids = torch.tensor(tok(text)["input_ids"])
+        pos = list(range(1, len(ids) - 1))  # between [CLS] and [SEP]
+        d = len(pos)
+        total = 0.0
+        for m in range(1, d + 1):
+            vals = []
+            for subset in itertools.combinations(pos, m):
+                inp = ids.clone()
+                inp[list(subset)] = tok.mask_token_id
+                with torch.no_grad():
+                    lp = net(inp[None]).logits[0].double().log_softmax(-1)
+                vals.append(sum(float(lp[j, ids[j]]) for j in subset) / m)
+            total += float(np.mean(vals))
+        out.append(total)
+    return np.array(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("allocation", ["neyman", "uniform"])
+def test_masked_lm_target_se_unbiased_and_calibrated(tiny, tiny_dir, allocation):
+    texts = [SENTENCES[0], SENTENCES[2], SENTENCES[3]]  # 6, 4 and 2 tokens
+    exact = float(_exact_sums(tiny_dir, texts).mean())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an occasional "missed"
+        runs = [mptlml.estimate_lml(tiny, texts, target_se=0.15, allocation=allocation, seed=s)
+                for s in range(100)]
+    _check([r.mean for r in runs], [r.stderr for r in runs], exact, allocation)
+    r = runs[0]
+    assert int(r.num_masked_rows_per_sample.sum()) == r.num_masked_rows
+    assert r.masks_per_size is not None and r.allocation == allocation
+
+
+def test_masked_lm_curve_to_target(tiny):
+    texts = SENTENCES[:3]
+    c = mptlml.mpt_curve(tiny, texts, rates=[0.2, 0.5, 0.8], target_se=0.3, seed=0)
+    assert c.stop_reason in ("target", "missed") and len(c.extra["masks_per_rate"]) == 3
+    assert c.num_masked_rows == int(c.num_masked_rows_per_sample.sum())
+
+
+def test_cli_curve_target_se(tiny_dir, tmp_path):
+    import json
+
+    from mptlml.cli import main
+
+    data = tmp_path / "texts.txt"
+    data.write_text("\n".join(SENTENCES[:3]) + "\n")
+    out = tmp_path / "run"
+    rc = main(["curve", "--model", str(tiny_dir), "--data", str(data), "--out", str(out),
+               "--rates", "0.25,0.5,0.75", "--target-se", "0.5", "--no-progress"])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["config"]["target_se"] == 0.5
