@@ -36,7 +36,8 @@ def test_reproduce_all_quick_report_has_every_section(tmp_path, capsys):
     assert "not empty" in capsys.readouterr().err
     # resume keeps every finished part
     assert main(["reproduce", "all", "--quick", "--out", str(out), "--resume"]) == 0
-    assert capsys.readouterr().err.count("finished earlier: kept") == len(EXPERIMENTS)
+    assert capsys.readouterr().err.count("finished earlier with the same settings: kept") \
+        == len(EXPERIMENTS)
 
 
 def test_run_all_builds_the_report_only_when_given_a_builder(tmp_path, caplog):
