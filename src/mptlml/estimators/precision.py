@@ -75,7 +75,7 @@ def pilot_masks(num_masks: int, pooled_over: int) -> int:
 
     A noisy pilot misallocates: a stratum whose spread it underestimates gets
     too few masks (with shared masks and 2 pilot masks per size, Neyman's
-    counts left the SE at twice the target on PPCA).
+    counts left the SE at twice the target on a linear-Gaussian model).
     """
     need = 1 + math.ceil(PILOT_DOF / max(1, pooled_over))
     return max(num_masks, 2, min(need, PILOT_MAX))
