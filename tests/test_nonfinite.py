@@ -82,3 +82,28 @@ def test_cli_curve_fails_on_nan_and_writes_nothing(tmp_path):
     assert "not finite" in proc.stderr and "Nothing was written" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+def test_repeated_dense_sizes_are_refused():
+    """sizes=[3, 1, 3] would count size 3 twice in the area: refused, naming it."""
+    model = PPCA.random(5, 2, sigma2=0.3, seed=0)
+    with pytest.raises(ValueError, match=r"repeat \[3\]"):
+        mptlml.mpt_curve(model, model.sample(4, generator=0), sizes=[3, 1, 3], seed=0)
+
+
+def test_a_run_too_big_for_memory_is_refused_up_front(tiny_dir):
+    """num_masks=10**8 on sequences is refused with its cost before any mask is drawn."""
+    from mptlml.models import MaskedLM
+
+    mlm = MaskedLM.from_pretrained(tiny_dir)
+    seqs = ["the cat sat on a mat", "blue tree"]
+    with pytest.raises(ValueError, match="would score 200,000,000 masked inputs.*lower num_masks"):
+        mptlml.mpt_curve(mlm, seqs, num_masks=10**8, rates=[0.5], seed=0)
+    with pytest.raises(ValueError, match="max_masked_inputs"):
+        mptlml.estimate_lml(mlm, seqs, "chain-rule", num_masks=10**8, seed=0)
+    with pytest.raises(ValueError, match="max_masked_inputs"):
+        mptlml.estimate_lml(mlm, seqs, "cumulative", num_masks=10**8, seed=0)
+    from mptlml import settings
+
+    with settings.max_masked_inputs(10**9), pytest.raises(ValueError, match="GiB of masks"):
+        mptlml.mpt_curve(mlm, seqs, num_masks=10**8, rates=[0.5, 0.9], seed=0)

@@ -13,6 +13,8 @@ Each setting is a context manager that changes a value for the code inside its
 ``mask_bytes``      bytes of masks drawn in one call by the grid scorer (several
                     blocks at once: fewer, larger draws on the mask threads).
 ``max_masks``       default cap on the masks the exhaustive estimator enumerates.
+``max_masked_inputs`` cap on the masked inputs one run on ragged sequences may score
+                    (a run past it is refused up front, with its cost).
 
 They change how the work is cut, not what is estimated: the masks of one block
 (or group of blocks) are drawn in one call, so with other block sizes a seed
@@ -37,7 +39,8 @@ from typing import Any, ClassVar
 from ._heap import heap_kept, keep_heap
 from ._validation import check_positive_int
 
-__all__ = ["block_elements", "heap_kept", "keep_heap", "mask_bytes", "max_masks"]
+__all__ = ["block_elements", "heap_kept", "keep_heap", "mask_bytes", "max_masked_inputs",
+           "max_masks"]
 
 
 class _ValueContext:
@@ -81,6 +84,12 @@ class mask_bytes(_ValueContext):  # noqa: N801
     """Bytes of masks drawn in one call by the grid scorer (default 2^25)."""
 
     _global_value = 1 << 25
+
+
+class max_masked_inputs(_ValueContext):  # noqa: N801
+    """Cap on the masked inputs one run on ragged sequences may score (default 10^7)."""
+
+    _global_value = 10_000_000
 
 
 class max_masks(_ValueContext):  # noqa: N801

@@ -42,7 +42,7 @@ from ..models.protocols import RaggedMaskedModel
 from ..models.sequence_input import encode
 from .rates import check_rates, mask_sizes, rate_widths
 from .results import MPTCurve, announce_nonfinite, as_float64
-from .runner import run_pairs
+from .runner import check_run_size, run_pairs
 from .stats import mean_stderr, sum_stderr
 from .words import TokenScores, encode_words, pll_scores, word_counts
 
@@ -158,6 +158,7 @@ def mlm_curve(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequ
     else:
         toks = encode(model, sequences)
         lengths = np.array([len(t) for t in toks], dtype=np.int64)
+    check_run_size([r.size * p] * len(lengths), lengths, "this MPT curve")
     sizes = np.stack([mask_sizes(int(d), r) for d in lengths])  # (N, K)
     k = r.size
     unit = {"unit": "word"} if whole_word else {}
@@ -230,6 +231,7 @@ def exact_sum(model: RaggedMaskedModel, toks: list[torch.Tensor], p: int, seed: 
     """
     lengths = (np.array([len(t) for t in toks], dtype=np.int64) if words is None
                else word_counts(words))
+    check_run_size([int(d) * p for d in lengths], lengths, "the cumulative sum over M")
     cells, calls = size_cells(model, toks, [np.full(int(d), p) for d in lengths], seed,
                               words=words, **kwargs)
     tot, tse = [], []

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +31,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import settings
 from .._progress import progress_bar
 from .._validation import check_positive_int
 from ..models.protocols import RaggedMaskedModel
 from .checkpoints import CheckpointError, check_meta, load_chunk, save_chunk
 from .distributed import DistContext, barrier, distributed_context, gather, shard
 
-__all__ = ["RunOutput", "run_pairs", "seq_seed"]
+__all__ = ["MAX_SEQUENCE_MASK_BYTES", "RunOutput", "check_run_size", "run_pairs", "seq_seed"]
 
 
 def seq_seed(seed: int, index: int) -> int:
@@ -98,6 +99,36 @@ class RunOutput:
 
     sums: list[np.ndarray]
     num_model_calls: int
+
+
+#: most bytes of bool masks one sequence may need (its rows x its tokens) before a run starts
+MAX_SEQUENCE_MASK_BYTES = 1 << 30
+
+
+def check_run_size(rows_per_sequence: Sequence[int], lengths: Sequence[int], what: str) -> None:
+    """Refuse, before anything runs, a run whose masks for one sequence would not fit in memory.
+
+    ``rows_per_sequence[i]`` masked inputs of ``lengths[i]`` tokens each are drawn for
+    sequence i at once; past :data:`MAX_SEQUENCE_MASK_BYTES` of masks for one sequence the
+    run would grow memory until the machine fails, so it is refused with its cost.
+    """
+    if not len(lengths):
+        return
+    need = [int(r) * max(int(d), 1) for r, d in zip(rows_per_sequence, lengths, strict=True)]
+    i = max(range(len(need)), key=need.__getitem__)
+    total = sum(int(r) for r in rows_per_sequence)
+    cap = settings.max_masked_inputs.value()
+    if total > cap:
+        raise ValueError(
+            f"{what} would score {total:,} masked inputs (up to {max(rows_per_sequence):,} "
+            f"per sequence), more than mptlml.settings.max_masked_inputs = {cap:,}; lower "
+            "num_masks (or the number of rates), or raise that setting if you mean it.")
+    if need[i] > MAX_SEQUENCE_MASK_BYTES:
+        raise ValueError(
+            f"{what} would draw {int(rows_per_sequence[i]):,} masked copies of sequence {i} "
+            f"({int(lengths[i])} tokens: {need[i] / 2**30:.1f} GiB of masks at once) and score "
+            f"{total:,} masked inputs in all; lower num_masks (or the number of rates), or "
+            "score shorter sequences.")
 
 
 def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..estimation.engine import Counter, score_chain_rule
-from ..estimation.runner import run_pairs
+from ..estimation.runner import check_run_size, run_pairs
 from ..estimation.stats import mean_stderr
 from ..estimation.words import targeted
 from ..masks import prefix_masks, random_orders
@@ -84,6 +84,7 @@ class ChainRule(Estimator):
             return codes.reshape(p * d, d)
 
         lengths = [len(t) for t in toks]
+        check_run_size([d * p for d in lengths], lengths, "the chain rule")
         pairs = int(sum(lengths) * p)  # one (sequence, prefix mask) pair per scored position
         out = run_pairs(scorer, toks, order_codes, seed=seed, tag="chain_rule",
                         spec={"kind": "chain-rule", "num_masks": p, "total_pairs": pairs},

@@ -139,6 +139,10 @@ class Cumulative(Estimator):
         n, d = xt.shape
         p = self.num_masks
         size_list = list(range(1, d + 1)) if sizes is None else [check_size(m, d) for m in sizes]
+        repeated = sorted({m for m in size_list if size_list.count(m) > 1})
+        if repeated:
+            raise ValueError(f"sizes {list(sizes or [])} repeat {repeated}: a repeated size "
+                             "would count twice in the area; pass each size once.")
         if not size_list:
             raise ValueError("sizes is empty; pass at least one mask size in 1..D.")
         exact_sum = sorted(set(size_list)) == list(range(1, d + 1)) and len(size_list) == d
