@@ -100,8 +100,9 @@ class Cumulative(Estimator):
         :func:`mptlml.estimation.stats.strata_stderr`. Nested masks are
         dependent across sizes, so their draws are one stratum. Shared masks
         go through the model's grid reduction (a whole grid of sizes per call,
-        2-5x faster for PPCA at D = 512); their SE rests on the P draws of the
-        data mean, and the estimate warns below 5 degrees of freedom.
+        2-5x faster for a linear-Gaussian model at D = 512); their SE rests on
+        the P draws of the data mean, and the estimate warns below 5 degrees
+        of freedom.
         """
         d, p = x.shape[1], self.num_masks
         sizes = list(range(1, d + 1))
