@@ -35,11 +35,11 @@ def ppca():
 
 @pytest.fixture(scope="module")
 def warmed(ppca) -> AdaptiveSize:
-    """An adaptive-size estimator after 60 observed MPTLoss calls on ``ppca``."""
+    """An adaptive-size estimator after 100 observed MPTLoss calls on ``ppca``."""
     model, x = ppca
     loss = MPTLoss(model, "adaptive-size", num_masks=1, decay=1.0)
     with torch.no_grad():
-        for i in range(60):
+        for i in range(100):
             loss(x, generator=10_000 + i)
     return loss.estimator_
 
@@ -153,16 +153,17 @@ def test_each_sequence_of_a_ragged_batch_draws_the_q_its_weight_assumes(tiny_dir
         assert p > 1e-3, (i, di, counts.tolist(), (q * reps).tolist())
 
 
+@pytest.mark.slow  # 800 objective calls: ~3 s on an idle core, more on a shared one
 def test_adapted_q_lowers_the_variance_of_the_objective(ppca, warmed, monkeypatch):
-    """Measured: over 200 seeds the variance ratio is about 0.6 on this PPCA (D = 20)."""
+    """Measured: over 400-500 seeds the variance ratio is about 0.55-0.6 on this PPCA (D = 20)."""
     model, x = ppca
     adapted = _frozen(_warm(model, warmed), monkeypatch)
     uniform = MPTLoss(model, "random-size", num_masks=1)
     with torch.no_grad():
-        va = torch.stack([adapted(x, generator=s).double() for s in range(200)])
-        vu = torch.stack([uniform(x, generator=s).double() for s in range(200)])
+        va = torch.stack([adapted(x, generator=s).double() for s in range(400)])
+        vu = torch.stack([uniform(x, generator=s).double() for s in range(400)])
     ratio = float(va.var() / vu.var())
-    assert ratio < 0.85, ratio
+    assert ratio < 0.8, ratio
 
 
 @pytest.mark.parametrize("shared", [False, True])
