@@ -11,6 +11,7 @@ name               estimate of log p(x)                        bias          dat
 ``exhaustive``     every mask of every size                    exact         dense
 ``cumulative``     sum_M S_hat(x; M), P masks per size         unbiased      both
 ``random-size``    S_hat(x; M) / q(M), M ~ q (uniform: D)      unbiased      dense
+``adaptive-size``  same, q ~ running RMS of S_hat + floor      unbiased      dense
 ``fixed-rate``     D * S_hat(x; M), M = max(1, floor(rate D))  biased        dense
 ``chain-rule``     sum_t log p(x_pi(t) | x_pi(t+1..D))          unbiased      both
 ``riemann``        D_i * mean_k S(x_i; M_ik) on a rate grid     grid-biased   ragged
@@ -23,6 +24,7 @@ and :class:`mptlml.hf.DataCollatorForMPT` look estimators up there, so one
 registered from outside the package works in all of them at once.
 """
 
+from .adaptive_size import AdaptiveSize
 from .api import estimate_lml, mpt_curve
 from .base import (
     Draws,
@@ -43,6 +45,7 @@ from .random_size import RandomSize
 from .riemann import Riemann
 
 __all__ = [
+    "AdaptiveSize",
     "ChainRule",
     "Cumulative",
     "Draws",

@@ -202,6 +202,17 @@ class Estimator:
         """
         raise NotImplementedError(f"the {self.name!r} estimator has no mask-size rule.")
 
+    def observe(self, sizes: torch.Tensor, scores: torch.Tensor,
+                num_tokens: int | torch.Tensor) -> None:
+        """Learn from the sizes of a past draw and their unweighted S_hat (default: nothing).
+
+        :class:`~mptlml.objectives.MPTLoss` calls it after each call with the
+        rows of :meth:`sizes` and their scores (detached), so an estimator may
+        adapt its size rule to the draws seen so far (e.g.
+        :class:`~mptlml.estimators.AdaptiveSize`); a size rule that depends
+        only on past draws keeps each draw unbiased given the past.
+        """
+
     # ---------------------------------------------------------------- draws
     def draws(self, model: MaskedModel, x: torch.Tensor, *,
               generator: torch.Generator | int | None = None, progress: bool = False,

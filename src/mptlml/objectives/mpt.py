@@ -102,7 +102,22 @@ class MPTLoss(Objective):
         The mean of the estimator's P draws (:meth:`mptlml.estimators.Estimator.draws`);
         all the masks of one call go through one batched model evaluation per block.
         """
-        return self.estimator_.draws(self.model, x, generator=make_generator(generator)).mean(0)
+        return self._draws(x, generator).mean(0)
+
+    def _draws(self, x: torch.Tensor, generator: torch.Generator | None,
+               mean_over_data: bool = False) -> torch.Tensor:
+        """The estimator's draws; an estimator that learns from its draws then observes them.
+
+        The sizes of this call were drawn before the observation, so the size
+        rule of a draw depends only on past draws (each draw stays unbiased).
+        """
+        est, g = self.estimator_, make_generator(generator)
+        if type(est).observe is Estimator.observe:
+            return est.draws(self.model, x, generator=g, mean_over_data=mean_over_data)
+        rows, s = est._score_rows(self.model, x, g, False, None, mean_over_data)
+        out = est._combine(rows, s, x.shape[1])
+        est.observe(rows, s.detach(), x.shape[1])
+        return out
 
     def batch_mean(self, x: torch.Tensor,
                    generator: torch.Generator | None = None) -> torch.Tensor:
@@ -114,5 +129,4 @@ class MPTLoss(Objective):
         """
         if not self.share_masks:
             return self.per_datum(x, generator).mean()
-        return self.estimator_.draws(self.model, x, generator=make_generator(generator),
-                                     mean_over_data=True).mean(0)
+        return self._draws(x, generator, mean_over_data=True).mean(0)

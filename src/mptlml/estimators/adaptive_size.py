@@ -1,0 +1,182 @@
+"""The adaptive-size estimator: S_hat(x; M) / q(M), q fitted to the running RMS of the scores.
+
+Proposition 1 of Moreno-Munoz, Recasens & Hauberg (NeurIPS 2023) writes
+log p(x) = sum_{M=1..D} S(x; M). Drawing one size M ~ q and weighting its
+score by 1/q(M) is unbiased for any q with q(M) > 0 on 1..D
+(:class:`~mptlml.estimators.RandomSize`), and its variance::
+
+    Var = sum_M E[S_hat(x; M)^2] / q(M) - log p(x)^2
+
+is smallest at q(M) proportional to sqrt(E[S_hat(x; M)^2]), the root mean
+square of the size's scores (importance sampling of the size). This estimator
+keeps that RMS per *rate bin* (the bin of M / D, so that sequences of
+different lengths D_i share statistics) from the scores of past draws, and
+mixes it with a floor::
+
+    q(M) = (1 - eps) * rms(bin(M / D)) / sum_M' rms(bin(M' / D)) + eps / D.
+
+So every size keeps q(M) >= eps / D, and q of a draw depends only on the
+draws before it: given the past, each draw is still an unbiased estimate of
+log p(x), hence so is their mean (a martingale argument).
+
+Who feeds the statistics
+------------------------
+:class:`mptlml.objectives.MPTLoss` calls :meth:`AdaptiveSize.observe` after
+each call with the sizes it drew and their unweighted scores S_hat (detached):
+nothing to do when training dense data. :class:`mptlml.hf.DataCollatorForMPT`
+cannot see losses: it draws with the q fitted so far (uniform until observed).
+To adapt it, pass an ``AdaptiveSize`` instance to the collator and call
+``observe(m, s_hat, d)`` yourself with each batch's sizes M_i, the
+sequences' S_hat = (1/M_i) sum_mask log p, and D_i (in the process that runs
+the collator: a DataLoader with ``num_workers=0``). Evaluation
+(:func:`mptlml.estimate_lml`) never adapts q, so two models scored with one
+seed keep common random numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._validation import check_positive_int
+from .base import register
+from .random_size import RandomSize
+
+__all__ = ["AdaptiveSize"]
+
+
+@register
+class AdaptiveSize(RandomSize):
+    """``S_hat(x; M) / q(M)``, M ~ q, q proportional to the running RMS of S_hat per rate bin.
+
+    Parameters
+    ----------
+    num_masks : int
+        P draws of (M, mask) per datum.
+    share_masks : bool
+        One (M, mask) per draw shared by every datum (dense data).
+    stratified : bool
+        Spread the sizes of the data over the quantile strata of q (dense data).
+    eps : float in (0, 1]
+        Floor: ``q = (1 - eps) q_adapted + eps / D``, so q(M) >= eps / D.
+        ``eps=1`` is the uniform random-size estimator.
+    num_bins : int
+        Rate bins of M / D over (0, 1]: size M of D tokens is in bin
+        ``ceil(num_bins * M / D) - 1``.
+    decay : float in (0, 1]
+        Forgetting factor of the statistics per :meth:`observe` call
+        (1: the mean of every score so far; < 1 follows a model that trains).
+
+    Notes
+    -----
+    Before any observation, and for bins never observed, q is uniform over
+    the unobserved part (each unobserved bin takes the largest observed RMS,
+    so it keeps being explored). Unbiased for any state of the statistics;
+    the variance is the lowest for an importance-sampled size when the RMS
+    is that of the current model.
+
+    References
+    ----------
+    Moreno-Munoz, Recasens, Hauberg (2023), Proposition 1.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mptlml.models import PPCA
+    >>> from mptlml.objectives import MPTLoss
+    >>> model = PPCA.random(8, 2, sigma2=0.2, seed=0)
+    >>> x = model.sample(50, generator=0)
+    >>> loss = MPTLoss(model, "adaptive-size", num_masks=4)
+    >>> for step in range(5):
+    ...     value = loss(x, generator=step)   # observes its own scores
+    >>> q = loss.estimator_.size_probs(8)
+    >>> bool((q >= 0.1 / 8 - 1e-12).all()) and abs(float(q.sum()) - 1) < 1e-12
+    True
+    """
+
+    name = "adaptive-size"
+    summary = "S_hat(x; M) / q(M), M ~ q ~ running RMS of S_hat per rate bin + floor; unbiased"
+
+    def __init__(self, num_masks: int = 1, *, share_masks: bool = False,
+                 stratified: bool = False, eps: float = 0.1, num_bins: int = 16,
+                 decay: float = 0.95) -> None:
+        super().__init__(num_masks, share_masks=share_masks, stratified=stratified)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps <= 1:
+            raise ValueError(f"eps must be a number in (0, 1] (the floor eps / D keeps every "
+                             f"size possible), got {eps!r}.")
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
+            raise ValueError(f"decay must be a number in (0, 1], got {decay!r}.")
+        self.eps = float(eps)
+        self.num_bins = check_positive_int(num_bins, "num_bins")
+        self.decay = float(decay)
+        self._sum2 = torch.zeros(self.num_bins, dtype=torch.float64)
+        self._count = torch.zeros(self.num_bins, dtype=torch.float64)
+
+    # ---------------------------------------------------------------- the statistics
+    def bins(self, sizes: torch.Tensor, num_tokens: int | torch.Tensor) -> torch.Tensor:
+        """Rate bin of each size: ``ceil(num_bins * M / D) - 1`` in 0..num_bins-1."""
+        d = torch.as_tensor(num_tokens, dtype=torch.float64)
+        r = sizes.double() / d.clamp_min(1)
+        return (torch.ceil(r * self.num_bins).long() - 1).clamp(0, self.num_bins - 1)
+
+    def bin_rms(self) -> torch.Tensor:
+        """Running RMS of S_hat per rate bin, ``(num_bins,)``; NaN where never observed."""
+        return torch.where(self._count > 0, (self._sum2 / self._count.clamp_min(1e-300)).sqrt(),
+                           float("nan"))
+
+    def observe(self, sizes: torch.Tensor, scores: torch.Tensor,
+                num_tokens: int | torch.Tensor) -> None:
+        """Update the per-bin statistics with drawn sizes and their unweighted S_hat.
+
+        Parameters
+        ----------
+        sizes : LongTensor
+            The sizes of the draw (``(R,)`` or ``(R, N)`` rows of dense data;
+            ``(B,)`` for sequences, 0 where D_i = 0 is skipped).
+        scores : Tensor
+            S_hat(x; M) of each row, ``sizes``' shape or ``(R, N)`` for
+            ``(R,)`` sizes (a mask shared by the data); detached here.
+        num_tokens : int or LongTensor ``(B,)``
+            D, or D_i per sequence.
+        """
+        s = scores.detach().to(device="cpu", dtype=torch.float64)
+        m = sizes.detach().cpu().long()
+        if m.ndim == 1 and s.ndim == 2:
+            m = m[:, None].expand_as(s)
+        if m.shape != s.shape:
+            raise ValueError(f"observe: sizes {tuple(m.shape)} and scores {tuple(s.shape)} "
+                             "do not match (one score per drawn size).")
+        d = num_tokens.detach().cpu().long() if isinstance(num_tokens, torch.Tensor) \
+            else torch.tensor(check_positive_int(num_tokens, "num_tokens"))
+        d = d.expand_as(m) if d.ndim == 0 else d
+        if d.shape != m.shape:
+            raise ValueError(f"observe: num_tokens {tuple(d.shape)} must be an int or one "
+                             f"per size {tuple(m.shape)}.")
+        keep = m > 0
+        s, m, d = s[keep], m[keep], d[keep]
+        if not bool(torch.isfinite(s).all()):
+            bad = int((~torch.isfinite(s)).nonzero()[0, 0])
+            raise ValueError(f"observe: score {float(s[bad])} at size M={int(m[bad])} of "
+                             f"D={int(d[bad])} is not finite; the size distribution cannot "
+                             "adapt to it (check the model's log-probabilities).")
+        b = self.bins(m, d)
+        self._sum2.mul_(self.decay).index_add_(0, b, s.square())
+        self._count.mul_(self.decay).index_add_(0, b, torch.ones_like(s))
+
+    def reset(self) -> None:
+        """Forget every observation (q is uniform again)."""
+        self._sum2.zero_()
+        self._count.zero_()
+
+    def size_probs(self, num_tokens: int) -> torch.Tensor:
+        """q(M) over M = 1..D: ``(1 - eps) rms(bin(M/D)) / sum + eps / D`` (float64)."""
+        d = check_positive_int(num_tokens, "num_tokens")
+        rms = self.bin_rms()
+        seen = ~torch.isnan(rms)
+        if not bool(seen.any()) or not bool((rms[seen] > 0).any()):
+            return torch.full((d,), 1.0 / d, dtype=torch.float64)
+        rms = torch.where(seen, rms, rms[seen].max())
+        a = rms[self.bins(torch.arange(1, d + 1), d)]
+        if not float(a.sum()) > 0:
+            return torch.full((d,), 1.0 / d, dtype=torch.float64)
+        q = (1.0 - self.eps) * a / a.sum() + self.eps / d
+        return q / q.sum()
