@@ -216,8 +216,9 @@ class Estimator:
     # ---------------------------------------------------------------- draws
     def draws(self, model: MaskedModel, x: torch.Tensor, *,
               generator: torch.Generator | int | None = None, progress: bool = False,
-              counter: Counter | None = None, mean_over_data: bool = False) -> torch.Tensor:
-        """P i.i.d. estimates of log p(x_n): ``(P, N)``, or ``(P,)`` with ``mean_over_data``.
+              counter: Counter | None = None, mean_over_data: bool = False,
+              learn: bool = False) -> torch.Tensor:
+        r"""P i.i.d. estimates of log p(x_n): ``(P, N)``, or ``(P,)`` with ``mean_over_data``.
 
         Each draw is ``sum_rows weight_row * S_hat(x; M_row)`` over fresh
         uniform masks of the sizes of :meth:`sizes`. Differentiable with respect
@@ -226,11 +227,15 @@ class Estimator:
         model averages each mask's scores over the data itself (e.g. from
         the data's second moments). The same generator state gives the same
         masks whatever the model, so two models scored with one seed share
-        their masks (common random numbers).
+        their masks (common random numbers). With ``learn`` (training), the
+        estimator then :meth:`observe`\ s this draw's sizes and scores.
         """
         rows, s = self._score_rows(model, x, make_generator(generator), progress, counter,
                                    mean_over_data)
-        return self._combine(rows, s, x.shape[1])
+        out = self._combine(rows, s, x.shape[1])
+        if learn:  # after the draw: its sizes depended only on the draws before it
+            self.observe(rows, s.detach(), x.shape[1])
+        return out
 
     def _score_rows(self, model: MaskedModel, x: torch.Tensor, g: torch.Generator,
                     progress: bool, counter: Counter | None,

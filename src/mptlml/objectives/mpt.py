@@ -111,13 +111,8 @@ class MPTLoss(Objective):
         The sizes of this call were drawn before the observation, so the size
         rule of a draw depends only on past draws (each draw stays unbiased).
         """
-        est, g = self.estimator_, make_generator(generator)
-        if type(est).observe is Estimator.observe:
-            return est.draws(self.model, x, generator=g, mean_over_data=mean_over_data)
-        rows, s = est._score_rows(self.model, x, g, False, None, mean_over_data)
-        out = est._combine(rows, s, x.shape[1])
-        est.observe(rows, s.detach(), x.shape[1])
-        return out
+        return self.estimator_.draws(self.model, x, generator=make_generator(generator),
+                                     mean_over_data=mean_over_data, learn=True)
 
     def batch_mean(self, x: torch.Tensor,
                    generator: torch.Generator | None = None) -> torch.Tensor:
