@@ -21,10 +21,11 @@ import torch
 
 from ..estimation.ragged import mlm_curve
 from ..estimation.results import LMLEstimate, MPTCurve, announce_nonfinite, as_float64
+from ..estimation.stats import mean_stderr
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
 from ..models.sequence_input import encode
-from .base import Estimator, available, create, get
+from .base import Estimator, create, get
 from .cumulative import Cumulative
 from .precision import check_target, ragged_curve_to_target, ragged_sum_to_target
 
@@ -199,10 +200,7 @@ def estimate_lml(model: MaskedModel | RaggedMaskedModel, x: Any,
     if isinstance(model, RaggedMaskedModel):
         _refuse_for_ragged(given)
         run = {k: options.pop(k) for k in list(options) if k in _RUN_OPTIONS}
-        if not get(estimator).ragged:
-            raise ValueError(f"estimator {get(estimator).name!r} does not apply to ragged "
-                             f"sequences (a masked LM); choose one of "
-                             f"{', '.join(available(ragged=True))}.")
+        get(estimator).check_applies(ragged=True)  # before its options are checked
         est = create(estimator, for_ragged=True, num_masks=num_masks, **options)
         if target_se is None:
             return _announce(est.estimate(model, x, seed=_ragged_seed(seed), progress=progress,
@@ -235,12 +233,11 @@ def _ragged_to_target(model: RaggedMaskedModel, x: Any, est: Estimator, target_s
     toks = encode(model, x)
     out = ragged_sum_to_target(model, toks, target_se, budget, allocation, est.num_masks, seed,
                                progress=progress, **run)
-    n = len(toks)
     lml = out["lml"]
     return LMLEstimate(
         estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(out["stderr"]),
         mean=float(lml.mean()), stderr=out["stderr_mean"],
-        stderr_data=float(lml.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
+        stderr_data=float(mean_stderr(lml)[1]),
         sizes=None, size_scores=None, num_masks=int(max(out["counts"])),
         num_model_calls=out["calls"], num_masked_rows=int(out["rows"].sum()),
         num_masked_rows_per_sample=torch.as_tensor(out["rows"]), stderr_dof=out["dof"],

@@ -304,9 +304,7 @@ class Estimator:
         LMLEstimate
         """
         if isinstance(model, RaggedMaskedModel):
-            if not self.ragged:
-                raise ValueError(f"the {self.name!r} estimator is for dense (N, D) data; for "
-                                 f"ragged sequences use one of {available(ragged=True)}.")
+            self.check_applies(ragged=True)
             if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
                 raise TypeError(f"for ragged sequences pass an int seed, got {seed!r}.")
             out = self.score_sequences(model, x, int(seed), progress, dict(run or {}))
@@ -323,9 +321,7 @@ class Estimator:
                 seed=int(seed), model=model.name)
         if run:
             raise TypeError(f"unexpected arguments {sorted(run)} (only for ragged sequences).")
-        if not self.dense:
-            raise ValueError(f"the {self.name!r} estimator is for ragged sequences (a masked "
-                             f"LM); for (N, D) data use one of {available(dense=True)}.")
+        self.check_applies(ragged=False)
         if not isinstance(model, MaskedModel):
             raise TypeError(
                 f"model must be an mptlml.models.MaskedModel (a model of (N, D) data) or a "
@@ -359,6 +355,23 @@ class Estimator:
             shared_masks=self.share_masks or out.exact,
             nested=bool(getattr(self, "nested", False)),
             seed=int(seed) if isinstance(seed, numbers.Integral) else None)
+
+    @classmethod
+    def check_applies(cls, *, ragged: bool) -> None:
+        """Refuse data this estimator does not estimate (ragged sequences or dense data)."""
+        if not (cls.ragged if ragged else cls.dense):
+            kind = "ragged sequences (a masked LM)" if ragged else "dense (N, D) data"
+            names = available(ragged=True) if ragged else available(dense=True)
+            raise ValueError(f"estimator {cls.name!r} does not apply to {kind}; choose one of "
+                             f"{', '.join(names)}.")
+
+    @staticmethod
+    def sequence_lengths(num_tokens: torch.Tensor) -> torch.Tensor:
+        """The D_i of a batch of sequences as a flat LongTensor, checked >= 0."""
+        d = num_tokens.long().flatten()
+        if bool((d < 0).any()):
+            raise ValueError(f"num_tokens must be >= 0, got {d.tolist()}.")
+        return d
 
     def check_num_tokens(self, num_tokens: int) -> None:
         """Refuse options that do not fit data of ``num_tokens`` tokens (e.g. M > D)."""

@@ -82,9 +82,7 @@ class FixedRate(Estimator):
     def sizes(self, num_tokens: int | torch.Tensor, *, num_data: int | None = None,
               generator: torch.Generator | None = None) -> torch.Tensor:
         if isinstance(num_tokens, torch.Tensor):  # one size per sequence
-            d = num_tokens.long().flatten()
-            if bool((d < 0).any()):
-                raise ValueError(f"num_tokens must be >= 0, got {d.tolist()}.")
+            d = self.sequence_lengths(num_tokens)
             if self.rate is None:
                 raise ValueError("per-sequence sizes of 'fixed-rate' need rate= (each "
                                  "sequence has its own D_i), not mask_size=.")

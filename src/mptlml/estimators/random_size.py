@@ -83,9 +83,7 @@ class RandomSize(Estimator):
     def sizes(self, num_tokens: int | torch.Tensor, *, num_data: int | None = None,
               generator: torch.Generator | None = None) -> torch.Tensor:
         if isinstance(num_tokens, torch.Tensor):  # one size per sequence
-            d = num_tokens.long().flatten()
-            if bool((d < 0).any()):
-                raise ValueError(f"num_tokens must be >= 0, got {d.tolist()}.")
+            d = self.sequence_lengths(num_tokens)
             if self._uniform():
                 return uniform_sizes(d, generator, self.stratified)
             return torch.stack([uniform_sizes(di.view(1), generator, False, self._q(int(di)))[0]
