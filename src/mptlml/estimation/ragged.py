@@ -236,8 +236,9 @@ def exact_sum(model: RaggedMaskedModel, toks: list[torch.Tensor], p: int, seed: 
                               words=words, **kwargs)
     tot, tse = [], []
     for cell in cells:
-        mean = np.array([c.mean() for c in cell])
-        se = np.array([c.std(ddof=1) / np.sqrt(c.size) if c.size > 1 else np.nan for c in cell])
+        stats = [mean_stderr(c) for c in cell]
+        mean = np.array([m for m, _ in stats])
+        se = np.array([e for _, e in stats])
         tot.append(float(mean.sum()))
         tse.append(float(sum_stderr(se if p > 1 else None, mean)))
     return np.array(tot), np.array(tse), calls

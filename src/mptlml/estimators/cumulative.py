@@ -14,7 +14,6 @@ On ragged sequences each sequence sums its own sizes 1..D_i.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Sequence
 from typing import Any
@@ -165,8 +164,7 @@ class Cumulative(Estimator):
                 cells, target = self._cells_for(model, xt, size_list, coef, target_se, max_masks,
                                                 allocation, g, counter, progress)
                 per_sample = torch.stack([c.mean(0) for c in cells], 1).cpu() / coef  # (N, S)
-                per_se = torch.stack([c.var(0, correction=1).div(c.shape[0]).sqrt()
-                                      for c in cells], 1).cpu() / coef
+                per_se = torch.stack([mean_stderr(c)[1] for c in cells], 1).cpu() / coef
                 _, mc_se, _ = strata_stderr(cells, shared=self.share_masks)
         mean, stderr = mean_stderr(per_sample)
         area_ps = per_sample.sum(1) if exact_sum else d * per_sample.mean(1)
@@ -251,8 +249,7 @@ class Cumulative(Estimator):
         res = LMLEstimate(
             estimator=self.name, per_sample=per_sample, per_sample_stderr=per_se.cpu(),
             mean=mean, stderr=stderr,
-            stderr_data=float(per_sample.std(correction=1) / math.sqrt(n)) if n > 1
-            else float("nan"),
+            stderr_data=float(mean_stderr(per_sample)[1]),
             sizes=list(range(1, d + 1)),
             size_scores=torch.stack([c.mean() for c in cells]).cpu(),
             num_masks=int(max(target["counts"])), num_model_calls=counter.calls,
