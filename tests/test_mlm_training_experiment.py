@@ -181,3 +181,29 @@ def test_pixels_are_scikit_learns_digits(levels):
     train, test = split(levels, 30, 4)
     assert torch.equal(test, want[perm[:30]]) and torch.equal(train, want[perm[30:]])
     assert int(train.max()) == levels - 1 and int(train.min()) == 0
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_same_numbers_as_one_process(tmp_path):
+    """The (objective, seed) runs in two spawned processes = the same runs one after the other."""
+    import json
+
+    from mptlml.experiments import run_experiment
+
+    base = {"objectives": ("bert-15", "random-size"), "num_seeds": 2, "steps": 6,
+            "num_test": 12, "rate_start": 0.25, "rate_step": 0.5, "num_samples": 2,
+            "variance_draws": 4, "score15_num_masks": 1, "bernoulli_epochs": 3}
+    one = run_experiment("mlm-training", tmp_path / "one", quick=True,
+                         overrides={**base, "workers": 1})["results"]
+    two = run_experiment("mlm-training", tmp_path / "two", quick=True,
+                         overrides={**base, "workers": 2})["results"]
+    assert one["workers"] == 1 and two["workers"] == 2
+    drop = {"train_s"}
+    rows = [[{k: v for k, v in r.items() if k not in drop} for r in res["table"]]
+            for res in (one, two)]
+    assert rows[0] == rows[1]  # exact: same floats, same order
+    assert one["stratified"] == two["stratified"]
+    for f in ("curve.csv", "per_sequence.csv", "training.csv"):
+        assert (tmp_path / "one" / f).read_text() == (tmp_path / "two" / f).read_text(), f
+    same = [json.dumps(res["comparisons"], sort_keys=True, default=repr) for res in (one, two)]
+    assert same[0] == same[1]

@@ -39,9 +39,13 @@ the seed-0 random-size model (``stratified`` in results.json).
 
 from __future__ import annotations
 
+import logging
 import math
+import multiprocessing
+import os
 import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -72,7 +76,9 @@ from .common import RunDir
 from .config import setting
 from .mlm import RateGridSettings
 
-__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "run", "summary"]
+__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "num_workers", "run", "summary"]
+
+_log = logging.getLogger(__name__)
 
 _D = NUM_PIXELS
 #: exact references (key in results) -> label
@@ -123,8 +129,11 @@ class Config(RateGridSettings):
     bernoulli_epochs: int = setting(300, "training epochs of the Bernoulli reference", min=1)
     bernoulli_lr: float = setting(0.05, "learning rate of the Bernoulli reference", gt=0)
     token_budget: int = setting(16384, "padded tokens per forward pass", min=1)
-    num_threads: int | None = setting(None, "torch intra-op threads during the run "
-                                      "(restored afterwards; default: leave them)", min=1)
+    num_threads: int | None = setting(1, "torch intra-op threads of each run (restored "
+                                      "afterwards; none: leave them as they are)", min=1)
+    workers: int | None = setting(None, "processes that train and evaluate the (objective, "
+                                  "seed) runs side by side (default: one per CPU core, at most "
+                                  "one per run); the numbers do not depend on it", min=1)
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -137,7 +146,7 @@ class Config(RateGridSettings):
         return cls(num_test=40, hidden_size=32, num_heads=2, intermediate_size=64, steps=60,
                    batch_size=32, lr=5e-3, warmup_steps=10, log_every=10, rate_start=0.05,
                    rate_step=0.1, score15_num_masks=2, variance_draws=100, num_samples=6,
-                   bernoulli_epochs=60, num_threads=1)
+                   bernoulli_epochs=60)
 
     def validate(self) -> None:
         super().validate()
@@ -235,71 +244,162 @@ def _batch_loss_variance(cfg: Config, model: Any, tok: Any, test_ids: torch.Tens
 
 
 # ---------------------------------------------------------------------- run
-def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
-    """Train every (objective, seed), evaluate on held-out digits, write CSVs and figures."""
-    with torch_threads(cfg.num_threads):
-        return _run(cfg, run_dir)
+def _job(cfg: Config, objective: str, seed: int) -> dict[str, Any]:
+    """Train one (objective, seed) model and evaluate it; everything it needs is seeded.
 
-
-def _run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
+    The same function runs in the parent (``workers=1``) or in a worker
+    process: the training draws come from ``torch.manual_seed(seed)`` inside a
+    forked RNG, the evaluation masks from ``eval_seed``, the samples from
+    ``seed``, so a job's numbers do not depend on which process runs it or when.
+    """
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    with torch_threads(cfg.num_threads):
+        tok = tokenizer(cfg.levels)
+        train_x, test_x = split(cfg.levels, cfg.num_test, cfg.split_seed)
+        train_ids = pixel_ids(train_x, tok, cfg.levels)
+        test_ids = pixel_ids(test_x, tok, cfg.levels)
+        with torch.random.fork_rng(devices=[]):  # dropout draws: seeded per run
+            torch.manual_seed(seed)
+            model, rows, secs = _train(cfg, objective, seed, train_ids, tok)
+        t0 = time.perf_counter()
+        ev = _evaluate(cfg, MaskedLM(model, tok, name=f"{objective}/{seed}"), test_ids)
+        out: dict[str, Any] = {"rows": rows, "train_s": secs,
+                               "eval_s": time.perf_counter() - t0, "eval": ev}
+        if seed == cfg.seeds[0]:
+            out["samples"] = samples(model, tok, cfg.num_samples, seed, cfg.levels)
+            if objective == "random-size":
+                out["variance"] = _batch_loss_variance(cfg, model, tok, test_ids)
+    return out
+
+
+def _references_job(cfg: Config) -> dict[str, np.ndarray]:
+    """The exact references (:func:`._mlm_training_data.references`) as a job of their own."""
+    with torch_threads(cfg.num_threads):
+        train_x, test_x = split(cfg.levels, cfg.num_test, cfg.split_seed)
+        return references(cfg, train_x, test_x)
+
+
+def _worker_init() -> None:
+    """Name the worker process as transformers' seeded collator expects a whole program to be.
+
+    ``DataCollatorForLanguageModeling(seed=...)`` refuses to run outside the
+    process named "MainProcess", because DataLoader workers would share one
+    seed. A worker here is not a DataLoader worker: it runs whole jobs, each
+    with its own collator and seed, as the main process would; with the name
+    the collator builds exactly the generator it builds with ``workers=1``.
+    """
+    multiprocessing.current_process().name = "MainProcess"
+
+
+def num_workers(cfg: Config) -> int:
+    """Processes for the runs: ``workers``, or one per usable CPU core, at most one per job."""
+    jobs = len(cfg.objectives) * cfg.num_seeds + 1  # + the exact references
+    if cfg.workers is not None:
+        return min(cfg.workers, jobs)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, jobs))
+
+
+def _run_jobs(cfg: Config) -> tuple[dict[str, np.ndarray], dict[tuple[str, int], dict[str, Any]]]:
+    """The references and every (objective, seed) job, in ``num_workers(cfg)`` processes."""
+    keys = [(o, s) for o in cfg.objectives for s in cfg.seeds]
+    n = num_workers(cfg)
+    if n == 1:
+        refs = _references_job(cfg)
+        done = {}
+        for i, (o, s) in enumerate(keys, 1):
+            done[(o, s)] = _job(cfg, o, s)
+            _log.info("[mlm-training] %s seed %d trained and evaluated (%d/%d)", o, s, i,
+                      len(keys))
+        return refs, done
+    # spawn, not fork: a forked child inherits the parent's OpenMP thread pool in an
+    # undefined state; each worker sets its own torch threads (num_threads)
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx,
+                             initializer=_worker_init) as pool:
+        ref_future = pool.submit(_references_job, cfg)
+        futures = {pool.submit(_job, cfg, o, s): (o, s) for o, s in keys}
+        done = {}
+        try:
+            for i, fut in enumerate(as_completed(futures), 1):
+                o, s = futures[fut]
+                done[(o, s)] = fut.result()
+                _log.info("[mlm-training] %s seed %d trained and evaluated (%d/%d, %d "
+                          "processes)", o, s, i, len(keys), n)
+            refs = ref_future.result()
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    return refs, {k: done[k] for k in keys}
+
+
+def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
+    """Train every (objective, seed), evaluate on held-out digits, write CSVs and figures.
+
+    The runs are independent and go to ``num_workers(cfg)`` processes side by
+    side, each with ``num_threads`` torch threads; the numbers are the same
+    for any number of workers (tested).
+    """
     cfg.validate()
-    tok = tokenizer(cfg.levels)
-    train_x, test_x = split(cfg.levels, cfg.num_test, cfg.split_seed)
-    train_ids, test_ids = pixel_ids(train_x, tok, cfg.levels), pixel_ids(test_x, tok, cfg.levels)
-    refs = references(cfg, train_x, test_x)
+    refs, jobs = _run_jobs(cfg)
+    with torch_threads(cfg.num_threads):
+        return _collect(cfg, run_dir, refs, jobs)
+
+
+def _collect(cfg: Config, run_dir: RunDir, refs: dict[str, np.ndarray],
+             jobs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    _train_x, test_x = split(cfg.levels, cfg.num_test, cfg.split_seed)
     rates = cfg.rates()
     log_rows, curve_rows, table, per_seq, drawn = [], [], [], {}, {}
     evals: dict[tuple[str, int], dict[str, Any]] = {}
     timing: dict[str, float] = {}
     variance: dict[str, float] | None = None
-    for objective in cfg.objectives:
-        for seed in cfg.seeds:
-            with torch.random.fork_rng(devices=[]):  # dropout draws: seeded per run
-                torch.manual_seed(seed)
-                model, rows, secs = _train(cfg, objective, seed, train_ids, tok)
-            log_rows += rows
-            t0 = time.perf_counter()
-            ev = _evaluate(cfg, MaskedLM(model, tok, name=f"{objective}/{seed}"), test_ids)
-            timing[f"{objective}/{seed}"] = secs
-            timing[f"{objective}/{seed}/eval"] = time.perf_counter() - t0
-            evals[(objective, seed)] = ev
-            per_seq[(objective, seed)] = ev["lml"]
-            for r, c, s in zip(rates, ev["curve"], ev["curve_se"], strict=True):
-                curve_rows.append({"objective": objective, "seed": seed, "rate": r,
-                                   "mean_log_prob": c, "stderr": s})
-            lm, ls = mean_se(ev["lml"])
-            cm, cs = mean_se(ev["chain"])
-            pm, ps = mean_se(ev["pll"])
-            sm, ss = mean_se(ev["score15"])
-            table.append({"model": OBJECTIVES[objective], "objective": objective, "seed": seed,
-                          "lml": lm, "lml_se": ls, "chain_rule": cm, "chain_rule_se": cs,
-                          "pll": pm, "pll_se": ps, "score15": sm, "score15_se": ss,
-                          "fixed15_lml": _D * sm, "train_s": secs})
-            if seed == cfg.seeds[0]:
-                drawn[objective] = samples(model, tok, cfg.num_samples, seed, cfg.levels)
-                if objective == "random-size":
-                    variance = _batch_loss_variance(cfg, model, tok, test_ids)
+    for (objective, seed), job in jobs.items():
+        ev = job["eval"]
+        log_rows += job["rows"]
+        timing[f"{objective}/{seed}"] = job["train_s"]
+        timing[f"{objective}/{seed}/eval"] = job["eval_s"]
+        evals[(objective, seed)] = ev
+        per_seq[(objective, seed)] = ev["lml"]
+        for r, c, s in zip(rates, ev["curve"], ev["curve_se"], strict=True):
+            curve_rows.append({"objective": objective, "seed": seed, "rate": r,
+                               "mean_log_prob": c, "stderr": s})
+        lm, ls = mean_se(ev["lml"])
+        cm, cs = mean_se(ev["chain"])
+        pm, ps = mean_se(ev["pll"])
+        sm, ss = mean_se(ev["score15"])
+        table.append({"model": OBJECTIVES[objective], "objective": objective, "seed": seed,
+                      "lml": lm, "lml_se": ls, "chain_rule": cm, "chain_rule_se": cs,
+                      "pll": pm, "pll_se": ps, "score15": sm, "score15_se": ss,
+                      "fixed15_lml": _D * sm, "train_s": job["train_s"]})
+        if "samples" in job:
+            drawn[objective] = job["samples"]
+        if "variance" in job:
+            variance = job["variance"]
     for key in refs:
         label = REFERENCES[key] + (f", K={cfg.bernoulli_latent_dim} (exact, quadrature)"
                                    if key == "bernoulli_lvm" else " (exact)")
         m, s = mean_se(refs[key])
         table.append({"model": label, "objective": key, "seed": None, "lml": m, "lml_se": s})
+    num_test = test_x.shape[0]
     run_dir.write_csv("training.csv", log_rows)
     run_dir.write_csv("curve.csv", curve_rows)
     run_dir.write_csv("lml_table.csv", table)
     run_dir.write_csv("per_sequence.csv", [
         {"image": i, **{f"{o}/{s}": float(v[i]) for (o, s), v in per_seq.items()},
-         **{k: float(refs[k][i]) for k in refs}} for i in range(test_ids.shape[0])])
+         **{k: float(refs[k][i]) for k in refs}} for i in range(num_test)])
     figures(cfg, run_dir, evals, refs, drawn, test_x.double() / (cfg.levels - 1))
     return {"objectives": list(cfg.objectives), "seeds": list(cfg.seeds),
-            "levels": cfg.levels, "num_train": int(train_x.shape[0]),
-            "num_test": int(test_x.shape[0]),
+            "levels": cfg.levels, "num_train": int(_train_x.shape[0]),
+            "num_test": int(num_test),
             "rates": rates, "m15": fixed_rate_size(cfg.rate, _D), "table": table,
             "comparisons": comparisons(cfg, evals, refs), "stratified": variance,
-            "timing_s": timing}
+            "timing_s": timing, "workers": num_workers(cfg)}
 
 
 # ---------------------------------------------------------------------- report
