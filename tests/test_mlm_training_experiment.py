@@ -207,3 +207,36 @@ def test_worker_processes_give_the_same_numbers_as_one_process(tmp_path):
         assert (tmp_path / "one" / f).read_text() == (tmp_path / "two" / f).read_text(), f
     same = [json.dumps(res["comparisons"], sort_keys=True, default=repr) for res in (one, two)]
     assert same[0] == same[1]
+
+
+def test_training_with_eager_attention_matches_sdpa(monkeypatch):
+    """_train switches to the eager attention on the CPU: SDPA's math fallback with dropout is
+    the same operations, so the losses are bit-identical and the weights after three steps
+    differ only by the order of float roundings in the backward (below 1e-5)."""
+    import torch
+
+    from mptlml.experiments._mlm_training_data import pixel_ids, split, tokenizer
+
+    cfg = mlm_training.Config(steps=3, batch_size=8, hidden_size=16, num_heads=2,
+                              intermediate_size=32, warmup_steps=1, log_every=1)
+    tok = tokenizer(2)
+    train_x, _ = split(2, 40, 0)
+    ids = pixel_ids(train_x[:64], tok, 2)
+    runs = {}
+    for name in ("eager", "sdpa"):
+        if name == "sdpa":  # keep the model's own (SDPA) attention throughout
+            from transformers import BertForMaskedLM
+            monkeypatch.setattr(BertForMaskedLM, "set_attn_implementation",
+                                lambda self, impl: None)
+        for objective in ("bert-15", "random-size"):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                model, rows, _ = mlm_training._train(cfg, objective, 0, ids, tok)
+            runs[name, objective] = ([r["loss"] for r in rows],
+                                     [p.detach().clone() for p in model.parameters()])
+            assert model.config._attn_implementation == "sdpa"  # evaluation: the fused kernel
+    for objective in ("bert-15", "random-size"):
+        (la, pa), (lb, pb) = runs["eager", objective], runs["sdpa", objective]
+        assert la == lb
+        worst = max(float((a - b).abs().max()) for a, b in zip(pa, pb, strict=True))
+        assert worst < 1e-5  # Adam divides by sqrt(v): a 1e-9 gradient difference where v ~ 0

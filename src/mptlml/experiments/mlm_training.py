@@ -171,6 +171,11 @@ def _train(cfg: Config, objective: str, seed: int, train_ids: torch.Tensor,
     from ..hf import mpt_batch_loss
 
     model = new_model(cfg, seed, len(tok))
+    # With dropout on a CPU, SDPA runs its math fallback: the eager attention's operations in
+    # the same order (the same losses and gradients, bit for bit: tested) behind a slower
+    # dispatch. Train with the eager attention; evaluate with the fused kernel again.
+    attention = model.config._attn_implementation
+    model.set_attn_implementation("eager")
     model.train()
     collate = collator(objective, tok, cfg.rate, seed)
     cls, sep = tok.cls_token_id, tok.sep_token_id
@@ -200,6 +205,7 @@ def _train(cfg: Config, objective: str, seed: int, train_ids: torch.Tensor,
         if step % cfg.log_every == 0 or step == cfg.steps:
             rows.append({"objective": objective, "seed": seed, "step": step,
                          "loss": float(loss.detach())})
+    model.set_attn_implementation(attention)
     return model.eval(), rows, time.perf_counter() - t0
 
 

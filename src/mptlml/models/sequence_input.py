@@ -80,6 +80,8 @@ def as_token_ids(value: Any, where: str, how: str = _HOW) -> torch.Tensor:
         if value.ndim != 1:
             raise ValueError(f"{where} is an array of shape {value.shape}; one sequence is 1-D.")
         return torch.from_numpy(value.astype(np.int64))
+    if type(value) is list and all(type(v) is int for v in value):  # the common case, fast
+        return torch.tensor(value, dtype=torch.long)
     if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
         raise TypeError(f"{where} is a {type(value).__name__} ({_show(value)}), not a sequence "
                         f"of token ids; {how}.")
