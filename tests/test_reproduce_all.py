@@ -19,6 +19,14 @@ def test_reproduce_all_quick_report_has_every_section(tmp_path, capsys):
         assert (out / name / "results.json").is_file(), name
     rep = json.loads((out / "report.json").read_text())
     assert not rep["missing"] and not rep["problems"]
+    # every part's wall time and the machine, for the full-size table
+    assert [p["name"] for p in rep["parts"]] == [n for n in PAPER_SECTIONS if n in EXPERIMENTS]
+    assert all(p["wall_time_s"] > 0 and p["quick"] for p in rep["parts"])
+    assert rep["environment"]["cpu_count"] >= 1
+    from mptlml.experiments import full_size
+
+    with pytest.raises(SystemExit):  # only a full run goes in the published table
+        full_size.main([str(out)])
     md = (out / "report.md").read_text()
     html = (out / "report.html").read_text()
     for title, _ in PAPER_SECTIONS.values():

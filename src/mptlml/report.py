@@ -421,7 +421,8 @@ def _render(rep: Report, template: str, out_dir: Path) -> str:
 
 
 def report_json(rep: Report) -> str:
-    """A machine-readable summary of the report: every claim with its status, and the counts."""
+    """A machine-readable summary of the report: every claim with its status, the counts,
+    each part's wall time and the machine it ran on."""
     return json.dumps({
         "mode": rep.mode,
         "counts": rep.counts,
@@ -429,5 +430,12 @@ def report_json(rep: Report) -> str:
                    for s in rep.sections for c in s["claims"]],
         "failing": [{"section": c["section"], "claim": c["claim"]} for c in rep.failing],
         "sizes": {s["name"]: s["sizes"] for s in rep.sections if s["sizes"]},
+        "parts": [{"name": s["name"], "title": s["title"], "wall_time_s": s["wall_time_s"],
+                   "quick": s["quick"], "git_commit": s["environment"].get("git_commit"),
+                   "torch_threads": s["environment"].get("torch_threads")}
+                  for s in rep.sections],
+        "environment": {k: v for k, v in (next((s["environment"] for s in rep.sections
+                                                if s["environment"]), None) or {}).items()
+                        if k in ("cpu", "cpu_count", "platform", "python", "gpu", "versions")},
         "missing": rep.missing, "problems": rep.problems,
     }, indent=2, default=str)

@@ -34,8 +34,8 @@ import json
 from importlib.resources import files
 from typing import Any
 
-__all__ = ["FULL_SIZE_FILE", "STATUSES", "claim", "full_size_outcome", "full_size_table",
-           "full_size_table_from_report", "quick_claim", "status_of"]
+__all__ = ["FULL_SIZE_FILE", "STATUSES", "claim", "full_size_markdown", "full_size_outcome",
+           "full_size_table", "full_size_table_from_report", "quick_claim", "status_of"]
 
 #: the only statuses a claim may have, in the order the report counts them.
 STATUSES: tuple[str, ...] = ("holds", "fails", "undecided", "recomputed", "not run")
@@ -137,8 +137,9 @@ def full_size_table_from_report(report: dict[str, Any], *, date: str, machine: s
                                 ) -> dict[str, Any]:
     """The full-size table from a full run's ``report.json`` (``mptlml report DIR``).
 
-    Refuses a report of a quick or mixed run: only full sizes go in the table.
-    Write the result to ``src/mptlml/data/full_size_claims.json``
+    Every claim's status, our number and note, by part, and each part's wall
+    time. Refuses a report of a quick or mixed run: only full sizes go in the
+    table. Write the result to ``src/mptlml/data/full_size_claims.json``
     (``json.dumps(table, indent=1, ensure_ascii=False)``).
     """
     if report.get("mode") != "full":
@@ -146,10 +147,58 @@ def full_size_table_from_report(report: dict[str, Any], *, date: str, machine: s
                          "takes a full run only (mptlml reproduce all without --quick).")
     out: dict[str, dict[str, Any]] = {}
     for c in report["claims"]:
-        out.setdefault(c["section"], {})[c.get("key") or c["claim"]] = {
-            "status": c["status"], "ours": c["ours"]}
+        rec = {"status": c["status"], "ours": c["ours"]}
+        if c.get("note"):
+            rec["note"] = c["note"]
+        out.setdefault(c["section"], {})[c.get("key") or c["claim"]] = rec
+    parts = {p["name"]: {"wall_time_s": p["wall_time_s"], "git_commit": p.get("git_commit")}
+             for p in report.get("parts", [])}
     return {"date": date, "machine": machine, "command": command,
-            "source": "report.json of that full run", "claims": out}
+            "source": "report.json of that full run", "parts": parts, "claims": out}
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    m, s = divmod(round(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h} h {m:02d} min" if h else f"{m} min {s:02d} s" if m else f"{s} s"
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def full_size_markdown(table: dict[str, Any]) -> str:
+    """The full-size table as Markdown: each part's wall time and counts, then every claim.
+
+    ``table`` is :func:`full_size_table` (or :func:`full_size_table_from_report`);
+    the documentation's full-reproduction page holds exactly this text.
+    """
+    lines = [f"Run on {table['date']}, {table['machine']}: `{table['command']}`.", ""]
+    parts = table.get("parts", {})
+    lines += ["| part | wall time | " + " | ".join(STATUSES) + " |",
+              "|---|---:|" + "---:|" * len(STATUSES)]
+    total = 0.0
+    for name, claims in table["claims"].items():
+        counts = [sum(c["status"] == st for c in claims.values()) for st in STATUSES]
+        secs = parts.get(name, {}).get("wall_time_s")
+        total += secs or 0.0
+        lines.append(f"| {name} | {_duration(secs)} | "
+                     + " | ".join(str(n) if n else "" for n in counts) + " |")
+    for name in parts:
+        if name not in table["claims"]:
+            lines.append(f"| {name} | {_duration(parts[name]['wall_time_s'])} |"
+                         + " |" * len(STATUSES))
+            total += parts[name]["wall_time_s"] or 0.0
+    if parts:
+        lines.append(f"| **all** | **{_duration(total)}** |" + " |" * len(STATUSES))
+    for name, claims in table["claims"].items():
+        lines += ["", f"#### {name}", "", "| claim | status | ours |", "|---|---|---|"]
+        for key, c in claims.items():
+            ours = _cell(c["ours"]) + (f" *{_cell(c['note'])}*" if c.get("note") else "")
+            lines.append(f"| {_cell(key)} | {c['status']} | {ours} |")
+    return "\n".join(lines) + "\n"
 
 
 def _status(holds: bool | None, recomputed: bool) -> str:

@@ -1,0 +1,78 @@
+"""The published full-size table: rendered from a full run's report.json, copied in the docs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mptlml.experiments import full_size
+from mptlml.experiments._claims import (
+    full_size_markdown,
+    full_size_table,
+    full_size_table_from_report,
+)
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "results" / "full-reproduction.md"
+
+
+def _report(mode: str = "full") -> dict:
+    return {
+        "mode": mode,
+        "claims": [
+            {"section": "area", "claim": "a | b", "status": "holds", "ours": "1.0"},
+            {"section": "area", "claim": "long text", "key": "k", "status": "undecided",
+             "ours": "z = +0.4", "note": "about 121 seeds would decide it"},
+            {"section": "bert", "claim": "c", "status": "recomputed", "ours": "2"},
+        ],
+        "parts": [{"name": "area", "wall_time_s": 140.2, "git_commit": "abc"},
+                  {"name": "bert", "wall_time_s": 3.0, "git_commit": "abc"},
+                  {"name": "select", "wall_time_s": 3725.0, "git_commit": "abc"}],
+        "environment": {"cpu": "AMD EPYC", "cpu_count": 2, "python": "3.11.7",
+                        "versions": {"torch": "2.13.0+cpu"}},
+    }
+
+
+def test_markdown_has_every_part_time_and_every_claim():
+    table = full_size_table_from_report(_report(), date="2026-11-26", machine="m")
+    md = full_size_markdown(table)
+    assert "Run on 2026-11-26, m:" in md
+    assert "| area | 2 min 20 s | 1 |  | 1 |  |  |" in md
+    assert "| bert | 3 s |  |  |  | 1 |  |" in md
+    assert "| select | 1 h 02 min |" in md  # a part without claims still has its time
+    assert "**1 h 04 min**" in md  # 140 + 3 + 3725 s
+    assert "| a \\| b | holds | 1.0 |" in md  # a table cell cannot break the table
+    assert "| k | undecided | z = +0.4 *about 121 seeds would decide it* |" in md
+
+
+def test_a_quick_report_is_refused():
+    with pytest.raises(ValueError, match="full run only"):
+        full_size_table_from_report(_report("quick"), date="d", machine="m")
+
+
+def test_the_docs_page_holds_the_packaged_table():
+    """docs/results/full-reproduction.md shows exactly the table quick mode cites."""
+    page = DOCS.read_text(encoding="utf-8")
+    region = page.split(full_size.BEGIN)[1].split(full_size.END)[0]
+    assert region == "\n" + full_size_markdown(full_size_table())
+
+
+def test_main_writes_the_table_and_the_docs_region(tmp_path):
+    run = tmp_path / "all"
+    run.mkdir()
+    (run / "report.json").write_text(json.dumps(_report()))
+    page = tmp_path / "page.md"
+    page.write_text(f"# Title\n\nabove\n\n{full_size.BEGIN}\nSTALE\n{full_size.END}\n\nbelow\n")
+    out = tmp_path / "table.json"
+    full_size.main([str(run), "--json", str(out), "--docs", str(page), "--date", "2026-11-26"])
+    table = json.loads(out.read_text())
+    assert table["machine"] == "2 CPU cores (AMD EPYC), torch 2.13.0+cpu, Python 3.11.7"
+    assert table["parts"]["area"]["wall_time_s"] == 140.2
+    text = page.read_text()
+    assert text.startswith("# Title\n\nabove\n\n") and text.endswith("\n\nbelow\n")
+    assert "STALE" not in text and full_size_markdown(table) in text
+    with pytest.raises(SystemExit):  # no report.json: says to build it
+        full_size.main([str(tmp_path)])
+    with pytest.raises(ValueError, match="one line"):
+        full_size.replace_region("no markers", "x")
