@@ -71,6 +71,28 @@ def _ragged_seed(seed: Any) -> int:
                     f"{type(seed).__name__}.")
 
 
+def _warn_target_missed(what: str, stop_reason: str | None, stderr: float,
+                        target: float | None, *, wanted: float | None = None) -> bool:
+    """Warn when a target standard error was not reached (estimates and curves alike).
+
+    ``stop_reason`` "budget": ``max_masks`` ran out first; "missed": the
+    pilot underestimated the spread. Returns whether it warned.
+    """
+    if stop_reason == "budget":
+        plan = ("" if wanted is None else
+                f"; the plan needed about {wanted:.0f} masked inputs per datum")
+        msg = (f"max_masks was spent before the target: {what} {stderr:.4g} > target_se "
+               f"{target:.4g}{plan}. Raise max_masks or the target.")
+    elif stop_reason == "missed":
+        msg = (f"{what} {stderr:.4g} came out above target_se {target:.4g}: the pilot "
+               "underestimated the spread. Rerun with a larger pilot (num_masks) or another "
+               "seed.")
+    else:
+        return False
+    warnings.warn(msg, RuntimeWarning, stacklevel=4)
+    return True
+
+
 def _announce(est: LMLEstimate) -> LMLEstimate:
     """Never let a NaN leave silently: warn on a non-finite estimate and on an unknown SE."""
     bad = announce_nonfinite(est.per_sample, f"the {est.estimator!r} estimate of log p(x)",
@@ -81,16 +103,9 @@ def _announce(est: LMLEstimate) -> LMLEstimate:
             f"{est.num_masks} Monte Carlo draw(s) per datum (it needs at least 2); stderr is "
             "NaN. Pass num_masks >= 2 to know how precise the estimate is.", RuntimeWarning,
             stacklevel=3)
-    elif est.stop_reason == "budget":
-        warnings.warn(
-            f"max_masks was spent before the target: stderr {est.stderr:.4g} > target_se "
-            f"{est.target_se:.4g}; the plan needed about {est.masks_wanted:.0f} masked inputs per "
-            "datum. Raise max_masks or the target.", RuntimeWarning, stacklevel=3)
-    elif est.stop_reason == "missed":
-        warnings.warn(
-            f"stderr {est.stderr:.4g} came out above target_se {est.target_se:.4g}: the pilot "
-            "underestimated the spread. Rerun with a larger pilot (num_masks) or another seed.",
-            RuntimeWarning, stacklevel=3)
+    elif _warn_target_missed("stderr", est.stop_reason, est.stderr, est.target_se,
+                             wanted=est.masks_wanted):
+        pass
     elif (est.stderr_dof is not None and est.stderr_dof < MIN_STDERR_DOF
           and est.stderr > 1e-9 * max(1.0, abs(est.mean))):  # not an exact sum
         warnings.warn(
@@ -314,9 +329,6 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
 
 def _announce_curve(res: MPTCurve) -> MPTCurve:
     """Say when a curve's target standard error was not reached."""
-    if res.stop_reason in ("budget", "missed"):
-        why = ("max_masks was spent first; raise it" if res.stop_reason == "budget" else
-               "the pilot underestimated the spread; rerun with a larger num_masks")
-        warnings.warn(f"the curve's Monte Carlo standard error {res.lml_stderr_mean:.4g} is above "
-                      f"target_se {res.target_se:.4g}: {why}.", RuntimeWarning, stacklevel=3)
+    _warn_target_missed("the curve's Monte Carlo standard error", res.stop_reason,
+                        res.lml_stderr_mean, res.target_se)
     return res
