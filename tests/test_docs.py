@@ -10,8 +10,10 @@ The pages under ``docs/`` and ``README.md`` are read as a user reads them:
   ``...`` stands for anything, runs of spaces are one space;
 - every ``mptlml ...`` line of a ```` ```bash ```` block parses with the
   command's own argument parser (a flag that does not exist fails here);
-- a block preceded by ``<!-- docs-test: skip REASON -->`` is reported as skipped
-  with that reason (it needs a GPU, the Hugging Face hub, or hours).
+- a block preceded by ``<!-- docs-test: no-run REASON -->`` (it needs a GPU,
+  the Hugging Face hub, or hours) is not run but checked: it compiles, and
+  every function it calls through a name the page defined exists and takes
+  the keywords the block passes (:func:`check_without_running`).
 
 So an example that stops working, or prints something else than the page
 shows, fails ``make test``. ``docs/about-docs.md`` explains the conventions.
@@ -19,7 +21,9 @@ shows, fails ``make test``. ``docs/about-docs.md`` explains the conventions.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import inspect
 import io
 import os
 import re
@@ -34,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<ticks>`{3,})(?P<info>[^`]*)$")
-_SKIP = re.compile(r"<!--\s*docs-test:\s*skip\s+(?P<reason>.*?)\s*-->")
+_NO_RUN = re.compile(r"<!--\s*docs-test:\s*no-run\s+(?P<reason>.*?)\s*-->")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
 
@@ -46,7 +50,7 @@ class Block:
     line: int  # 1-based line of the opening fence
     lang: str
     code: str
-    skip: str | None = None
+    no_run: str | None = None  # why the block is checked without running
     output: str | None = None  # the text block that follows a python block
 
     @property
@@ -55,7 +59,7 @@ class Block:
 
 
 def read_blocks(page: Path) -> list[Block]:
-    """The fenced blocks of a Markdown page, with skip marks and expected outputs."""
+    """The fenced blocks of a Markdown page, with no-run marks and expected outputs."""
     lines = page.read_text(encoding="utf-8").splitlines()
     blocks: list[Block] = []
     i, last_text, prev_end = 0, "", -1
@@ -74,9 +78,9 @@ def read_blocks(page: Path) -> list[Block]:
             j += 1
         if j == len(lines):
             raise AssertionError(f"{page}:{i + 1}: code block never closed")
-        skip = _SKIP.search(last_text)
+        no_run = _NO_RUN.search(last_text)
         block = Block(page, i + 1, lang, "\n".join(body) + "\n",
-                      skip=skip["reason"] if skip else None)
+                      no_run=no_run["reason"] if no_run else None)
         # a text block right after a python block (blank lines only between) is its output
         prev = blocks[-1] if blocks else None
         between = lines[prev_end + 1:i] if prev is not None else []
@@ -171,18 +175,84 @@ def _run(block: Block, workdir: Path) -> str:
     return out.getvalue()
 
 
+def _resolve(node: ast.expr, namespace: dict[str, Any]) -> Any:
+    """The object a ``name.attr.attr`` expression names in ``namespace``; None if not there."""
+    if isinstance(node, ast.Name):
+        return namespace.get(node.id)
+    if isinstance(node, ast.Attribute):
+        owner = _resolve(node.value, namespace)
+        if owner is None:
+            return None
+        if not hasattr(owner, node.attr):
+            raise AssertionError(f"{type(owner).__name__} {ast.unparse(node.value)!r} has no "
+                                 f"attribute {node.attr!r}")
+        return getattr(owner, node.attr)
+    return None
+
+
+def check_without_running(block: Block, namespace: dict[str, Any]) -> None:
+    """A block that cannot run here (GPU, hub, hours), checked as far as it can be unrun.
+
+    It compiles; every call through a name that the page's earlier blocks
+    defined (a module, a class, a function) resolves, and a callable without
+    ``**kwargs`` accepts each keyword the block passes. So a renamed function,
+    method or keyword in such an example still fails the test.
+    """
+    tree = ast.parse(block.code, filename=block.id)
+    compile(tree, block.id, "exec")
+    checked = 0
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        try:
+            target = _resolve(node.func, namespace)
+        except AssertionError as exc:
+            raise AssertionError(f"{block.id}: {ast.unparse(node.func)}: {exc}") from None
+        if target is None or not callable(target):
+            continue
+        checked += 1
+        try:
+            params = inspect.signature(target).parameters
+        except (TypeError, ValueError):  # a builtin without a signature
+            continue
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            continue
+        unknown = [k.arg for k in node.keywords if k.arg is not None and k.arg not in params]
+        assert not unknown, f"{block.id}: {ast.unparse(node.func)} takes no {unknown}"
+    assert checked, (f"{block.id}: no call of the block goes through a name the page defined: "
+                     "nothing could be checked without running it")
+
+
+def test_a_renamed_keyword_fails_a_block_that_is_not_run():
+    import mptlml
+
+    ok = Block(ROOT, 1, "python", "mptlml.mpt_curve(lm, seqs, num_masks=4, seed=0)\n")
+    check_without_running(ok, {"mptlml": mptlml})
+    bad = Block(ROOT, 1, "python", "mptlml.pll(lm, seqs, token_budgt=4096)\n")
+    with pytest.raises(AssertionError, match="takes no"):
+        check_without_running(bad, {"mptlml": mptlml})
+    gone = Block(ROOT, 1, "python", "mptlml.mpt_curves(lm, seqs)\n")
+    with pytest.raises(AssertionError, match="no attribute 'mpt_curves'"):
+        check_without_running(gone, {"mptlml": mptlml})
+
+
 @pytest.mark.parametrize("block", PYTHON, ids=[b.id for b in PYTHON])
 def test_python_example(block: Block, workdir: Path, monkeypatch):
     """The block runs after the page's earlier blocks and prints what the page shows."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TQDM_DISABLE", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    if block.skip:
-        pytest.skip(block.skip)
-    page_blocks = [b for b in PYTHON if b.page == block.page and not b.skip]
-    index = page_blocks.index(block)
+    page_blocks = [b for b in PYTHON if b.page == block.page and not b.no_run]
     if block.page in _FAILED:
         pytest.fail(f"an earlier example of this page failed: {_FAILED[block.page]}")
+    if block.no_run:
+        earlier = [b for b in page_blocks if b.line < block.line]
+        for b in earlier[_DONE.get(block.page, 0):]:  # the names the page defined before it
+            _run(b, workdir)
+        _DONE[block.page] = max(_DONE.get(block.page, 0), len(earlier))
+        check_without_running(block, _NAMESPACES.get(block.page, {}))
+        return
+    index = page_blocks.index(block)
     for earlier in page_blocks[_DONE.get(block.page, 0):index]:  # when run alone (-k)
         _run(earlier, workdir)
     try:
@@ -262,7 +332,7 @@ def update_outputs(page: Path, workdir: Path) -> int:
     lines = page.read_text(encoding="utf-8").splitlines(keepends=True)
     edits = []
     for block in read_blocks(page):
-        if block.lang != "python" or block.skip:
+        if block.lang != "python" or block.no_run:
             continue
         printed = _run(block, workdir)
         if block.output is not None or printed.strip():
