@@ -29,6 +29,7 @@ Reference: Moreno-Munoz, Recasens, Hauberg (NeurIPS 2023), Sec. 3.1, Fig. 2.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -248,9 +249,9 @@ def _figures(cfg: Config, run_dir: RunDir, rows: list[dict[str, Any]], gt_lml: f
                        label=f"exact LML of the generating W ({gt_lml:.3f})")]
     fig.suptitle(f"PPCA N={cfg.num_data}, D={cfg.num_tokens}, K={cfg.latent_dim}, "
                  f"P={cfg.num_masks}, Adam lr={cfg.lr}; MLE LML {mle_lml:.3f}")
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8,
-               frameon=False)
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=math.ceil(len(handles) / 2),
+               fontsize=10, frameon=False)
     run_dir.save_figure(fig, "fig2_training")
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
