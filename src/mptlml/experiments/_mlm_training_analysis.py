@@ -142,7 +142,7 @@ def figures(cfg: Any, run_dir: RunDir, evals: dict, refs: dict,
             m, se_ = mean_se(evals[(obj, s)]["lml"])
             bx.errorbar(k + (j - (len(cfg.seeds) - 1) / 2) * 0.15, m, yerr=se_, fmt="o",
                         color=dark, ms=4, capsize=2)
-    ax.axvline(cfg.rate, color="0.5", ls=":", lw=1)
+    ax.axvline(cfg.rate, color="0.5", ls=":", lw=1, label=f"training rate {cfg.rate:.0%}")
     ax.set_xlabel("masking rate M / D")
     ax.set_ylabel("S(x; M): mean log-prob of a masked pixel")
     ns = len(cfg.seeds)
