@@ -116,7 +116,9 @@ def test_no_print_in_library_code():
     import mptlml
 
     # cli.py: the spacer between --show-config tables, the error line, the interrupted line
-    allowed = {"experiments/common.py": 1, "cli.py": 3, "experiments/select.py": 1}
+    # experiments/full_size.py: the table itself, when no file is named
+    allowed = {"experiments/common.py": 1, "cli.py": 3, "experiments/select.py": 1,
+               "experiments/full_size.py": 1}
     for path in Path(mptlml.__file__).parent.rglob("*.py"):
         rel = path.relative_to(Path(mptlml.__file__).parent).as_posix()
         n = len(re.findall(r"(?<![\w.])print\(", path.read_text()))
