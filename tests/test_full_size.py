@@ -65,10 +65,15 @@ def test_main_writes_the_table_and_the_docs_region(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(f"# Title\n\nabove\n\n{full_size.BEGIN}\nSTALE\n{full_size.END}\n\nbelow\n")
     out = tmp_path / "table.json"
-    full_size.main([str(run), "--json", str(out), "--docs", str(page), "--date", "2026-11-26"])
+    full_size.main([str(run), "--json", str(out), "--docs", str(page), "--date", "2026-11-26",
+                    "--note", "select=beside | area"])
     table = json.loads(out.read_text())
     assert table["machine"] == "2 CPU cores (AMD EPYC), torch 2.13.0+cpu, Python 3.11.7"
     assert table["parts"]["area"]["wall_time_s"] == 140.2
+    assert table["parts"]["select"]["note"] == "beside | area"
+    assert "| select | 1 h 02 min |  |  |  |  |  | beside \\| area |" in full_size_markdown(table)
+    with pytest.raises(SystemExit):  # a note for a part the run does not have
+        full_size.main([str(run), "--note", "latent=x"])
     text = page.read_text()
     assert text.startswith("# Title\n\nabove\n\n") and text.endswith("\n\nbelow\n")
     assert "STALE" not in text and full_size_markdown(table) in text

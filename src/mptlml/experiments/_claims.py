@@ -133,13 +133,14 @@ def full_size_outcome(experiment: str, key: str) -> dict[str, Any] | None:
 
 
 def full_size_table_from_report(report: dict[str, Any], *, date: str, machine: str,
-                                command: str = "mptlml reproduce all --out DIR"
-                                ) -> dict[str, Any]:
+                                command: str = "mptlml reproduce all --out DIR",
+                                notes: dict[str, str] | None = None) -> dict[str, Any]:
     """The full-size table from a full run's ``report.json`` (``mptlml report DIR``).
 
     Every claim's status, our number and note, by part, and each part's wall
-    time. Refuses a report of a quick or mixed run: only full sizes go in the
-    table. Write the result to ``src/mptlml/data/full_size_claims.json``
+    time (``notes``: what else ran beside a part, by name). Refuses a report
+    of a quick or mixed run: only full sizes go in the table. Write the
+    result to ``src/mptlml/data/full_size_claims.json``
     (``json.dumps(table, indent=1, ensure_ascii=False)``).
     """
     if report.get("mode") != "full":
@@ -153,6 +154,11 @@ def full_size_table_from_report(report: dict[str, Any], *, date: str, machine: s
         out.setdefault(c["section"], {})[c.get("key") or c["claim"]] = rec
     parts = {p["name"]: {"wall_time_s": p["wall_time_s"], "git_commit": p.get("git_commit")}
              for p in report.get("parts", [])}
+    for name, text in (notes or {}).items():
+        if name not in parts:
+            raise ValueError(f"a note for {name!r}, which is not a part of the report "
+                             f"({', '.join(parts)}).")
+        parts[name]["note"] = text
     return {"date": date, "machine": machine, "command": command,
             "source": "report.json of that full run", "parts": parts, "claims": out}
 
@@ -177,22 +183,23 @@ def full_size_markdown(table: dict[str, Any]) -> str:
     """
     lines = [f"Run on {table['date']}, {table['machine']}: `{table['command']}`.", ""]
     parts = table.get("parts", {})
-    lines += ["| part | wall time | " + " | ".join(STATUSES) + " |",
-              "|---|---:|" + "---:|" * len(STATUSES)]
+    notes = any(p.get("note") for p in parts.values())
+    lines += ["| part | wall time | " + " | ".join(STATUSES) + " |" + (" conditions |" if notes
+                                                                    else ""),
+              "|---|---:|" + "---:|" * len(STATUSES) + ("---|" if notes else "")]
     total = 0.0
-    for name, claims in table["claims"].items():
+    names = list(table["claims"]) + [n for n in parts if n not in table["claims"]]
+    for name in names:
+        claims = table["claims"].get(name, {})
         counts = [sum(c["status"] == st for c in claims.values()) for st in STATUSES]
-        secs = parts.get(name, {}).get("wall_time_s")
-        total += secs or 0.0
-        lines.append(f"| {name} | {_duration(secs)} | "
-                     + " | ".join(str(n) if n else "" for n in counts) + " |")
-    for name in parts:
-        if name not in table["claims"]:
-            lines.append(f"| {name} | {_duration(parts[name]['wall_time_s'])} |"
-                         + " |" * len(STATUSES))
-            total += parts[name]["wall_time_s"] or 0.0
+        part = parts.get(name, {})
+        total += part.get("wall_time_s") or 0.0
+        lines.append(f"| {name} | {_duration(part.get('wall_time_s'))} | "
+                     + " | ".join(str(n) if n else "" for n in counts) + " |"
+                     + (f" {_cell(part.get('note') or '')} |" if notes else ""))
     if parts:
-        lines.append(f"| **all** | **{_duration(total)}** |" + " |" * len(STATUSES))
+        lines.append(f"| **all** | **{_duration(total)}** |" + " |" * len(STATUSES)
+                     + (" |" if notes else ""))
     for name, claims in table["claims"].items():
         lines += ["", f"#### {name}", "", "| claim | status | ours |", "|---|---|---|"]
         for key, c in claims.items():

@@ -66,16 +66,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--docs", type=Path, help="replace the generated region of this page")
     ap.add_argument("--date", default=dt.date.today().isoformat(), help="default: today")
     ap.add_argument("--machine", help="default: read from the report's environment")
+    ap.add_argument("--note", action="append", default=[], metavar="PART=TEXT",
+                    help="the conditions of one part's wall time (e.g. what ran beside it); "
+                         "repeatable")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     path = args.run / "report.json"
     if not path.is_file():
         ap.error(f"{path} does not exist; run `mptlml report {args.run}` first.")
     report = json.loads(path.read_text(encoding="utf-8"))
+    bad = [n for n in args.note if "=" not in n]
+    if bad:
+        ap.error(f"--note {bad[0]!r}: write PART=TEXT, e.g. --note 'area=beside antibody'.")
     try:
         table = full_size_table_from_report(
             report, date=args.date, machine=args.machine or machine_of(report),
-            command=f"mptlml reproduce all --out {args.run.name}")
+            command=f"mptlml reproduce all --out {args.run.name}",
+            notes=dict(n.split("=", 1) for n in args.note))
     except ValueError as exc:
         ap.error(f"{path}: {exc}")
     if args.json:
