@@ -525,3 +525,17 @@ def test_area_mc_stderr_matches_spread_over_mask_seeds(shared):
     if not shared:  # and it is not the spread across data points, larger here
         curve = mptlml.mpt_curve(model, x, num_masks=p, seed=0, share_masks=shared)
         assert curve.area_stderr > 2 * areas.std(ddof=1)
+
+
+def test_latent_mpt_above_elbo_beyond_one_percent_fails_with_the_finding_beside_it():
+    """A higher MPT LML outside 'similar' still fails the two-sided check, and says so."""
+    r = _latent_good()
+    r["linear"]["mnist"].update(mpt_relative_gap=0.0108, mpt={"lml": -177.665},
+                                elbo={"lml": -179.603})
+    c = next(c for c in latent_claims(r) if "linear Bernoulli" in c["claim"])
+    assert c["status"] == "fails"
+    assert c["note"].startswith("Finding: MPT training ends above ELBO training, by 1.94 nats")
+    below = _latent_good()
+    below["linear"]["mnist"]["mpt_relative_gap"] = -0.02  # MPT worse: no such note
+    c = next(c for c in latent_claims(below) if "linear Bernoulli" in c["claim"])
+    assert c["status"] == "fails" and "Finding" not in (c.get("note") or "")

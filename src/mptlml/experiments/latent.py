@@ -377,12 +377,19 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     for ds, r in results.get("linear", {}).items():
         gap = r["mpt_relative_gap"]
+        note = subset_note(ds)
+        if gap >= 0.01:  # outside "similar", but on the side the paper does not warn about
+            finding = (f"Finding: MPT training ends above ELBO training, by "
+                       f"{r['mpt']['lml'] - r['elbo']['lml']:.2f} nats per image "
+                       f"({100 * gap:+.2f}%): better than the paper's 'similar', which the "
+                       "two-sided 1% check does not accept.")
+            note = finding if note is None else f"{finding} {note}"
         out.append(claim(f"linear Bernoulli model ({ds}): MPT training reaches the LML of "
                          "ELBO training",
                          "similar log-marginal likelihood under MPT and ELBO training",
                          f"quadrature LML {r['mpt']['lml']:.3f} (MPT) vs "
                          f"{r['elbo']['lml']:.3f} (ELBO), gap {100 * gap:+.2f}%",
-                         abs(gap) < 0.01, note=subset_note(ds)))
+                         abs(gap) < 0.01, note=note))
     for ds, r in results.get("deep", {}).items():
         m, e = r["mpt"], r["elbo"]
         if "lml" not in m:  # results.json written before the decoder-fitted proposal
