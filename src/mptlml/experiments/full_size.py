@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         table = full_size_table_from_report(
             report, date=args.date, machine=args.machine or machine_of(report),
-            command=f"mptlml reproduce all --out {args.run.name}",
+            command="mptlml reproduce all --out DIR",
             notes=dict(n.split("=", 1) for n in args.note))
     except ValueError as exc:
         ap.error(f"{path}: {exc}")
