@@ -119,6 +119,11 @@ class Report:
             return "unknown"
         return "mixed" if len(modes) > 1 else ("quick" if modes.pop() else "full")
 
+    @property
+    def environment(self) -> dict[str, Any] | None:
+        """The machine and versions the parts recorded (the first part that has them)."""
+        return next((s["environment"] for s in self.sections if s["environment"]), None)
+
     def summary_line(self) -> str:
         """``"20 hold, 2 fail, 3 undecided, 12 recomputed, 1 not run (38 claims, quick mode)"``."""
         c = self.counts
@@ -341,7 +346,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
 
 
 def _env_rows(rep: Report) -> list[tuple[str, str]]:
-    env = next((s["environment"] for s in rep.sections if s["environment"]), None) or environment()
+    env = rep.environment or environment()
     rows = [("python", str(env.get("python"))), ("platform", str(env.get("platform"))),
             ("CPU cores", str(env.get("cpu_count"))),
             ("torch threads", str(env.get("torch_threads"))),
@@ -434,8 +439,7 @@ def report_json(rep: Report) -> str:
                    "quick": s["quick"], "git_commit": s["environment"].get("git_commit"),
                    "torch_threads": s["environment"].get("torch_threads")}
                   for s in rep.sections],
-        "environment": {k: v for k, v in (next((s["environment"] for s in rep.sections
-                                                if s["environment"]), None) or {}).items()
+        "environment": {k: v for k, v in (rep.environment or {}).items()
                         if k in ("cpu", "cpu_count", "platform", "python", "gpu", "versions")},
         "missing": rep.missing, "problems": rep.problems,
     }, indent=2, default=str)
