@@ -103,10 +103,9 @@ def _announce(est: LMLEstimate) -> LMLEstimate:
             f"{est.num_masks} Monte Carlo draw(s) per datum (it needs at least 2); stderr is "
             "NaN. Pass num_masks >= 2 to know how precise the estimate is.", RuntimeWarning,
             stacklevel=3)
-    elif _warn_target_missed("stderr", est.stop_reason, est.stderr, est.target_se,
-                             wanted=est.masks_wanted):
-        pass
-    elif (est.stderr_dof is not None and est.stderr_dof < MIN_STDERR_DOF
+    elif (not _warn_target_missed("stderr", est.stop_reason, est.stderr, est.target_se,
+                                  wanted=est.masks_wanted)
+          and est.stderr_dof is not None and est.stderr_dof < MIN_STDERR_DOF
           and est.stderr > 1e-9 * max(1.0, abs(est.mean))):  # not an exact sum
         warnings.warn(
             f"the standard error of the {est.estimator!r} estimate rests on about "
