@@ -122,9 +122,9 @@ def test_report_top_lists_mode_counts_and_every_failing_claim(tmp_path):
     md_top = md[:md.index('<a id="training">')]
     assert "**Mode: quick.**" in md_top and "❌ fails 2" in md_top and "🟡 undecided 2" in md_top
     assert "🟡 undecided: the run is too small" in md_top
-    from mptlml.report import _md_cell  # run-directory strings are escaped in report.md
+    from mptlml._markdown import md_cell  # run-directory strings are escaped in report.md
 
-    assert all(_md_cell(f) in md_top for f in failing)
+    assert all(md_cell(f) in md_top for f in failing)
 
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["mode"] == "quick" and data["counts"] == rep.counts

@@ -34,7 +34,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ._io import atomic_write_text, jsonable
+from ._markdown import md_cell
 from .experiments._claims import STATUSES, status_of
 from .experiments.common import environment, load_results
 from .experiments.registry import EXPERIMENTS, get_experiment
@@ -364,28 +364,6 @@ _BADGES_MD = {"holds": "✅ holds", "fails": "❌ fails", "undecided": "🟡 und
               "recomputed": "🔁 recomputed", "not run": "⚪ not run"}
 
 
-#: characters with a meaning in Markdown (or inline HTML) inside a line; ``(`` and ``!``
-#: only act after ``]`` or before ``[``, which are escaped
-_MD_SPECIAL = frozenset("\\`*_[]<>|~&#")
-
-
-def _md_cell(v: Any) -> str:
-    """A string from a run directory as literal Markdown text on one line.
-
-    Every character with a meaning in Markdown or inline HTML (``* _ [ ] < > |``
-    and so on) is backslash-escaped (CommonMark escapes any ASCII
-    punctuation), so a value can neither format, link, embed an image, open
-    an HTML tag nor break a table; a leading ``- ``, ``+ `` or ``1. `` cannot
-    start a list.
-    """
-    text = " ".join(str("" if v is None else v).split())
-    out = "".join("\\" + ch if ch in _MD_SPECIAL else ch for ch in text)
-    m = re.match(r"(\d*)([-+.)])(\s|$)", out)
-    if m and (m.group(1) or m.group(2) in "-+"):
-        out = out[:m.start(2)] + "\\" + out[m.start(2):]
-    return out
-
-
 def _md_link(path: str) -> str:
     """A relative file path as a Markdown link target (percent-encoded)."""
     from urllib.parse import quote
@@ -402,7 +380,7 @@ def _render(rep: Report, template: str, out_dir: Path) -> str:
                                             default_for_string=False),
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined)
-    env.filters["md"] = _md_cell
+    env.filters["md"] = md_cell
     env.filters["md_link"] = _md_link
     env.filters["badge_md"] = lambda s: _BADGES_MD[s]
     env.filters["slug"] = lambda s: s.replace(" ", "-")

@@ -34,6 +34,8 @@ import json
 from importlib.resources import files
 from typing import Any
 
+from .._markdown import md_cell
+
 __all__ = ["FULL_SIZE_FILE", "STATUSES", "claim", "full_size_markdown", "full_size_outcome",
            "full_size_table", "full_size_table_from_report", "quick_claim", "status_of"]
 
@@ -171,10 +173,6 @@ def _duration(seconds: float | None) -> str:
     return f"{h} h {m:02d} min" if h else f"{m} min {s:02d} s" if m else f"{s} s"
 
 
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def full_size_markdown(table: dict[str, Any]) -> str:
     """The full-size table as Markdown: each part's wall time and counts, then every claim.
 
@@ -196,15 +194,15 @@ def full_size_markdown(table: dict[str, Any]) -> str:
         total += part.get("wall_time_s") or 0.0
         lines.append(f"| {name} | {_duration(part.get('wall_time_s'))} | "
                      + " | ".join(str(n) if n else "" for n in counts) + " |"
-                     + (f" {_cell(part.get('note') or '')} |" if notes else ""))
+                     + (f" {md_cell(part.get('note') or '')} |" if notes else ""))
     if parts:
         lines.append(f"| **all** | **{_duration(total)}** |" + " |" * len(STATUSES)
                      + (" |" if notes else ""))
     for name, claims in table["claims"].items():
         lines += ["", f"#### {name}", "", "| claim | status | ours |", "|---|---|---|"]
         for key, c in claims.items():
-            ours = _cell(c["ours"]) + (f" *{_cell(c['note'])}*" if c.get("note") else "")
-            lines.append(f"| {_cell(key)} | {c['status']} | {ours} |")
+            ours = md_cell(c["ours"]) + (f" *{md_cell(c['note'])}*" if c.get("note") else "")
+            lines.append(f"| {md_cell(key)} | {c['status']} | {ours} |")
     return "\n".join(lines) + "\n"
 
 
