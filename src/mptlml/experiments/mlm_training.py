@@ -133,7 +133,8 @@ class Config(RateGridSettings):
                                       "afterwards; none: leave them as they are)", min=1)
     workers: int | None = setting(None, "processes that train and evaluate the (objective, "
                                   "seed) runs side by side (default: one per CPU core, at most "
-                                  "one per run); the numbers do not depend on it", min=1)
+                                  "one per run); with num_threads set, the numbers do not "
+                                  "depend on it", min=1)
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -359,7 +360,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
 
 def _collect(cfg: Config, run_dir: RunDir, refs: dict[str, np.ndarray],
              jobs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
-    _train_x, test_x = split(cfg.levels, cfg.num_test, cfg.split_seed)
+    train_x, test_x = split(cfg.levels, cfg.num_test, cfg.split_seed)
     rates = cfg.rates()
     log_rows, curve_rows, table, per_seq, drawn = [], [], [], {}, {}
     evals: dict[tuple[str, int], dict[str, Any]] = {}
@@ -401,7 +402,7 @@ def _collect(cfg: Config, run_dir: RunDir, refs: dict[str, np.ndarray],
          **{k: float(refs[k][i]) for k in refs}} for i in range(num_test)])
     figures(cfg, run_dir, evals, refs, drawn, test_x.double() / (cfg.levels - 1))
     return {"objectives": list(cfg.objectives), "seeds": list(cfg.seeds),
-            "levels": cfg.levels, "num_train": int(_train_x.shape[0]),
+            "levels": cfg.levels, "num_train": int(train_x.shape[0]),
             "num_test": int(num_test),
             "rates": rates, "m15": fixed_rate_size(cfg.rate, _D), "table": table,
             "comparisons": comparisons(cfg, evals, refs), "stratified": variance,
