@@ -7,8 +7,17 @@
 """
 
 from . import estimators, settings
-from .estimation import LMLEstimate, MPTCurve, TokenScores, mlm_curve, mpt_area, pll
-from .estimators import Estimator, estimate_lml, mpt_curve, register
+from .estimators import (
+    Estimator,
+    LMLEstimate,
+    MPTCurve,
+    TokenScores,
+    estimate_lml,
+    mpt_area,
+    mpt_curve,
+    pll,
+    register,
+)
 
 __version__ = "0.1.0"
 
@@ -20,7 +29,6 @@ __all__ = [
     "__version__",
     "estimate_lml",
     "estimators",
-    "mlm_curve",
     "mpt_area",
     "mpt_curve",
     "pll",
