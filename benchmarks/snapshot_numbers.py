@@ -65,14 +65,14 @@ class Snapshot(dict):
         assert name not in self, name
         self[name] = _array(value)
 
-    def estimate(self, name: str, est: Any) -> None:
+    def put_estimate(self, name: str, est: Any) -> None:
         for f in ("per_sample", "per_sample_stderr", "mean", "stderr", "stderr_data",
                   "stderr_dof", "num_masked_rows", "num_model_calls", "num_masks",
                   "size_scores", "masks_per_size", "stop_reason"):
             v = getattr(est, f)
             self.put(f"{name}/{f}", str(v) if isinstance(v, str) else v)
 
-    def curve(self, name: str, c: Any) -> None:
+    def put_curve(self, name: str, c: Any) -> None:
         for f in ("mean", "stderr", "per_sample", "per_sample_stderr", "area", "area_stderr",
                   "lml", "lml_stderr", "lml_stderr_mean", "lml_exact", "lml_exact_stderr",
                   "num_masked_rows", "num_model_calls", "sizes"):
@@ -127,24 +127,24 @@ def dense(snap: Snapshot) -> None:
             # an instance carries the options that estimate_lml does not take (stratified)
             inst = mptlml.estimators.create(name, **opts)
             est = mptlml.estimate_lml(model, data, inst, num_masks=inst.num_masks, seed=k)
-            snap.estimate(f"dense/{label}/{name}/{k}", est)
+            snap.put_estimate(f"dense/{label}/{name}/{k}", est)
         if label != "ppca":
-            snap.estimate(f"dense/{label}/exhaustive",
+            snap.put_estimate(f"dense/{label}/exhaustive",
                           mptlml.estimate_lml(model, data, "exhaustive"))
-    snap.curve("dense/curve", mptlml.mpt_curve(ppca, x, num_masks=2, seed=0))
-    snap.curve("dense/curve_sizes", mptlml.mpt_curve(ppca, x, num_masks=3, sizes=[1, 10, 40],
+    snap.put_curve("dense/curve", mptlml.mpt_curve(ppca, x, num_masks=2, seed=0))
+    snap.put_curve("dense/curve_sizes", mptlml.mpt_curve(ppca, x, num_masks=3, sizes=[1, 10, 40],
                                                       seed=1))
-    snap.curve("dense/curve_nested", mptlml.mpt_curve(ppca, x, num_masks=2, nested=True, seed=2))
-    snap.curve("dense/curve_target", mptlml.mpt_curve(small, xs, target_se=0.05, seed=3))
-    snap.estimate("dense/target/neyman",
+    snap.put_curve("dense/curve_nested", mptlml.mpt_curve(ppca, x, num_masks=2, nested=True, seed=2))
+    snap.put_curve("dense/curve_target", mptlml.mpt_curve(small, xs, target_se=0.05, seed=3))
+    snap.put_estimate("dense/target/neyman",
                   mptlml.estimate_lml(small, xs, "cumulative", target_se=0.05, seed=4))
-    snap.estimate("dense/target/uniform",
+    snap.put_estimate("dense/target/uniform",
                   mptlml.estimate_lml(small, xs, "cumulative", target_se=0.05, seed=5,
                                       allocation="uniform"))
-    snap.estimate("dense/target/budget",
+    snap.put_estimate("dense/target/budget",
                   mptlml.estimate_lml(small, xs, "cumulative", target_se=0.001, seed=6,
                                       max_masks=200))
-    snap.estimate("dense/target/shared",
+    snap.put_estimate("dense/target/shared",
                   mptlml.estimate_lml(small, xs, "cumulative", target_se=0.2, seed=7,
                                       share_masks=True))
 
@@ -194,23 +194,23 @@ def ragged(snap: Snapshot, label: str, lm: Any, texts: list[str], words: bool) -
         snap.put(f"{p}/pll_l2r_total", tokens.total)
         for i, lp in enumerate(tokens.log_probs):
             snap.put(f"{p}/pll_l2r/{i}", lp)
-    snap.estimate(f"{p}/cumulative", mptlml.estimate_lml(lm, texts, "cumulative", num_masks=2,
+    snap.put_estimate(f"{p}/cumulative", mptlml.estimate_lml(lm, texts, "cumulative", num_masks=2,
                                                          seed=0))
-    snap.estimate(f"{p}/riemann", mptlml.estimate_lml(lm, texts, "riemann", num_masks=2,
+    snap.put_estimate(f"{p}/riemann", mptlml.estimate_lml(lm, texts, "riemann", num_masks=2,
                                                       rates=[0.2, 0.5, 0.8], seed=1))
-    snap.estimate(f"{p}/chain_rule", mptlml.estimate_lml(lm, texts, "chain-rule", num_masks=2,
+    snap.put_estimate(f"{p}/chain_rule", mptlml.estimate_lml(lm, texts, "chain-rule", num_masks=2,
                                                          seed=2))
-    snap.curve(f"{p}/curve", mptlml.mpt_curve(lm, texts, rates=[0.1, 0.4, 0.7, 0.95],
+    snap.put_curve(f"{p}/curve", mptlml.mpt_curve(lm, texts, rates=[0.1, 0.4, 0.7, 0.95],
                                               num_masks=3, seed=3, exact=True))
-    snap.curve(f"{p}/curve_p1", mptlml.mpt_curve(lm, texts, rates=[0.25, 0.5, 0.75],
+    snap.put_curve(f"{p}/curve_p1", mptlml.mpt_curve(lm, texts, rates=[0.25, 0.5, 0.75],
                                                  num_masks=1, seed=4, nominal_length=100))
     if words:
-        snap.curve(f"{p}/curve_whole_word",
+        snap.put_curve(f"{p}/curve_whole_word",
                    mptlml.mpt_curve(lm, texts, rates=[0.3, 0.6, 0.9], num_masks=2, seed=5,
                                     whole_word=True, exact=True))
-    snap.estimate(f"{p}/target", mptlml.estimate_lml(lm, texts, "cumulative", target_se=0.5,
+    snap.put_estimate(f"{p}/target", mptlml.estimate_lml(lm, texts, "cumulative", target_se=0.5,
                                                      num_masks=2, seed=6))
-    snap.curve(f"{p}/curve_target", mptlml.mpt_curve(lm, texts, rates=[0.2, 0.5, 0.8],
+    snap.put_curve(f"{p}/curve_target", mptlml.mpt_curve(lm, texts, rates=[0.2, 0.5, 0.8],
                                                      target_se=0.5, seed=7))
 
 
