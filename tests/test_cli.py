@@ -1,6 +1,6 @@
 """The command line shows what it runs: --version, help, --show-config, --set, --seed, counts.
 
-Every experiment setting is a dataclass field with metadata (mptlml.experiments.config);
+Every setting of a part is a dataclass field with metadata (mptlml.runs.config);
 these tests hold the CLI and every Config to it.
 """
 
@@ -13,15 +13,15 @@ import pytest
 
 from mptlml import __version__
 from mptlml.cli import build_parser, main
-from mptlml.experiments import EXPERIMENTS, get_experiment, run_experiment
-from mptlml.experiments.config import (
+from mptlml.reproduce import PARTS, get_part, run_part
+from mptlml.runs.config import (
     apply_overrides,
     describe_settings,
     format_value,
     parse_setting,
 )
 
-CONFIGS = {name: get_experiment(name).Config for name in EXPERIMENTS}
+CONFIGS = {name: get_part(name).config for name in PARTS}
 FIELDS = [(name, f) for name, cls in CONFIGS.items() for f in dataclasses.fields(cls)]
 
 
@@ -36,12 +36,12 @@ def test_bare_command_prints_help_and_exits_0(capsys):
     assert out.startswith("usage: mptlml") and "reproduce" in out and "--quiet" in out
 
 
-@pytest.mark.parametrize("name", [*EXPERIMENTS, "all"])
+@pytest.mark.parametrize("name", [*PARTS, "all"])
 def test_show_config_prints_every_key_and_runs_nothing(name, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["reproduce", name, "--show-config", "--quick", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    names = list(EXPERIMENTS) if name == "all" else [name]
+    names = list(PARTS) if name == "all" else [name]
     for n in names:
         assert f"{n}: settings" in text
         for row in describe_settings(CONFIGS[n]):
@@ -82,7 +82,7 @@ def test_every_count_has_a_lower_bound():
     assert checked >= 30, checked
 
 
-def test_every_experiment_has_a_seed():
+def test_every_part_has_a_seed():
     for name, cls in CONFIGS.items():
         assert "seed" in {f.name for f in dataclasses.fields(cls)}, name
 
@@ -169,42 +169,42 @@ def test_library_limit_is_no_slice():
         bundled_antibodies(-3)
 
 
-def test_run_experiment_refuses_bad_settings_before_writing(tmp_path):
+def test_run_part_refuses_bad_settings_before_writing(tmp_path):
     out = tmp_path / "run"
     with pytest.raises(ValueError, match="num_sequences must be >= 1, got -3"):
-        run_experiment("antibody", out, quick=True, overrides={"num_sequences": -3})
+        run_part("antibody", out, quick=True, overrides={"num_sequences": -3})
     with pytest.raises(ValueError, match="unknown setting 'bogus' for antibody"):
-        run_experiment("antibody", out, quick=True, overrides={"bogus": 1})
+        run_part("antibody", out, quick=True, overrides={"bogus": 1})
     assert not out.exists()
 
 
 # ---- --set for `all`, --seed, former names ------------------------------------------------
 
 def _overrides(argv):
-    from mptlml.experiments.config import scoped_overrides
+    from mptlml.reproduce.driver import scoped_overrides
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     args = sub.choices["reproduce"].parse_args(argv)
-    names = list(EXPERIMENTS) if args.name == "all" else [args.name]
+    names = list(PARTS) if args.name == "all" else [args.name]
     return scoped_overrides(names, list(args.set or []), seed=args.seed,
                             reference=args.reference)
 
 
-def test_set_for_all_targets_experiments():
+def test_set_for_all_targets_parts():
     o = _overrides(["all", "--set", "training.num_inits=2", "--set", "num_data=50"])
     assert o["training"] == {"num_inits": 2, "num_data": 50}
     have = {n for n, c in CONFIGS.items() if "num_data" in {f.name for f in dataclasses.fields(c)}}
     assert {n for n, v in o.items() if v.get("num_data") == 50} == have
     assert "num_data" not in o["bert"]
-    with pytest.raises(ValueError, match="no experiment has a setting 'bogus'"):
+    with pytest.raises(ValueError, match="no part has a setting 'bogus'"):
         _overrides(["all", "--set", "bogus=1"])
     with pytest.raises(ValueError, match="unknown setting 'num_masks' for area"):
         _overrides(["all", "--set", "area.num_masks=3"])
 
 
-def test_seed_sets_every_experiments_seed():
+def test_seed_sets_every_parts_seed():
     o = _overrides(["all", "--seed", "5"])
-    assert all(v["seed"] == 5 for v in o.values()) and set(o) == set(EXPERIMENTS)
+    assert all(v["seed"] == 5 for v in o.values()) and set(o) == set(PARTS)
     assert _overrides(["latent", "--seed", "4"]) == {"latent": {"seed": 4}}
     with pytest.raises(ValueError, match="seed is set twice"):
         _overrides(["area", "--seed", "4", "--set", "seed=5"])
@@ -221,11 +221,12 @@ def test_former_names_are_refused_naming_the_valid_ones():
 
 def test_curve_flags_are_the_settings(tmp_path, monkeypatch, capsys):
     """Every `curve` flag is a setting of CurveConfig (one declaration); --limit is gone."""
-    import mptlml.experiments.driver as driver
-    from mptlml.experiments.mlm import CurveConfig
+    import mptlml.runs.job
+    from mptlml.jobs.curve import CurveConfig
 
     seen = {}
-    monkeypatch.setattr(driver, "run_job", lambda name, cfg, out, **k: seen.update(cfg=cfg))
+    monkeypatch.setattr(mptlml.runs.job, "run_job",
+                        lambda name, job, cfg, out, **k: seen.update(cfg=cfg))
     base = ["curve", "--model", "m", "--data", "d", "--out", str(tmp_path / "c")]
     assert main([*base, "--num-sequences", "4", "--rates", "0.2,0.5", "--pll", "--no-progress",
                  "--nominal-length", "512", "--dtype", "float64"]) == 0
@@ -242,11 +243,11 @@ def test_curve_flags_are_the_settings(tmp_path, monkeypatch, capsys):
     (["reproduce", "all", "--quick"], "runs/all-quick"),
 ])
 def test_reproduce_writes_where_its_help_says(argv, where, monkeypatch, capsys):
-    import mptlml.experiments as experiments
+    import mptlml.reproduce as reproduce
 
     seen = []
-    monkeypatch.setattr(experiments, "run_experiment", lambda name, out, **kw: seen.append(out))
-    monkeypatch.setattr(experiments, "run_all", lambda out, **kw: seen.append(out) or {})
+    monkeypatch.setattr(reproduce, "run_part", lambda name, out, **kw: seen.append(out))
+    monkeypatch.setattr(reproduce, "run_all", lambda out, **kw: seen.append(out) or {})
     assert main(argv) == 0
     assert seen == [where]
     capsys.readouterr()

@@ -98,13 +98,13 @@ def test_set_quiet_turns_bars_off_and_back(monkeypatch):
 
 
 def test_messages_go_through_the_mptlml_logger(caplog, tmp_path):
-    from mptlml.experiments import run_experiment
+    from mptlml.reproduce import run_part
 
     with caplog.at_level("INFO", logger="mptlml"):
-        run_experiment("area", tmp_path / "a", quick=True,
-                       overrides={"num_data": 20, "num_tokens": 6, "panels": ("2:1",)})
+        run_part("area", tmp_path / "a", quick=True,
+                 overrides={"num_data": 20, "num_tokens": 6, "panels": ("2:1",)})
     names = {r.name for r in caplog.records}
-    assert "mptlml.experiments.driver" in names and "mptlml.experiments.area" in names
+    assert "mptlml.runs.job" in names and "mptlml.reproduce.fig4_area" in names
     assert any("results written to" in r.getMessage() for r in caplog.records)
 
 
@@ -116,9 +116,9 @@ def test_no_print_in_library_code():
     import mptlml
 
     # cli.py: the spacer between --show-config tables, the error line, the interrupted line
-    # experiments/full_size.py: the table itself, when no file is named
-    allowed = {"experiments/common.py": 1, "cli.py": 3, "experiments/select.py": 1,
-               "experiments/full_size.py": 1}
+    # reproduce/full_size.py: the table itself, when no file is named
+    allowed = {"runs/output.py": 1, "cli.py": 3, "jobs/select.py": 1,
+               "reproduce/full_size.py": 1}
     for path in Path(mptlml.__file__).parent.rglob("*.py"):
         rel = path.relative_to(Path(mptlml.__file__).parent).as_posix()
         n = len(re.findall(r"(?<![\w.])print\(", path.read_text()))

@@ -14,13 +14,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
+import typing
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from .experiments.config import add_flags, flag_overrides
+from .runs.config import check_value, format_value, optional_inner, read_value, type_name
 
 __all__ = ["build_parser", "configure_output", "main"]
 
@@ -37,12 +39,12 @@ def _seed(text: str) -> int:
 
 def _show_config(names: list[str], quick: bool, overrides: dict[str, dict[str, Any]]) -> None:
     """Print every setting of each experiment: key, type, default, quick value, this run's value."""
-    from .experiments import get_experiment
-    from .experiments.common import print_table
-    from .experiments.config import apply_overrides, describe_settings, format_value
+    from .reproduce import get_part
+    from .runs.config import apply_overrides, describe_settings
+    from .runs.output import print_table
 
     for name in names:
-        cls = get_experiment(name).Config
+        cls = get_part(name).config
         cfg = apply_overrides(cls.quick() if quick else cls(), overrides.get(name), name=name)
         rows = describe_settings(cls)
         for r in rows:
@@ -64,13 +66,13 @@ def _add_run_dir_flags(p: argparse.ArgumentParser, default: str | None, *,
 
 def _mlm_overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, dict]:
     """Config overrides from the MLM flags, for the experiments (``names``) that take them."""
-    from .experiments import get_experiment
-    from .experiments.mlm import DEVICE_SETTINGS, MLMRunSettings
+    from .jobs.curve import DEVICE_SETTINGS, MLMRunConfig
+    from .reproduce import get_part
 
-    given = flag_overrides(args, MLMRunSettings, only=DEVICE_SETTINGS)
+    given = flag_overrides(args, MLMRunConfig, only=DEVICE_SETTINGS)
     if not given:
         return {}
-    out = {n: given for n in names if issubclass(get_experiment(n).Config, MLMRunSettings)}
+    out = {n: given for n in names if issubclass(get_part(n).config, MLMRunConfig)}
     if not out:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise ValueError(f"{flags} apply to the masked-LM experiments (antibody, bert), not to "
@@ -79,11 +81,11 @@ def _mlm_overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, 
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from .experiments import EXPERIMENTS, run_all, run_experiment
-    from .experiments.config import scoped_overrides
+    from . import reproduce
     from .report import build_report
+    from .reproduce.driver import scoped_overrides
 
-    names = list(EXPERIMENTS) if args.name == "all" else [args.name]
+    names = list(reproduce.PARTS) if args.name == "all" else [args.name]
     overrides = scoped_overrides(names, list(args.set or []), seed=args.seed,
                                  reference=args.reference)
     for name, mlm in _mlm_overrides(args, list(overrides)).items():
@@ -93,23 +95,23 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         return 0
     if args.name == "all":
         out = args.out or f"runs/all{'-quick' if args.quick else ''}"
-        status = run_all(out, quick=args.quick, overwrite=args.overwrite, resume=args.resume,
-                         overrides={n: o for n, o in overrides.items() if o and n in EXPERIMENTS},
-                         build_report=build_report)
+        status = reproduce.run_all(out, quick=args.quick, overwrite=args.overwrite,
+                                   resume=args.resume, overrides={n: o for n, o in
+                                                                  overrides.items() if o},
+                                   build_report=build_report)
         return 0 if all(not str(v).startswith("failed") for v in status.values()) else 1
     out = args.out or f"runs/{args.name}{'-quick' if args.quick else ''}"
-    run_experiment(args.name, out, quick=args.quick, overwrite=args.overwrite,
+    reproduce.run_part(args.name, out, quick=args.quick, overwrite=args.overwrite,
                    overrides=overrides[args.name], resume=getattr(args, "resume", False))
     return 0
 
 
 def _cmd_curve(args: argparse.Namespace) -> int:
-    from .experiments.driver import run_job
-    from .experiments.mlm import CurveConfig, curve_summary, load_curve, run_curve
+    from .jobs.curve import JOB
+    from .runs import job
 
-    cfg = CurveConfig(**flag_overrides(args, CurveConfig))
-    run_job("curve", cfg, args.out, run=run_curve, load=load_curve, summary=curve_summary,
-            overwrite=args.overwrite, resume=args.resume)
+    cfg = JOB.config(**flag_overrides(args, JOB.config))
+    job.run_job("curve", JOB, cfg, args.out, overwrite=args.overwrite, resume=args.resume)
     return 0
 
 
@@ -128,20 +130,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .experiments.demo import DemoConfig, run_demo
-    from .experiments.driver import run_job
+    from .jobs.demo import JOB
+    from .runs import job
 
-    run_job("demo", DemoConfig(**flag_overrides(args, DemoConfig)), args.out, run=run_demo,
-            overwrite=args.overwrite)
+    job.run_job("demo", JOB, JOB.config(**flag_overrides(args, JOB.config)), args.out,
+                overwrite=args.overwrite)
     return 0
 
 
 def _cmd_select(args: argparse.Namespace) -> int:
-    from .experiments.driver import run_job
-    from .experiments.select import SelectConfig, load_selection, run_selection
+    from .jobs.select import JOB
+    from .runs import job
 
-    run_job("select", SelectConfig(**flag_overrides(args, SelectConfig)), args.out,
-            run=run_selection, load=load_selection, overwrite=args.overwrite)
+    job.run_job("select", JOB, JOB.config(**flag_overrides(args, JOB.config)), args.out,
+                overwrite=args.overwrite)
     return 0
 
 
@@ -172,10 +174,10 @@ _COMMANDS: dict[str, dict[str, str]] = {  # help (the list of commands) and desc
 def build_parser() -> argparse.ArgumentParser:
     """The ``mptlml`` argument parser."""
     from . import __version__
-    from .experiments import EXPERIMENTS
-    from .experiments.demo import DemoConfig
-    from .experiments.mlm import DEVICE_SETTINGS, CurveConfig, MLMRunSettings
-    from .experiments.select import SelectConfig
+    from .jobs.curve import DEVICE_SETTINGS, CurveConfig, MLMRunConfig
+    from .jobs.demo import DemoConfig
+    from .jobs.select import SelectConfig
+    from .reproduce import PARTS as EXPERIMENTS
 
     parser = argparse.ArgumentParser(prog="mptlml", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -216,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", default=None,
                    help="published BERT curves CSV (bert and all; default: the authors' "
                         "curves shipped in the package, mptlml/data/bert_mpt_curves.csv)")
-    add_flags(p, MLMRunSettings, only=DEVICE_SETTINGS)
+    add_flags(p, MLMRunConfig, only=DEVICE_SETTINGS)
     p.set_defaults(func=_cmd_reproduce)
 
     p = command("curve")
@@ -233,6 +235,67 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_dir_flags(p, "runs/select")
     p.set_defaults(func=_cmd_select)
     return parser
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_flags(parser: Any, cls: type, *, only: Sequence[str] | None = None,
+              required: Sequence[str] = ()) -> None:
+    """Add one command-line flag per setting of ``cls`` (``num_masks`` -> ``--num-masks``).
+
+    The flags are the settings: same names, the same reading as ``--set``
+    (:func:`parse_setting`), the help and bounds of :func:`setting`, the
+    default of ``cls``. A boolean is ``--NAME/--no-NAME``. A flag not given
+    leaves the setting at its default; :func:`flag_overrides` collects the given
+    ones and checks them, naming the flag.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+    cls : a Config dataclass
+    only : the settings to expose (default: every one)
+    required : settings the command line must give
+    """
+    import argparse
+
+    hints, default = typing.get_type_hints(cls), cls()
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name in only if only is not None else list(fields):
+        f, typ = fields[name], hints.get(name, str)
+        meta, value = f.metadata, getattr(default, name)
+        text = meta.get("help", "")
+        if name not in required and "default" not in text:
+            text += f" (default {format_value(value) if value is not None else 'none'})"
+        text = text.replace("%", "%%")
+        inner = optional_inner(typ) or typ
+        if inner is bool:
+            parser.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS, help=text)
+            continue
+
+        def read(raw: str, typ: Any = typ) -> Any:
+            return read_value(raw.strip(), typ)
+
+        read.__name__ = type_name(inner)  # argparse names the type in its messages
+        parser.add_argument(_flag(name), dest=name, type=read, default=argparse.SUPPRESS,
+                            required=name in required, help=text,
+                            choices=meta.get("choices") if inner is str else None,
+                            metavar=None if meta.get("choices") and inner is str
+                            else name.upper())
+
+
+def flag_overrides(args: Any, cls: type, *, only: Sequence[str] | None = None
+                   ) -> dict[str, Any]:
+    """The settings of ``cls`` given as flags (see :func:`add_flags`), checked, naming the flag."""
+    hints, out = typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        if (only is None or f.name in only) and hasattr(args, f.name):
+            value = getattr(args, f.name)
+            check_value(_flag(f.name), value, hints.get(f.name, Any), dict(f.metadata), value)
+            out[f.name] = value
+    return out
 
 
 class _StderrHandler(logging.StreamHandler):
