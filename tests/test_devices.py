@@ -179,7 +179,7 @@ def test_reproduce_antibody_takes_the_mlm_flags(tmp_path, capsys):
         assert m["autocast"] is None
     assert main(["reproduce", "area", "--quick", "--out", str(tmp_path / "x"),
                  "--dtype", "float64"]) == 2
-    assert "masked-LM experiments" in capsys.readouterr().err
+    assert "masked-LM parts" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- data parallel

@@ -41,8 +41,8 @@ class SelectConfig(RunConfig):
     """``mptlml select``: one data set or matrix file (every flag is a setting)."""
 
     data: str = setting("", "a .npy/.csv/.tsv matrix (N, D), or digits, wine, breast_cancer, "
-                        "synthetic")
-    k_max: int = setting(1, "largest K to try (>= 1, < D)", min=1)
+                        "synthetic", required=True)
+    k_max: int = setting(1, "largest K to try (>= 1, < D)", min=1, required=True)
     family: str = setting("ppca", "model family: ppca (continuous data) or bernoulli (0/1 data, "
                           "K <= 3)", choices=tuple(FAMILIES))
     true_k: int | None = setting(None, "latent dimension of --data synthetic (only there)", min=1)
