@@ -7,6 +7,7 @@ these tests hold the CLI and every Config to it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import pytest
@@ -265,3 +266,71 @@ def test_reproduce_writes_where_its_help_says(argv, where, monkeypatch, capsys):
     shown = re.sub(r"-\s+", "-", capsys.readouterr().out)  # the help wraps at hyphens too
     shown = " ".join(shown.split())
     assert "default runs/NAME, runs/NAME-quick with --quick" in shown
+
+
+# ---- a new part, a new command: one module plus one line ------------------------------------
+
+def _toy_config():
+    from mptlml.runs.config import RunConfig, setting
+
+    @dataclasses.dataclass
+    class Config(RunConfig):
+        num_data: int = setting(3, "N", min=1)
+        seed: int = setting(0, "seed", min=0)
+        num_threads: int | None = setting(None, "torch threads", min=1, execution=True)
+
+        @classmethod
+        def quick(cls):
+            return cls(num_data=2)
+
+    def run(cfg, run_dir):
+        run_dir.write_csv("x.csv", [{"n": cfg.num_data}])
+        return {"n": cfg.num_data}
+
+    return Config, run
+
+
+def test_a_new_part_is_its_module_plus_one_registry_line(tmp_path, monkeypatch, capsys):
+    """reproduce, --show-config, --set and the report find a part from its PARTS line alone."""
+    import sys
+    import types
+
+    from mptlml.reproduce import parts
+    from mptlml.reproduce.claims import claim
+
+    config, run = _toy_config()
+    module = types.ModuleType("mptlml.reproduce.fig9_toy")  # the part's module ...
+    module.PART = parts.Part(
+        config=config, run=run, title="Figure 9: a toy part", paper="N is positive",
+        claims=lambda res: [claim("N > 0", "N > 0", res["n"], res["n"] > 0)])
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(parts.PARTS, "toy", "fig9_toy")  # ... and its one line
+    assert main(["reproduce", "toy", "--show-config", "--set", "num_data=5"]) == 0
+    shown = capsys.readouterr().out
+    assert re.search(r"^num_data\s+int\s+3\s+2\s+5\s", shown, re.M)
+    assert re.search(r"^num_threads .*execution only", shown, re.M)
+    out = tmp_path / "toy"
+    assert main(["reproduce", "toy", "--quick", "--out", str(out), "--set", "num_data=4"]) == 0
+    assert json.loads((out / "results.json").read_text())["results"]["n"] == 4
+    assert main(["report", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "## Figure 9: a toy part" in md and "| N \\> 0 | N \\> 0 | 4 | ✅ holds |" in md
+
+
+def test_a_new_command_is_its_job_module_plus_one_line(tmp_path, monkeypatch, capsys):
+    """A job (config, run) becomes a command with its settings as flags: one line."""
+    import mptlml.cli
+    from mptlml.cli.command import job_command
+    from mptlml.runs.job import Job
+
+    config, run = _toy_config()
+    job = Job(config=config, run=run, help="a toy job")
+    every = mptlml.cli.commands
+    monkeypatch.setattr(mptlml.cli, "commands", lambda: [*every(), job_command("toy", job)])
+    assert main(["--help"]) == 0
+    assert re.search(r"^\s+toy\s+a toy job$", capsys.readouterr().out, re.M)
+    out = tmp_path / "toy"
+    assert main(["toy", "--num-data", "7", "--out", str(out)]) == 0
+    assert json.loads((out / "results.json").read_text())["config"]["num_data"] == 7
+    assert main(["toy", "--num-data", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert "mptlml: error: --num-data must be >= 1, got 0" in capsys.readouterr().err

@@ -50,15 +50,8 @@ from .reproduce.parts import PARTS, get_part
 from .runs.config import execution_settings
 from .runs.rundir import environment, load_results
 
-__all__ = ["ERRATA", "PAPER_SECTIONS", "STATUSES", "Report", "build_report", "collect_runs",
-           "errata", "report_json"]
-
-#: the paper's figures and tables, in reading order: part name -> (title, statement);
-#: each part holds its own (:class:`~mptlml.reproduce.parts.Part`).
-PAPER_SECTIONS: dict[str, tuple[str, str]] = {
-    name: (get_part(name).title, get_part(name).paper) for name in PARTS
-}
-
+__all__ = ["ERRATA", "STATUSES", "Report", "build_report", "collect_runs", "errata",
+           "report_json"]
 
 def errata() -> list[str]:
     """The errata of the paper's text, one Markdown string per erratum.
@@ -316,13 +309,14 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
                                       for p in problems):
         raise ValueError(problems[0] + ".")
     rep = Report(problems=problems)
-    for name, (title, statement) in PAPER_SECTIONS.items():
+    for name in PARTS:  # the paper's reading order
         if name not in found:
             rep.missing.append(name)
             continue
         d, res = found[name]
+        part = get_part(name)
         captions = _captions(name, res)
-        order = {stem: i for i, stem in enumerate(captions)}  # the experiment's figure order
+        order = {stem: i for i, stem in enumerate(captions)}  # the part's figure order
         pngs = sorted(d.glob("*.png"), key=lambda f: (order.get(f.stem, len(order)), f.name))
         figures = []
         for f in pngs:
@@ -332,7 +326,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
                 continue
             figures.append({"path": f, "stem": f.stem, "caption": captions.get(f.stem, f.name)})
         rep.sections.append({
-            "name": name, "title": title, "paper": statement, "dir": str(d),
+            "name": name, "title": part.title, "paper": part.paper, "dir": str(d),
             "claims": _claims_for(name, res), "figures": figures,
             "tables": _tables(name, res), "sizes": _sizes(name, res.get("config")),
             "wall_time_s": res.get("wall_time_s"), "quick": res.get("results", {}).get("quick"),

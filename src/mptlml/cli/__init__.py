@@ -36,9 +36,9 @@ def commands() -> list[click.Command]:
 
     return [
         job_command("demo", demo.JOB),
-        reproduce,
+        reproduce(),
         job_command("curve", curve.JOB),
-        report,
+        report(),
         job_command("select", select.JOB),
     ]
 

@@ -27,11 +27,12 @@ def _run(runs: tuple[str, ...], out: str | None) -> int:
     return 0 if rep.sections else 1  # nothing could be read: not a success
 
 
-#: the command
-report = command("report", _run, [
-    click.Argument(["runs"], nargs=-1, required=True, metavar="RUN_DIR..."),
-    click.Option(["--out"], default=None, metavar="DIR",
-                 help="where to write the report (default: the first RUN_DIR)"),
-], help="build report.html/report.md from run directories",
-    description="Build report.html, report.md and report.json from run directories (or a "
-                "`reproduce all` directory).")
+def report() -> click.Command:
+    """The command ``mptlml report RUN_DIR...``."""
+    params = [click.Argument(["runs"], nargs=-1, required=True, metavar="RUN_DIR..."),
+              click.Option(["--out"], default=None, metavar="DIR",
+                           help="where to write the report (default: the first RUN_DIR)")]
+    return command("report", _run, params,
+                   help="build report.html/report.md from run directories",
+                   description="Build report.html, report.md and report.json from run "
+                               "directories (or a `reproduce all` directory).")

@@ -11,13 +11,6 @@ from .command import command, given_settings, run_dir_options, setting_options
 
 __all__ = ["reproduce"]
 
-_DESCRIPTION = (
-    "Reproduce one figure or table of the paper into a run directory (or all of them, then a "
-    "report). NAME is one of " + ", ".join(PARTS) + ", or all (every part, then "
-    "report.html/report.md). Every setting of a part is a --set KEY=VALUE; --show-config "
-    "lists them.")
-
-
 def _seed(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
     if value is not None and value < 0:
         raise click.BadParameter(f"must be >= 0, got {value}", ctx, param)
@@ -83,10 +76,16 @@ def _run(name: str, quick: bool, out: str | None, overwrite: bool, resume: bool,
     return 0
 
 
-def _params() -> list[click.Parameter]:
+def reproduce() -> click.Command:
+    """The command ``mptlml reproduce NAME|all`` (NAME: a part, :data:`~mptlml.reproduce.PARTS`)."""
     from ..jobs.curve import DEVICE_SETTINGS, MLMRunConfig
 
-    return [
+    description = (
+        "Reproduce one figure or table of the paper into a run directory (or all of them, then "
+        "a report). NAME is one of " + ", ".join(PARTS) + ", or all (every part, then "
+        "report.html/report.md). Every setting of a part is a --set KEY=VALUE; --show-config "
+        "lists them.")
+    params = [
         click.Argument(["name"], type=click.Choice([*PARTS, "all"]), metavar="NAME"),
         click.Option(["--quick"], is_flag=True, help="small sizes (about a minute)"),
         *run_dir_options(None, resume="keep finished parts/chunks of an interrupted run"),
@@ -106,8 +105,5 @@ def _params() -> list[click.Parameter]:
                           "curves shipped in the package, mptlml/data/bert_mpt_curves.csv)"),
         *setting_options(MLMRunConfig, only=DEVICE_SETTINGS),
     ]
-
-
-#: the command
-reproduce = command("reproduce", _run, _params(),
-                    help="reproduce one figure or table of the paper", description=_DESCRIPTION)
+    return command("reproduce", _run, params, help="reproduce one figure or table of the paper",
+                   description=description)
