@@ -2,15 +2,17 @@
 
 - Dependencies point one way, down the floors of :data:`FLOORS`::
 
-      cli -> experiments/report -> training, estimators, objectives, selection, hf, data
-          -> _scoring -> models -> masks -> helpers (_io, _markdown, _linalg, _validation,
-          _progress, settings)
+      cli -> jobs/reproduce/report -> runs (run plumbing)
+          -> training, estimators, objectives, selection, hf, data -> _scoring
+          -> models -> masks -> helpers (_io, _markdown, _linalg, _validation, _progress, settings)
 
   A module imports its own floor or the floors below (imports inside functions
-  count too); the experiments never import the report.
-- Only the top floor (``cli.py``, ``__main__.py``, ``report.py`` and
-  ``experiments/``) may import the experiments; only ``cli.py``/``__main__.py``
-  the CLI; only ``cli.py`` the report.
+  count too). On the jobs' floor, the parts of the paper (``reproduce/``) may
+  build on the user jobs (``jobs/``), never the other way round, and neither
+  imports the report.
+- Only the CLI and the report import the parts; only the CLI and the parts the
+  jobs; only ``cli/`` and ``__main__.py`` the CLI; only the CLI the report
+  (:data:`TOP_FLOOR`). The library never imports ``runs/`` (its floor is above).
 - No import circle between modules.
 - The estimators see models only through the protocols: ``estimators/`` and the
   scoring machinery ``_scoring/`` name no model family and import no module of one.
@@ -46,15 +48,17 @@ FLOORS: dict[str, int] = {
     "_scoring": 3,
     "estimators": 4, "objectives": 4, "training": 4, "selection": 4, "hf": 4, "data": 4,
     "testing": 4, "(root)": 4,
-    "experiments": 5, "report": 5,
-    "cli": 6, "__main__": 6,
+    "runs": 5,
+    "jobs": 6, "reproduce": 6, "report": 6,
+    "cli": 7, "__main__": 7,
 }
 
 #: who may import what: module prefix -> the files (relative to the package) allowed to.
 TOP_FLOOR: dict[str, tuple[str, ...]] = {
-    "mptlml.experiments": ("cli.py", "__main__.py", "report.py", "experiments/"),
-    "mptlml.report": ("cli.py",),
-    "mptlml.cli": ("cli.py", "__main__.py"),
+    "mptlml.reproduce": ("cli/", "__main__.py", "report.py", "reproduce/"),
+    "mptlml.jobs": ("cli/", "__main__.py", "reproduce/", "jobs/"),
+    "mptlml.report": ("cli/",),
+    "mptlml.cli": ("cli/", "__main__.py"),
 }
 
 
@@ -108,10 +112,11 @@ def _rel(module: str) -> str:
 
 def test_the_import_reader_sees_known_edges():
     g = _graph()
-    assert "mptlml.experiments.registry" in g["mptlml.report"]
-    assert "mptlml.training" in g["mptlml.experiments.training"]
+    assert "mptlml.reproduce.parts" in g["mptlml.report"]
+    assert "mptlml.training" in g["mptlml.reproduce.fig2_training"]
     assert "mptlml._io" in g["mptlml.training.history"]
-    assert "mptlml.experiments.select" in g["mptlml.cli"]  # an import inside a function
+    assert "mptlml.jobs.select" in g["mptlml.reproduce.model_selection"]
+    assert any(m.startswith("mptlml.jobs") for m in g["mptlml.cli"])  # imports in functions
 
 
 @pytest.mark.parametrize("target", sorted(TOP_FLOOR))
@@ -123,14 +128,14 @@ def test_library_modules_do_not_import_the_top_floor(target):
         if rel.startswith(allowed) or mod.startswith(target):
             continue
         bad += [f"{rel} imports {d}" for d in deps if d == target or d.startswith(target + ".")]
-    assert not bad, "dependencies must point one way (cli -> experiments/report -> library):\n" \
+    assert not bad, "dependencies must point one way (cli -> jobs/reproduce/report -> library):\n" \
         + "\n".join(bad)
 
 
-def test_experiments_do_not_import_the_report_or_the_cli():
+def test_jobs_and_parts_do_not_import_the_report_or_the_cli():
     bad = [f"{_rel(m)} imports {d}" for m, deps in _graph().items()
-           if m.startswith("mptlml.experiments") for d in deps
-           if d in ("mptlml.report", "mptlml.cli")]
+           if m.startswith(("mptlml.jobs", "mptlml.reproduce")) for d in deps
+           if d == "mptlml.report" or d.startswith("mptlml.cli")]
     assert not bad, "\n".join(bad)
 
 
@@ -172,8 +177,9 @@ def test_dependencies_point_down():
     bad = sorted(f"{_rel(m)} (floor {FLOORS[_room(m)]}) imports {d} (floor {FLOORS[_room(d)]})"
                  for m, deps in _graph().items() for d in deps
                  if FLOORS[_room(d)] > FLOORS[_room(m)])
-    assert not bad, ("dependencies must point down (cli -> experiments/report -> training, "
-                     "estimators, objectives, selection -> _scoring -> models -> masks -> "
+    assert not bad, ("dependencies must point down (cli -> jobs/reproduce/report -> runs -> "
+                     "training, estimators, objectives, selection -> _scoring -> models -> "
+                     "masks -> "
                      "helpers):\n"
                      + "\n".join(bad))
 
@@ -192,15 +198,6 @@ def test_the_floor_check_sees_an_upward_import(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match="models/fam.py .floor 2. imports "
                                              "mptlml.estimators.api .floor 4."):
         test_dependencies_point_down()
-
-
-def test_the_machinery_knows_no_estimator():
-    """``_scoring/`` scores masks for any estimator and imports none (not even by a function)."""
-    bad = [f"{_rel(m)} imports {d}" for m, deps in _graph().items()
-           if m.startswith("mptlml._scoring") for d in deps
-           if d == "mptlml.estimators" or d.startswith("mptlml.estimators.")]
-    assert not bad, "the scoring machinery must not import the estimators:\n" + "\n".join(bad)
-    assert "mptlml._scoring.ragged" in _graph()["mptlml.estimators.cumulative"]
 
 
 #: the modules of ``mptlml.models`` that hold protocols (and the one normalisation of

@@ -48,7 +48,7 @@ def test_from_pretrained_dtype_and_tokenizer(bare_dir, tiny):
     lm = MaskedLM.from_pretrained(bare_dir, tokenizer=tiny.tokenizer, dtype=torch.float64)
     assert lm.dtype == torch.float64 and lm.model.dtype == torch.float64
     assert all(p.dtype == torch.float64 for p in lm.parameters())
-    assert lm.settings() == {"device": "cpu", "dtype": "float64", "autocast": None}
+    assert lm.placement() == {"device": "cpu", "dtype": "float64", "autocast": None}
     ref = mptlml.pll(tiny, SENTENCES)
     got = mptlml.pll(lm, SENTENCES)
     assert not torch.equal(got, ref)  # float64 end to end (log-softmax too) ...
@@ -101,7 +101,7 @@ def test_to_device_and_dtype_properties(tiny_dir):
 def test_autocast_is_explicit_and_recorded(tiny_dir, tiny):
     assert tiny.autocast_dtype is None  # off unless asked
     lm = MaskedLM.from_pretrained(tiny_dir, autocast=True)
-    assert lm.settings()["autocast"] == "bfloat16"  # CPU autocast
+    assert lm.placement()["autocast"] == "bfloat16"  # CPU autocast
     assert lm.fingerprint()["autocast"] == "bfloat16"
     got, ref = mptlml.pll(lm, SENTENCES), mptlml.pll(tiny, SENTENCES)
     assert not torch.equal(got, ref)
@@ -179,7 +179,7 @@ def test_reproduce_antibody_takes_the_mlm_flags(tmp_path, capsys):
         assert m["autocast"] is None
     assert main(["reproduce", "area", "--quick", "--out", str(tmp_path / "x"),
                  "--dtype", "float64"]) == 2
-    assert "masked-LM experiments" in capsys.readouterr().err
+    assert "masked-LM parts" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- data parallel

@@ -15,8 +15,8 @@ import mptlml
 from mptlml.cli import main
 from mptlml.data import load_texts
 from mptlml import mpt_curve
-from mptlml.experiments.bert import default_reference
 from mptlml.models import MaskedLM
+from mptlml.reproduce.table2_bert import default_reference
 
 from .mlm_helpers import SENTENCES
 
@@ -48,7 +48,7 @@ def test_packaged_reference_is_the_documented_file():
 
 
 def test_table2_areas_from_reference():
-    from mptlml.experiments.bert import PAPER_TABLE2, table2_from_reference
+    from mptlml.reproduce.table2_bert import PAPER_TABLE2, table2_from_reference
 
     assert PAPER_TABLE2 == TABLE2
     rows = {r["task"]: r for r in table2_from_reference(REFERENCE)}
@@ -66,7 +66,7 @@ def test_table2_areas_from_reference():
 
 def test_reproduce_bert_offline(tmp_path, capsys, caplog, monkeypatch):
     """Offline and without --reference: Table 2 from the packaged curves, every area recomputed."""
-    from mptlml.experiments.bert import claims
+    from mptlml.reproduce.table2_bert import claims
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["reproduce", "bert", "--out", str(tmp_path / "b")]) == 0
@@ -234,7 +234,7 @@ def test_local_loaders(tmp_path):
 def test_rate_grids_are_one_definition_and_say_what_is_wrong():
     """--rates START:STOP:STEP, the configs' rate_start/rate_step and the paper's grid agree."""
     from mptlml.estimators.rates import default_rates, rate_grid
-    from mptlml.experiments.mlm import parse_rates
+    from mptlml.jobs.curve import parse_rates
 
     np.testing.assert_array_equal(rate_grid(0.01, 0.01), default_rates())
     np.testing.assert_array_equal(parse_rates("0.01:0.99:0.01"), default_rates())

@@ -104,7 +104,7 @@ def test_selection_result_one_row_per_k():
 
 
 def test_run_dir_csv_through_pandas(tmp_path):
-    from mptlml.experiments.common import RunDir
+    from mptlml.runs.rundir import RunDir
 
     with RunDir(tmp_path / "r", "t") as run:  # files appear in OUT once the run is swapped in
         run.write_csv("a.csv", [{"a": 1, "b": None, "c": 0.1},

@@ -60,7 +60,7 @@ def standard_normal_noise(shape: tuple[int, ...], like: torch.Tensor,
 class AmortizedGaussianMixin:
     """ELBO and importance weights for a model with a Gaussian encoder.
 
-    The host class implements ``encode(x) -> (mu, logvar)`` (each ``(..., K)``)
+    The host class implements ``posterior_params(x) -> (mu, logvar)`` (each ``(..., K)``)
     and ``decoder_log_prob_tokens(x, z) -> (..., D)``, the per-token
     log p(x_d | z) broadcasting ``z`` of shape ``(S, ..., K)`` against ``x``.
     """
@@ -68,7 +68,7 @@ class AmortizedGaussianMixin:
     latent_dim: int
 
     # The host provides (not defined here, so that the host's own methods win in the MRO):
-    #   encode(x) -> (mu, logvar);  decoder_log_prob_tokens(x, z) -> (..., D).
+    #   posterior_params(x) -> (mu, logvar);  decoder_log_prob_tokens(x, z) -> (..., D).
 
     def sample_posterior(self, mu: torch.Tensor, logvar: torch.Tensor, num_samples: int,
                          generator: torch.Generator | None) -> torch.Tensor:
@@ -81,7 +81,7 @@ class AmortizedGaussianMixin:
              generator: torch.Generator | None = None) -> torch.Tensor:
         """ELBO per datum ``(N,)``, reparameterised, with the closed-form Gaussian KL."""
         x = self.validate_data(x)  # type: ignore[attr-defined]
-        mu, logvar = self.encode(x)
+        mu, logvar = self.posterior_params(x)
         z = self.sample_posterior(mu, logvar, num_samples, generator)
         rec = self.decoder_log_prob_tokens(x, z).sum(-1).mean(0)
         kl = 0.5 * (mu * mu + torch.exp(logvar) - 1.0 - logvar).sum(-1)
@@ -91,7 +91,7 @@ class AmortizedGaussianMixin:
                                generator: torch.Generator | None = None) -> torch.Tensor:
         """log p(x | z_s) + log p(z_s) - log q(z_s | x) for z_s ~ q(z | x): ``(S, N)``."""
         x = self.validate_data(x)  # type: ignore[attr-defined]
-        mu, logvar = self.encode(x)
+        mu, logvar = self.posterior_params(x)
         z = self.sample_posterior(mu, logvar, num_samples, generator)
         return (self.decoder_log_prob_tokens(x, z).sum(-1) + gaussian_log_density(z)
                 - gaussian_log_density(z, mu, logvar))

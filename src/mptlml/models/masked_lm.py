@@ -231,8 +231,8 @@ class MaskedLM(nn.Module):
         cuda_fp16 = self.device.type == "cuda" and not torch.cuda.is_bf16_supported()
         return torch.float16 if cuda_fp16 else torch.bfloat16
 
-    def settings(self) -> dict[str, Any]:
-        """Device, dtype and autocast in use, as written into results."""
+    def placement(self) -> dict[str, Any]:
+        """Where and how the model runs: device, dtype and autocast in use, as results record."""
         return {"device": str(self.device), "dtype": dtype_name(self.dtype),
                 "autocast": dtype_name(self.autocast_dtype)}
 

@@ -1,4 +1,4 @@
-"""Analysis and figures of ``reproduce mlm-training`` (:mod:`mptlml.experiments.mlm_training`).
+"""Analysis and figures of ``reproduce mlm-training`` (:mod:`mptlml.reproduce.mlm_training`).
 
 - :func:`comparisons`: paired differences between objectives (same held-out
   images, same evaluation masks), pooled over seeds;
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..estimators.stats import mean_stderr, sum_stderr
-from .common import RunDir
+from ..runs.rundir import RunDir
 
 __all__ = ["OBJECTIVES", "comparisons", "figures", "fmt_diff", "mean_se", "seeds_to_decide",
            "undecided_note", "z_score"]

@@ -1,12 +1,12 @@
-"""Shared pieces of the PPCA experiments on synthetic data: settings, data, exact fixed-rate scores.
+"""Shared pieces of the PPCA parts on synthetic data: settings, data, exact fixed-rate scores.
 
-:class:`SyntheticPPCAConfig` holds the settings every such experiment has (N,
+:class:`SyntheticPPCAConfig` holds the settings every such part has (N,
 sigma2, the noise generator, seeds, dtype) and draws the data;
 :class:`PPCATrainingConfig` adds those of training a PPCA by the MPT loss (D, K,
-learning rate, masks per step). Each experiment's ``Config`` subclasses one of
+learning rate, masks per step). Each part's ``Config`` subclasses one of
 them, so ``--set`` reaches the shared fields too. Every field is declared with
-:func:`~.config.setting` (help line, bounds, choices, former names): the
-convention is documented in :mod:`mptlml.experiments.config`.
+:func:`~mptlml.runs.config.setting` (help line, bounds, choices): the
+convention is documented in :mod:`mptlml.runs.config`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from ..masks import all_masks
 from ..models import PPCA
-from .config import ExperimentConfig, setting
+from ..runs.config import RunConfig, setting
 
 __all__ = ["PPCATrainingConfig", "SyntheticPPCAConfig", "exact_fixed_rate", "mean_lml",
            "synthetic_ppca"]
@@ -37,7 +37,7 @@ def dtype_of(name: str) -> torch.dtype:
 
 
 @dataclass
-class SyntheticPPCAConfig(ExperimentConfig):
+class SyntheticPPCAConfig(RunConfig):
     """Settings shared by the PPCA experiments on data drawn from a PPCA (Figs. 1, 2, 4, 5).
 
     Attributes

@@ -1,16 +1,18 @@
-"""Experiment settings as data: each ``--set`` key is a dataclass field described by its metadata.
+"""The settings of a run as data: each ``--set`` key is a dataclass field described by its metadata.
 
-The convention every experiment's ``Config`` follows (new experiments too)
----------------------------------------------------------------------------
-A ``Config`` is a ``@dataclass`` that subclasses :class:`ExperimentConfig`
-(directly or through :class:`~._synthetic.SyntheticPPCAConfig`) and declares
-each setting with :func:`setting`::
+The convention every job's ``Config`` follows (new parts and jobs too)
+-----------------------------------------------------------------------
+A ``Config`` is a ``@dataclass`` that subclasses :class:`RunConfig`
+(directly or through a shared base such as
+:class:`mptlml.jobs.curve.MLMRunConfig`) and declares each setting with
+:func:`setting`::
 
     @dataclass
-    class Config(ExperimentConfig):
+    class Config(RunConfig):
         num_masks: int = setting(1, "P, masks per rate and sequence", min=1)
         noise: str = setting("independent", "noise generator", choices=("independent", "shared"))
-        every: int = setting(10, "epochs between curves", min=1)
+        curve_every: int = setting(10, "epochs between curves", min=1)
+        num_threads: int | None = setting(None, "torch threads", min=1, execution=True)
 
         @classmethod
         def quick(cls) -> Config: ...        # small sizes for tests and `--quick`
@@ -22,29 +24,31 @@ each setting with :func:`setting`::
 The metadata keys are ``help`` (one line, shown by ``--show-config``),
 ``min``/``max`` (inclusive bounds of a number, or of each element of a tuple),
 ``gt``/``lt`` (exclusive bounds: ``gt=0`` a positive number, ``gt=0, lt=1`` a rate),
-and ``choices`` (allowed values of a string, or of each element of a tuple).
-The same metadata drives ``mptlml reproduce NAME --show-config``, the parsing
-of ``--set KEY=VALUE`` (:func:`parse_setting`, by the field's type hint), the
-command-line flags of the jobs (:func:`add_flags`: ``mptlml curve
+``choices`` (allowed values of a string, or of each element of a tuple),
+``execution`` (the setting changes how the run executes, never a number it
+computes: :func:`execution_settings`) and ``required`` (a job's command line
+must give it). The same metadata drives ``mptlml reproduce NAME
+--show-config``, the parsing of ``--set KEY=VALUE`` (:func:`parse_setting`, by
+the field's type hint), the command-line flags of the jobs (``mptlml curve
 --num-masks 2`` is the setting ``num_masks``) and the checks
 (:func:`check_settings`): they run when a Config is constructed
 (``__post_init__``, so also after :func:`dataclasses.replace`) and once more
 in :func:`validate_config`, before a run directory exists.
 
 A group of settings shared by several jobs (the masked-LM runs:
-:class:`~.mlm.MLMRunSettings`) is declared once, as a base class; a job that
-needs another default for one of them says so with :func:`redefault`, which
-keeps the declaration's help and bounds.
+:class:`~mptlml.jobs.curve.MLMRunConfig`) is declared once, as a base class; a
+job that needs another default for one of them says so with :func:`redefault`,
+which keeps the declaration's help and bounds.
 
-Key names mean the same in every experiment: ``seed`` is the base seed of the
+Key names mean the same in every job: ``seed`` is the base seed of the
 run's randomness (masks, and initialisations unless ``init_seed`` is given;
 ``mptlml reproduce --seed N`` sets it), ``data_seed`` the seed of generated
 data, ``num_seeds`` repetitions over mask seeds, ``num_inits`` random
 initialisations, ``num_masks``/``max_masks`` P and its largest value,
 ``num_data`` N, ``num_tokens`` D, ``latent_dim`` K, ``num_sequences`` the
 first N texts scored (``mptlml curve --num-sequences``), ``epochs`` full-batch
-epochs. A prefix groups the settings of one part of an experiment
-(``vae_*``, ``linear_*``, ``mpt_*``, ``curve_*``).
+epochs, ``num_threads`` torch's intra-op threads. A prefix groups the settings
+of one part of a job (``vae_*``, ``linear_*``, ``mpt_*``, ``curve_*``).
 """
 
 from __future__ import annotations
@@ -54,33 +58,34 @@ import math
 import numbers
 import types
 import typing
-from collections.abc import Sequence
 from typing import Any
 
 from .._validation import parse_flag
 
 __all__ = [
-    "ExperimentConfig",
-    "add_flags",
+    "RunConfig",
     "apply_overrides",
     "check_settings",
     "check_value",
     "describe_settings",
-    "flag_overrides",
+    "execution_settings",
     "format_value",
+    "optional_inner",
     "parse_setting",
+    "read_value",
     "redefault",
     "resolve_key",
-    "scoped_overrides",
     "setting",
+    "type_name",
     "validate_config",
 ]
 
 
 def setting(default: Any, help: str, *, min: float | None = None,  # noqa: A002
             max: float | None = None, gt: float | None = None,  # noqa: A002
-            lt: float | None = None, choices: tuple[Any, ...] | None = None) -> Any:
-    """A dataclass field for one experiment setting, with its ``--set`` metadata.
+            lt: float | None = None, choices: tuple[Any, ...] | None = None,
+            execution: bool = False, required: bool = False) -> Any:
+    """A dataclass field for one setting of a run, with its ``--set`` metadata.
 
     Parameters
     ----------
@@ -94,8 +99,15 @@ def setting(default: Any, help: str, *, min: float | None = None,  # noqa: A002
         Exclusive bounds (``gt=0``: a positive number; ``gt=0, lt=1``: a rate).
     choices : tuple, optional
         Allowed values (of each element, for a tuple).
+    execution : bool
+        The setting changes how the run executes (threads, worker processes,
+        progress bars, device, batch sizes, ...), never a number it computes:
+        see :func:`execution_settings`.
+    required : bool
+        The job's command line must give it (``mptlml curve --model``).
     """
-    meta = {"help": help, "min": min, "max": max, "gt": gt, "lt": lt, "choices": choices}
+    meta = {"help": help, "min": min, "max": max, "gt": gt, "lt": lt, "choices": choices,
+            "execution": execution, "required": required}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -111,8 +123,8 @@ def redefault(base: type, name: str, default: Any) -> Any:
     return dataclasses.field(default=default, metadata=meta)
 
 
-class ExperimentConfig:
-    """Base of the experiments' ``Config`` dataclasses: checks the settings when built."""
+class RunConfig:
+    """Base of every job's ``Config`` dataclass: checks the settings when built."""
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -135,13 +147,27 @@ def _fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
-def _type_name(t: Any) -> str:
+def execution_settings(cls: type) -> frozenset[str]:
+    """The settings of ``cls`` that change how a run executes, never a number it computes.
+
+    Declared with ``setting(..., execution=True)``: torch threads, worker
+    processes, progress bars, the device, the batch and chunk sizes of
+    masked-LM scoring. Their values are recorded in results.json like every
+    setting, but the report leaves them out of a run's sizes, ``reproduce all
+    --resume`` keeps a part that finished with other values of them, and
+    ``--show-config`` marks them.
+    """
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.metadata.get("execution"))
+
+
+def type_name(t: Any) -> str:
+    """A type hint as the messages show it: ``int``, ``int | None``, ``tuple[int, ...]``."""
     if isinstance(t, type):
         return t.__name__
     return str(t).replace("typing.", "").replace("NoneType", "None")
 
 
-def _optional_inner(t: Any) -> Any | None:
+def optional_inner(t: Any) -> Any | None:
     """``T`` of ``T | None``, else None."""
     args = typing.get_args(t)
     if (typing.get_origin(t) in (typing.Union, types.UnionType) and type(None) in args
@@ -152,7 +178,7 @@ def _optional_inner(t: Any) -> Any | None:
 
 def check_value(name: str, value: Any, t: Any, meta: dict[str, Any], shown: Any) -> None:
     """Check one value (or one tuple element) against its type and metadata."""
-    inner = _optional_inner(t)
+    inner = optional_inner(t)
     if inner is not None:
         if value is None:
             return
@@ -240,21 +266,22 @@ def parse_setting(cls: type, text: str, *, where: str = "") -> tuple[str, Any]:
     key = resolve_key(cls, key.strip(), where=where)
     typ = _hints(cls).get(key, str)
     try:
-        value = _convert(raw.strip(), typ)
+        value = read_value(raw.strip(), typ)
     except ValueError:
-        raise ValueError(f"cannot read {key}={raw!r}{where} as {_type_name(typ)}.") from None
+        raise ValueError(f"cannot read {key}={raw!r}{where} as {type_name(typ)}.") from None
     check_value(key, value, typ, dict(_fields(cls)[key].metadata), raw)
     return key, value
 
 
-def _convert(raw: str, typ: Any) -> Any:
-    inner = _optional_inner(typ)
+def read_value(raw: str, typ: Any) -> Any:
+    """The text of a value (``--set`` or a flag) read by its type hint; ValueError if unreadable."""
+    inner = optional_inner(typ)
     if inner is not None:
-        return None if raw.lower() == "none" else _convert(raw, inner)
+        return None if raw.lower() == "none" else read_value(raw, inner)
     origin = typing.get_origin(typ)
     if origin in (tuple, list):
         elem = (typing.get_args(typ) or (str,))[0]
-        return origin(_convert(p.strip(), elem) for p in raw.split(",") if p.strip())
+        return origin(read_value(p.strip(), elem) for p in raw.split(",") if p.strip())
     if typ is bool:
         return parse_flag(raw, "a yes/no setting")
     if typ is int:
@@ -289,7 +316,9 @@ def describe_settings(cls: type) -> list[dict[str, Any]]:
         text = meta.get("help", "")
         if bounds:
             text += f" [{', '.join(bounds)}]"
-        rows.append({"key": f.name, "type": _type_name(hints.get(f.name, Any)),
+        if meta.get("execution"):
+            text += " (execution only: no number depends on it)"
+        rows.append({"key": f.name, "type": type_name(hints.get(f.name, Any)),
                      "default": format_value(getattr(default, f.name)),
                      "quick": format_value(getattr(quick, f.name)), "meaning": text})
     return rows
@@ -302,114 +331,3 @@ def format_value(v: Any) -> str:
     if isinstance(v, bool):
         return str(v).lower()
     return str(v)
-
-
-def scoped_overrides(names: list[str], texts: list[str], *, seed: int | None = None,
-                     reference: str | None = None) -> dict[str, dict[str, Any]]:
-    """``reproduce``'s ``--set`` / ``--seed`` / ``--reference`` as ``{experiment: {key: value}}``.
-
-    For one experiment every ``KEY=VALUE`` must be one of its settings. For
-    ``all``, ``NAME.KEY=VALUE`` sets KEY of experiment NAME and a bare
-    ``KEY=VALUE`` sets KEY of every experiment that has it (refused when none has).
-    """
-    from .registry import get_experiment
-
-    configs = {n: get_experiment(n).Config for n in names}
-    out: dict[str, dict[str, Any]] = {n: {} for n in names}
-    texts = list(texts)
-    if seed is not None:
-        texts.append(f"seed={seed}")
-    if reference:
-        with_ref = [n for n in names if "reference" in _keys(configs[n])]
-        if not with_ref:
-            raise ValueError(f"--reference does not apply to {names[0]}; it is for bert.")
-        texts += [f"{n}.reference={reference}" for n in with_ref] if len(names) > 1 else \
-            [f"reference={reference}"]
-    for text in texts:
-        key = text.split("=", 1)[0]
-        target, _, bare = key.partition(".")
-        if bare and target in configs:
-            scope, text = [target], text[len(target) + 1:]
-        elif len(names) > 1:
-            scope = [n for n in names if _has_key(configs[n], key)]
-            if not scope:
-                raise ValueError(f"no experiment has a setting {key!r}; use NAME.KEY=VALUE with "
-                                 "a NAME of `mptlml reproduce --help`, or see --show-config.")
-        else:
-            scope = names
-        for n in scope:
-            where = f" for {n}" if len(names) > 1 else ""
-            k, v = parse_setting(configs[n], text, where=where)
-            if k in out[n] and out[n][k] != v:
-                raise ValueError(f"{k}{where} is set twice ({out[n][k]!r} and {v!r}); "
-                                 "give it once.")
-            out[n][k] = v
-    return out
-
-
-def _keys(cfg_cls: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(cfg_cls)}
-
-
-def _has_key(cfg_cls: type, key: str) -> bool:
-    return key in _keys(cfg_cls)
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def add_flags(parser: Any, cls: type, *, only: Sequence[str] | None = None,
-              required: Sequence[str] = ()) -> None:
-    """Add one command-line flag per setting of ``cls`` (``num_masks`` -> ``--num-masks``).
-
-    The flags are the settings: same names, the same reading as ``--set``
-    (:func:`parse_setting`), the help and bounds of :func:`setting`, the
-    default of ``cls``. A boolean is ``--NAME/--no-NAME``. A flag not given
-    leaves the setting at its default; :func:`flag_overrides` collects the given
-    ones and checks them, naming the flag.
-
-    Parameters
-    ----------
-    parser : argparse.ArgumentParser
-    cls : a Config dataclass
-    only : the settings to expose (default: every one)
-    required : settings the command line must give
-    """
-    import argparse
-
-    hints, fields, default = _hints(cls), _fields(cls), cls()
-    for name in only if only is not None else list(fields):
-        f, typ = fields[name], hints.get(name, str)
-        meta, value = f.metadata, getattr(default, name)
-        text = meta.get("help", "")
-        if name not in required and "default" not in text:
-            text += f" (default {format_value(value) if value is not None else 'none'})"
-        text = text.replace("%", "%%")
-        inner = _optional_inner(typ) or typ
-        if inner is bool:
-            parser.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=text)
-            continue
-
-        def read(raw: str, typ: Any = typ) -> Any:
-            return _convert(raw.strip(), typ)
-
-        read.__name__ = _type_name(inner)  # argparse names the type in its messages
-        parser.add_argument(_flag(name), dest=name, type=read, default=argparse.SUPPRESS,
-                            required=name in required, help=text,
-                            choices=meta.get("choices") if inner is str else None,
-                            metavar=None if meta.get("choices") and inner is str
-                            else name.upper())
-
-
-def flag_overrides(args: Any, cls: type, *, only: Sequence[str] | None = None
-                   ) -> dict[str, Any]:
-    """The settings of ``cls`` given as flags (see :func:`add_flags`), checked, naming the flag."""
-    hints, out = _hints(cls), {}
-    for f in dataclasses.fields(cls):
-        if (only is None or f.name in only) and hasattr(args, f.name):
-            value = getattr(args, f.name)
-            check_value(_flag(f.name), value, hints.get(f.name, Any), dict(f.metadata), value)
-            out[f.name] = value
-    return out

@@ -46,8 +46,10 @@ import torch
 from ..estimators import Cumulative, FixedRate
 from ..estimators.stats import mean_stderr
 from ..masks import fixed_rate_size
-from ._claims import claim
-from ._synthetic import SyntheticPPCAConfig, mean_lml
+from ..runs.config import setting
+from ..runs.output import pyplot
+from ..runs.rundir import RunDir
+from ._synthetic_ppca import SyntheticPPCAConfig, mean_lml
 from ._table1 import (
     PAPER_TABLE1_SD,
     PAPER_TABLE1_SEEDS,
@@ -56,10 +58,10 @@ from ._table1 import (
     setup_name,
     table1_like_with_like,
 )
-from .common import RunDir, pyplot
-from .config import setting
+from .claims import claim
+from .parts import Part
 
-__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "run", "summary", "tables"]
+__all__ = ["PART", "Config", "captions", "claims", "run", "summary", "tables"]
 
 _log = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ _log = logging.getLogger(__name__)
 class Config(SyntheticPPCAConfig):
     """Settings of the convergence experiment (defaults: the paper's full settings).
 
-    Besides N, sigma2, noise, seeds and dtype (:class:`~._synthetic.SyntheticPPCAConfig`;
+    Besides N, sigma2, noise, seeds and dtype (:class:`~._synthetic_ppca.SyntheticPPCAConfig`;
     ``seed`` is the base seed of the masks, repetition ``s`` using ``seed + s``):
 
     Attributes
@@ -319,16 +321,6 @@ def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
              "exact LML": round(r["exact_lml"], 3)} for r in results["table1"]]
 
 
-#: the report's section: the figure or table, and the paper's statement that ``claims`` checks.
-TITLE = "Figure 1 and Table 1: the MPT estimate converges to the LML"
-PAPER = (
-    "PPCA (K=2, beta=5). The negative cumulative MPT loss approaches the exact LML as the "
-    "number of masks P grows, and its spread over seeds shrinks (Table 1: 0.47, 0.12, 0.03 "
-    "for P = 1, 10, 100, true LML -60.34 for unstated D, N). A fixed 15% mask (D = 512) "
-    "converges to a biased value."
-)
-
-
 def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Fig. 1 / Table 1: the spread over seeds shrinks with P; all sizes converge to the LML,
     a fixed rate to a biased value; Table 1's spread is that of the authors' set-up."""
@@ -417,3 +409,15 @@ def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
         f"{config.get('sigma2', '?')}, N={config.get('num_data', '?')}; data and masks: "
         f"{setup}. Panels: {'; '.join(panels)}. The all-sizes estimate converges to the exact "
         "LML; the fixed-rate one converges to a biased limit (dotted).")}
+
+
+PART = Part(
+    title="Figure 1 and Table 1: the MPT estimate converges to the LML",
+    paper=(
+        "PPCA (K=2, beta=5). The negative cumulative MPT loss approaches the exact LML as the "
+        "number of masks P grows, and its spread over seeds shrinks (Table 1: 0.47, 0.12, 0.03 "
+        "for P = 1, 10, 100, true LML -60.34 for unstated D, N). A fixed 15% mask (D = 512) "
+        "converges to a biased value."
+    ),
+    config=Config, run=run, summary=summary, claims=claims, captions=captions, tables=tables,
+)

@@ -30,12 +30,14 @@ import torch
 
 from .._validation import check_positive_int
 from ..estimators import estimate_lml, mpt_curve
-from ._claims import claim
-from ._synthetic import SyntheticPPCAConfig, mean_lml
-from .common import RunDir, pyplot
-from .config import setting
+from ..runs.config import setting
+from ..runs.output import pyplot
+from ..runs.rundir import RunDir
+from ._synthetic_ppca import SyntheticPPCAConfig, mean_lml
+from .claims import claim
+from .parts import Part
 
-__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "run", "summary"]
+__all__ = ["PART", "Config", "captions", "claims", "run", "summary"]
 
 _log = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ _log = logging.getLogger(__name__)
 class Config(SyntheticPPCAConfig):
     """Settings of the Fig. 4 experiment (defaults: the paper's settings).
 
-    Besides N, sigma2, noise, seeds and dtype (:class:`~._synthetic.SyntheticPPCAConfig`):
+    Besides N, sigma2, noise, seeds and dtype (:class:`~._synthetic_ppca.SyntheticPPCAConfig`):
 
     Attributes
     ----------
@@ -193,13 +195,6 @@ def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
 #: the area must be within this many Monte Carlo standard errors of the exact LML
 AREA_TOLERANCE_SE = 4.0
 
-#: the report's section: the figure or table, and the paper's statement that ``claims`` checks.
-TITLE = "Figure 4: the area under the MPT curve is the LML"
-PAPER = (
-    "The curve S(x;M) against the masking rate, summed over all M, equals the LML; more "
-    "masks (P = 100 vs 1) give a smoother curve; marks at 15% and 85%."
-)
-
 
 def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Fig. 4: the area under the curve equals the exact LML; more masks, smaller error.
@@ -252,3 +247,13 @@ def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
         "(shaded) sum_M S(x; M) beside the exact LML in each title. PPCA N="
         f"{results.get('num_data', '?')}, D={results.get('num_tokens', '?')}, generating "
         f"parameters; panels {panels} (P masks per size). Dotted lines: 15% and 85% masking.")}
+
+
+PART = Part(
+    title="Figure 4: the area under the MPT curve is the LML",
+    paper=(
+        "The curve S(x;M) against the masking rate, summed over all M, equals the LML; more "
+        "masks (P = 100 vs 1) give a smoother curve; marks at 15% and 85%."
+    ),
+    config=Config, run=run, summary=summary, claims=claims, captions=captions,
+)

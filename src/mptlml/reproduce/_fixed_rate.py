@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..models import PPCA
-from ._synthetic import exact_fixed_rate, mean_lml
+from ._synthetic_ppca import exact_fixed_rate, mean_lml
 
 __all__ = ["epochs_text", "flat_direction", "maximise_fixed_rate", "scale_curvature",
            "settle_epoch", "slow_fixed_rate_note", "w_only_optimum"]
@@ -115,7 +115,7 @@ def slow_fixed_rate_note(results: dict[str, Any]) -> str:
     if not flat:
         return ""
     c = flat["scale_curvature"]
-    st = results["settings"]
+    st = results["objectives"]
     text = (f"Along W's scale (W -> cW at the LML's optimum) the exact LML has second derivative "
             f"{c['exact_lml']:.3f} nats per datum, the exact fixed-rate objective "
             f"{c['fixed_rate']:.3f}: {flat['flatness_ratio']:.0f}x flatter. With P="

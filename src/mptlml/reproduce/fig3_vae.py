@@ -54,19 +54,21 @@ from ..data.images import IMAGE_DATASETS
 from ..models import BernoulliLVM, DecoderProposal, GaussianVAE, LinearVAE
 from ..models.vae import CONDITIONALS
 from ..objectives import ELBO, MPTLoss
+from ..runs.config import RunConfig, setting
+from ..runs.output import pyplot
+from ..runs.rundir import RunDir
+from ..runs.threads import torch_threads
 from ..training import Monitor, exact_lml, train
-from ._claims import claim
-from ._threads import torch_threads
-from .common import RunDir, pyplot
-from .config import ExperimentConfig, setting
+from .claims import claim
+from .parts import Part
 
-__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "follows", "run", "summary"]
+__all__ = ["PART", "Config", "captions", "claims", "follows", "run", "summary"]
 
 _log = logging.getLogger(__name__)
 
 
 @dataclass
-class Config(ExperimentConfig):
+class Config(RunConfig):
     """Settings of Fig. 3 (defaults: the paper's sizes)."""
 
     datasets: tuple[str, ...] = setting(("digits", "mnist", "fashion_mnist"),
@@ -111,7 +113,7 @@ class Config(ExperimentConfig):
     vae_refit_steps: int = setting(500, "proposal steps after training, to check it had "
                                    "converged (VAE row)", min=1)
     num_threads: int | None = setting(None, "torch threads during the run (restored after; none: "
-                                      "as they are)", min=1)
+                                      "as they are)", min=1, execution=True)
 
     def validate(self) -> None:
         super().validate()
@@ -356,15 +358,6 @@ def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-#: the report's section: the figure or table, and the paper's statement that ``claims`` checks.
-TITLE = "Figure 3: latent-variable models with approximate conditionals"
-PAPER = (
-    "A linear Bernoulli latent model trained by MPT reaches a log-marginal likelihood "
-    "similar to ELBO training (quadrature LML); a deep VAE's LML increases under MPT "
-    "training with a fixed 33% mask."
-)
-
-
 def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Fig. 3: MPT-trained LML close to ELBO-trained (linear); the deep VAE's LML rises with,
     and follows, the MPT objective (IS with a proposal fitted to the decoder)."""
@@ -450,3 +443,14 @@ def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
         "objectives. Binarised images (top) and grey levels (bottom), N="
         f"{config.get('num_data', '?')} (top) and {config.get('vae_num_data', '?')} (bottom), "
         "at most the data set's size.")}
+
+
+PART = Part(
+    title="Figure 3: latent-variable models with approximate conditionals",
+    paper=(
+        "A linear Bernoulli latent model trained by MPT reaches a log-marginal likelihood "
+        "similar to ELBO training (quadrature LML); a deep VAE's LML increases under MPT "
+        "training with a fixed 33% mask."
+    ),
+    config=Config, run=run, summary=summary, claims=claims, captions=captions,
+)

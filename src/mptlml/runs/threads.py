@@ -1,4 +1,4 @@
-"""Torch intra-op threads for one experiment run, restored afterwards."""
+"""Torch intra-op threads for one run, restored afterwards (the ``num_threads`` settings)."""
 
 from __future__ import annotations
 

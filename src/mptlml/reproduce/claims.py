@@ -222,7 +222,7 @@ def status_of(c: dict[str, Any]) -> str:
     s = c.get("status")
     if s is None:
         raise ValueError(f"claim {c.get('claim')!r} has no status; build claims with "
-                         "mptlml.experiments._claims.claim(...).")
+                         "mptlml.reproduce.claims.claim(...).")
     if s not in STATUSES:
         raise ValueError(f"claim {c.get('claim')!r} has status {s!r}; a status is one of "
                          f"{', '.join(STATUSES)}.")

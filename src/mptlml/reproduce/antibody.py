@@ -16,24 +16,25 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .._scoring.distributed import distributed_context
 from ..data.text import bundled_antibodies
+from .._scoring.distributed import distributed_context
+from ..jobs.curve import MLMRunConfig, load_model, score_models, write_curves, write_pll_tokens
 from ..models.masked_lm import MaskedLM
-from ._claims import claim
-from .common import RunDir
-from .config import redefault, setting
-from .mlm import MLMRunSettings, load_model, score_models, write_curves, write_pll_tokens
+from ..runs.config import redefault, setting
+from ..runs.rundir import RunDir
+from .claims import claim
+from .parts import Part
 
-__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "load", "run", "summary"]
+__all__ = ["PART", "Config", "captions", "claims", "load", "run", "summary"]
 
 
 @dataclass
-class Config(MLMRunSettings):
-    """The masked-LM run settings (:class:`~.mlm.MLMRunSettings`); by default all 111
+class Config(MLMRunConfig):
+    """The masked-LM run settings (:class:`~mptlml.jobs.curve.MLMRunConfig`); by default all 111
     sequences, the paper's grid and the PLL."""
 
     init_seed: int = setting(0, "seed of the random initialisation", min=0)
-    pll: bool = redefault(MLMRunSettings, "pll", True)
+    pll: bool = redefault(MLMRunConfig, "pll", True)
 
     @classmethod
     def quick(cls) -> Config:
@@ -82,15 +83,6 @@ def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-#: the report's section: the figure or table, and the paper's statement that ``claims`` checks.
-TITLE = "Beyond the paper: AntiBERTy pre-trained vs random initialisation (offline)"
-PAPER = (
-    "Not in the paper; the same analysis as Table 2 on a real pre-trained antibody masked "
-    "LM: the pre-trained area should lie far above the random-init one (about -ln 25 per "
-    "token)."
-)
-
-
 def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Pre-trained area far above random init; random init near -ln 25 per token."""
     m = results["models"]
@@ -116,3 +108,14 @@ def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
         "AntiBERTy pre-trained (solid) and randomly initialised (dashed) on "
         f"{results.get('num_sequences', '?')} bundled antibody heavy-chain sequences, with ±1 "
         "SE bands; dotted: -ln 25, a uniform guess over the 25 tokens.")}
+
+
+PART = Part(
+    title="Beyond the paper: AntiBERTy pre-trained vs random initialisation (offline)",
+    paper=(
+        "Not in the paper; the same analysis as Table 2 on a real pre-trained antibody masked "
+        "LM: the pre-trained area should lie far above the random-init one (about -ln 25 per "
+        "token)."
+    ),
+    config=Config, load=load, run=run, summary=summary, claims=claims, captions=captions,
+)

@@ -17,16 +17,18 @@ import numpy as np
 
 from ..estimators import estimate_lml, get, mpt_curve
 from ..models import PPCA
-from .common import RunDir, print_table, pyplot
-from .config import ExperimentConfig, setting
+from ..runs.config import RunConfig, setting
+from ..runs.job import Job
+from ..runs.output import print_table, pyplot
+from ..runs.rundir import RunDir
 
-__all__ = ["DemoConfig", "run_demo"]
+__all__ = ["JOB", "DemoConfig", "run_demo"]
 
 _log = logging.getLogger(__name__)
 
 
 @dataclass
-class DemoConfig(ExperimentConfig):
+class DemoConfig(RunConfig):
     """``mptlml demo``: its settings (every flag is one)."""
 
     num_masks: int = setting(10, "P, masks per size", min=1)
@@ -35,7 +37,7 @@ class DemoConfig(ExperimentConfig):
 
 
 def run_demo(cfg: DemoConfig, run: RunDir) -> dict[str, Any]:
-    """Run the demo into ``run`` (a job: :func:`mptlml.experiments.driver.run_job`)."""
+    """Run the demo into ``run`` (a job: :func:`mptlml.runs.job.run_job`)."""
     from sklearn.datasets import load_digits
     from sklearn.decomposition import PCA
     from sklearn.model_selection import train_test_split
@@ -101,3 +103,7 @@ def run_demo(cfg: DemoConfig, run: RunDir) -> dict[str, Any]:
     results["curve"].pop("per_sample", None)
     _log.info("files: results.json, estimates.csv, curve.csv, mpt_curve.png/.pdf")
     return results
+
+
+JOB = Job(config=DemoConfig, run=run_demo,
+          help="PPCA on scikit-learn digits: exact LML vs every estimator")

@@ -4,7 +4,7 @@ Setting (``docs/notes.md``, "Experiment settings"): PPCA with N = 2000,
 D = 10, K = 2, sigma2 = 0.2; W is the only trainable parameter (sigma2 and
 mu = 0 are fixed at their generating values), Adam with lr = 1e-2, P = 1
 mask per size (or per datum) per epoch, five random initialisations W0 with
-N(0, 1) entries. Two settings:
+N(0, 1) entries. Two training objectives:
 
 - ``all-sizes`` (Fig. 2 left): the cumulative MPT objective, an unbiased
   estimate of log p(x) (Proposition 1)::
@@ -39,20 +39,22 @@ import torch
 from ..masks import fixed_rate_size
 from ..models import PPCA
 from ..objectives import MPTLoss
+from ..runs.config import setting
+from ..runs.output import pyplot
+from ..runs.rundir import RunDir
+from ..runs.threads import torch_threads
 from ..training import Monitor, exact_lml, train
-from ._claims import claim, quick_claim
 from ._fixed_rate import (
     epochs_text,
     flat_direction,
     settle_epoch,
     slow_fixed_rate_note,
 )
-from ._synthetic import PPCATrainingConfig, exact_fixed_rate, fixed_rate_masks, mean_lml
-from ._threads import torch_threads
-from .common import RunDir, pyplot
-from .config import setting as _setting  # `setting` names the objectives below
+from ._synthetic_ppca import PPCATrainingConfig, exact_fixed_rate, fixed_rate_masks, mean_lml
+from .claims import claim, quick_claim
+from .parts import Part
 
-__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "run", "summary"]
+__all__ = ["PART", "Config", "captions", "claims", "run", "summary"]
 
 _log = logging.getLogger(__name__)
 
@@ -62,14 +64,14 @@ class Config(PPCATrainingConfig):
     """Settings of the Fig. 2 experiment (defaults: the paper's settings).
 
     Besides N, D, K, sigma2, lr, P, noise, seeds and dtype
-    (:class:`~._synthetic.PPCATrainingConfig`; sigma2 is fixed during training):
+    (:class:`~._synthetic_ppca.PPCATrainingConfig`; sigma2 is fixed during training):
 
     Attributes
     ----------
     num_inits : int
         Random initialisations of W (seeds ``seed + 1000 i``).
     epochs_all, epochs_fixed : int
-        Full-batch epochs of the all-sizes and fixed-rate settings.
+        Full-batch epochs of the all-sizes and fixed-rate objectives.
     rate : float
         Fixed masking rate (0.2: M = 2 at D = 10).
     bias_every : int
@@ -82,16 +84,16 @@ class Config(PPCATrainingConfig):
         spin-waits that multiply the CPU time on a busy machine.
     """
 
-    num_data: int = _setting(2000, "N, observations drawn from the generating PPCA", min=1)
-    num_inits: int = _setting(5, "random initialisations of W (seeds seed + 1000 i)", min=1)
-    epochs_all: int = _setting(1000, "full-batch epochs of the all-sizes objective", min=1)
-    epochs_fixed: int = _setting(10000, "full-batch epochs of the fixed-rate objective", min=1)
-    rate: float = _setting(0.2, "fixed masking rate (0.2: M = 2 at D = 10)", gt=0, lt=1)
-    bias_every: int = _setting(1, "epochs between measurements of the exact fixed-rate bias",
-                              min=1)
-    share_masks: bool = _setting(False, "share each mask across the data (the paper's code)")
-    num_threads: int | None = _setting(None, "torch intra-op threads during the run (default: "
-                                       "leave them; quick: 1)", min=1)
+    num_data: int = setting(2000, "N, observations drawn from the generating PPCA", min=1)
+    num_inits: int = setting(5, "random initialisations of W (seeds seed + 1000 i)", min=1)
+    epochs_all: int = setting(1000, "full-batch epochs of the all-sizes objective", min=1)
+    epochs_fixed: int = setting(10000, "full-batch epochs of the fixed-rate objective", min=1)
+    rate: float = setting(0.2, "fixed masking rate (0.2: M = 2 at D = 10)", gt=0, lt=1)
+    bias_every: int = setting(1, "epochs between measurements of the exact fixed-rate bias",
+                             min=1)
+    share_masks: bool = setting(False, "share each mask across the data (the paper's code)")
+    num_threads: int | None = setting(None, "torch intra-op threads during the run (default: "
+                                      "leave them; quick: 1)", min=1, execution=True)
 
     @classmethod
     def quick(cls) -> Config:
@@ -100,10 +102,10 @@ class Config(PPCATrainingConfig):
                    bias_every=5, num_threads=1)
 
 
-def _train_one(cfg: Config, x: torch.Tensor, setting: str, init: int,
+def _train_one(cfg: Config, x: torch.Tensor, objective: str, init: int,
                masks: torch.Tensor | None, mask_size: int) -> list[dict[str, Any]]:
     model = cfg.init(cfg.seed + 1000 * init)
-    if setting == "all-sizes":
+    if objective == "all-sizes":
         obj = MPTLoss(model, "cumulative", num_masks=cfg.num_masks, share_masks=cfg.share_masks)
         epochs = cfg.epochs_all
         monitors: dict[str, Any] = {"exact_lml": exact_lml()}
@@ -120,7 +122,7 @@ def _train_one(cfg: Config, x: torch.Tensor, setting: str, init: int,
                  monitors=monitors, progress=True)
     rows = []
     for r in hist.records:
-        row = {"setting": setting, "init": init, "epoch": r["epoch"],
+        row = {"objective": objective, "init": init, "epoch": r["epoch"],
                "neg_mpt_loss": r["objective"], "exact_lml": r["exact_lml"]}
         if "fixed_rate_exact" in r:
             row["fixed_rate_exact"] = r["fixed_rate_exact"]
@@ -136,7 +138,7 @@ def _last_half(rows: list[dict[str, Any]], key: str) -> np.ndarray:
 
 
 def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
-    """Train every setting and initialisation; write CSVs, figures; return the numbers."""
+    """Train every objective and initialisation; write CSVs, figures; return the numbers."""
     cfg.validate()
     with torch_threads(cfg.num_threads):
         return _run(cfg, run_dir)
@@ -154,35 +156,35 @@ def _run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
 
     rows: list[dict[str, Any]] = []
     finals: dict[str, list[dict[str, Any]]] = {"all-sizes": [], "fixed-rate": []}
-    for setting in ("all-sizes", "fixed-rate"):
+    for objective in ("all-sizes", "fixed-rate"):
         for i in range(cfg.num_inits):
-            _log.info("[training] %s: init %d/%d", setting, i + 1, cfg.num_inits)
-            r = _train_one(cfg, x, setting, i, masks, mask_size)
+            _log.info("[training] %s: init %d/%d", objective, i + 1, cfg.num_inits)
+            r = _train_one(cfg, x, objective, i, masks, mask_size)
             rows.extend(r)
             final = {"init": i, "final_exact_lml": r[-1]["exact_lml"],
                      "final_neg_mpt_loss": r[-1]["neg_mpt_loss"],
                      "initial_exact_lml": r[0]["exact_lml"],
                      "settle_epoch": settle_epoch(r, gt_lml)}
-            if setting == "fixed-rate":
+            if objective == "fixed-rate":
                 b = _last_half(r, "bias")
                 final.update(bias_last_half_mean=float(b.mean()),
                              bias_last_half_spread=float(b.max() - b.min()),
                              final_bias=r[-1]["bias"])
-            finals[setting].append(final)
+            finals[objective].append(final)
 
     run_dir.write_csv("training_curves.csv", rows, columns=[
-        "setting", "init", "epoch", "neg_mpt_loss", "exact_lml", "fixed_rate_exact", "bias"])
+        "objective", "init", "epoch", "neg_mpt_loss", "exact_lml", "fixed_rate_exact", "bias"])
     run_dir.write_csv("fixed_rate_bias.csv", [
         {"init": r["init"], "epoch": r["epoch"], "exact_lml": r["exact_lml"],
          "fixed_rate_exact": r["fixed_rate_exact"], "bias": r["bias"]}
-        for r in rows if r["setting"] == "fixed-rate" and r.get("bias") is not None])
+        for r in rows if r["objective"] == "fixed-rate" and r.get("bias") is not None])
     _figures(cfg, run_dir, rows, gt_lml, mle_lml, gt_bias)
 
     out: dict[str, Any] = {"gt_lml": gt_lml, "mle_lml": mle_lml, "mask_size": mask_size,
                            "gt_fixed_rate_bias": gt_bias, "mle_fixed_rate_bias": mle_bias,
                            "flat_direction": flat, "num_masks": cfg.num_masks, "lr": cfg.lr,
-                           "settings": {}}
-    for setting, fs in finals.items():
+                           "objectives": {}}
+    for objective, fs in finals.items():
         lml = np.array([f["final_exact_lml"] for f in fs])
         entry: dict[str, Any] = {
             "inits": fs,
@@ -190,16 +192,16 @@ def _run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
             "final_exact_lml_min": float(lml.min()),
             "max_rel_gap_to_mle": float(np.max(np.abs(lml - mle_lml)) / abs(mle_lml)),
             "max_rel_gap_to_gt": float(np.max(np.abs(lml - gt_lml)) / abs(gt_lml)),
-            "epochs": cfg.epochs_all if setting == "all-sizes" else cfg.epochs_fixed,
+            "epochs": cfg.epochs_all if objective == "all-sizes" else cfg.epochs_fixed,
             "settle_epochs": [f["settle_epoch"] for f in fs],
         }
-        if setting == "fixed-rate":
+        if objective == "fixed-rate":
             means = np.array([f["bias_last_half_mean"] for f in fs])
             spreads = np.array([f["bias_last_half_spread"] for f in fs])
             entry.update(bias_last_half_mean=float(means.mean()),
                          bias_rel_spread_max=float(np.max(spreads / np.abs(means))),
                          bias_across_inits_spread=float(means.max() - means.min()))
-        out["settings"][setting] = entry
+        out["objectives"][objective] = entry
     out["notes"] = slow_fixed_rate_note(out)
     return out
 
@@ -208,9 +210,9 @@ def _figures(cfg: Config, run_dir: RunDir, rows: list[dict[str, Any]], gt_lml: f
              mle_lml: float, gt_bias: float | None = None) -> None:
     plt = pyplot()
 
-    def series(setting: str, init: int, key: str) -> tuple[np.ndarray, np.ndarray]:
+    def series(objective: str, init: int, key: str) -> tuple[np.ndarray, np.ndarray]:
         pts = [(r["epoch"], r[key]) for r in rows
-               if r["setting"] == setting and r["init"] == init and r.get(key) is not None]
+               if r["objective"] == objective and r["init"] == init and r.get(key) is not None]
         a = np.array(pts, dtype=np.float64).reshape(-1, 2)
         return a[:, 0], a[:, 1]
 
@@ -220,11 +222,11 @@ def _figures(cfg: Config, run_dir: RunDir, rows: list[dict[str, Any]], gt_lml: f
     panels = [("all-sizes", axes[0], "all sizes (unbiased)", None),
               ("fixed-rate", axes[1], f"fixed {cfg.rate:.0%} mask (biased)", None),
               ("fixed-rate", axes[2], f"fixed {cfg.rate:.0%} mask, last half (zoom)", 0.5)]
-    for setting, ax, title, zoom in panels:
+    for objective, ax, title, zoom in panels:
         lo_all: list[float] = []
         for i in range(cfg.num_inits):
-            e, v = series(setting, i, "neg_mpt_loss")
-            e2, v2 = series(setting, i, "exact_lml")
+            e, v = series(objective, i, "neg_mpt_loss")
+            e2, v2 = series(objective, i, "exact_lml")
             if zoom is not None:
                 keep, keep2 = e >= zoom * e.max(), e2 >= zoom * e2.max()
                 e, v, e2, v2 = e[keep], v[keep], e2[keep2], v2[keep2]
@@ -234,7 +236,7 @@ def _figures(cfg: Config, run_dir: RunDir, rows: list[dict[str, Any]], gt_lml: f
         ax.axhline(gt_lml, color="k", ls="--", lw=1)
         if zoom is None:
             lo = min(lo_all + [gt_lml]) - 0.5
-            ax.set_ylim(lo, max(ax.get_ylim()[1], gt_lml + 0.5) if setting == "all-sizes"
+            ax.set_ylim(lo, max(ax.get_ylim()[1], gt_lml + 0.5) if objective == "all-sizes"
                         else ax.get_ylim()[1])
         ax.set_title(title)
         ax.set_xlabel("epoch")
@@ -277,11 +279,11 @@ def _figures(cfg: Config, run_dir: RunDir, rows: list[dict[str, Any]], gt_lml: f
 
 
 def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per setting: final exact LML vs MLE and GT, and the fixed-rate bias."""
+    """One row per objective: final exact LML vs MLE and GT, and the fixed-rate bias."""
     rows = []
-    for setting, s in results["settings"].items():
+    for objective, s in results["objectives"].items():
         rows.append({
-            "setting": setting,
+            "objective": objective,
             "epochs": s["epochs"],
             "final_LML(mean)": s["final_exact_lml_mean"],
             "MLE_LML": results["mle_lml"],
@@ -291,15 +293,6 @@ def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
             "bias_spread_%": 100 * s.get("bias_rel_spread_max", float("nan")),
         })
     return rows
-
-
-#: the report's section: the figure or table, and the paper's statement that ``claims`` checks.
-TITLE = "Figure 2: training with the MPT loss maximises the LML"
-PAPER = (
-    "PPCA, N=2000, D=10, K=2, P=1: training by the cumulative MPT loss drives the exact LML "
-    "to that of the generating parameters; with a fixed 20% mask the LML converges too and "
-    "the MPT loss differs from it by a constant bias."
-)
 
 
 #: why quick sizes cannot decide where fixed-rate training ends up
@@ -315,7 +308,7 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Fig. 2: MPT training reaches the true LML; the fixed-rate bias is constant.
 
     Where fixed-rate training ends up (its final LML, and the bias there) is
-    ``undecided`` at quick sizes (:func:`~._claims.quick_claim`); the other
+    ``undecided`` at quick sizes (:func:`~.claims.quick_claim`); the other
     claims are decided at every size.
 
     A fixed-rate claim that fails carries the explanation of
@@ -334,7 +327,7 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
         "Details in the note under this table.")
     for key, label in (("all-sizes", "all sizes (cumulative MPT)"),
                        ("fixed-rate", "fixed-rate MPT")):
-        st = results["settings"].get(key)
+        st = results["objectives"].get(key)
         if not st:
             continue
         ok = st["max_rel_gap_to_gt"] < 0.01
@@ -384,7 +377,7 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
     """What each figure shows, its setting and the paper's figure it corresponds to."""
-    setting = (f"PPCA N={config.get('num_data', '?')}, D={config.get('num_tokens', '?')}, "
+    setup = (f"PPCA N={config.get('num_data', '?')}, D={config.get('num_tokens', '?')}, "
                f"K={config.get('latent_dim', '?')}, W trained by Adam (lr "
                f"{config.get('lr', '?')}) with P={config.get('num_masks', '?')} mask per size "
                f"per epoch from {config.get('num_inits', '?')} random initialisations (colours)")
@@ -396,11 +389,22 @@ def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
             f"generating W. Left: all mask sizes ({config.get('epochs_all', '?')} epochs); "
             f"centre: a fixed {config.get('rate', 0.2):.0%} mask "
             f"({config.get('epochs_fixed', '?')} epochs), whose objective lies above the LML "
-            f"by its bias; right: the last half of the fixed-rate runs. {setting}."),
+            f"by its bias; right: the last half of the fixed-rate runs. {setup}."),
         "fig2_bias": (
             "Paper Figure 2 (right): the fixed-rate bias D·S(x; M) − log p(x) of the current "
             f"W, exact over every mask of size M={results.get('mask_size', '?')}, during "
             f"fixed-rate training, one colour per initialisation"
             + (f"; at the generating W it is {gt_bias:.3f}" if gt_bias is not None else "")
-            + f". {setting}."),
+            + f". {setup}."),
     }
+
+
+PART = Part(
+    title="Figure 2: training with the MPT loss maximises the LML",
+    paper=(
+        "PPCA, N=2000, D=10, K=2, P=1: training by the cumulative MPT loss drives the exact LML "
+        "to that of the generating parameters; with a fixed 20% mask the LML converges too and "
+        "the MPT loss differs from it by a constant bias."
+    ),
+    config=Config, run=run, summary=summary, claims=claims, captions=captions,
+)

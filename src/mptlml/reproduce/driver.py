@@ -1,26 +1,20 @@
-"""Running jobs: one into its run directory, or every reproduction one after another.
+"""Running the paper's parts: one into its run directory, or all of them one after another.
 
-Every job is run the same way, by :func:`run_job`: its settings are a Config
-dataclass (:mod:`.config`), checked before anything is written; an optional
-``load(cfg)`` reads and checks the inputs (a model, texts, a matrix), still
-before the run directory exists; ``run(cfg, run_dir[, loaded])`` computes and
-writes its files into the run directory (a transaction, :class:`~.common.RunDir`),
-and :func:`run_job` writes results.json (the settings, the seed, the
-environment and the numbers) and swaps the run in. The reproductions
-(:func:`run_experiment`), ``mptlml curve``, ``select`` and ``demo`` are such
-jobs.
+:func:`run_part` runs one part (:class:`~.parts.Part`) like every job
+(:func:`mptlml.runs.job.run_job`), with the paper's settings, ``quick()`` ones
+or ``--set`` overrides (:func:`part_config`, :func:`scoped_overrides`).
 
-:func:`run_all` runs every registered experiment into ``out/NAME``, keeps going
+:func:`run_all` runs every registered part into ``out/NAME``, keeps going
 past a failed part, and hands the finished directory to a report builder if one
 is given (``mptlml reproduce all`` passes :func:`mptlml.report.build_report`;
-this module does not import the report, which sits above the experiments).
+this module does not import the report, which sits above the parts).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import os
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -28,87 +22,28 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_text, jsonable
-from .._scoring.distributed import barrier, distributed_context
-from .common import RunDir, load_results, print_table
-from .config import apply_overrides, validate_config
-from .registry import EXPERIMENTS, get_experiment
-from .rundir import locked
+from ..runs.config import apply_overrides, execution_settings, parse_setting
+from ..runs.job import run_job
+from ..runs.rundir import load_results, locked
+from .parts import PARTS, get_part
 
-__all__ = ["prepare_run_dir", "run_all", "run_experiment", "run_job"]
+__all__ = ["part_config", "run_all", "run_part", "scoped_overrides"]
 
 _log = logging.getLogger(__name__)
 
 
-def prepare_run_dir(out: str | os.PathLike, name: str, *, overwrite: bool,
-                    resume: bool) -> RunDir:
-    """The run directory on every rank: rank 0 stages it (and locks it), the others join.
-
-    The staging directory starts empty unless ``resume`` (then from the
-    finished checkpoint chunks), so ``overwrite`` never meets a stale checkpoint.
-    """
-    ctx = distributed_context()
-    if ctx.main:
-        rd = RunDir(out, name, overwrite=overwrite, resume=resume)
-    barrier(ctx)
-    if not ctx.main:
-        rd = RunDir(out, name, worker=True)
-    return rd
-
-
-def run_job(name: str, cfg: Any, out: str | os.PathLike, *, run: Callable[..., dict[str, Any]],
-            load: Callable[[Any], Any] | None = None,
-            summary: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
-            overwrite: bool = False, resume: bool = False,
-            extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run one job into ``out``; return the content of its results.json (``{}`` on a worker rank).
-
-    Parameters
-    ----------
-    name : str
-        The job's name, recorded in results.json (``experiment``).
-    cfg : a Config dataclass
-        The settings; checked (:func:`~.config.validate_config`) before anything is written.
-    run : callable ``(cfg, run_dir[, loaded]) -> results``
-        Computes and writes the job's files into ``run_dir``.
-    load : callable ``cfg -> loaded``, optional
-        Reads and checks the inputs before the run directory exists, so a bad
-        input leaves nothing behind; its value is ``run``'s third argument.
-    summary : callable ``results -> rows``, optional
-        A table printed once the run is in place.
-    overwrite, resume : bool
-        See :class:`~.common.RunDir`.
-    extra : dict, optional
-        Entries added to the results (e.g. ``quick``).
-    """
-    validate_config(cfg)  # before the run directory exists: a bad setting writes nothing
-    loaded = load(cfg) if load is not None else None
-    with prepare_run_dir(out, name, overwrite=overwrite, resume=resume) as run_dir:
-        results = run(cfg, run_dir) if load is None else run(cfg, run_dir, loaded)
-        if not distributed_context().main:  # a worker rank: rank 0 writes the results
-            return {}
-        for key, value in (extra or {}).items():
-            results.setdefault(key, value)
-        path = run_dir.write_results(cfg, results, seed=getattr(cfg, "seed", None))
-    if summary is not None:
-        print_table(summary(results), title=f"{name}: summary")
-    _log.info(f"results written to {path.parent}/")
-    return json.loads(path.read_text())
-
-
-def run_experiment(name: str, out: str | Path, *, quick: bool = False, overwrite: bool = False,
-                   overrides: dict[str, Any] | None = None, resume: bool = False) -> dict[str, Any]:
-    """Run one reproduction into ``out`` (:func:`run_job`) and return its results.json."""
-    mod = get_experiment(name)
-    cfg = experiment_config(name, quick=quick, overrides=overrides)
-    return run_job(name, cfg, out, run=mod.run, load=getattr(mod, "load", None),
-                   summary=getattr(mod, "summary", None), overwrite=overwrite, resume=resume,
+def run_part(name: str, out: str | Path, *, quick: bool = False, overwrite: bool = False,
+             overrides: dict[str, Any] | None = None, resume: bool = False) -> dict[str, Any]:
+    """Run one part into ``out`` (:func:`~mptlml.runs.job.run_job`) and return its results.json."""
+    cfg = part_config(name, quick=quick, overrides=overrides)
+    return run_job(name, get_part(name), cfg, out, overwrite=overwrite, resume=resume,
                    extra={"quick": quick})
 
 
-def experiment_config(name: str, *, quick: bool = False,
-                      overrides: dict[str, Any] | None = None) -> Any:
-    """The Config of reproduction ``name``: the paper's (or ``quick()``) with ``overrides``."""
-    cls = get_experiment(name).Config
+def part_config(name: str, *, quick: bool = False,
+                overrides: dict[str, Any] | None = None) -> Any:
+    """The Config of part ``name``: the paper's (or ``quick()``) with ``overrides``."""
+    cls = get_part(name).config
     return apply_overrides(cls.quick() if quick else cls(), overrides, name=name)
 
 
@@ -117,10 +52,10 @@ def run_all(out: str | Path, *, quick: bool = False, overwrite: bool = False,
             overrides: dict[str, dict[str, Any]] | None = None,
             build_report: Callable[[Sequence[str | Path], str | Path], Any] | None = None,
             ) -> dict[str, Any]:
-    """Run every experiment into ``out/NAME``; return ``{name: status}``.
+    """Run every part into ``out/NAME``; return ``{name: status}``.
 
     Each part is its own run directory (a transaction: see
-    :class:`~.common.RunDir`), and the whole of ``out`` is locked while this
+    :class:`~mptlml.runs.rundir.RunDir`), and the whole of ``out`` is locked while this
     runs. A part that fails keeps its previous directory untouched; its
     traceback goes to ``out/NAME.error.txt``, which marks that directory as
     stale for :func:`mptlml.report.collect_runs` (until a later run of the part
@@ -146,7 +81,7 @@ def run_all(out: str | Path, *, quick: bool = False, overwrite: bool = False,
                 "it, --resume to keep finished parts, or choose another --out."
             )
         out.mkdir(parents=True, exist_ok=True)
-        return _run_parts(out, only or list(EXPERIMENTS), quick=quick, resume=resume,
+        return _run_parts(out, only or list(PARTS), quick=quick, resume=resume,
                           overrides=overrides or {}, build_report=build_report)
 
 
@@ -187,7 +122,7 @@ def _run_parts(out: Path, names: list[str], *, quick: bool, resume: bool,
         _log.info(f"[{name}] running{' (quick)' if quick else ''} ...")
         t0 = time.perf_counter()
         try:
-            run_experiment(name, part, quick=quick, overwrite=True,
+            run_part(name, part, quick=quick, overwrite=True,
                            overrides=overrides.get(name), resume=part_resume)
         except Exception as exc:  # keep going: the report lists the failed part as failed
             atomic_write_text(error_file, traceback.format_exc())
@@ -208,15 +143,19 @@ def _changed_settings(name: str, earlier: dict[str, Any], *, quick: bool,
     """How a finished part's settings differ from this run's (``""``: the same).
 
     Compares every setting of results.json's ``config`` and the quick mode
-    with the Config this run would use, e.g. ``"num_data: 500 -> 50"``.
+    with the Config this run would use, e.g. ``"num_data: 500 -> 50"``; the
+    execution-only settings (:func:`~mptlml.runs.config.execution_settings`:
+    threads, workers, ...) change no number, so they do not count.
     """
-    now = jsonable(experiment_config(name, quick=quick, overrides=overrides))
+    cfg = part_config(name, quick=quick, overrides=overrides)
+    skip = execution_settings(type(cfg))
+    now = {k: v for k, v in jsonable(cfg).items() if k not in skip}
     before = earlier.get("config")
     if not isinstance(before, dict):
         return "its results.json records no settings"
     diffs = [f"{k}: {_short(before.get(k, '(unset)'))} -> {_short(v)}"
              for k, v in now.items() if before.get(k, "(unset)") != v]
-    diffs += [f"{k}: no longer a setting" for k in before if k not in now]
+    diffs += [f"{k}: no longer a setting" for k in before if k not in now and k not in skip]
     was_quick = (earlier.get("results") or {}).get("quick")
     if was_quick is not None and bool(was_quick) != quick:
         diffs.insert(0, f"quick: {str(bool(was_quick)).lower()} -> {str(quick).lower()}")
@@ -226,3 +165,48 @@ def _changed_settings(name: str, earlier: dict[str, Any], *, quick: bool,
 def _short(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def scoped_overrides(names: list[str], texts: list[str], *, seed: int | None = None,
+                     reference: str | None = None) -> dict[str, dict[str, Any]]:
+    """``reproduce``'s ``--set`` / ``--seed`` / ``--reference`` as ``{part: {key: value}}``.
+
+    For one part every ``KEY=VALUE`` must be one of its settings. For
+    ``all``, ``NAME.KEY=VALUE`` sets KEY of part NAME and a bare
+    ``KEY=VALUE`` sets KEY of every part that has it (refused when none has).
+    """
+    configs = {n: get_part(n).config for n in names}
+    out: dict[str, dict[str, Any]] = {n: {} for n in names}
+    texts = list(texts)
+    if seed is not None:
+        texts.append(f"seed={seed}")
+    if reference:
+        with_ref = [n for n in names if "reference" in _keys(configs[n])]
+        if not with_ref:
+            raise ValueError(f"--reference does not apply to {names[0]}; it is for bert.")
+        texts += [f"{n}.reference={reference}" for n in with_ref] if len(names) > 1 else \
+            [f"reference={reference}"]
+    for text in texts:
+        key = text.split("=", 1)[0]
+        target, _, bare = key.partition(".")
+        if bare and target in configs:
+            scope, text = [target], text[len(target) + 1:]
+        elif len(names) > 1:
+            scope = [n for n in names if key in _keys(configs[n])]
+            if not scope:
+                raise ValueError(f"no part has a setting {key!r}; use NAME.KEY=VALUE with "
+                                 "a NAME of `mptlml reproduce --help`, or see --show-config.")
+        else:
+            scope = names
+        for n in scope:
+            where = f" for {n}" if len(names) > 1 else ""
+            k, v = parse_setting(configs[n], text, where=where)
+            if k in out[n] and out[n][k] != v:
+                raise ValueError(f"{k}{where} is set twice ({out[n][k]!r} and {v!r}); "
+                                 "give it once.")
+            out[n][k] = v
+    return out
+
+
+def _keys(cfg_cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cfg_cls)}

@@ -25,13 +25,15 @@ import numpy as np
 
 from ..models import PPCA
 from ..objectives import MPTLoss
+from ..runs.config import setting
+from ..runs.output import pyplot
+from ..runs.rundir import RunDir
 from ..training import exact_lml, mpt_curve_monitor, train
-from ._claims import claim
-from ._synthetic import PPCATrainingConfig, mean_lml
-from .common import RunDir, pyplot
-from .config import setting
+from ._synthetic_ppca import PPCATrainingConfig, mean_lml
+from .claims import claim
+from .parts import Part
 
-__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "run", "summary"]
+__all__ = ["PART", "Config", "captions", "claims", "run", "summary"]
 
 
 @dataclass
@@ -39,7 +41,7 @@ class Config(PPCATrainingConfig):
     """Settings of the Fig. 5-left experiment.
 
     Besides N, D, K, sigma2, lr, P, noise, seeds and dtype
-    (:class:`~._synthetic.PPCATrainingConfig`):
+    (:class:`~._synthetic_ppca.PPCATrainingConfig`):
 
     Attributes
     ----------
@@ -138,13 +140,6 @@ def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
             for c in results["checkpoints"]]
 
 
-#: the report's section: the figure or table, and the paper's statement that ``claims`` checks.
-TITLE = "Figure 5 (left): the curve during training"
-PAPER = (
-    "Under MPT training the area under the curve converges to the true LML."
-)
-
-
 def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Fig. 5 left: under MPT training the area converges to the true LML."""
     gt = results["gt_lml"]
@@ -176,3 +171,10 @@ def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
         f"K={config.get('latent_dim', '?')}, Adam lr {config.get('lr', '?')}, "
         f"{config.get('epochs', '?')} epochs, {masks} masks per size "
         "per curve. The paper does not state N, D, K for this panel.")}
+
+
+PART = Part(
+    title="Figure 5 (left): the curve during training",
+    paper="Under MPT training the area under the curve converges to the true LML.",
+    config=Config, run=run, summary=summary, claims=claims, captions=captions,
+)

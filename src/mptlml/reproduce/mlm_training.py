@@ -53,9 +53,12 @@ import numpy as np
 import torch
 
 from .. import estimate_lml, mpt_curve, pll
+from ..estimators.rates import rate_grid
 from ..masks import fixed_rate_size
 from ..models import MaskedLM
-from ._claims import claim, quick_claim
+from ..runs.config import RunConfig, setting
+from ..runs.rundir import RunDir
+from ..runs.threads import torch_threads
 from ._mlm_training_analysis import OBJECTIVES, comparisons, figures, mean_se
 from ._mlm_training_analysis import fmt_diff as _fmt
 from ._mlm_training_analysis import undecided_note as _undecided
@@ -71,12 +74,10 @@ from ._mlm_training_data import (
     split,
     tokenizer,
 )
-from ._threads import torch_threads
-from .common import RunDir
-from .config import setting
-from .mlm import RateGridSettings
+from .claims import claim, quick_claim
+from .parts import Part
 
-__all__ = ["PAPER", "TITLE", "Config", "captions", "claims", "num_workers", "run", "summary"]
+__all__ = ["PART", "Config", "captions", "claims", "num_workers", "run", "summary"]
 
 _log = logging.getLogger(__name__)
 
@@ -86,9 +87,12 @@ REFERENCES = {"bernoulli_lvm": "Bernoulli latent model", "independent": "indepen
 
 
 @dataclass
-class Config(RateGridSettings):
+class Config(RunConfig):
     """Settings (defaults: the full run; ``quick()`` for tests)."""
 
+    # the masking rates of the curve: rate_start, rate_start + rate_step, ..., 0.99
+    rate_start: float = setting(0.01, "first masking rate of the curve (up to 0.99)", gt=0, lt=1)
+    rate_step: float = setting(0.02, "step of the curve's masking-rate grid", gt=0, lt=1)
     objectives: tuple[str, ...] = setting(("bert-15", "fixed-15", "random-size"),
                                           "training objectives compared",
                                           choices=tuple(OBJECTIVES))
@@ -115,7 +119,6 @@ class Config(RateGridSettings):
     log_every: int = setting(25, "steps between logged training losses", min=1)
     # evaluation
     eval_seed: int = setting(1234, "seed of the evaluation masks (paired across models)", min=0)
-    rate_step: float = setting(0.02, "step of the curve's masking-rate grid", gt=0, lt=1)
     curve_num_masks: int = setting(1, "P, masks per rate and image for the curve", min=1)
     lml_num_masks: int = setting(1, "P, masks per size for the cumulative LML", min=1)
     chain_orders: int = setting(1, "random orders of the chain-rule LML", min=1)
@@ -128,13 +131,18 @@ class Config(RateGridSettings):
                                         max=2)
     bernoulli_epochs: int = setting(300, "training epochs of the Bernoulli reference", min=1)
     bernoulli_lr: float = setting(0.05, "learning rate of the Bernoulli reference", gt=0)
-    token_budget: int = setting(16384, "padded tokens per forward pass", min=1)
+    token_budget: int = setting(16384, "padded tokens per forward pass", min=1, execution=True)
     num_threads: int | None = setting(1, "torch intra-op threads of each run (restored "
-                                      "afterwards; none: leave them as they are)", min=1)
+                                      "afterwards; none: leave them as they are)", min=1,
+                                      execution=True)
     workers: int | None = setting(None, "processes that train and evaluate the (objective, "
                                   "seed) runs side by side (default: one per CPU core, at most "
                                   "one per run); with num_threads set, the numbers do not "
-                                  "depend on it", min=1)
+                                  "depend on it", min=1, execution=True)
+
+    def rates(self) -> np.ndarray:
+        """The curve's masking rates (:func:`mptlml.estimators.rates.rate_grid`)."""
+        return rate_grid(self.rate_start, self.rate_step)
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -450,16 +458,6 @@ def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
     }
 
 
-#: the report's section: what is run, and the paper's statement that ``claims`` checks.
-TITLE = "Beyond the paper: training a masked LM by MPT with every mask size (Sec. 5 outlook)"
-PAPER = (
-    "Sec. 5 recommends uniformly sampling the mask size instead of BERT's fixed 15% rate, "
-    "without testing it. Here the same small BERT is trained on binarised digits by BERT's "
-    "15% (80/10/10), fixed 15% MPT and random-size MPT, and its held-out LML bounds are set "
-    "beside the exact LML of a Bernoulli latent model on the same images."
-)
-
-
 def _verdict(d: dict[str, float]) -> str:
     """Which way a paired difference points, at two standard errors."""
     z = _z(d)
@@ -478,7 +476,7 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     Each hypothesis is a paired test at two standard errors: it holds beyond
     +2 SE, fails beyond -2 SE (refuted), and is ``undecided`` in between, with
     the number of seeds that would decide it. At quick sizes the hypotheses
-    about trained models are ``undecided`` (:func:`~._claims.quick_claim`);
+    about trained models are ``undecided`` (:func:`~.claims.quick_claim`);
     the identity check (chain rule against the cumulative estimate) is
     decided at every size.
     """
@@ -544,3 +542,15 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
         f"largest |paired difference| / SE = {c['chain_vs_cumulative_max_abs_z']:.2f}",
         c["chain_vs_cumulative_max_abs_z"] < 4))
     return out
+
+
+PART = Part(
+    title="Beyond the paper: training a masked LM by MPT with every mask size (Sec. 5 outlook)",
+    paper=(
+        "Sec. 5 recommends uniformly sampling the mask size instead of BERT's fixed 15% rate, "
+        "without testing it. Here the same small BERT is trained on binarised digits by BERT's "
+        "15% (80/10/10), fixed 15% MPT and random-size MPT, and its held-out LML bounds are set "
+        "beside the exact LML of a Bernoulli latent model on the same images."
+    ),
+    config=Config, run=run, summary=summary, claims=claims, captions=captions,
+)

@@ -6,7 +6,7 @@ value shared by the dimensions of a datum, one mask shared by the data (see
 ``docs/notes.md``, "Experiment settings"). The convergence experiment runs
 both set-ups; this module compares each one's spread with Table 1's
 (:func:`table1_like_with_like`); the experiment tabulates them for the
-report (:func:`mptlml.experiments.convergence.tables`).
+report (:func:`mptlml.reproduce.fig1_convergence.tables`).
 """
 
 from __future__ import annotations

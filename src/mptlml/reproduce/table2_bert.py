@@ -27,20 +27,21 @@ import numpy as np
 
 from .._scoring.distributed import resolve_device
 from ..estimators.rates import mpt_area
-from ..models.hf_loading import resolve_dtype
-from ._claims import claim
-from .common import RunDir
-from .config import redefault, setting
-from .mlm import (
+from ..jobs.curve import (
     CurveConfig,
-    MLMRunSettings,
+    MLMRunConfig,
     load_model,
     plot_paired_curves,
     score_models,
     write_curves,
 )
+from ..models.hf_loading import resolve_dtype
+from ..runs.config import redefault, setting
+from ..runs.rundir import RunDir
+from .claims import claim
+from .parts import Part
 
-__all__ = ["PAPER", "PAPER_TABLE2", "TITLE", "Config", "captions", "claims", "default_reference",
+__all__ = ["PAPER_TABLE2", "PART", "Config", "captions", "claims", "default_reference",
            "read_reference", "run", "summary", "table2_from_reference"]
 
 _log = logging.getLogger(__name__)
@@ -55,18 +56,18 @@ PAPER_TABLE2: dict[str, tuple[float, float]] = {
 
 
 @dataclass
-class Config(MLMRunSettings):
-    """The masked-LM run settings (:class:`~.mlm.MLMRunSettings`) with the paper's values:
-    bert-base-uncased, L = 512, rates 1..99%, long texts cut to the model maximum."""
+class Config(MLMRunConfig):
+    """The masked-LM run settings (:class:`~mptlml.jobs.curve.MLMRunConfig`) with the paper's
+    values: bert-base-uncased, L = 512, rates 1..99%, long texts cut to the model maximum."""
 
     model: str = redefault(CurveConfig, "model", "bert-base-uncased")
     tasks: tuple[str, ...] = setting(("ax", "cola", "qnli", "mrpc"), "GLUE tasks to score")
-    num_sequences: int | None = redefault(MLMRunSettings, "num_sequences", 64)
-    nominal_length: float | None = redefault(MLMRunSettings, "nominal_length", 512)
+    num_sequences: int | None = redefault(MLMRunConfig, "num_sequences", 64)
+    nominal_length: float | None = redefault(MLMRunConfig, "nominal_length", 512)
     reference: str | None = setting(None, "the authors' published curves CSV (default: the "
                                     "copy shipped in mptlml/data/bert_mpt_curves.csv)")
-    token_budget: int = redefault(MLMRunSettings, "token_budget", 16384)
-    truncate: bool = redefault(MLMRunSettings, "truncate", True)
+    token_budget: int = redefault(MLMRunConfig, "token_budget", 16384)
+    truncate: bool = redefault(MLMRunConfig, "truncate", True)
 
     @classmethod
     def quick(cls) -> Config:
@@ -177,15 +178,6 @@ def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
     return list(results.get("table2") or [])
 
 
-#: the report's section: the figure or table, and the paper's statement that ``claims`` checks.
-TITLE = "Table 2 and Figure 5 (right): BERT pre-trained vs random initialisation"
-PAPER = (
-    "Area under the MPT curve on GLUE: AX -1715.75 / -5245.31, CoLA -1657.68 / -5283.52, "
-    "QNLI -1770.28 / -5343.98, MRPC -1773.45 / -5362.21 (pre-trained / random): "
-    "pre-training raises the area far above random initialisation."
-)
-
-
 def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Table 2: areas from the curves match the paper (to 0.01); pre-trained far above random.
 
@@ -241,3 +233,14 @@ def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
                 "masked tokens against the masking rate for BERT-base pre-trained (solid) and "
                 "randomly initialised (dashed), one colour per GLUE task.")
     return {"mpt_curve": text}
+
+
+PART = Part(
+    title="Table 2 and Figure 5 (right): BERT pre-trained vs random initialisation",
+    paper=(
+        "Area under the MPT curve on GLUE: AX -1715.75 / -5245.31, CoLA -1657.68 / -5283.52, "
+        "QNLI -1770.28 / -5343.98, MRPC -1773.45 / -5362.21 (pre-trained / random): "
+        "pre-training raises the area far above random initialisation."
+    ),
+    config=Config, run=run, summary=summary, claims=claims, captions=captions,
+)

@@ -1,9 +1,10 @@
-"""Masked-LM runs: MPT curves of one or more models on texts, written to a run directory.
+"""``mptlml curve``: MPT curves of masked LMs on texts, written to a run directory.
 
-Shared by ``mptlml curve`` (:class:`CurveConfig`, :func:`load_curve`,
-:func:`run_curve`: a job like every reproduction, run by
-:func:`mptlml.experiments.driver.run_job`) and the ``antibody``/``bert``
-reproductions; all three take the settings of :class:`MLMRunSettings`. Files:
+The job :data:`JOB` (:class:`CurveConfig`, :func:`load_curve`,
+:func:`run_curve`) scores one model; the parts ``antibody`` and ``bert`` of
+:mod:`mptlml.reproduce` score several with the same pieces
+(:func:`score_models`, :func:`write_curves`). All three take the settings of
+:class:`MLMRunConfig`. Files:
 
 - ``curve.csv``: model, rate, mean log-prob of the masked tokens, standard error;
 - ``per_sequence.csv``: model, id, D_i, LML estimate D_i * mean_k S_ik (and
@@ -26,7 +27,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,25 +35,27 @@ from .._scoring.distributed import distributed_context, resolve_device
 from ..estimators import MPTCurve, mpt_curve, pll
 from ..estimators.rates import check_rates, rate_grid, rate_widths
 from ..models.masked_lm import MaskedLM
-from .common import RunDir, pyplot
-from .config import ExperimentConfig, setting
+from ..runs.config import RunConfig, setting
+from ..runs.job import Job
+from ..runs.output import pyplot
+from ..runs.rundir import RunDir
 
-__all__ = ["DEVICE_SETTINGS", "CurveConfig", "CurveInputs", "MLMRunSettings", "RateGridSettings",
-           "load_curve", "load_model", "parse_rates", "plot_paired_curves", "project_root",
-           "curve_summary", "run_curve", "score_models", "write_curves", "write_pll_tokens"]
+__all__ = ["DEVICE_SETTINGS", "JOB", "CurveConfig", "CurveInputs", "MLMRunConfig", "curve_summary",
+           "load_curve", "load_model", "parse_rates", "plot_paired_curves", "run_curve",
+           "score_models", "write_curves", "write_pll_tokens"]
 
 _log = logging.getLogger(__name__)
 
 
 @dataclass
-class MLMRunSettings(ExperimentConfig):
+class MLMRunConfig(RunConfig):
     """The settings of a masked-LM run, declared once for ``curve``, ``antibody`` and ``bert``.
 
     What is scored (rates, masks, seed, the area's L, the extra estimates) and
     where and how (device, dtype, autocast, batch sizes). Each is a ``--set``
     key of the reproductions and a flag of ``mptlml curve`` (``num_masks``,
     ``--num-masks``); a job that needs another default re-declares it with
-    :func:`~.config.redefault`. The device, dtype and autocast that actually
+    :func:`~mptlml.runs.config.redefault`. The device, dtype and autocast that actually
     ran are recorded per model in results.json, with the world size.
     """
 
@@ -76,19 +78,21 @@ class MLMRunSettings(ExperimentConfig):
                               choices=("mask", "bert"))
     truncate: bool = setting(False, "cut sequences longer than the model maximum instead of "
                              "failing")
-    token_budget: int = setting(8192, "padded tokens per forward pass", min=1)
-    chunk_size: int = setting(8, "sequences per checkpointed chunk (--resume)", min=1)
+    token_budget: int = setting(8192, "padded tokens per forward pass", min=1, execution=True)
+    chunk_size: int = setting(8, "sequences per checkpointed chunk (--resume)", min=1,
+                              execution=True)
     batch_size: int | None = setting(None, "most sequences per forward pass, beside "
                                      "token_budget (default: as many as the budget allows)",
-                                     min=1)
+                                     min=1, execution=True)
     device: str | None = setting(None, "torch device: cpu, cuda, cuda:1, ... (default: the "
                                  "rank's CUDA device when available, else cpu; under torchrun "
-                                 "each rank takes cuda:LOCAL_RANK)")
+                                 "each rank takes cuda:LOCAL_RANK)", execution=True)
     dtype: str | None = setting(None, "model dtype (default: the checkpoint's)",
                                 choices=("float32", "float16", "bfloat16", "float64"))
     autocast: bool | None = setting(None, "mixed-precision forward (bfloat16; float16 on GPUs "
                                     "without it; default: off)")
-    progress: bool = setting(True, "progress bars (off anyway with --quiet or TQDM_DISABLE=1)")
+    progress: bool = setting(True, "progress bars (off anyway with --quiet or TQDM_DISABLE=1)",
+                             execution=True)
 
     def rate_grid(self) -> np.ndarray:
         """The masking rates of ``rates`` (:func:`parse_rates`), checked."""
@@ -103,21 +107,9 @@ class MLMRunSettings(ExperimentConfig):
                              "(pll=true).")
 
 
-#: the settings of :class:`MLMRunSettings` that say where and how a model runs
+#: the settings of :class:`MLMRunConfig` that say where and how a model runs
 #: (``mptlml reproduce`` takes them as flags too: ``--device``, ``--dtype``, ...).
 DEVICE_SETTINGS = ("device", "dtype", "autocast", "batch_size")
-
-
-@dataclass
-class RateGridSettings(ExperimentConfig):
-    """The masking-rate grid of an MPT curve: ``rate_start, rate_start + rate_step, ..., 0.99``."""
-
-    rate_start: float = setting(0.01, "first masking rate of the curve (up to 0.99)", gt=0, lt=1)
-    rate_step: float = setting(0.01, "step of the curve's masking-rate grid", gt=0, lt=1)
-
-    def rates(self) -> np.ndarray:
-        """The grid (:func:`mptlml.estimators.rates.rate_grid`)."""
-        return rate_grid(self.rate_start, self.rate_step)
 
 
 def parse_rates(text: str | None) -> np.ndarray | None:
@@ -138,12 +130,12 @@ def parse_rates(text: str | None) -> np.ndarray | None:
         raise ValueError(f"rates {text!r}: {exc}") from exc
 
 
-def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], cfg: MLMRunSettings, *,
+def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], cfg: MLMRunConfig, *,
                  run_dir: RunDir, ids: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Curve (and, with ``cfg.pll``, PLL) of each model; checkpoints under ``run_dir/checkpoint``.
 
-    Every setting of the scoring comes from ``cfg`` (:class:`MLMRunSettings`).
-    Each entry also holds ``settings``: the model's device, dtype, autocast
+    Every setting of the scoring comes from ``cfg`` (:class:`MLMRunConfig`).
+    Each entry also holds ``placement``: the model's device, dtype, autocast
     and the world size, which :func:`write_curves` records; with the PLL,
     ``pll_tokens`` (:class:`~mptlml.estimators.results.TokenScores`) for
     :func:`write_pll_tokens`.
@@ -160,8 +152,8 @@ def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], cfg: MLMR
         res = curve(model, texts, rates=rates, num_masks=cfg.num_masks, seed=cfg.seed,
                     nominal_length=cfg.nominal_length, exact=cfg.exact, ids=ids,
                     whole_word=cfg.whole_word, **run)
-        entry: dict[str, Any] = {"curve": res, "settings": {**model.settings(),
-                                                            "world_size": world}}
+        entry: dict[str, Any] = {"curve": res, "placement": {**model.placement(),
+                                                             "world_size": world}}
         if cfg.pll:
             tokens = pll(model, texts, per_token=True, whole_word=cfg.whole_word,
                          variant=cfg.pll_variant, **run)
@@ -210,7 +202,7 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
             "mean_log_prob_per_token": float(res.mean.mean()),
             "rates": res.rates, "curve": res.mean.numpy(), "curve_se": res.stderr.numpy(),
             "num_masks": res.num_masks, "corruption": res.corruption,
-            **entry.get("settings", {}),
+            **entry.get("placement", {}),
         }
         if res.lml_exact is not None:
             summary[label]["mean_lml_exact"] = float(res.lml_exact.mean())
@@ -309,12 +301,7 @@ def plot_paired_curves(curves: Mapping[str, tuple[np.ndarray, np.ndarray, Any]],
     return fig
 
 
-def project_root() -> Path:
-    """The project root (``src/mptlml/experiments`` three levels up)."""
-    return Path(__file__).resolve().parents[3]
-
-
-def load_model(model: str, cfg: MLMRunSettings, *, random_init: bool = False,
+def load_model(model: str, cfg: MLMRunConfig, *, random_init: bool = False,
                tokenizer: str | None = None, **kwargs: Any) -> MaskedLM:
     """A masked LM by name (``antiberty``, hub id or directory) on this rank's device.
 
@@ -333,12 +320,13 @@ def load_model(model: str, cfg: MLMRunSettings, *, random_init: bool = False,
 
 
 @dataclass
-class CurveConfig(MLMRunSettings):
+class CurveConfig(MLMRunConfig):
     """``mptlml curve``: the MPT curve of one masked LM on texts (every flag is a setting)."""
 
-    model: str = setting("", "hub name, local directory (save_pretrained) or 'antiberty'")
+    model: str = setting("", "hub name, local directory (save_pretrained) or 'antiberty'",
+                         required=True)
     data: str = setting("", "a .txt/.csv/.tsv/.parquet/.jsonl/.fasta file, glue:TASK, or "
-                        "'antibodies'")
+                        "'antibodies'", required=True)
     column: str | None = setting(None, "column/field with the text; A,B joins a sentence pair; "
                                  "0-based positions for a header-less CSV/TSV")
     split: str | None = setting(None, "GLUE split (default validation; ax: test); not for files")
@@ -404,3 +392,10 @@ def curve_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
         row.update({k: s[k] for k in ("mean_lml_exact", "mean_pll") if k in s})
         rows.append(row)
     return rows
+
+
+JOB = Job(config=CurveConfig, load=load_curve, run=run_curve, summary=curve_summary,
+          resumable=True, help="MPT curve of any Hugging Face masked LM on texts",
+          description="MPT curve (mean log-prob of masked tokens vs masking rate), its area and "
+                      "per-sequence LML estimates. Runs under torchrun / accelerate launch for "
+                      "data-parallel scoring.")
