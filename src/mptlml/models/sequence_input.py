@@ -145,13 +145,15 @@ def normalise_sequences(sequences: Any) -> list[str] | list[torch.Tensor]:
 
 
 def tokenize(sequences: Any, tokenizer: Any, *, vocab_size: int,
-             preprocess: Callable[[str], str] | None = None) -> list[torch.Tensor]:
+             preprocess: Callable[[str], str] | None = None,
+             forbidden_ids: Sequence[int] = ()) -> list[torch.Tensor]:
     """Content token ids of each sequence, checked the same way for texts and ids.
 
     Texts (after ``preprocess``) are tokenized without special tokens; ids are
     taken as they are. Then, on both paths: every id lies in
     ``[0, vocab_size)``, and no id is a special token other than the unknown
-    token.
+    token, nor one of ``forbidden_ids`` (a mask id that is a plain vocabulary
+    entry, as in masked-diffusion LMs).
 
     Raises
     ------
@@ -168,8 +170,9 @@ def tokenize(sequences: Any, tokenizer: Any, *, vocab_size: int,
     else:
         out = list(seqs)  # type: ignore[arg-type]
     unk = getattr(tokenizer, "unk_token_id", None)
-    forbidden = torch.tensor(sorted({int(i) for i in tokenizer.all_special_ids} - (
-        set() if unk is None else {int(unk)})), dtype=torch.long)
+    forbidden = torch.tensor(sorted(({int(i) for i in tokenizer.all_special_ids} - (
+        set() if unk is None else {int(unk)})) | {int(i) for i in forbidden_ids}),
+        dtype=torch.long)
     for i, t in enumerate(out):
         if t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab_size):
             raise ValueError(f"sequence {i} has token ids outside [0, {vocab_size}); pass ids "
