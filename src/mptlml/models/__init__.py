@@ -14,5 +14,5 @@ from .protocols import RaggedMaskedModel
 from .quadrature import latent_quadrature
 from .vae import DecoderProposal, GaussianVAE
 
-__all__ = ["PPCA", "BernoulliLVM", "ConditionalView", "DecoderProposal", "GaussianVAE", "LinearVAE", "MaskedLM",
-           "MaskedModel", "RaggedMaskedModel", "latent_quadrature"]
+__all__ = ["PPCA", "BernoulliLVM", "ConditionalView", "DecoderProposal", "GaussianVAE",
+           "LinearVAE", "MaskedLM", "MaskedModel", "RaggedMaskedModel", "latent_quadrature"]
