@@ -48,7 +48,8 @@ import torch
 from .protocols import RaggedMaskedModel
 from .tokenizer_checks import check_unknown_tokens
 
-__all__ = ["ContextBoundaryWarning", "as_token_ids", "check_content", "encode", "encode_with_context",
+__all__ = ["ContextBoundaryWarning", "as_token_ids", "check_content", "encode",
+           "encode_with_context",
            "normalise_sequences", "tokenize"]
 
 _HOW = ("pass the texts themselves, or content token ids "
