@@ -21,7 +21,7 @@ CANDIDATES = [" a mat", " a tree", " the red house"]
 
 
 def exhaustive_conditional(lm, context: str, continuation: str) -> float:
-    """sum_{M=1..|T|} mean over masks inside T of (1/M) sum log p(x_j | rest), by direct forwards."""
+    """sum_M mean over masks of size M in T of (1/M) sum log p(x_j | rest), by direct forwards."""
     tok, model = lm.tokenizer, lm.model
     c = tok(context, add_special_tokens=False)["input_ids"]
     full = tok(context + continuation, add_special_tokens=False)["input_ids"]

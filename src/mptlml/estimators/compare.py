@@ -50,10 +50,10 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
-from ..estimation.runner import run_pairs
 from .._validation import check_positive_int
-from ..models.sequence_input import encode, encode_with_context
 from ..estimation.results import _Result, announce_nonfinite
+from ..estimation.runner import run_pairs
+from ..models.sequence_input import encode, encode_with_context
 
 __all__ = ["Comparison", "compare"]
 
@@ -313,7 +313,8 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                 rows[q] += m.shape[0]
         todo = sorted(masks)
         out = run_pairs(model, [ids[i] for i in todo],
-                        lambda k, d, g, todo=todo: masks[todo[k]], seed=0, tag="compare",
+                        lambda k, d, g, todo=todo, masks=masks: masks[todo[k]], seed=0,
+                        tag="compare",
                         spec={"kind": "compare", "round": r,
                               "total_pairs": int(sum(masks[i].shape[0] for i in todo))},
                         token_budget=token_budget, batch_size=batch_size, progress=progress,
