@@ -50,10 +50,10 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
+from .._scoring.ragged import run_pairs
 from .._validation import check_positive_int
-from ..estimation.results import _Result, announce_nonfinite
-from ..estimation.runner import run_pairs
 from ..models.sequence_input import encode, encode_with_context
+from .results import _Result, announce_nonfinite
 
 __all__ = ["Comparison", "compare"]
 
@@ -207,8 +207,8 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     Parameters
     ----------
     model : RaggedMaskedModel
-        A masked LM (:class:`~mptlml.models.MaskedLM`, including a masked-diffusion
-        module with ``mask_token_id``).
+        A masked LM or masked-diffusion LM (any model of the ragged protocol,
+        :class:`~mptlml.models.protocols.RaggedMaskedModel`).
     contexts : list of str (or token-id lists)
         One context per question; always visible, never scored (``""``: none).
     candidates : list of lists of str (or token-id lists)
