@@ -8,10 +8,12 @@
 
 from . import estimators, settings
 from .estimators import (
+    Comparison,
     Estimator,
     LMLEstimate,
     MPTCurve,
     TokenScores,
+    compare,
     estimate_lml,
     mpt_area,
     mpt_curve,
@@ -22,11 +24,13 @@ from .estimators import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Comparison",
     "Estimator",
     "LMLEstimate",
     "MPTCurve",
     "TokenScores",
     "__version__",
+    "compare",
     "estimate_lml",
     "estimators",
     "mpt_area",

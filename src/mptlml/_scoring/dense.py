@@ -88,7 +88,7 @@ def score_masks(model: MaskedModel, x: torch.Tensor, sizes: torch.Tensor, *,
     torch.Tensor, (B, N) or (B,) float64
         Differentiable with respect to the model's parameters.
     """
-    n, d = x.shape
+    n, d = x.shape[0], model.num_tokens
     g = make_generator(generator)
     if share_masks and sizes.ndim == 2:
         raise ValueError("per-datum sizes need share_masks=False.")
@@ -129,7 +129,7 @@ def score_fixed_masks(model: MaskedModel, x: torch.Tensor, masks: torch.Tensor,
     ``generator`` drives a model whose conditionals are themselves Monte
     Carlo estimates (importance samples of a VAE), so a seeded run repeats.
     """
-    n, d = x.shape
+    n, d = x.shape[0], model.num_tokens
     out = []
     per = rows_per_block(n, d, model, True)
     for s, e in blocks(masks.shape[0], per, progress, "masks"):
@@ -168,7 +168,7 @@ def score_grid(model: MaskedModel, x: torch.Tensor, sizes: Sequence[int], num_dr
     if by not in ("draw", "size"):
         raise ValueError(f"by must be 'draw' or 'size', got {by!r}.")
     num_draws = check_positive_int(num_draws, "num_draws")
-    n, d = x.shape
+    n, d = x.shape[0], model.num_tokens
     g = make_generator(generator)
     size_t = torch.as_tensor(list(sizes), dtype=torch.long)
     inv = 1.0 / size_t.double()
@@ -252,7 +252,7 @@ def score_nested(model: MaskedModel, x: torch.Tensor, num_orders: int, *,
     torch.Tensor, (P, D, N) float64
         ``[p, M-1, n]`` = (1/M) sum_{j in pi_p[:M]} log p(x_nj | x_n,pi_p[M:]).
     """
-    n, d = x.shape
+    n, d = x.shape[0], model.num_tokens
     g = make_generator(generator)
     per = max(1, rows_per_block(n, d, model, share_masks) // d)
     div = torch.arange(1, d + 1, dtype=torch.float64, device=x.device)[None, :, None]

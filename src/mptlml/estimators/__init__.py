@@ -38,6 +38,7 @@ from .adaptive_size import AdaptiveSize
 from .api import available, create, estimate_lml, get, register, unregister
 from .base import Draws, Estimator, RaggedScores, accepted_options
 from .chain_rule import ChainRule
+from .compare import Comparison, compare
 from .cumulative import Cumulative
 from .curve import mpt_curve
 from .exhaustive import Exhaustive
@@ -51,6 +52,7 @@ from .riemann import Riemann
 __all__ = [
     "AdaptiveSize",
     "ChainRule",
+    "Comparison",
     "Cumulative",
     "Draws",
     "Estimator",
@@ -65,6 +67,7 @@ __all__ = [
     "TokenScores",
     "accepted_options",
     "available",
+    "compare",
     "create",
     "estimate_lml",
     "get",

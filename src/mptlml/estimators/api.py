@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .base import Estimator, accepted_options
 from .results import LMLEstimate
@@ -173,7 +174,8 @@ def estimate_lml(model: Any, x: Any, estimator: str | Estimator = "cumulative", 
                  seed: int | torch.Generator | None = None, share_masks: bool = False,
                  nested: bool = False, max_masks: int | None = None,
                  target_se: float | None = None, allocation: str | None = None,
-                 progress: bool = False, **options: Any) -> LMLEstimate:
+                 progress: bool = False, context: Any = None,
+                 **options: Any) -> LMLEstimate:
     """Estimate log p(x_n) for each datum from the model's masked conditionals.
 
     Proposition 1 of Moreno-Munoz, Recasens & Hauberg (NeurIPS 2023)::
@@ -234,6 +236,13 @@ def estimate_lml(model: Any, x: Any, estimator: str | Estimator = "cumulative", 
         for every stratum (``"uniform"``).
     progress : bool
         Show a progress bar.
+    context : optional
+        Score the conditional log p(x_T | x_C) instead: for sequences one context per
+        sequence (text or ids; one string for all), always visible and never scored,
+        the sequences being the continuations T (sizes, rates and D_i refer to their
+        tokens; see :func:`mptlml.models.sequence_input.encode_with_context`); for
+        dense data the always-visible dimensions C (bool mask or indices), masks
+        drawn inside the others (``exact`` is then the exact conditional, where known).
     **options
         Ragged sequences: ``rates`` (riemann), other options of the estimator
         (e.g. ``stratified``, ``eps``), and the run options ``token_budget``,
@@ -257,6 +266,7 @@ def estimate_lml(model: Any, x: Any, estimator: str | Estimator = "cumulative", 
         when its standard error cannot be computed (one draw per datum, e.g.
         ``num_masks=1``: ``stderr`` is NaN) or rests on few degrees of freedom.
     """
+    model = with_context(model, context)
     args = given(rate=rate, mask_size=mask_size, share_masks=share_masks, nested=nested,
                  max_masks=max_masks if target_se is None else None)
     budget = max_masks if target_se is not None else None

@@ -270,15 +270,15 @@ class Estimator:
         """
         rows, s = self._score_rows(model, x, make_generator(generator), progress, counter,
                                    mean_over_data)
-        out = self._combine(rows, s, x.shape[1])
+        out = self._combine(rows, s, model.num_tokens)
         if learn:  # after the draw: its sizes depended only on the draws before it
-            self.observe(rows, s.detach(), x.shape[1])
+            self.observe(rows, s.detach(), model.num_tokens)
         return out
 
     def _score_rows(self, model: MaskedModel, x: torch.Tensor, g: torch.Generator,
                     progress: bool, counter: Counter | None,
                     mean_over_data: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        n, d = x.shape
+        n, d = x.shape[0], model.num_tokens
         rows = self.sizes(d, num_data=None if self.share_masks else n, generator=g)
         s = score_masks(model, x, rows, share_masks=self.share_masks, generator=g,
                         progress=progress, counter=counter, mean_over_data=mean_over_data)
@@ -302,7 +302,7 @@ class Estimator:
         every mask, random orders) override it.
         """
         rows, s = self._score_rows(model, x, generator, progress, counter)
-        d = x.shape[1]
+        d = model.num_tokens
         idx = (rows if rows.ndim == 2 else rows[:, None].expand(-1, x.shape[0]))
         idx = idx.reshape(-1).cpu() - 1
         tot = torch.zeros(d, dtype=torch.float64).index_add_(0, idx, s.reshape(-1).cpu())
@@ -341,7 +341,7 @@ class Estimator:
         (p,) = counts
         est = self.with_draws(int(p))
         rows, s = est._score_rows(model, x, generator, progress, counter)
-        return [est._cells(rows, s, x.shape[1]).sum(0)]
+        return [est._cells(rows, s, model.num_tokens).sum(0)]
 
     def ragged_strata(self, lengths: np.ndarray) -> tuple[list[np.ndarray], int]:
         """The stratum of each row of a draw of each sequence, and the number of strata.
@@ -443,7 +443,7 @@ class Estimator:
         if run:
             raise TypeError(f"unexpected arguments {sorted(run)} (only for ragged sequences).")
         xt = self._dense_data(model, x)
-        n, d = xt.shape
+        n, d = xt.shape[0], model.num_tokens
         self.check_num_tokens(d)
         counter = Counter()
         with torch.no_grad(), model.reuse_data():
@@ -506,7 +506,7 @@ class Estimator:
         if run:
             raise TypeError(f"unexpected arguments {sorted(run)} (only for ragged sequences).")
         xt = self._dense_data(model, x)
-        n, d = xt.shape
+        n, d = xt.shape[0], model.num_tokens
         self.check_num_tokens(d)
         strata = self.strata(d)
         h = 1 if strata is None else len(strata)

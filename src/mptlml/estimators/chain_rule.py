@@ -63,7 +63,7 @@ class ChainRule(Estimator):
 
     def evaluate(self, model: MaskedModel, x: torch.Tensor, generator: torch.Generator,
                  counter: Counter, progress: bool) -> Draws:
-        d = x.shape[1]
+        d = model.num_tokens
         (samples,) = self.stratum_draws(model, x, [self.num_masks], generator, counter, progress)
         return Draws(samples, list(range(1, d + 1)),
                      torch.full((d,), float("nan"), dtype=torch.float64))
@@ -77,7 +77,7 @@ class ChainRule(Estimator):
         pi(t) given the remaining D - t.
         """
         (p,) = counts
-        n, d = x.shape
+        n, d = x.shape[0], model.num_tokens
         share = self.share_masks
         orders = random_orders(d, p, num_data=None if share else n, generator=generator)
         if share:

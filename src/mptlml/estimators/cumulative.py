@@ -108,7 +108,7 @@ class Cumulative(Estimator):
         the P draws of the data mean, and the estimate warns below 5 degrees
         of freedom.
         """
-        d, p = x.shape[1], self.num_masks
+        d, p = model.num_tokens, self.num_masks
         sizes = list(range(1, d + 1))
         if self.nested:
             s = score_nested(model, x, p, share_masks=self.share_masks, generator=generator,
@@ -137,7 +137,7 @@ class Cumulative(Estimator):
         ``sizes`` defaults to every size 1..D (the strata of the estimate);
         the MPT curve asks for a subset.
         """
-        size_t = torch.as_tensor(list(range(1, x.shape[1] + 1)) if sizes is None else sizes,
+        size_t = torch.as_tensor(list(range(1, model.num_tokens + 1)) if sizes is None else sizes,
                                  dtype=torch.long)
         c = torch.as_tensor(list(counts), dtype=torch.long)
         s = score_masks(model, x, size_t.repeat_interleave(c), share_masks=self.share_masks,

@@ -40,6 +40,7 @@ import torch
 from .._scoring.dense import Counter, score_nested
 from .._validation import check_size, make_generator
 from ..models.base import MaskedModel
+from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .allocation import (
     check_target,
@@ -70,7 +71,7 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
               exact: bool = False, whole_word: bool = False, ids: list[str] | None = None,
               token_budget: int | None = None, chunk_size: int | None = None,
               batch_size: int | None = None,
-              checkpoint_dir: str | os.PathLike | None = None) -> MPTCurve:
+              checkpoint_dir: str | os.PathLike | None = None, context: Any = None) -> MPTCurve:
     """The MPT curve: S(x; M) against the masking rate M / D, with its area.
 
     For each size M (rate), ``num_masks`` uniform masks per datum give
@@ -124,6 +125,11 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
         with all their sub-tokens, and a word's log-prob is the sum of its
         sub-tokens' (the whole-word-masking score, :mod:`mptlml.estimators.pseudo_likelihood`).
         Recorded as ``extra["unit"] = "word"``.
+    context : optional
+        Score the conditional instead: one context per sequence (text or ids; one
+        string for all), always visible and never scored; the sequences are the
+        continuations (see :func:`mptlml.estimate_lml`). Dense data: the
+        always-visible dimensions (bool mask or indices).
     ids : list of str, optional
         Ragged sequences: identifiers, kept in the result.
     token_budget, chunk_size, batch_size, checkpoint_dir
@@ -140,6 +146,10 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
         M_ik, ``num_tokens`` (N,) D_i, ``lml`` the Riemann estimates
         ``D_i * mean_k S_ik``.
     """
+    if context is not None:
+        if whole_word:
+            raise ValueError("context= does not combine with whole_word=True; score tokens.")
+        model = with_context(model, context)
     if max_masks is not None and target_se is None:
         raise ValueError("max_masks applies to mpt_curve with target_se= only (the budget of "
                          "the masks allocated for a target standard error).")

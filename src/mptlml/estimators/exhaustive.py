@@ -80,7 +80,7 @@ class Exhaustive(Estimator):
 
     def evaluate(self, model: MaskedModel, x: torch.Tensor, generator: torch.Generator,
                  counter: Counter, progress: bool) -> Draws:
-        d = x.shape[1]
+        d = model.num_tokens
         sizes = list(range(1, d + 1))
         s_by_size = torch.stack([score_fixed_masks(model, x, all_masks(d, m), counter, progress,
                                                    generator).mean(0) for m in sizes])  # (D, N)

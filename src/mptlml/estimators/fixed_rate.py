@@ -102,4 +102,4 @@ class FixedRate(Estimator):
     def evaluate(self, model: MaskedModel, x: torch.Tensor, generator: torch.Generator,
                  counter: Counter, progress: bool) -> Draws:
         rows, s = self._score_rows(model, x, generator, progress, counter)
-        return Draws(self._combine(rows, s, x.shape[1]), [int(rows[0])], s.mean().reshape(1))
+        return Draws(self._combine(rows, s, model.num_tokens), [int(rows[0])], s.mean().reshape(1))

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from .._scoring.ragged import encode_units, run_pairs, targeted, unit_counts, word_model
+from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .results import TokenScores, announce_nonfinite
 
@@ -48,7 +49,7 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
         per_token: bool = False, whole_word: bool = False, variant: str = "original",
         token_budget: int = 8192, chunk_size: int = 8, batch_size: int | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
-        progress: bool = False) -> torch.Tensor | TokenScores:
+        progress: bool = False, context: Any = None) -> torch.Tensor | TokenScores:
     """Pseudo-log-likelihood of each sequence, ``sum_j log p(x_j | x_{-j})``.
 
     Every non-special token is masked alone (D_i masked copies per sequence),
@@ -69,7 +70,10 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
     variant : {"original", "word_l2r"}
         ``"word_l2r"``: PLL-word-l2r (Kauf & Ivanova 2023), token t scored with
         the later sub-tokens of its word also masked (module docstring).
-
+    context : optional
+        Score the conditional instead: one context per sequence (text or ids; one
+        string for all), always visible and never scored; the sequences are the
+        continuations (see :func:`mptlml.estimate_lml`): ``sum_{j in T} log p(x_j | x_{-j})``.
     Returns
     -------
     torch.Tensor
@@ -84,6 +88,11 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
     if whole_word and variant != "original":
         raise ValueError(f"whole_word=True masks each word's sub-tokens together; variant="
                          f"{variant!r} scores them one by one. Pass one of the two.")
+    if context is not None:
+        if per_token or whole_word or variant != "original":
+            raise ValueError("context= scores the continuation's tokens one at a time; it does "
+                             "not combine with per_token, whole_word or variant='word_l2r'.")
+        model = with_context(model, context)
     if per_token:
         word_model(model, "per-token output")  # token strings: refused before the run
     l2r = variant == "word_l2r"
