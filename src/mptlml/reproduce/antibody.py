@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..data.text import bundled_antibodies
 from .._scoring.distributed import distributed_context
+from ..data.text import bundled_antibodies
 from ..jobs.curve import MLMRunConfig, load_model, score_models, write_curves, write_pll_tokens
 from ..models.masked_lm import MaskedLM
 from ..runs.config import redefault, setting
