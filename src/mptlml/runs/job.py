@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..estimation.distributed import barrier, distributed_context
+from .._scoring.distributed import barrier, distributed_context
 from .config import validate_config
 from .output import print_table
 from .rundir import RunDir
