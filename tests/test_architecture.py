@@ -201,15 +201,16 @@ def test_the_floor_check_sees_an_upward_import(tmp_path, monkeypatch):
 
 
 #: the modules of ``mptlml.models`` that hold protocols (and the one normalisation of
-#: sequence input every ragged estimator starts from), not model families.
+#: sequence input every ragged estimator starts from, and the conditional views of any
+#: model through a context), not model families.
 PROTOCOL_MODULES = ("mptlml.models", "mptlml.models.base", "mptlml.models.protocols",
-                    "mptlml.models.sequence_input")
+                    "mptlml.models.sequence_input", "mptlml.models.conditional")
 
 
 def _families() -> set[str]:
     import mptlml.models as models
 
-    protocols = {"MaskedModel", "RaggedMaskedModel", "WordMaskedModel"}
+    protocols = {"MaskedModel", "RaggedMaskedModel", "WordMaskedModel", "ConditionalView"}
     families = {n for n in models.__all__
                 if isinstance(getattr(models, n), type) and n not in protocols}
     assert {"PPCA", "MaskedLM", "BernoulliLVM", "GaussianVAE"} <= families
