@@ -134,7 +134,7 @@ class Report:
 def collect_runs(paths: Sequence[str | Path]) -> tuple[dict[str, tuple[Path, dict]], list[str]]:
     """Find run directories (a path itself, or its immediate sub-directories).
 
-    Returns ``({experiment: (dir, results)}, problems)``: a sub-directory
+    Returns ``({part: (dir, results)}, problems)``: a sub-directory
     without a readable results.json, or with an unknown format, becomes a
     problem line, and so does a part of a ``reproduce all`` directory whose
     latest run failed (``NAME.error.txt`` newer than its results.json: the
@@ -155,8 +155,8 @@ def collect_runs(paths: Sequence[str | Path]) -> tuple[dict[str, tuple[Path, dic
         p = Path(raw)
         if not p.exists():
             raise FileNotFoundError(
-                f"{p} does not exist; pass the --out directory of `mptlml reproduce NAME`, "
-                "`mptlml reproduce all`, `curve`, `select` or `demo`.")
+                f"{p} does not exist; pass the --out directory of `mptlml reproduce NAME` or "
+                "`mptlml reproduce all`.")
         if not p.is_dir():
             raise ValueError(f"{p} is a file, not a run directory; pass the --out directory of "
                              "`mptlml reproduce NAME` or `mptlml reproduce all`.")
@@ -294,7 +294,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
     Parameters
     ----------
     paths : run directories, or directories holding run sub-directories
-        (``mptlml reproduce all`` writes one sub-directory per experiment).
+        (``mptlml reproduce all`` writes one sub-directory per part).
     out : directory for the report files (default: the first path).
     """
     if not paths:

@@ -1,6 +1,6 @@
 """One claim of the report: what is checked, the paper's statement, our number, and a status.
 
-Every experiment's ``claims(results)`` returns a list of dicts built by
+Every part's ``claims(results)`` (:class:`~.parts.Part`) returns a list of dicts built by
 :func:`claim` (or :func:`quick_claim`), with keys ``claim``, ``paper``,
 ``ours``, ``holds`` (bool, or None when nothing was decided; kept for
 compatibility) and ``status``, exactly one of :data:`STATUSES`:
@@ -42,7 +42,7 @@ __all__ = ["FULL_SIZE_FILE", "STATUSES", "claim", "full_size_markdown", "full_si
 #: the only statuses a claim may have, in the order the report counts them.
 STATUSES: tuple[str, ...] = ("holds", "fails", "undecided", "recomputed", "not run")
 
-#: the packaged outcome of every claim at full size (``mptlml reproduce all``), by experiment.
+#: the packaged outcome of every claim at full size (``mptlml reproduce all``), by part.
 FULL_SIZE_FILE = "full_size_claims.json"
 
 
@@ -84,7 +84,7 @@ def claim(claim: str, paper: Any, ours: Any, holds: bool | None, *,
     return out
 
 
-def quick_claim(results: dict[str, Any], experiment: str, why: str, claim_text: str,
+def quick_claim(results: dict[str, Any], part: str, why: str, claim_text: str,
                 paper: Any, ours: Any, holds: bool | None, *, note: str | None = None,
                 key: str | None = None) -> dict[str, Any]:
     """A claim that quick sizes cannot decide (e.g. training to within 1% in a few epochs).
@@ -98,7 +98,7 @@ def quick_claim(results: dict[str, Any], experiment: str, why: str, claim_text: 
     """
     if not results.get("quick"):
         return claim(claim_text, paper, ours, holds, note=note, key=key)
-    full = full_size_outcome(experiment, key or claim_text)
+    full = full_size_outcome(part, key or claim_text)
     if full is None:
         at_full = "no full-size outcome is published for it yet"
     else:
@@ -114,7 +114,7 @@ def quick_claim(results: dict[str, Any], experiment: str, why: str, claim_text: 
 def full_size_table() -> dict[str, Any]:
     """The packaged ``mptlml/data/full_size_claims.json``: every claim's outcome at full size.
 
-    ``{"date", "machine", "command", "source", "claims": {experiment: {key:
+    ``{"date", "machine", "command", "source", "claims": {part: {key:
     {"status", "ours", "date"?, "source"?}}}}`` where ``key`` is the claim's
     ``key`` or text; written by :func:`full_size_table_from_report` from the
     ``report.json`` of a full ``mptlml reproduce all`` run (an entry's own
@@ -124,10 +124,10 @@ def full_size_table() -> dict[str, Any]:
     return json.loads(text)
 
 
-def full_size_outcome(experiment: str, key: str) -> dict[str, Any] | None:
+def full_size_outcome(part: str, key: str) -> dict[str, Any] | None:
     """``{"status", "ours", "date"}`` of one claim at full size, or None if not published."""
     table = full_size_table()
-    rec = table["claims"].get(experiment, {}).get(key)
+    rec = table["claims"].get(part, {}).get(key)
     if rec is None:
         return None
     return {"status": rec["status"], "ours": rec["ours"],

@@ -441,7 +441,7 @@ def load_results(run_dir: str | os.PathLike) -> dict[str, Any]:
     path = d / "results.json"
     if d.exists() and not d.is_dir():
         raise ValueError(f"{run_dir} is a file, not a run directory; pass the --out directory "
-                         "of `mptlml reproduce`, `curve`, `select` or `demo`.")
+                         "of an mptlml command (`mptlml reproduce NAME`, `mptlml curve`, ...).")
     if not d.is_dir():
         hint = ""
         if (d.parent / f".{d.name}.old").exists():
