@@ -52,8 +52,9 @@ from scipy import stats as sps
 
 from .._scoring.ragged import run_pairs
 from .._validation import check_positive_int
-from ..models.sequence_input import encode, encode_with_context
+from ..models.sequence_input import encode_with_context
 from .results import _Result, announce_nonfinite
+from .stats import welch_dof
 
 __all__ = ["Comparison", "compare"]
 
@@ -190,10 +191,7 @@ def _combine(rounds: list[tuple[int, np.ndarray, np.ndarray]], y_of: Any
         est += w * m
         var += w * w * v
         pieces.append(w * w * p)
-    p = np.concatenate(pieces)
-    den = float(np.sum(p ** 2))
-    dof = math.inf if den == 0.0 else float(np.sum(p)) ** 2 / den
-    return est, math.sqrt(var), dof
+    return est, math.sqrt(var), welch_dof(torch.from_numpy(np.concatenate(pieces)), 1.0)
 
 
 def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[Any]], *,
@@ -271,11 +269,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     owner = [(q, k) for q, c in enumerate(cands) for k in range(len(c))]
     flat_ctx = [ctxs[q] for q, _ in owner]
     flat_cand = [cands[q][k] for q, k in owner]
-    if all(_empty(c) for c in flat_ctx):
-        ids = encode(model, flat_cand)
-        nctx = [0] * len(ids)
-    else:
-        ids, nctx = encode_with_context(model, flat_ctx, flat_cand)
+    ids, nctx = encode_with_context(model, flat_ctx, flat_cand)
     lengths = np.array([len(t) - n for t, n in zip(ids, nctx, strict=True)])
     members = [[i for i, (qq, _) in enumerate(owner) if qq == q] for q in range(len(cands))]
     max_rounds = max_masks // p
@@ -374,10 +368,6 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                "rate_density": density.mass.tolist()})
     announce_nonfinite(np.concatenate(res.scores), "the candidates' scores", "candidates")
     return res
-
-
-def _empty(c: Any) -> bool:
-    return (isinstance(c, str) and not c.strip()) or (not isinstance(c, str) and len(c) == 0)
 
 
 def _draw(g: torch.Generator, p: int, tmax: int, density: _Density

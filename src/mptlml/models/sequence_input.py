@@ -243,7 +243,7 @@ def encode_with_context(model: Any, contexts: Any, continuations: Any
     conts = normalise_sequences(continuations)
     if isinstance(contexts, str | bytes):
         contexts = [contexts] * len(conts)
-    ctxs = list(contexts) if not isinstance(contexts, torch.Tensor) else list(contexts)
+    ctxs = list(contexts)
     if len(ctxs) != len(conts):
         raise ValueError(f"{len(ctxs)} contexts for {len(conts)} continuations: pass one "
                          "context per continuation (or one string for all).")
