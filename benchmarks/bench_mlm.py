@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from mptlml import mpt_curve, pll
+from mptlml._scoring.ragged import seq_seed as _seq_seed
 from mptlml.data import bundled_antibodies
 from mptlml.estimators.rates import mask_sizes
-from mptlml._scoring.ragged import seq_seed as _seq_seed
 from mptlml.masks import sample_masks
 from mptlml.models import MaskedLM
 from mptlml.settings import keep_heap

@@ -134,7 +134,8 @@ def dense(snap: Snapshot) -> None:
     snap.put_curve("dense/curve", mptlml.mpt_curve(ppca, x, num_masks=2, seed=0))
     snap.put_curve("dense/curve_sizes", mptlml.mpt_curve(ppca, x, num_masks=3, sizes=[1, 10, 40],
                                                       seed=1))
-    snap.put_curve("dense/curve_nested", mptlml.mpt_curve(ppca, x, num_masks=2, nested=True, seed=2))
+    snap.put_curve("dense/curve_nested",
+                   mptlml.mpt_curve(ppca, x, num_masks=2, nested=True, seed=2))
     snap.put_curve("dense/curve_target", mptlml.mpt_curve(small, xs, target_se=0.05, seed=3))
     snap.put_estimate("dense/target/neyman",
                   mptlml.estimate_lml(small, xs, "cumulative", target_se=0.05, seed=4))

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 import mptlml
+from mptlml import mpt_curve
+from mptlml._scoring import distributed
 from mptlml.cli import main
 from mptlml.data import load_texts
-from mptlml._scoring import distributed
-from mptlml import mpt_curve
 from mptlml.models import MaskedLM
 
 from .mlm_helpers import SENTENCES

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import mptlml
+from mptlml import mpt_curve
 from mptlml.cli import main
 from mptlml.data import load_texts
-from mptlml import mpt_curve
 from mptlml.experiments.bert import default_reference
 from mptlml.models import MaskedLM
 
