@@ -222,7 +222,7 @@ def _dense_curve(data: DenseRun, sizes: Sequence[int] | None, target_se: float |
     mean, stderr = mean_stderr(per_sample)
     area_ps = per_sample.sum(1) if all_sizes else d * per_sample.mean(1)
     area, area_se = mean_stderr(area_ps)
-    announce_nonfinite(per_sample, "the MPT curve")
+    announce_nonfinite(per_sample, "the MPT curve", stacklevel=4)  # the caller of mpt_curve
     res = MPTCurve(
         sizes=size_list, rates=[m / d for m in size_list], mean=mean, stderr=stderr,
         per_sample=per_sample, area=float(area), area_stderr=float(area_se),
@@ -265,7 +265,7 @@ def _ragged_curve(model: RaggedMaskedModel, sequences: Any, num_masks: Any, seed
         per_sample_stderr=as_float64(grid.scores_stderr), lml=as_float64(grid.lml),
         lml_stderr=as_float64(grid.lml_stderr), nominal_length=length, model=model.name,
         corruption=model.fingerprint().get("corruption"), ids=ids, extra=dict(unit))
-    announce_nonfinite(res.per_sample, "the MPT curve", "sequences")
+    announce_nonfinite(res.per_sample, "the MPT curve", "sequences", stacklevel=4)
     if exact:
         cells, calls = Cumulative(p).ragged_cells(
             model, toks, [np.full(int(d), p) for d in lengths], seed, tag="exact", units=words,
@@ -278,7 +278,7 @@ def _ragged_curve(model: RaggedMaskedModel, sequences: Any, num_masks: Any, seed
             tot.append(float(mean.sum()))
             tse.append(float(sum_stderr(se if p > 1 else None, mean)))
         res.lml_exact, res.lml_exact_stderr = as_float64(tot), as_float64(tse)
-        announce_nonfinite(tot, "the cumulative sum over M", "sequences")
+        announce_nonfinite(tot, "the cumulative sum over M", "sequences", stacklevel=4)
         res.num_model_calls += calls
         rows = rows + lengths * p
     res.num_masked_rows, res.num_masked_rows_per_sample = int(rows.sum()), torch.from_numpy(rows)

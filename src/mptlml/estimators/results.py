@@ -429,18 +429,19 @@ def announce_estimate(est: LMLEstimate) -> LMLEstimate:
     (RuntimeWarning) when its standard error cannot be computed, when it
     rests on fewer than :data:`MIN_STDERR_DOF` effective degrees of freedom,
     or when a target standard error was missed (:func:`warn_target_missed`).
-    Returns ``est``.
+    Returns ``est``. The warnings name the line that called
+    :func:`mptlml.estimate_lml` (through ``Estimator.estimate`` and its run).
     """
     bad = announce_nonfinite(est.per_sample, f"the {est.estimator!r} estimate of log p(x)",
-                             stacklevel=5)
+                             stacklevel=6)
     if not bad and math.isnan(est.stderr):
         warnings.warn(
             f"the standard error of the {est.estimator!r} estimate cannot be computed from "
             f"{est.num_masks} Monte Carlo draw(s) per datum (it needs at least 2); stderr is "
             "NaN. Pass num_masks >= 2 to know how precise the estimate is.", RuntimeWarning,
-            stacklevel=4)
+            stacklevel=5)
     elif (not warn_target_missed("stderr", est.stop_reason, est.stderr, est.target_se,
-                                 wanted=est.masks_wanted, stacklevel=5)
+                                 wanted=est.masks_wanted, stacklevel=6)
           and est.stderr_dof is not None and est.stderr_dof < MIN_STDERR_DOF
           and est.stderr > 1e-9 * max(1.0, abs(est.mean))):  # not an exact sum
         warnings.warn(
@@ -449,5 +450,5 @@ def announce_estimate(est: LMLEstimate) -> LMLEstimate:
             "|mean - truth| > 2 stderr will happen far more often than 5% of the time. Use "
             "more masks (num_masks)" + (" or independent masks (share_masks=False)"
                                         if est.shared_masks else "") + ".",
-            RuntimeWarning, stacklevel=4)
+            RuntimeWarning, stacklevel=5)
     return est
