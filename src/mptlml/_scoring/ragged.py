@@ -181,10 +181,14 @@ class _Calls:
 
 @dataclass
 class RunOutput:
-    """Sums of log p(x_j | x_R) per mask of each sequence, and the forward passes made."""
+    """Sums of log p(x_j | x_R) per mask of each sequence, the forward passes made, and D_i.
+
+    ``lengths`` are the scoring units of each sequence (tokens, or words).
+    """
 
     sums: list[np.ndarray]
     num_model_calls: int
+    lengths: np.ndarray
 
 
 #: most bytes of bool masks one sequence may need (its rows x its tokens) before a run starts
@@ -288,4 +292,4 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
         for part, part_calls in gather((results, num_calls), ctx):
             results.update(part)
             num_calls += part_calls
-    return RunOutput([results[i] for i in range(len(ids))], num_calls)
+    return RunOutput([results[i] for i in range(len(ids))], num_calls, counts)

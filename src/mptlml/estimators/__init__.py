@@ -19,8 +19,11 @@ name               estimate of log p(x)                        bias          dat
 
 On ragged sequences (a masked LM) each sequence has its own D_i. Rooms:
 
-``base``        :class:`Estimator`: options, the size rule, draws, the estimate (dense and
-                ragged) and the estimate at a target standard error (any unbiased estimator)
+``base``        :class:`Estimator`: options, the size rule, draws, its strata, and the one
+                estimate procedure (plain, or at a target standard error for any unbiased
+                estimator), dense and ragged alike
+``runs``        what differs between the kinds of data: the data made ready, the pilot and
+                the summary of an estimate, dense or ragged
 ``api``         the registry (:func:`register`, :func:`get`, :func:`available`,
                 :func:`create`) and the front door :func:`estimate_lml`
 ``cumulative``, ``random_size``, ``adaptive_size``, ``fixed_rate``, ``exhaustive``,

@@ -18,7 +18,7 @@ against ``P_h = sum_k v_k / t^2`` for every stratum (``"uniform"``: today's
 sizes (small at low masking rates, large at high ones), which is where the
 saving comes from.
 
-Procedure (:meth:`mptlml.estimators.Estimator.estimate_to_target` for every
+Procedure (:meth:`mptlml.estimators.Estimator.estimate` with ``target_se`` for every
 unbiased estimator, dense and ragged, and :func:`mptlml.mpt_curve`; the
 strata are an estimator's: mask sizes for ``cumulative``, bins of the rate
 M / D_i on ragged sequences, one stratum of draws for ``random-size``):
@@ -40,21 +40,21 @@ M / D_i on ragged sequences, one stratum of draws for ``random-size``):
 The result says whether the target was reached (``stop_reason="target"``),
 the budget ran out first (``"budget"``), or the fresh draws came out above
 the target although the plan met it (``"missed"``: the pilot underestimated
-the spread); the last two warn (:func:`warn_target_missed`).
+the spread); the last two warn
+(:func:`mptlml.estimators.results.warn_target_missed`).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-import warnings
 
 import numpy as np
 import torch
 
 __all__ = ["ALLOCATIONS", "PILOT_DATA", "PLAN_FACTOR", "RATE_BINS", "check_target", "fresh_seed",
            "pilot_data", "pilot_masks", "pilot_subset", "plan_counts", "rate_bin", "stop_reason",
-           "stratum_variances", "warn_target_missed"]
+           "stratum_variances"]
 
 #: allocations of masks over strata
 ALLOCATIONS = ("neyman", "uniform")
@@ -154,28 +154,6 @@ def stop_reason(stderr: float, target_se: float, capped: bool) -> str:
     if capped and not stderr <= target_se:
         return "budget"
     return "target" if stderr <= target_se else "missed"
-
-
-def warn_target_missed(what: str, reason: str | None, stderr: float, target: float | None, *,
-                       wanted: float | None = None, stacklevel: int = 4) -> bool:
-    """Warn when a target standard error was not reached (estimates and curves alike).
-
-    ``reason`` "budget": ``max_masks`` ran out first; "missed": the pilot
-    underestimated the spread. Returns whether it warned.
-    """
-    if reason == "budget":
-        plan = ("" if wanted is None else
-                f"; the plan needed about {wanted:.0f} masked inputs per datum")
-        msg = (f"max_masks was spent before the target: {what} {stderr:.4g} > target_se "
-               f"{target:.4g}{plan}. Raise max_masks or the target.")
-    elif reason == "missed":
-        msg = (f"{what} {stderr:.4g} came out above target_se {target:.4g}: the pilot "
-               "underestimated the spread. Rerun with a larger pilot (num_masks) or another "
-               "seed.")
-    else:
-        return False
-    warnings.warn(msg, RuntimeWarning, stacklevel=stacklevel)
-    return True
 
 
 # ---------------------------------------------------------------------- the pilot

@@ -22,9 +22,9 @@ another, in one place:
   training objective, common random numbers in model selection, running
   means);
 - :meth:`Estimator.estimate`, the estimate with its Monte Carlo standard error
-  and degrees of freedom, for dense data and ragged sequences alike, and
-  :meth:`Estimator.estimate_to_target`, the same at a target standard error
-  for any unbiased estimator: a pilot measures the spread of each *stratum*
+  and degrees of freedom, for dense data and ragged sequences alike (what
+  differs between them is in :mod:`mptlml.estimators.runs`), and the same at
+  a target standard error for any unbiased estimator: a pilot measures the spread of each *stratum*
   of a draw (a term whose draws are independent of the others': a mask size
   of ``cumulative``, the whole draw of ``random-size``), the masks are
   allocated over the strata (:mod:`mptlml.estimators.allocation`) and fresh
@@ -48,9 +48,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import math
-import numbers
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -59,31 +56,17 @@ import numpy as np
 import torch
 
 from .._scoring.dense import Counter, score_masks
-from .._scoring.ragged import check_run_size, run_pairs, seq_seed, unit_counts
+from .._scoring.ragged import check_run_size, run_pairs, seq_seed
 from .._validation import check_positive_int, make_generator
 from ..masks import sample_masks
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
-from ..models.sequence_input import encode
-from .allocation import (
-    check_target,
-    fresh_seed,
-    pilot_data,
-    pilot_masks,
-    pilot_subset,
-    plan_counts,
-    stop_reason,
-    stratum_variances,
-    warn_target_missed,
-)
-from .results import LMLEstimate, announce_nonfinite, as_float64
-from .stats import mean_stderr, strata_stderr, sum_stderr, welch_dof
+from .allocation import check_target, plan_counts
+from .results import LMLEstimate
+from .runs import start_run
+from .stats import mean_stderr, sum_stderr, welch_dof
 
-__all__ = ["MIN_STDERR_DOF", "Draws", "Estimator", "RaggedScores", "accepted_options"]
-
-#: below this many effective degrees of freedom the reported standard error is flagged
-#: (Student's t with 5 dof exceeds 2 in 10% of runs, with 3 in 14%, with 1 in 30%)
-MIN_STDERR_DOF = 5
+__all__ = ["Draws", "Estimator", "RaggedScores", "accepted_options"]
 
 
 @dataclass
@@ -365,24 +348,23 @@ class Estimator:
         random-size: ``(D_i / M) sum_{j in mask} log p(x_j | x_R)``). Sizes and
         masks of sequence i come from a generator seeded by (seed, i).
         """
-        lengths = unit_counts(toks, units)
         draws = [int(c[0]) for c in counts]
 
-        def draw_sizes(i: int, g: torch.Generator) -> torch.Tensor:
-            return self.sizes(torch.full((draws[i],), int(lengths[i])), generator=g)
+        def draw_sizes(i: int, d: int, g: torch.Generator) -> torch.Tensor:
+            return self.sizes(torch.full((draws[i],), d), generator=g)
 
         def masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
-            return sample_masks(d, draw_sizes(i, g), generator=g)
+            return sample_masks(d, draw_sizes(i, d, g), generator=g)
 
-        total = sum(draws)
         out = run_pairs(model, toks, masks, seed=seed, tag=tag, units=units,
                         spec={"kind": "draws", "estimator": self.fingerprint(),
                               "num_masks": draws[0] if len(set(draws)) == 1 else draws,
-                              "total_pairs": total}, desc=f"{self.name} draws", **run)
+                              "total_pairs": sum(draws)}, desc=f"{self.name} draws", **run)
         cells = []
-        for i, s in enumerate(out.sums):  # the same sizes again, from the same generator
-            m = draw_sizes(i, torch.Generator().manual_seed(seq_seed(seed, i)))
-            w = self.weights(m, torch.full_like(m, int(lengths[i])))
+        for i, (s, d) in enumerate(zip(out.sums, out.lengths, strict=True)):
+            # the same sizes again, from the same generator
+            m = draw_sizes(i, int(d), torch.Generator().manual_seed(seq_seed(seed, i)))
+            w = self.weights(m, torch.full_like(m, int(d)))
             cells.append([(w * torch.as_tensor(s, dtype=torch.float64) / m).numpy()])
         return cells, out.num_model_calls
 
@@ -393,6 +375,24 @@ class Estimator:
                  max_masks: int | None = None, allocation: str | None = None) -> LMLEstimate:
         """Estimate log p(x_n) per datum with its Monte Carlo standard error.
 
+        One procedure for every estimator and both kinds of data (the kind
+        decides the run, :mod:`mptlml.estimators.runs`): ``num_masks`` draws
+        per stratum of a draw, or, with ``target_se`` (unbiased estimators):
+
+        1. a pilot (:func:`~mptlml.estimators.allocation.pilot_masks` draws per
+           stratum on at most :data:`~mptlml.estimators.allocation.PILOT_DATA`
+           data) measures each stratum's spread: per size of ``cumulative``
+           (per bin of M / D_i on ragged sequences), of the draws themselves
+           for one-stratum estimators such as ``random-size``;
+        2. the draws per stratum for the target follow
+           (:func:`~mptlml.estimators.allocation.plan_counts`: ``"neyman"`` in
+           proportion to each stratum's spread, ``"uniform"`` the same for
+           all), within ``max_masks`` masked inputs per datum, pilot included;
+        3. fresh draws give the estimate: unbiased given the plan, its
+           standard error pooled over the strata; ``stop_reason`` says whether
+           the target was reached, ``num_masked_rows`` and ``masks_wanted``
+           what it cost (:mod:`mptlml.estimators.allocation`).
+
         Parameters
         ----------
         model : MaskedModel or RaggedMaskedModel
@@ -402,9 +402,12 @@ class Estimator:
         run : mapping, optional
             Ragged sequences: the runner's options (``token_budget``,
             ``batch_size``, ``chunk_size``, ``checkpoint_dir``).
-        target_se, max_masks, allocation
-            Draw until this standard error instead of ``num_masks`` per
-            stratum: :meth:`estimate_to_target`.
+        target_se : float, optional
+            The Monte Carlo standard error of the mean LML to reach (nats).
+        max_masks : int, optional
+            With ``target_se``: the most masked inputs per datum, pilot included.
+        allocation : {"neyman", "uniform"}, optional
+            With ``target_se`` (default ``"neyman"``).
 
         Returns
         -------
@@ -414,191 +417,25 @@ class Estimator:
         -----
         RuntimeWarning
             When the estimate is not finite, its standard error unknown (one
-            draw per datum) or resting on fewer than :data:`MIN_STDERR_DOF`
-            degrees of freedom, or a target was missed.
+            draw per datum) or resting on fewer than
+            :data:`~mptlml.estimators.results.MIN_STDERR_DOF` degrees of freedom, or a
+            target was missed (:func:`~mptlml.estimators.results.announce_estimate`).
         """
-        if target_se is not None or allocation is not None:  # (check_target refuses the latter)
-            return self.estimate_to_target(model, x, target_se, max_masks=max_masks,
-                                           allocation=allocation, seed=seed, progress=progress,
-                                           run=run)
-        if max_masks is not None:
+        target_se, budget, allocation = check_target(target_se, max_masks, allocation)
+        if target_se is None and budget is not None:
             raise ValueError(f"max_masks={max_masks!r} is the budget of a target standard error "
                              "and applies with target_se= only.")
-        if isinstance(model, RaggedMaskedModel):
-            self.check_applies(ragged=True)
-            if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-                raise TypeError(f"for ragged sequences pass an int seed, got {seed!r}.")
-            out = self.score_sequences(model, x, int(seed), progress, dict(run or {}))
-            n = out.lml.size
-            return _announce(LMLEstimate(
-                estimator=self.name, per_sample=as_float64(out.lml),
-                per_sample_stderr=as_float64(out.stderr), mean=float(out.lml.mean()),
-                stderr=float(sum_stderr(out.stderr)) / n,
-                stderr_data=float(mean_stderr(out.lml)[1]),
-                sizes=None, size_scores=None, num_masks=self.num_masks,
-                num_model_calls=out.num_model_calls, num_masked_rows=out.num_masked_rows,
-                num_masked_rows_per_sample=None if out.rows_per_sequence is None
-                else torch.as_tensor(out.rows_per_sequence, dtype=torch.long),
-                stderr_dof=out.dof, seed=int(seed), model=model.name))
-        if run:
-            raise TypeError(f"unexpected arguments {sorted(run)} (only for ragged sequences).")
-        xt = self._dense_data(model, x)
-        n, d = xt.shape[0], model.num_tokens
-        self.check_num_tokens(d)
-        counter = Counter()
-        with torch.no_grad(), model.reuse_data():
-            out = self.evaluate(model, xt, make_generator(seed), counter, progress)
-            exact = _exact_mean(model, xt)
-        per_sample = out.samples.mean(0)
-        if out.exact:
-            per_se, stderr, dof = torch.zeros_like(per_sample), 0.0, math.inf
-        else:
-            cells = out.cells if out.cells is not None else out.samples[None]
-            per_se, stderr, dof = strata_stderr(cells, shared=self.share_masks)
-        mean = float(per_sample.mean())
-        rows_per_datum = counter.rows // n
-        return _announce(LMLEstimate(
-            estimator=self.name, per_sample=per_sample.cpu(), per_sample_stderr=per_se.cpu(),
-            mean=mean, stderr=stderr,
-            stderr_data=float(mean_stderr(per_sample)[1]),
-            sizes=out.sizes, size_scores=out.size_scores.cpu(), num_masks=out.samples.shape[0],
-            num_model_calls=counter.calls, num_masked_rows=counter.rows,
-            num_masked_rows_per_sample=torch.full((n,), rows_per_datum, dtype=torch.long),
-            stderr_dof=dof, rate=self.recorded_rate(d), exact=exact,
-            bias=None if exact is None else mean - exact,
-            shared_masks=self.share_masks or out.exact,
-            nested=bool(getattr(self, "nested", False)),
-            seed=int(seed) if isinstance(seed, numbers.Integral) else None))
-
-    def estimate_to_target(self, model: MaskedModel | RaggedMaskedModel, x: Any,
-                           target_se: float | None, *, max_masks: int | None = None,
-                           allocation: str | None = None,
-                           seed: int | torch.Generator | None = None, progress: bool = False,
-                           run: Mapping[str, Any] | None = None) -> LMLEstimate:
-        """The estimate at a target Monte Carlo standard error of the mean LML (if unbiased).
-
-        1. A pilot (:func:`~mptlml.estimators.allocation.pilot_masks` draws per
-           stratum, on at most :data:`~mptlml.estimators.allocation.PILOT_DATA`
-           data) measures each stratum's spread: per size of ``cumulative``
-           (per bin of M / D_i on ragged sequences), of the draws themselves
-           for one-stratum estimators such as ``random-size``.
-        2. The draws per stratum for the target follow
-           (:func:`~mptlml.estimators.allocation.plan_counts`: ``"neyman"`` in
-           proportion to each stratum's spread, ``"uniform"`` the same for
-           all), within ``max_masks`` masked inputs per datum, pilot included.
-        3. Fresh draws give the estimate: unbiased given the plan, its
-           standard error pooled over the strata.
-
-        ``stop_reason`` says whether the target was reached; the cost is in
-        ``num_masked_rows`` and ``masks_wanted``. See
-        :mod:`mptlml.estimators.allocation`.
-        """
-        target_se, max_masks, allocation = check_target(target_se, max_masks, allocation)
+        if target_se is not None:
+            self.check_targetable()
+        self.check_applies(ragged=isinstance(model, RaggedMaskedModel))
+        data = start_run(self, model, x, seed=seed, progress=progress, run=run)
         if target_se is None:
-            raise ValueError("estimate_to_target needs target_se= (a positive number, nats).")
-        self.check_targetable()
-        if isinstance(model, RaggedMaskedModel):
-            self.check_applies(ragged=True)
-            if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-                raise TypeError(f"for ragged sequences pass an int seed, got {seed!r}.")
-            return _announce(self._ragged_to_target(model, x, target_se, max_masks, allocation,
-                                                    int(seed), progress, dict(run or {})))
-        if run:
-            raise TypeError(f"unexpected arguments {sorted(run)} (only for ragged sequences).")
-        xt = self._dense_data(model, x)
-        n, d = xt.shape[0], model.num_tokens
-        self.check_num_tokens(d)
-        strata = self.strata(d)
-        h = 1 if strata is None else len(strata)
-        g = make_generator(seed)
-        counter = Counter()
-        with torch.no_grad(), model.reuse_data():
-            sub = pilot_data(xt, self.share_masks, g)
-            p0 = pilot_masks(self.num_masks, 1 if self.share_masks else sub.shape[0])
-            pilot = torch.stack(self.stratum_draws(model, sub, [p0] * h, g, counter, progress))
-            pilot_rows = counter.rows
-            left = None if max_masks is None else max_masks - pilot_rows / n
-            costs = np.full(h, self.masks_per_draw(d) / h)
-            plan, capped, wanted = plan_counts(stratum_variances(pilot, n, self.share_masks),
-                                               costs, target_se, allocation, left)
-            cells = self.stratum_draws(model, xt, plan.tolist(), g, counter, progress)
-            exact = _exact_mean(model, xt)
-        per_sample = torch.stack([c.mean(0) for c in cells]).sum(0).cpu()
-        per_se, stderr, dof = strata_stderr(cells, shared=self.share_masks)
-        mean = float(per_sample.mean())
-        return _announce(LMLEstimate(
-            estimator=self.name, per_sample=per_sample, per_sample_stderr=per_se.cpu(),
-            mean=mean, stderr=stderr,
-            stderr_data=float(mean_stderr(per_sample)[1]), sizes=strata,
-            size_scores=None if strata is None else torch.stack([c.mean() for c in cells]).cpu(),
-            num_masks=int(max(plan)), num_model_calls=counter.calls,
-            num_masked_rows=counter.rows,
-            num_masked_rows_per_sample=torch.full((n,), counter.rows // n, dtype=torch.long),
-            stderr_dof=dof, target_se=target_se,
-            stop_reason=stop_reason(stderr, target_se, capped),
-            allocation=allocation, masks_per_size=plan.tolist(),
-            masks_wanted=wanted + pilot_rows / n,
-            rate=self.recorded_rate(d), exact=exact,
-            bias=None if exact is None else mean - exact, shared_masks=self.share_masks,
-            seed=int(seed) if isinstance(seed, numbers.Integral) else None))
-
-    def _ragged_to_target(self, model: RaggedMaskedModel, sequences: Any, target_se: float,
-                          max_masks: int | None, allocation: str, seed: int, progress: bool,
-                          run: dict[str, Any]) -> LMLEstimate:
-        """:meth:`estimate_to_target` on ragged sequences: strata pooled over the sequences."""
-        toks = encode(model, sequences)
-        n = len(toks)
-        lengths = np.array([len(t) for t in toks], dtype=np.int64)
-        strata, h = self.ragged_strata(lengths)
-        cost = [self.masks_per_draw(int(d)) / max(len(s), 1) for d, s in zip(lengths, strata,
-                                                                              strict=True)]
-        sub = pilot_subset(n, seed)
-        p0 = pilot_masks(self.num_masks, sum(len(strata[i]) for i in sub) // h)
-        cells, calls = self.ragged_cells(model, [toks[i] for i in sub],
-                                         [np.full(len(strata[i]), p0) for i in sub], seed,
-                                         tag=self.ragged_tag + "_pilot", progress=progress, **run)
-        pilot_rows = p0 * np.array([self.masks_per_draw(int(lengths[i])) for i in sub],
-                                   dtype=np.int64)
-        tot, cnt = np.zeros(h), np.zeros(h)
-        for i, cell in zip(sub, cells, strict=True):
-            np.add.at(tot, strata[i], [c.var(ddof=1) for c in cell])
-            np.add.at(cnt, strata[i], 1)
-        var = np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
-        var = np.where(np.isnan(var), np.nanmax(var) if np.isfinite(var).any() else 0.0, var)
-        n_rows, row_cost = np.zeros(h), np.zeros(h)
-        for s, c in zip(strata, cost, strict=True):
-            np.add.at(n_rows, s, 1)
-            np.add.at(row_cost, s, c)
-        # variance of the mean LML with P_b draws per row: sum_b var_b n_b / (N^2 P_b);
-        # cost per datum: sum_b (masked inputs of the rows of b) P_b / N
-        left = None if max_masks is None else max_masks - int(pilot_rows.sum()) / n
-        plan, capped, wanted = plan_counts(var * n_rows / n ** 2, np.maximum(row_cost / n, 1e-12),
-                                           target_se, allocation, left)
-        per_seq = [plan[s] for s in strata]
-        cells, calls2 = self.ragged_cells(model, toks, per_seq, fresh_seed(seed),
-                                          tag=self.ragged_tag + "_target", progress=progress,
-                                          **run)
-        lml = np.array([sum(float(c.mean()) for c in cell) for cell in cells])
-        var_i = [np.array([c.var(ddof=1) / c.size for c in cell]) for cell in cells]
-        se_i = np.sqrt([float(vi.sum()) for vi in var_i])
-        terms = np.concatenate(var_i) / n ** 2 if n else np.zeros(0)
-        dofs = np.concatenate([np.array([c.size - 1 for c in cell], dtype=np.float64)
-                               for cell in cells]) if n else np.zeros(0)
-        stderr = float(np.sqrt(terms.sum())) if terms.size else 0.0
-        rows = np.array([int(round(float((p * c).sum()))) for p, c in zip(per_seq, cost,
-                                                                          strict=True)],
-                        dtype=np.int64)
-        rows[sub] += pilot_rows
-        return LMLEstimate(
-            estimator=self.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se_i),
-            mean=float(lml.mean()), stderr=stderr, stderr_data=float(mean_stderr(lml)[1]),
-            sizes=None, size_scores=None, num_masks=int(max(plan)),
-            num_model_calls=calls + calls2, num_masked_rows=int(rows.sum()),
-            num_masked_rows_per_sample=torch.as_tensor(rows),
-            stderr_dof=welch_dof(torch.from_numpy(terms), torch.from_numpy(dofs)),
-            target_se=target_se, stop_reason=stop_reason(stderr, target_se, capped),
-            allocation=allocation, masks_per_size=plan.tolist(),
-            masks_wanted=wanted + int(pilot_rows.sum()) / n, seed=seed, model=model.name)
+            return data.result()
+        variances, costs, spent = data.pilot()
+        plan, capped, wanted = plan_counts(variances, costs, target_se, allocation,
+                                           None if budget is None else budget - spent)
+        return data.result(plan, capped=capped, wanted=wanted + spent, target_se=target_se,
+                             allocation=allocation)
 
     def check_targetable(self) -> None:
         """Refuse a target standard error where it does not apply (a biased estimator)."""
@@ -628,23 +465,14 @@ class Estimator:
     def check_num_tokens(self, num_tokens: int) -> None:
         """Refuse options that do not fit data of ``num_tokens`` tokens (e.g. M > D)."""
 
-    def _dense_data(self, model: Any, x: Any) -> torch.Tensor:
-        self.check_applies(ragged=False)
-        if not isinstance(model, MaskedModel):
-            raise TypeError(
-                f"model must be an mptlml.models.MaskedModel (a model of (N, D) data) or a "
-                f"RaggedMaskedModel (a masked LM), got {type(model).__name__}.")
-        return model.validate_data(x)
-
-    def score_sequences(self, model: RaggedMaskedModel, sequences: Any, seed: int,
+    def score_sequences(self, model: RaggedMaskedModel, toks: list[torch.Tensor], seed: int,
                         progress: bool, run: dict[str, Any]) -> RaggedScores:
-        """Per-sequence estimates on ragged sequences: P draws of each row of a draw.
+        """Per-sequence estimates on ragged sequences (their content ids): P draws per row.
 
-        ``lml_i`` sums the rows' means, its standard error their errors
-        (successive differences over the rows when P = 1, see
+        ``lml_i`` sums the means of the rows of a draw, its standard error
+        their errors (successive differences over the rows when P = 1, see
         :func:`~mptlml.estimators.stats.sum_stderr`).
         """
-        toks = encode(model, sequences)
         lengths = np.array([len(t) for t in toks], dtype=np.int64)
         p = self.num_masks
         strata, _ = self.ragged_strata(lengths)
@@ -676,34 +504,3 @@ def accepted_options(cls: type[Estimator]) -> tuple[str, ...]:
     return tuple(p for p in params if p != "self"
                  and params[p].kind not in (inspect.Parameter.VAR_POSITIONAL,
                                             inspect.Parameter.VAR_KEYWORD))
-
-
-def _exact_mean(model: MaskedModel, x: torch.Tensor) -> float | None:
-    """The mean exact log p(x) when the model has one (for ``exact`` and ``bias``)."""
-    if model.has_log_marginal and not model.stochastic:
-        return float(model._log_marginal(x).double().mean())
-    return None
-
-
-def _announce(est: LMLEstimate) -> LMLEstimate:
-    """Never let a NaN leave silently: warn on a non-finite estimate and on an unknown SE."""
-    bad = announce_nonfinite(est.per_sample, f"the {est.estimator!r} estimate of log p(x)",
-                             stacklevel=5)
-    if not bad and math.isnan(est.stderr):
-        warnings.warn(
-            f"the standard error of the {est.estimator!r} estimate cannot be computed from "
-            f"{est.num_masks} Monte Carlo draw(s) per datum (it needs at least 2); stderr is "
-            "NaN. Pass num_masks >= 2 to know how precise the estimate is.", RuntimeWarning,
-            stacklevel=4)
-    elif (not warn_target_missed("stderr", est.stop_reason, est.stderr, est.target_se,
-                                 wanted=est.masks_wanted, stacklevel=5)
-          and est.stderr_dof is not None and est.stderr_dof < MIN_STDERR_DOF
-          and est.stderr > 1e-9 * max(1.0, abs(est.mean))):  # not an exact sum
-        warnings.warn(
-            f"the standard error of the {est.estimator!r} estimate rests on about "
-            f"{est.stderr_dof:.1f} effective degrees of freedom (fewer than {MIN_STDERR_DOF}): "
-            "|mean - truth| > 2 stderr will happen far more often than 5% of the time. Use "
-            "more masks (num_masks)" + (" or independent masks (share_masks=False)"
-                                        if est.shared_masks else "") + ".",
-            RuntimeWarning, stacklevel=4)
-    return est

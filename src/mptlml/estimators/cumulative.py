@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .._scoring.dense import Counter, score_grid, score_masks, score_nested
-from .._scoring.ragged import run_pairs, unit_counts
+from .._scoring.ragged import run_pairs
 from ..masks import sample_masks
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
@@ -166,7 +166,6 @@ class Cumulative(Estimator):
         ``(1/M) sum_{j in mask} log p(x_j | x_R)``, and the model calls. With
         ``units`` (the word of each token) the units are words: M words masked.
         """
-        lengths = unit_counts(toks, units)
         counts = [np.asarray(c, dtype=np.int64) for c in counts]
         uniform = len({int(v) for c in counts for v in np.unique(c)}) <= 1
 
@@ -183,7 +182,7 @@ class Cumulative(Estimator):
                        spec={"kind": "exact", "num_masks": spec_p, "total_pairs": total, **unit},
                        desc="exact sum over M", **run)
         cells = []
-        for s, d, c in zip(ex.sums, lengths, counts, strict=True):
+        for s, d, c in zip(ex.sums, ex.lengths, counts, strict=True):
             parts = np.split(np.asarray(s, dtype=np.float64), np.cumsum(c)[:-1])
             cells.append([part / m for m, part in enumerate(parts, start=1)][:int(d)])
         return cells, ex.num_model_calls

@@ -29,7 +29,6 @@ Marginal Likelihood", NeurIPS 2023, Proposition 1, Sec. 4, Fig. 4, Table 2, Fig.
 
 from __future__ import annotations
 
-import numbers
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -37,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._scoring.dense import Counter, score_nested
-from .._validation import check_size, make_generator
+from .._scoring.dense import score_nested
+from .._validation import check_size
 from ..models.base import MaskedModel
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
@@ -51,13 +50,13 @@ from .allocation import (
     plan_counts,
     stop_reason,
     stratum_variances,
-    warn_target_missed,
 )
 from .api import given, ragged_seed, refuse_for_ragged
 from .cumulative import Cumulative
 from .rates import rate_widths
-from .results import MPTCurve, announce_nonfinite, as_float64
+from .results import MPTCurve, announce_nonfinite, as_float64, warn_target_missed
 from .riemann import rate_grid_scores
+from .runs import DenseRun
 from .stats import mean_stderr, strata_stderr, sum_stderr
 
 __all__ = ["mpt_curve"]
@@ -169,16 +168,9 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
             return _ragged_curve(model, x, num_masks, ragged_seed(seed), **curve, **run)
         return _announce(_ragged_curve_to_target(model, x, target_se, max_masks, allocation_,
                                                  num_masks, ragged_seed(seed), curve, run))
-    if not isinstance(model, MaskedModel):
-        raise TypeError(
-            f"model must be an mptlml.models.MaskedModel (a model of (N, D) data) or a "
-            f"RaggedMaskedModel (a masked LM), got {type(model).__name__}.")
-    if ragged_only:
-        raise TypeError(f"unexpected arguments {sorted(ragged_only)} (only for ragged "
-                        "sequences).")
-    return _announce(_dense_curve(model, x, Cumulative(num_masks, share_masks=share_masks,
-                                                       nested=nested),
-                                  sizes, seed, progress, target_se, max_masks, allocation_))
+    data = DenseRun(Cumulative(num_masks, share_masks=share_masks, nested=nested), model, x,
+                    seed=seed, progress=progress, run=ragged_only)
+    return _announce(_dense_curve(data, sizes, target_se, max_masks, allocation_))
 
 
 def _announce(res: MPTCurve) -> MPTCurve:
@@ -189,8 +181,7 @@ def _announce(res: MPTCurve) -> MPTCurve:
 
 
 # ---------------------------------------------------------------------- dense data
-def _dense_curve(model: MaskedModel, x: Any, est: Cumulative, sizes: Sequence[int] | None,
-                 seed: int | torch.Generator | None, progress: bool, target_se: float | None,
+def _dense_curve(data: DenseRun, sizes: Sequence[int] | None, target_se: float | None,
                  max_masks: int | None, allocation: str) -> MPTCurve:
     """Per size, the mean over P masks of S_hat(x_n; M): the cumulative estimator's terms.
 
@@ -198,8 +189,8 @@ def _dense_curve(model: MaskedModel, x: Any, est: Cumulative, sizes: Sequence[in
     and ``lml_stderr_mean`` over the masks. With ``target_se`` the masks per
     size are allocated for that Monte Carlo standard error of the mean area.
     """
-    xt = model.validate_data(x)
-    n, d = xt.shape
+    est, model, xt, n, d = data.est, data.model, data.x, data.n, data.d
+    g, counter, progress = data.generator, data.counter, data.progress
     p = est.num_masks
     size_list = list(range(1, d + 1)) if sizes is None else [check_size(m, d) for m in sizes]
     repeated = sorted({m for m in size_list if size_list.count(m) > 1})
@@ -210,8 +201,6 @@ def _dense_curve(model: MaskedModel, x: Any, est: Cumulative, sizes: Sequence[in
         raise ValueError("sizes is empty; pass at least one mask size in 1..D.")
     all_sizes = sorted(set(size_list)) == list(range(1, d + 1)) and len(size_list) == d
     coef = 1.0 if all_sizes else d / len(size_list)
-    g = make_generator(seed)
-    counter = Counter()
     target: dict[str, Any] = {}
     per_se = None
     with torch.no_grad(), model.reuse_data():
@@ -243,7 +232,7 @@ def _dense_curve(model: MaskedModel, x: Any, est: Cumulative, sizes: Sequence[in
     mean, stderr = mean_stderr(per_sample)
     area_ps = per_sample.sum(1) if all_sizes else d * per_sample.mean(1)
     area, area_se = mean_stderr(area_ps)
-    announce_nonfinite(per_sample, "the MPT curve")
+    announce_nonfinite(per_sample, "the MPT curve", stacklevel=4)  # the caller of mpt_curve
     res = MPTCurve(
         sizes=size_list, rates=[m / d for m in size_list], mean=mean, stderr=stderr,
         per_sample=per_sample, area=float(area), area_stderr=float(area_se),
@@ -252,7 +241,7 @@ def _dense_curve(model: MaskedModel, x: Any, est: Cumulative, sizes: Sequence[in
         num_model_calls=counter.calls, num_masked_rows=counter.rows,
         num_masked_rows_per_sample=torch.full((n,), counter.rows // n, dtype=torch.long),
         lml_stderr_mean=mc_se, nested=est.nested, per_sample_stderr=per_se,
-        seed=int(seed) if isinstance(seed, numbers.Integral) else None, lml=area_ps)
+        seed=data.seed, lml=area_ps)
     if target:
         res.target_se, res.allocation = target_se, allocation
         res.stop_reason = stop_reason(mc_se, float(target_se), target["capped"])
@@ -286,7 +275,7 @@ def _ragged_curve(model: RaggedMaskedModel, sequences: Any, num_masks: Any, seed
         per_sample_stderr=as_float64(grid.scores_stderr), lml=as_float64(grid.lml),
         lml_stderr=as_float64(grid.lml_stderr), nominal_length=length, model=model.name,
         corruption=model.fingerprint().get("corruption"), ids=ids, extra=dict(unit))
-    announce_nonfinite(res.per_sample, "the MPT curve", "sequences")
+    announce_nonfinite(res.per_sample, "the MPT curve", "sequences", stacklevel=4)
     if exact:
         cells, calls = Cumulative(p).ragged_cells(
             model, toks, [np.full(int(d), p) for d in lengths], seed, tag="exact", units=words,
@@ -299,7 +288,7 @@ def _ragged_curve(model: RaggedMaskedModel, sequences: Any, num_masks: Any, seed
             tot.append(float(mean.sum()))
             tse.append(float(sum_stderr(se if p > 1 else None, mean)))
         res.lml_exact, res.lml_exact_stderr = as_float64(tot), as_float64(tse)
-        announce_nonfinite(tot, "the cumulative sum over M", "sequences")
+        announce_nonfinite(tot, "the cumulative sum over M", "sequences", stacklevel=4)
         res.num_model_calls += calls
         rows = rows + lengths * p
     res.num_masked_rows, res.num_masked_rows_per_sample = int(rows.sum()), torch.from_numpy(rows)

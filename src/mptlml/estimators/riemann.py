@@ -151,9 +151,10 @@ class Riemann(Estimator):
         super().__init__(num_masks)
         self.rates = rates
 
-    def score_sequences(self, model: RaggedMaskedModel, sequences: Any, seed: int,
+    def score_sequences(self, model: RaggedMaskedModel, toks: list[torch.Tensor], seed: int,
                         progress: bool, run: dict[str, Any]) -> RaggedScores:
-        grid, _, _ = rate_grid_scores(model, sequences, self.rates, self.num_masks, seed,
+        """``D_i * mean_k S_ik`` per sequence, its standard error and degrees of freedom."""
+        grid, _, _ = rate_grid_scores(model, toks, self.rates, self.num_masks, seed,
                                       progress=progress, **run)
         rows = np.full(grid.lengths.size, int(grid.counts.sum()), dtype=np.int64)
         return RaggedScores(grid.lml, grid.lml_stderr, grid.num_model_calls, int(rows.sum()),
