@@ -2,7 +2,7 @@
 
 - Dependencies point one way, down the floors of :data:`FLOORS`::
 
-      cli -> experiments/report -> training, estimation, objectives, selection, hf, data
+      cli -> experiments/report/lm_eval -> training, estimation, objectives, selection, hf, data
           -> models -> masks -> helpers (_io, _markdown, _linalg, _validation, _progress, settings)
 
   A module imports its own floor or the floors below (imports inside functions
@@ -44,7 +44,7 @@ FLOORS: dict[str, int] = {
     "estimation": 3, "estimators": 3, "objectives": 3, "training": 3, "selection": 3, "hf": 3,
     "data": 3,
     "testing": 3, "(root)": 3,
-    "experiments": 4, "report": 4,
+    "experiments": 4, "report": 4, "lm_eval": 4,
     "cli": 5, "__main__": 5,
 }
 

@@ -1,0 +1,341 @@
+"""mptlml as an lm-evaluation-harness backend, through lm-eval's own evaluator and command line.
+
+Local tasks only: task YAMLs over JSON-lines files written into tmp dirs (a multiple-choice task
+and a perplexity task). The references are written here with transformers directly: the
+exhaustive MPT sum of a short continuation (every mask of every size inside it, the context
+visible, one ``BertForMaskedLM`` forward per masked copy) and of a short text, and greedy
+unmasking by direct forwards.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lm_eval
+import numpy as np
+import pytest
+import torch
+from lm_eval.api.registry import get_model
+from lm_eval.tasks import TaskManager
+
+import mptlml
+import mptlml.lm_eval as mle
+from mptlml.lm_eval.backend import _windows
+from mptlml.lm_eval.greedy import greedy_reproduces
+from mptlml.lm_eval.records import summarize
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PPL_TEXTS = ["the cat sat", "a big dog ran", "blue tree", "red house", "the mat"]
+
+
+# ---------------------------------------------------------------------- task files
+def write_tasks(root: Path, *, mc_docs: list[dict] | None = None,
+                ppl_texts: list[str] | None = None, prefix: str = "toy") -> Path:
+    """Task YAMLs (``<prefix>_mc``, ``<prefix>_ppl``) over JSON-lines files in ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    if mc_docs is not None:
+        data = root / f"{prefix}_mc.jsonl"
+        data.write_text("".join(json.dumps(d) + "\n" for d in mc_docs))
+        (root / f"{prefix}_mc.yaml").write_text(
+            f"task: {prefix}_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+            f"    test: {data}\noutput_type: multiple_choice\ntest_split: test\n"
+            "doc_to_text: \"{{context}}\"\ndoc_to_target: \"{{label}}\"\n"
+            "doc_to_choice: \"{{choices}}\"\nmetric_list:\n"
+            "  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
+    if ppl_texts is not None:
+        data = root / f"{prefix}_ppl.jsonl"
+        data.write_text("".join(json.dumps({"text": t}) + "\n" for t in ppl_texts))
+        (root / f"{prefix}_ppl.yaml").write_text(
+            f"task: {prefix}_ppl\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+            f"    test: {data}\noutput_type: loglikelihood_rolling\ntest_split: test\n"
+            "doc_to_text: \"\"\ndoc_to_target: \"{{text}}\"\nmetric_list:\n"
+            "  - metric: word_perplexity\n    aggregation: weighted_perplexity\n"
+            "    higher_is_better: false\n"
+            "  - metric: bits_per_byte\n    aggregation: bits_per_byte\n"
+            "    higher_is_better: false\n")
+    return root
+
+
+def read_records(path: Path) -> tuple[list[dict], dict]:
+    lines = [json.loads(s) for s in Path(path).read_text().splitlines()]
+    assert "summary" in lines[-1]
+    return lines[:-1], lines[-1]["summary"]
+
+
+# ---------------------------------------------------------------------- references
+class Reference:
+    """A masked LM called through transformers directly (no mptlml code on the path)."""
+
+    def __init__(self, model_dir: Path | str) -> None:
+        from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+        self.model = AutoModelForMaskedLM.from_pretrained(model_dir).eval()
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+
+    def ids(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """lm-eval's split: the joined text's tokens after the context's."""
+        ctx = self.ids(context) if context.strip() else []
+        full = self.ids(context + continuation)
+        assert full[:len(ctx)] == ctx
+        return ctx, full[len(ctx):]
+
+    @torch.no_grad()
+    def log_probs(self, rows: list[list[int]], masked: list[list[int]]) -> list[torch.Tensor]:
+        """log p(x_j | rest) at the masked content positions of each row ([CLS] x [SEP])."""
+        cls, sep, mask = self.tok.cls_token_id, self.tok.sep_token_id, self.tok.mask_token_id
+        x = torch.tensor([[cls, *r, sep] for r in rows])
+        for i, js in enumerate(masked):
+            x[i, [j + 1 for j in js]] = mask
+        lp = torch.log_softmax(self.model(input_ids=x).logits.double(), dim=-1)
+        return [torch.stack([lp[i, j + 1, rows[i][j]] for j in js]) for i, js in enumerate(masked)]
+
+    def mpt_sum(self, context: list[int], target: list[int]) -> float:
+        """sum_{M=1..T} mean_{S in T, |S|=M} (1/M) sum_{j in S} log p(x_j | rest): every mask."""
+        c, t = len(context), len(target)
+        total = 0.0
+        for m in range(1, t + 1):
+            subsets = [[c + j for j in s] for s in itertools.combinations(range(t), m)]
+            lps = self.log_probs([context + target] * len(subsets), subsets)
+            total += float(np.mean([float(v.sum()) / m for v in lps]))
+        return total
+
+    @torch.no_grad()
+    def greedy(self, context: list[int], target: list[int]) -> bool:
+        """Unmask the most confident position with its argmax, one per step; do we get target?"""
+        cls, sep, mask = self.tok.cls_token_id, self.tok.sep_token_id, self.tok.mask_token_id
+        x = [cls, *context, *[mask] * len(target), sep]
+        for _ in target:
+            holes = [i for i, v in enumerate(x) if v == mask]
+            p = torch.softmax(self.model(input_ids=torch.tensor([x])).logits[0].double(), -1)
+            conf, arg = p[holes].max(-1)
+            k = int(torch.argmax(conf))
+            x[holes[k]] = int(arg[k])
+        return x[1 + len(context):-1] == target
+
+
+@pytest.fixture(scope="module")
+def ref(tiny_dir):
+    return Reference(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def ppl_tasks(tmp_path_factory):
+    return write_tasks(tmp_path_factory.mktemp("ppl_tasks"), ppl_texts=PPL_TEXTS)
+
+
+def _evaluate(tasks_dir: Path, names: list[str], model: str | mle.MPTLM = "mptlml",
+              model_args: str | None = None, **kw):
+    tm = TaskManager(include_path=str(tasks_dir))
+    return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=names,
+                                   task_manager=tm, log_samples=True, **kw)
+
+
+# ---------------------------------------------------------------------- registration
+def test_the_model_is_registered_and_generation_refused(tiny_dir):
+    assert get_model("mptlml") is mle.MPTLM
+    lm = mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},seed=3", {"device": "cpu"})
+    assert lm.seed == 3 and lm.device == torch.device("cpu") and lm.world_size == 1
+    with pytest.raises(NotImplementedError, match="does not generate.*loglikelihood"):
+        lm.generate_until([])
+
+
+def test_model_args_are_checked_before_any_work(tiny_dir):
+    with pytest.raises(TypeError, match=r"unknown \['num_mask'\].*scoring takes"):
+        mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},num_mask=4")
+    with pytest.raises(ValueError, match="num_masks or target_se, not both"):
+        mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},num_masks=4,target_se=0.1")
+    with pytest.raises(ValueError, match="need pretrained="):
+        mle.MPTLM.create_from_arg_string("num_masks=4")
+    with pytest.raises(ValueError, match="disagree"):
+        mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},device=cpu",
+                                         {"device": "meta"})
+    with pytest.raises(TypeError, match="greedy must be true or false"):
+        mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},greedy=yes")
+    with pytest.warns(UserWarning, match="does not apply to mptlml.*token_budget"):
+        lm = mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},batch_size=16",
+                                              {"batch_size": 8})
+    assert lm.batch_size == 16  # masked inputs per forward pass: mptlml's own
+    mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir}", {"batch_size": 1})  # lm-eval's
+
+
+# ---------------------------------------------------------------------- perplexity
+def test_rolling_equals_the_exhaustive_full_sum(tiny_dir, ref, ppl_tasks, tmp_path):
+    target = 0.02
+    log = tmp_path / "mc.jsonl"
+    res = _evaluate(ppl_tasks, ["toy_ppl"],
+                    model_args=f"pretrained={tiny_dir},target_se={target},mc_log={log}")
+    records, summary = read_records(log)
+    assert [r["doc_id"] for r in records] == list(range(len(PPL_TEXTS)))
+    exact = np.array([ref.mpt_sum([], ref.ids(t)) for t in PPL_TEXTS])
+    got = np.array([r["loglikelihood"] for r in records])
+    se = np.array([r["stderr"] for r in records])
+    assert (se > 0).all() and np.sqrt((se ** 2).mean()) < 1.5 * target  # the RMS is the target
+    assert (np.abs(got - exact) < 4 * se).all(), (got, exact, se)
+    # lm-eval's metrics are those of the logged log-likelihoods ...
+    words = sum(len(t.split()) for t in PPL_TEXTS)
+    nbytes = sum(len(t.encode()) for t in PPL_TEXTS)
+    r = res["results"]["toy_ppl"]
+    assert r["word_perplexity,none"] == pytest.approx(math.exp(-got.sum() / words), rel=1e-9)
+    assert r["bits_per_byte,none"] == pytest.approx(-got.sum() / nbytes / math.log(2),
+                                                    rel=1e-9)
+    # ... which give the reference's within their Monte Carlo error, stated in the summary
+    s = summary["toy_ppl"]
+    assert s["loglikelihood_mc_stderr"] == pytest.approx(math.sqrt((se ** 2).sum()))
+    assert abs(got.sum() - exact.sum()) < 4 * s["loglikelihood_mc_stderr"]
+    assert s["word_perplexity_mc_rel_stderr"] == pytest.approx(
+        s["loglikelihood_mc_stderr"] / words)
+    assert res["config"]["mptlml"]["monte_carlo"] == summary
+    # every request's standard error and cost are in the output
+    samples = res["samples"]["toy_ppl"]
+    assert {s["doc_id"] for s in samples} == {r["doc_id"] for r in records}
+    assert all(r["masked_inputs"] > 0 and math.isfinite(r["stderr"]) for r in records)
+
+
+def test_long_texts_are_scored_in_windows():
+    assert _windows(0, 8) == [] and _windows(5, 8) == [(0, 0, 5)]
+    w = _windows(21, 8)
+    assert w[0] == (0, 0, 8)
+    assert all(e - c <= 8 for c, _, e in w)  # each window fits with its context
+    assert [s for _, s, _ in w][1:] == [e for _, _, e in w][:-1] and w[-1][2] == 21
+    assert all(s - c == 8 - (e - s) for c, s, e in w[1:])  # as much context as fits
+
+
+# ---------------------------------------------------------------------- greedy
+def test_greedy_unmasking_equals_direct_forwards(tiny, ref):
+    pairs = [("the cat", " sat on a mat"), ("a big", " dog"), ("the", " small red house"),
+             ("", "blue tree")]
+    ids, nctx = [], []
+    for c, x in pairs:
+        cc, t = ref.pair(c, x)
+        ids.append(torch.tensor(cc + t))
+        nctx.append(len(cc))
+    # the model's own greedy continuations are greedy: decode them first
+    decoded = []
+    for t, c in zip(ids, nctx, strict=True):
+        x = [ref.tok.cls_token_id, *t[:c].tolist(), *[ref.tok.mask_token_id] * (len(t) - c),
+             ref.tok.sep_token_id]
+        for _ in range(len(t) - c):
+            with torch.no_grad():
+                p = torch.softmax(ref.model(input_ids=torch.tensor([x])).logits[0], -1)
+            holes = [i for i, v in enumerate(x) if v == ref.tok.mask_token_id]
+            conf, arg = p[holes].max(-1)
+            x[holes[int(torch.argmax(conf))]] = int(arg[int(torch.argmax(conf))])
+        decoded.append(torch.tensor(x[1:-1]))
+    got = greedy_reproduces(tiny, ids + decoded, nctx + nctx, token_budget=64)
+    want = [ref.greedy(t[:c].tolist(), t[c:].tolist()) for t, c in zip(ids, nctx, strict=True)]
+    assert got[:len(ids)] == want
+    assert got[len(ids):] == [True] * len(ids)
+
+
+def test_top_predictions_equal_direct_forwards(tiny, ref):
+    x = [torch.tensor([2, 5, 4, 7, 3]), torch.tensor([2, 4, 9, 4, 11, 12, 3])]
+    pos = [torch.tensor([2]), torch.tensor([1, 3])]
+    got = tiny.top_predictions(x, pos, token_budget=8)  # one input per forward pass
+    for t, p, (lp, tok) in zip(x, pos, got, strict=True):
+        with torch.no_grad():
+            logp = torch.log_softmax(ref.model(input_ids=t[None]).logits[0], -1)[p]
+        torch.testing.assert_close(lp, logp.max(-1).values.double(), atol=1e-5, rtol=0)
+        assert tok.tolist() == logp.argmax(-1).tolist()
+
+
+# ---------------------------------------------------------------------- the summary
+def test_summary_states_the_monte_carlo_share():
+    q = [{"id": 1, "decided": True, "gap": 3.0, "gap_stderr": 0.5},
+         {"id": 2, "decided": False, "gap": 0.5, "gap_stderr": 0.5}]
+    recs = [{"request": "loglikelihood", "task": "mc", "doc_id": d, "idx": i,
+             "loglikelihood": -1.0, "stderr": 0.1 * (i + 1), "masked_inputs": 10,
+             "question": q[d]} for d in (0, 1) for i in (0, 1)]
+    recs += [{"request": "loglikelihood_rolling", "task": "ppl", "doc_id": d, "idx": 0,
+              "loglikelihood": -5.0, "stderr": 0.3, "masked_inputs": 7, "words": 4,
+              "bytes": 10} for d in range(4)]
+    s = summarize(recs)
+    assert s["mc"]["questions"] == 2 and s["mc"]["undecided"] == 1
+    assert s["mc"]["undecided_share"] == 0.5 and s["mc"]["masked_inputs"] == 40
+    from scipy.stats import norm
+
+    p = norm.cdf([-6.0, -1.0])
+    assert s["mc"]["accuracy_mc_stderr"] == pytest.approx(np.sqrt((p * (1 - p)).sum()) / 2)
+    assert s["ppl"]["loglikelihood"] == -20.0
+    assert s["ppl"]["loglikelihood_mc_stderr"] == pytest.approx(0.6)
+    assert s["ppl"]["word_perplexity_mc_rel_stderr"] == pytest.approx(0.6 / 16)
+    assert s["ppl"]["bits_per_byte_mc_stderr"] == pytest.approx(0.6 / 40 / math.log(2))
+
+
+# ---------------------------------------------------------------------- command line
+def _results(out: Path) -> tuple[dict, dict[str, list[dict]], Path]:
+    res = json.loads(Path(glob.glob(str(out / "**" / "results_*.json"), recursive=True)[0])
+                     .read_text())
+    samples = {}
+    for f in glob.glob(str(out / "**" / "samples_*.jsonl"), recursive=True):
+        task = Path(f).name.removeprefix("samples_").rsplit("_", 1)[0]
+        samples[task] = [json.loads(s) for s in Path(f).read_text().splitlines()]
+    logs = glob.glob(str(out / "mptlml_monte_carlo_*.jsonl"))
+    assert len(logs) == 1, logs
+    return res, samples, Path(logs[0])
+
+
+def test_command_line_runs_lm_eval_with_the_model_registered(tiny_dir, ppl_tasks, tmp_path,
+                                                             capsys):
+    out = tmp_path / "out"
+    assert mle.main(["--model", "mptlml", "--model_args", f"pretrained={tiny_dir},num_masks=3",
+                     "--tasks", "toy_ppl", "--include_path", str(ppl_tasks), "--device", "cpu",
+                     "--output_path", str(out), "--log_samples"]) == 0
+    assert "word_perplexity" in capsys.readouterr().out  # lm-eval's table
+    res, samples, log = _results(out)
+    records, summary = read_records(log)
+    assert res["config"]["mptlml"]["mc_log"] == str(log)
+    assert res["config"]["mptlml"]["monte_carlo"] == summary
+    keyed = {(r["doc_id"], r["idx"]): r for r in records}
+    for s in samples["toy_ppl"]:  # the logged response is the record's, with its SE beside it
+        r = keyed[(s["doc_id"], 0)]
+        assert float(s["resps"][0][0]) == pytest.approx(r["loglikelihood"], abs=0, rel=1e-12)
+        assert math.isfinite(r["stderr"]) and r["stderr"] > 0
+
+
+# ---------------------------------------------------------------------- data parallel
+def _launch(args: list[str], *, processes: int) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(mptlml.__file__).resolve().parents[1]),
+           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if processes == 1:
+        cmd = [sys.executable, "-m", "mptlml.lm_eval", *args]
+    else:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+               "--num_processes", str(processes), "--num_machines", "1", "--mixed_precision",
+               "no", "--dynamo_backend", "no", "-m", "mptlml.lm_eval", *args]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_numbers_of_one(tiny_dir, ppl_tasks, tmp_path):
+    common = ["--model", "mptlml", "--model_args",
+              f"pretrained={tiny_dir},num_masks=3,seed=5,chunk_size=2",
+              "--tasks", "toy_ppl", "--include_path", str(ppl_tasks), "--device", "cpu",
+              "--log_samples"]
+    _launch([*common, "--output_path", str(tmp_path / "one")], processes=1)
+    _launch([*common, "--output_path", str(tmp_path / "two")], processes=2)
+    one, s1, log1 = _results(tmp_path / "one")
+    two, s2, log2 = _results(tmp_path / "two")
+    assert one["config"]["mptlml"]["world_size"] == 1
+    assert two["config"]["mptlml"]["world_size"] == 2
+    r1, sum1 = read_records(log1)
+    r2, sum2 = read_records(log2)
+    assert r1 == r2 and sum1 == sum2  # bit for bit on the CPU
+    assert one["results"] == two["results"]
+    # the responses lm-eval's metrics read (lm-eval pads a process's share with repeats of its
+    # last request, whose resps then hold the same number twice)
+    key = lambda s: s["doc_id"]  # noqa: E731
+    assert [s["filtered_resps"] for s in sorted(s1["toy_ppl"], key=key)] == [
+        s["filtered_resps"] for s in sorted(s2["toy_ppl"], key=key)]
+
