@@ -30,10 +30,21 @@ import mptlml.lm_eval as mle
 from mptlml.lm_eval.backend import _windows
 from mptlml.lm_eval.greedy import greedy_reproduces
 from mptlml.lm_eval.records import summarize
+from mptlml.models import MaskedLM
+
+from .mlm_helpers import make_tiny_bert
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PPL_TEXTS = ["the cat sat", "a big dog ran", "blue tree", "red house", "the mat"]
+MC_DOCS = [{"context": c, "choices": ch, "label": i % 3} for i, (c, ch) in enumerate([
+    ("the cat sat on", ["was small", "is big", "under the tree"]),
+    ("a big dog ran", ["is big", "over a dog", "a mat"]),
+    ("the small red", ["was small", "is big", "over a dog"]),
+    ("blue tree and", ["and the cat", "under the tree", "far away"]),
+    ("a cat is", ["under the tree", "blue tree", "a mat"]),
+    ("a small dog sat", ["far away", "blue tree", "a mat"]),
+])]
 
 
 # ---------------------------------------------------------------------- task files
@@ -134,11 +145,23 @@ def ppl_tasks(tmp_path_factory):
     return write_tasks(tmp_path_factory.mktemp("ppl_tasks"), ppl_texts=PPL_TEXTS)
 
 
-def _evaluate(tasks_dir: Path, names: list[str], model: str | mle.MPTLM = "mptlml",
-              model_args: str | None = None, **kw):
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    return write_tasks(tmp_path_factory.mktemp("tasks"), mc_docs=MC_DOCS, ppl_texts=PPL_TEXTS)
+
+
+@pytest.fixture(scope="module")
+def mc_exact(ref):
+    """The exhaustive conditional sum of every candidate (lm-eval joins with a space)."""
+    return [np.array([ref.mpt_sum(*ref.pair(d["context"], " " + c)) for c in d["choices"]])
+            for d in MC_DOCS]
+
+
+def _evaluate(tasks_dir: Path, names: list[str], model: mle.MPTLM, **kw):
+    """lm-eval's evaluator on local tasks, the model built once by the test (the Python route)."""
     tm = TaskManager(include_path=str(tasks_dir))
-    return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=names,
-                                   task_manager=tm, log_samples=True, **kw)
+    return lm_eval.simple_evaluate(model=model, tasks=names, task_manager=tm, log_samples=True,
+                                   **kw)
 
 
 # ---------------------------------------------------------------------- registration
@@ -153,8 +176,12 @@ def test_the_model_is_registered_and_generation_refused(tiny_dir):
 def test_model_args_are_checked_before_any_work(tiny_dir):
     with pytest.raises(TypeError, match=r"unknown \['num_mask'\].*scoring takes"):
         mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},num_mask=4")
-    with pytest.raises(ValueError, match="num_masks or target_se, not both"):
-        mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},num_masks=4,target_se=0.1")
+    with pytest.raises(ValueError, match="num_masks must be even"):
+        mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},num_masks=5")
+    with pytest.raises(ValueError, match="target_se must be a positive number"):
+        mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},target_se=-1")
+    with pytest.raises(ValueError, match="max_masks must be"):
+        mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},max_masks=0")
     with pytest.raises(ValueError, match="need pretrained="):
         mle.MPTLM.create_from_arg_string("num_masks=4")
     with pytest.raises(ValueError, match="disagree"):
@@ -169,18 +196,85 @@ def test_model_args_are_checked_before_any_work(tiny_dir):
     mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir}", {"batch_size": 1})  # lm-eval's
 
 
-# ---------------------------------------------------------------------- perplexity
-def test_rolling_equals_the_exhaustive_full_sum(tiny_dir, ref, ppl_tasks, tmp_path):
-    target = 0.02
+# ---------------------------------------------------------------------- multiple choice
+def test_multiple_choice_equals_the_exhaustive_conditional_sums(tiny, tasks, mc_exact, tmp_path):
+    gaps = [np.diff(np.sort(e))[-1] for e in mc_exact]
+    assert min(gaps) > 1.0  # clear questions: at the target below no decision can flip
+    target = 0.1
     log = tmp_path / "mc.jsonl"
-    res = _evaluate(ppl_tasks, ["toy_ppl"],
-                    model_args=f"pretrained={tiny_dir},target_se={target},mc_log={log}")
+    res = _evaluate(tasks, ["toy_mc"], mle.MPTLM(tiny, target_se=target, num_masks=256,
+                                                 max_masks=16384, mc_log=log))
+    records, summary = read_records(log)
+    by_doc = {}
+    for r in records:
+        by_doc.setdefault(r["doc_id"], []).append(r)
+    assert sorted(by_doc) == list(range(len(MC_DOCS)))
+    for d, rs in by_doc.items():
+        rs.sort(key=lambda r: r["idx"])
+        got = np.array([r["loglikelihood"] for r in rs])
+        se = np.array([r["stderr"] for r in rs])
+        assert (se <= target).all() and (se > 0).all()
+        assert (np.abs(got - mc_exact[d]) < 4 * se).all(), (d, got, mc_exact[d], se)
+        q = rs[0]["question"]
+        assert all(r["question"] == q for r in rs) and q["candidates"] == 3
+        assert q["choice"] == int(np.argmax(mc_exact[d])) and q["decided"]
+        assert q["masked_inputs"] == sum(r["masked_inputs"] for r in rs)
+        lead = q["choice"]
+        assert rs[lead]["paired_stderr"] == 0
+        assert all(r["paired_stderr"] > 0 for i, r in enumerate(rs) if i != lead)
+    # the accuracy is the one the exhaustive sums give, with what MC noise owes stated
+    want = np.mean([int(np.argmax(e)) == d["label"] for e, d in zip(mc_exact, MC_DOCS,
+                                                                   strict=True)])
+    assert res["results"]["toy_mc"]["acc,none"] == pytest.approx(want)
+    s = summary["toy_mc"]
+    assert s["questions"] == len(MC_DOCS) and s["undecided"] == 0
+    assert s["accuracy_mc_stderr"] < 1e-3
+    # lm-eval's logged responses are the records' log-likelihoods
+    for sample in res["samples"]["toy_mc"]:
+        rs = by_doc[sample["doc_id"]]
+        assert [float(x[0][0]) for x in sample["resps"]] == pytest.approx(
+            [r["loglikelihood"] for r in rs], rel=1e-12)
+
+
+def test_a_clear_question_stops_after_one_round(tiny, tasks, tmp_path):
+    log = tmp_path / "mc.jsonl"
+    with pytest.warns(UserWarning, match="greedy=false: every is_greedy is False"):
+        _evaluate(tasks, ["toy_mc"], mle.MPTLM(tiny, decide=True, num_masks=8, max_masks=256,
+                                               greedy=False, mc_log=log))
+    records, summary = read_records(log)
+    questions = {r["question"]["id"]: (r["question"], r) for r in records}
+    assert len(questions) == len(MC_DOCS)
+    for q, r in questions.values():
+        assert q["decided"] == (r["stop_reason"] == "decided")
+        assert q["masked_inputs"] == q["candidates"] * (r["rounds"] * 8 + 1)
+    assert any(r["rounds"] == 1 for _, r in questions.values())
+    questions = {k: q for k, (q, _) in questions.items()}
+    assert all(r["is_greedy"] is None for r in records)  # not computed: greedy=false
+    assert summary["toy_mc"]["undecided"] == sum(not q["decided"] for q in questions.values())
+
+
+def test_a_request_does_not_depend_on_the_others(tiny, tasks, tmp_path):
+    """Masks come from the seed and the question's own texts: --limit changes no number."""
+    logs = [tmp_path / "all.jsonl", tmp_path / "two.jsonl"]
+    for log, limit in zip(logs, (None, 2), strict=True):
+        _evaluate(tasks, ["toy_mc"], mle.MPTLM(tiny, num_masks=4, mc_log=log), limit=limit)
+    every, _ = read_records(logs[0])
+    first, _ = read_records(logs[1])
+    assert len(first) == 6 and first == every[:6]
+
+
+# ---------------------------------------------------------------------- perplexity
+def test_rolling_equals_the_exhaustive_full_sum(tiny, ref, ppl_tasks, tmp_path):
+    target = 0.05
+    log = tmp_path / "mc.jsonl"
+    res = _evaluate(ppl_tasks, ["toy_ppl"], mle.MPTLM(tiny, target_se=target, num_masks=256,
+                                                      max_masks=16384, mc_log=log))
     records, summary = read_records(log)
     assert [r["doc_id"] for r in records] == list(range(len(PPL_TEXTS)))
     exact = np.array([ref.mpt_sum([], ref.ids(t)) for t in PPL_TEXTS])
     got = np.array([r["loglikelihood"] for r in records])
     se = np.array([r["stderr"] for r in records])
-    assert (se > 0).all() and np.sqrt((se ** 2).mean()) < 1.5 * target  # the RMS is the target
+    assert (se > 0).all() and (se <= target).all()
     assert (np.abs(got - exact) < 4 * se).all(), (got, exact, se)
     # lm-eval's metrics are those of the logged log-likelihoods ...
     words = sum(len(t.split()) for t in PPL_TEXTS)
@@ -209,6 +303,40 @@ def test_long_texts_are_scored_in_windows():
     assert all(e - c <= 8 for c, _, e in w)  # each window fits with its context
     assert [s for _, s, _ in w][1:] == [e for _, _, e in w][:-1] and w[-1][2] == 21
     assert all(s - c == 8 - (e - s) for c, s, e in w[1:])  # as much context as fits
+
+
+@pytest.mark.slow
+def test_long_inputs_keep_the_last_context_and_window_long_texts(tmp_path):
+    """A model of 8 content tokens: contexts cut on the left, texts scored in windows."""
+    short = make_tiny_bert(tmp_path / "short", max_position_embeddings=10)
+    lm = MaskedLM.from_pretrained(short)
+    assert lm.max_content_length == 8
+    ref = Reference(short)
+    context = "the dog was under the big tree and the cat sat on"  # 12 tokens
+    text = "the dog was under the big tree and the cat sat on the mat"  # 14 tokens
+    tasks = write_tasks(tmp_path / "tasks", prefix="long",
+                        mc_docs=[{"context": context, "choices": ["a mat", "the red house"],
+                                  "label": 0}], ppl_texts=[text])
+    log = tmp_path / "mc.jsonl"
+    target = 0.1
+    res = _evaluate(tasks, ["long_mc", "long_ppl"],
+                    mle.MPTLM(lm, target_se=target, num_masks=256, max_masks=16384, mc_log=log))
+    records, _ = read_records(log)
+    mc = sorted((r for r in records if r["task"] == "long_mc"), key=lambda r: r["idx"])
+    ctx = ref.ids(context)
+    for r, cand in zip(mc, ["a mat", "the red house"], strict=True):
+        c, t = ref.pair(context, " " + cand)
+        kept = c[len(c) - (8 - 3):]  # room beside the longest candidate (3 tokens)
+        assert r["context_tokens"] == 5 and r["context_tokens_dropped"] == len(ctx) - 5
+        assert abs(r["loglikelihood"] - ref.mpt_sum(kept, t)) < 4 * r["stderr"]
+    (roll,) = [r for r in records if r["task"] == "long_ppl"]
+    ids = ref.ids(text)
+    assert len(ids) == 14 and roll["windows"] == 3
+    want = sum(ref.mpt_sum(ids[c:s], ids[s:e]) for c, s, e in _windows(len(ids), 8))
+    assert roll["stderr"] < 2 * target
+    assert abs(roll["loglikelihood"] - want) < 4 * roll["stderr"]
+    assert res["results"]["long_ppl"]["word_perplexity,none"] == pytest.approx(
+        math.exp(-roll["loglikelihood"] / 14))
 
 
 # ---------------------------------------------------------------------- greedy
@@ -251,11 +379,13 @@ def test_top_predictions_equal_direct_forwards(tiny, ref):
 
 # ---------------------------------------------------------------------- the summary
 def test_summary_states_the_monte_carlo_share():
-    q = [{"id": 1, "decided": True, "gap": 3.0, "gap_stderr": 0.5},
-         {"id": 2, "decided": False, "gap": 0.5, "gap_stderr": 0.5}]
+    q = [{"id": 1, "decided": True, "margin_z": 6.0, "z_threshold": 1.96},
+         {"id": 2, "decided": False, "margin_z": 1.0, "z_threshold": 1.96}]
     recs = [{"request": "loglikelihood", "task": "mc", "doc_id": d, "idx": i,
              "loglikelihood": -1.0, "stderr": 0.1 * (i + 1), "masked_inputs": 10,
              "question": q[d]} for d in (0, 1) for i in (0, 1)]
+    recs += [{"request": "loglikelihood", "task": "lambada", "doc_id": d, "idx": 0,
+              "loglikelihood": -2.0, "stderr": 0.2, "masked_inputs": 5} for d in range(4)]
     recs += [{"request": "loglikelihood_rolling", "task": "ppl", "doc_id": d, "idx": 0,
               "loglikelihood": -5.0, "stderr": 0.3, "masked_inputs": 7, "words": 4,
               "bytes": 10} for d in range(4)]
@@ -266,6 +396,9 @@ def test_summary_states_the_monte_carlo_share():
 
     p = norm.cdf([-6.0, -1.0])
     assert s["mc"]["accuracy_mc_stderr"] == pytest.approx(np.sqrt((p * (1 - p)).sum()) / 2)
+    assert s["mc"]["stderr_mean"] == pytest.approx(0.15) and s["mc"]["stderr_max"] == 0.2
+    # exp(-mean ll): relative MC error sqrt(sum se^2) / N
+    assert s["lambada"]["perplexity_mc_rel_stderr"] == pytest.approx(0.4 / 4)
     assert s["ppl"]["loglikelihood"] == -20.0
     assert s["ppl"]["loglikelihood_mc_stderr"] == pytest.approx(0.6)
     assert s["ppl"]["word_perplexity_mc_rel_stderr"] == pytest.approx(0.6 / 16)
@@ -288,7 +421,7 @@ def _results(out: Path) -> tuple[dict, dict[str, list[dict]], Path]:
 def test_command_line_runs_lm_eval_with_the_model_registered(tiny_dir, ppl_tasks, tmp_path,
                                                              capsys):
     out = tmp_path / "out"
-    assert mle.main(["--model", "mptlml", "--model_args", f"pretrained={tiny_dir},num_masks=3",
+    assert mle.main(["--model", "mptlml", "--model_args", f"pretrained={tiny_dir},num_masks=4",
                      "--tasks", "toy_ppl", "--include_path", str(ppl_tasks), "--device", "cpu",
                      "--output_path", str(out), "--log_samples"]) == 0
     assert "word_perplexity" in capsys.readouterr().out  # lm-eval's table
@@ -300,7 +433,7 @@ def test_command_line_runs_lm_eval_with_the_model_registered(tiny_dir, ppl_tasks
     for s in samples["toy_ppl"]:  # the logged response is the record's, with its SE beside it
         r = keyed[(s["doc_id"], 0)]
         assert float(s["resps"][0][0]) == pytest.approx(r["loglikelihood"], abs=0, rel=1e-12)
-        assert math.isfinite(r["stderr"]) and r["stderr"] > 0
+        assert math.isfinite(r["stderr"]) and r["stderr"] >= 0 and r["masked_inputs"] > 0
 
 
 # ---------------------------------------------------------------------- data parallel
@@ -320,7 +453,7 @@ def _launch(args: list[str], *, processes: int) -> None:
 @pytest.mark.slow
 def test_two_processes_give_the_numbers_of_one(tiny_dir, ppl_tasks, tmp_path):
     common = ["--model", "mptlml", "--model_args",
-              f"pretrained={tiny_dir},num_masks=3,seed=5,chunk_size=2",
+              f"pretrained={tiny_dir},num_masks=4,seed=5,chunk_size=2",
               "--tasks", "toy_ppl", "--include_path", str(ppl_tasks), "--device", "cpu",
               "--log_samples"]
     _launch([*common, "--output_path", str(tmp_path / "one")], processes=1)

@@ -30,6 +30,8 @@ run gives the same numbers with one process or several.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import os
@@ -48,7 +50,14 @@ from lm_eval.api.registry import register_model
 
 import mptlml
 
-from ..estimation.distributed import distributed_context, gather, resolve_device, shard
+from .._validation import check_positive_int
+from ..estimation.distributed import (
+    barrier,
+    distributed_context,
+    gather,
+    resolve_device,
+    shard,
+)
 from ..models import MaskedLM
 from ..models.sequence_input import encode_with_context, tokenize
 from .greedy import greedy_reproduces
@@ -64,10 +73,8 @@ _LOADING = ("tokenizer", "mask_token_id", "trust_remote_code", "dtype", "add_spe
             "revision", "autocast", "attn_implementation", "local_files_only", "cache_dir",
             "corruption", "allow_unknown")
 #: settings of the Monte Carlo estimate and of the run
-_SETTINGS = ("estimator", "num_masks", "target_se", "max_masks", "decide", "seed",
-             "token_budget", "batch_size", "chunk_size", "greedy", "mc_log", "progress")
-#: masks per size when neither num_masks nor target_se is given (2 is the least with an SE)
-DEFAULT_NUM_MASKS = 4
+_SETTINGS = ("num_masks", "target_se", "max_masks", "decide", "seed", "token_budget",
+             "batch_size", "greedy", "mc_log", "progress")
 
 
 @dataclass(frozen=True, order=True)
@@ -85,6 +92,12 @@ def _key(request: Any) -> _Key:
     doc = request.doc_id
     return _Key("" if task is None else str(task), -1 if doc is None else int(doc),
                 int(request.idx), tuple(str(a) for a in request.args))
+
+
+def _content_seed(seed: int, args: list[tuple[str, ...]]) -> int:
+    """A question's seed from the run's seed and its texts: the same in any split of the run."""
+    h = hashlib.blake2b(json.dumps([seed, [list(a) for a in args]]).encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little") >> 1
 
 
 def _flag(value: Any, name: str) -> bool:
@@ -121,26 +134,23 @@ attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
     device : str, optional
         ``"cuda"``, ``"cpu"``, ...; under ``accelerate launch`` each process takes
         ``cuda:LOCAL_RANK`` (or the CPU). Default: a GPU when there is one.
-    estimator : str
-        The Monte Carlo estimator (``"cumulative"``: P masks at every size).
     num_masks : int, optional
-        P, masks per size (default :data:`DEFAULT_NUM_MASKS` unless ``target_se``).
+        Masks per request per round of draws (even; :func:`mptlml.compare`'s
+        default when not given), besides the one mask of the whole continuation.
     target_se : float, optional
-        Draw masks until the requests' standard errors are about this (nats): their
-        root mean square for single requests and texts (masks allocated over the
-        mask sizes from a pilot, :func:`mptlml.estimate_lml`), each question's
-        for multiple-choice candidates.
+        Keep drawing rounds until every request's standard error is at most this (nats).
     max_masks : int, optional
-        Most masked inputs per request (with ``target_se`` or ``decide``).
+        Most masks per request (rounds of ``num_masks``; with ``target_se`` or ``decide``).
     decide : bool
-        Multiple-choice questions: keep drawing masks while the leader is not
-        ahead of the runner-up by 2 paired standard errors, up to ``max_masks``
-        (:func:`mptlml.compare`'s ``decide=True``).
+        Multiple-choice questions: keep drawing rounds while the leader is not
+        ahead of every other candidate by its paired-SE threshold, up to
+        ``max_masks`` (:func:`mptlml.compare`'s sequential rule).
     seed : int
-        Seed of every mask (default 0: a run is reproducible).
-    token_budget, batch_size, chunk_size : int
+        Seed of every mask (default 0: a run is reproducible). A request's masks
+        come from the seed and its own texts.
+    token_budget, batch_size : int
         Padded tokens per forward pass; at most this many inputs per forward
-        pass (optional); sequences per chunk of work (a process's unit under a launcher).
+        pass (optional).
     greedy : bool
         Compute ``is_greedy`` by greedy unmasking (default True; about T extra
         forward rows per request). False: every ``is_greedy`` is False, announced
@@ -158,11 +168,11 @@ attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
     default_mc_dir: str | None = None
 
     def __init__(self, pretrained: str | os.PathLike | MaskedLM | None = None, *,
-                 device: str | None = None, estimator: str = "cumulative",
-                 num_masks: int | None = None, target_se: float | None = None,
+                 device: str | None = None, num_masks: int | None = None,
+                 target_se: float | None = None,
                  max_masks: int | None = None, decide: bool = False, seed: int = 0,
                  token_budget: int = 8192, batch_size: int | None = None,
-                 chunk_size: int = 64, greedy: bool = True,
+                 greedy: bool = True,
                  mc_log: str | os.PathLike | None = None, progress: bool = False,
                  **loading: Any) -> None:
         super().__init__()
@@ -176,20 +186,27 @@ attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
                              "a masked-diffusion LM with mask_token_id=...).")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"model_args seed must be an int, got {seed!r}.")
-        if num_masks is not None and target_se is not None:
-            raise ValueError("pass num_masks or target_se, not both (target_se draws masks "
-                             "until each request's standard error is about its value).")
+        for name, value in (("num_masks", num_masks), ("max_masks", max_masks),
+                            ("batch_size", batch_size), ("token_budget", token_budget)):
+            if value is not None:
+                check_positive_int(value, f"model_args {name}")
+        if num_masks is not None and num_masks % 2:
+            raise ValueError(f"model_args num_masks must be even (mptlml.compare draws two "
+                             f"masks per rate stratum), got {num_masks}.")
+        if target_se is not None and not (isinstance(target_se, int | float)
+                                          and not isinstance(target_se, bool)
+                                          and math.isfinite(target_se) and target_se > 0):
+            raise ValueError(f"model_args target_se must be a positive number (nats), got "
+                             f"{target_se!r}.")
         self.greedy = _flag(greedy, "greedy")
         self.decide = _flag(decide, "decide")
         self.progress = _flag(progress, "progress")
-        self.estimator = str(estimator)
         self.num_masks = num_masks
         self.target_se = target_se
         self.max_masks = max_masks
         self.seed = int(seed)
         self.token_budget = int(token_budget)
         self.batch_size = batch_size
-        self.chunk_size = int(chunk_size)
         # the process group first (under a launcher each rank takes its own device)
         if isinstance(pretrained, MaskedLM):
             if loading:
@@ -276,8 +293,6 @@ attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
 
     def barrier(self) -> None:
         if self.world_size > 1:
-            from ..estimation.distributed import barrier
-
             barrier(self._ctx)
 
     def get_model_info(self) -> dict[str, Any]:
@@ -289,15 +304,22 @@ attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
         for line in summary_lines(summary):
             logger.info("Monte Carlo: %s", line)
         for task, s in summary.items():
+            if s["budget_spent"] and (self.target_se is not None or self.decide):
+                logger.warning(
+                    "%s: %d requests spent max_masks=%s before reaching %s; their standard "
+                    "errors are in the Monte Carlo log. Raise max_masks.", task,
+                    s["budget_spent"], self.max_masks or "(mptlml.compare's default)",
+                    "target_se" if self.target_se is not None else "a decision")
             if s.get("undecided"):
                 logger.warning(
-                    "%s: %d of %d multiple-choice decisions are within 2 paired standard "
-                    "errors (Monte Carlo noise can move its accuracy by up to %.3g); more masks "
-                    "(num_masks, or decide=true with a larger max_masks) decide them.",
-                    task, s["undecided"], s["questions"], s["undecided_share"])
+                    "%s: %d of %d multiple-choice decisions are not decided (the leader is not "
+                    "ahead of every other candidate by %.3g paired standard errors): Monte "
+                    "Carlo noise can move its accuracy by up to %.3g. More masks (decide=true, "
+                    "a larger max_masks) decide them.", task, s["undecided"], s["questions"],
+                    s["z_threshold"], s["undecided_share"])
         return {"mptlml": {
             "model": self.model.name, **self.model.settings(),
-            "estimator": self.estimator, "num_masks": self._num_masks(),
+            "num_masks": self.num_masks,
             "target_se": self.target_se, "max_masks": self.max_masks, "decide": self.decide,
             "seed": self.seed, "token_budget": self.token_budget, "greedy": self.greedy,
             "world_size": self.world_size,
@@ -309,50 +331,6 @@ attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
         """Every process's requests, without repeats, in one canonical order."""
         allk = [k for part in gather(keys, self._ctx) for k in part]
         return sorted(set(allk))
-
-    def _num_masks(self) -> int | None:
-        if self.target_se is not None:
-            return self.num_masks
-        return DEFAULT_NUM_MASKS if self.num_masks is None else self.num_masks
-
-    def _mc(self) -> dict[str, Any]:
-        """The Monte Carlo arguments of an mptlml call."""
-        kw: dict[str, Any] = {"seed": self.seed}
-        if self.target_se is not None:
-            kw["target_se"] = self.target_se
-            if self.num_masks is not None:
-                kw["num_masks"] = self.num_masks
-        else:
-            kw["num_masks"] = self._num_masks()
-        if self.max_masks is not None:
-            kw["max_masks"] = self.max_masks
-        return kw
-
-    def _run(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {"token_budget": self.token_budget, "chunk_size": self.chunk_size,
-                              "progress": self.progress}
-        if self.batch_size is not None:
-            kw["batch_size"] = self.batch_size
-        return kw
-
-    def _estimate(self, targets: list[torch.Tensor], contexts: list[torch.Tensor]
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The MPT bound, its SE and its masked inputs for each (context, target) of ids."""
-        if not targets:
-            return np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
-        kw = {**self._mc(), **self._run()}
-        if self.target_se is not None:
-            # estimate_lml aims at the SE of the mean over the sequences, sqrt(sum se_i^2) / N:
-            # at target / sqrt(N) the root mean square of the sequences' SEs is the target
-            kw["target_se"] = self.target_se / math.sqrt(len(targets))
-        if any(len(c) for c in contexts):
-            kw["context"] = [c.tolist() for c in contexts]
-        est = mptlml.estimate_lml(self.model, [t.tolist() for t in targets], self.estimator,
-                                  **kw)
-        rows = est.num_masked_rows_per_sample
-        return (est.per_sample.numpy(), est.per_sample_stderr.numpy(),
-                np.asarray(rows if rows is not None else
-                           [est.num_masked_rows // len(targets)] * len(targets)))
 
     # ---------------------------------------------------------------- loglikelihood
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False
@@ -375,16 +353,15 @@ attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
             t[n:] for t, n in zip(ids, nctx, strict=True)]
 
     def _score_pairs(self, keys: list[_Key]) -> dict[_Key, dict[str, Any]]:
+        """Records of (context, continuation) requests: one question per document and context."""
         ctx_ids, cont_ids = self._pair_ids(keys)
         limit = self.model.max_content_length
         groups: dict[tuple[str, int, str], list[int]] = defaultdict(list)
         for i, k in enumerate(keys):
             groups[(k.task, k.doc_id, k.args[0])].append(i)
-        records: dict[_Key, dict[str, Any]] = {}
-        lone: list[int] = []
-        questions: list[list[int]] = []
+        questions = list(groups.values())
         kept: dict[int, torch.Tensor] = {}
-        for members in groups.values():
+        for members in questions:
             longest = max(len(cont_ids[i]) for i in members)
             if longest > limit:
                 k = keys[members[0]]
@@ -392,35 +369,53 @@ attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
                     f"task {k.task!r}, document {k.doc_id}: a continuation of {longest} tokens "
                     f"is longer than the model's {limit} content tokens; mptlml cannot score it "
                     "given its context (loglikelihood_rolling windows long texts).")
-            room = limit - longest
+            room = limit - longest  # the context's last tokens that fit beside the longest
             for i in members:
                 c = ctx_ids[i]
                 kept[i] = c[len(c) - room:] if len(c) > room else c
-            (questions if len(members) > 1 else lone).append(members)
-        for members in questions:
+        cmp = mptlml.compare(
+            self.model, [kept[m[0]].tolist() for m in questions],
+            [[cont_ids[i].tolist() for i in m] for m in questions],
+            seed=[_content_seed(self.seed, [keys[i].args for i in m]) for m in questions],
+            **self._compare_options())
+        records: dict[_Key, dict[str, Any]] = {}
+        for q, members in enumerate(questions):
             self._questions += 1
-            self._score_question(keys, members, kept, cont_ids, self._questions, records)
-        flat = [m[0] for m in lone]
-        ll, se, rows = self._estimate([cont_ids[i] for i in flat], [kept[i] for i in flat])
-        for j, i in enumerate(flat):
-            records[keys[i]] = self._record(keys[i], ll[j], se[j], rows[j], cont_ids[i],
-                                            kept[i], ctx_ids[i])
+            k_q = len(members)
+            rows = int(cmp.num_masked_rows[q])
+            question = None
+            if k_q > 1:
+                question = {
+                    "id": self._questions, "choice": keys[members[cmp.choice[q]]].idx,
+                    "decided": bool(cmp.decided[q]), "margin_z": float(cmp.margin_z[q]),
+                    "z_threshold": float(cmp.z_threshold), "candidates": k_q,
+                    "masked_inputs": rows}
+            for j, i in enumerate(members):
+                k = keys[i]
+                records[k] = {
+                    "request": "loglikelihood", "task": k.task, "doc_id": k.doc_id,
+                    "idx": k.idx, "loglikelihood": float(cmp.scores[q][j]),
+                    "stderr": float(cmp.stderr[q][j]),
+                    "masked_inputs": rows // k_q,  # every candidate gets the same masks
+                    "num_tokens": len(cont_ids[i]), "context_tokens": len(kept[i]),
+                    "context_tokens_dropped": len(ctx_ids[i]) - len(kept[i]),
+                    "stderr_dof": float(cmp.stderr_dof[q]), "rounds": int(cmp.rounds[q]),
+                    "stop_reason": str(cmp.stop_reason[q])}
+                if question is not None:
+                    records[k]["paired_stderr"] = float(cmp.paired_stderr[q][j])
+                    records[k]["question"] = question
         greedy = self._greedy(keys, kept, cont_ids)
         for k, g in zip(keys, greedy, strict=True):
             records[k]["is_greedy"] = g
         return records
 
-    def _score_question(self, keys: list[_Key], members: list[int], kept: dict[int, Any],
-                        cont_ids: list[torch.Tensor], qid: int,
-                        records: dict[_Key, dict[str, Any]]) -> None:
-        raise NotImplementedError  # replaced once mptlml.compare is merged
-
-    def _record(self, key: _Key, ll: float, se: float, rows: int, cont: torch.Tensor,
-                kept: torch.Tensor, ctx: torch.Tensor) -> dict[str, Any]:
-        return {"request": "loglikelihood", "task": key.task, "doc_id": key.doc_id,
-                "idx": key.idx, "loglikelihood": float(ll), "stderr": float(se),
-                "masked_inputs": int(rows), "num_tokens": len(cont),
-                "context_tokens": len(kept), "context_tokens_dropped": len(ctx) - len(kept)}
+    def _compare_options(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"token_budget": self.token_budget, "progress": self.progress,
+                              "decide": self.decide}
+        for name in ("num_masks", "target_se", "max_masks", "batch_size"):
+            if getattr(self, name) is not None:
+                kw[name] = getattr(self, name)
+        return kw
 
     def _greedy(self, keys: list[_Key], kept: dict[int, torch.Tensor],
                 cont_ids: list[torch.Tensor]) -> list[bool | None]:
@@ -452,9 +447,19 @@ attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
         ids = _Unbounded(self.model).encode([k.args[0] for k in everyone]) if everyone else []
         limit = self.model.max_content_length
         spans = [_windows(len(t), limit) for t in ids]
-        targets = [t[s:e] for t, sp in zip(ids, spans, strict=True) for _, s, e in sp]
-        contexts = [t[c:s] for t, sp in zip(ids, spans, strict=True) for c, s, _ in sp]
-        ll, se, rows = self._estimate(targets, contexts)
+        targets = [[t[s:e].tolist()] for t, sp in zip(ids, spans, strict=True) for _, s, e in sp]
+        contexts = [t[c:s].tolist() for t, sp in zip(ids, spans, strict=True) for c, s, _ in sp]
+        seeds = [_content_seed(self.seed, [k.args, (str(w),)])
+                 for k, sp in zip(everyone, spans, strict=True) for w in range(len(sp))]
+        ll, se, rows = np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
+        stops: list[str] = []
+        if targets:
+            cmp = mptlml.compare(self.model, contexts, targets, seed=seeds,
+                                 **self._compare_options())
+            ll = np.array([float(v[0]) for v in cmp.scores])
+            se = np.array([float(v[0]) for v in cmp.stderr])
+            rows = np.array(cmp.num_masked_rows, dtype=np.int64)
+            stops = list(cmp.stop_reason)
         records: dict[_Key, dict[str, Any]] = {}
         w = 0
         for k, t, sp in zip(everyone, ids, spans, strict=True):
@@ -465,6 +470,7 @@ attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
                 "idx": k.idx, "loglikelihood": float(ll[w:w + n].sum()),
                 "stderr": float(math.sqrt((se[w:w + n] ** 2).sum())),
                 "masked_inputs": int(rows[w:w + n].sum()), "num_tokens": len(t), "windows": n,
+                "stop_reason": _worst(stops[w:w + n]),
                 "words": len(re.split(r"\s+", text)), "bytes": len(text.encode("utf-8"))}
             w += n
         self.log.add([records[k] for k in everyone])
@@ -476,6 +482,13 @@ attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
             "(multiple-choice) and loglikelihood_rolling (perplexity) tasks. Run generation "
             "tasks (generate_until, e.g. gsm8k) with a model that generates, such as lm-eval's "
             "'hf' backend or a masked-diffusion LM's own sampler.")
+
+
+def _worst(reasons: list[str]) -> str | None:
+    """The stop reason of a text scored in windows: "budget" if any window ran out."""
+    if not reasons:
+        return None
+    return "budget" if "budget" in reasons else reasons[0]
 
 
 def _windows(n: int, limit: int) -> list[tuple[int, int, int]]:

@@ -21,21 +21,27 @@ request here gets a record, written as one JSON line (``mc_log``, by default
 ``is_greedy``
     What was returned as ``is_greedy`` (:mod:`mptlml.lm_eval.greedy`); null when
     not computed (``greedy=false``).
-``question``
-    For a multiple-choice document (K >= 2 candidates after one context):
-    ``id``, ``choice`` (the leader's ``idx``), ``decided`` (the leader ahead of
-    the runner-up by more than 2 paired standard errors), ``gap`` and
-    ``gap_stderr`` (leader minus runner-up, paired SE on common masks) and
-    ``paired_stderr`` (this candidate's: leader minus it).
+``stderr_dof, rounds, stop_reason``
+    Effective degrees of freedom of the standard error; rounds of draws;
+    why drawing stopped (:func:`mptlml.compare`: ``"one round"``, ``"target"``,
+    ``"decided"`` or ``"budget"``, ``max_masks`` spent first).
+``paired_stderr, question``
+    For a multiple-choice document (K >= 2 candidates after one context): the
+    standard error of (leader minus this candidate) on common masks, and the
+    question: ``id``, ``choice`` (the leader's ``idx``), ``margin_z`` (the
+    smallest (leader - other) / paired SE), ``z_threshold`` and ``decided``
+    (``margin_z > z_threshold``: :func:`mptlml.compare`'s rule), ``candidates``,
+    ``masked_inputs`` (all candidates), ``rounds`` and ``stop_reason``.
 ``windows, words, bytes``
     Rolling requests: the windows scored, and lm-eval's word and byte counts of the text.
 
 :func:`summarize` turns the records of a run into what the run's metrics owe to
-Monte Carlo noise, per task: the share of multiple-choice decisions not decided
-at 2 paired standard errors, the Monte Carlo standard error of the accuracy
-(at most sqrt(sum_q p_q (1 - p_q)) / Q, p_q = Phi(-gap_q / gap_stderr_q) the
-chance that question q's leader and runner-up swap), and of the perplexities
-(the delta method on the summed log-likelihood). It is the last line of the
+Monte Carlo noise, per task: the share of multiple-choice decisions not
+decided, the Monte Carlo standard error of the accuracy (at most
+sqrt(sum_q p_q (1 - p_q)) / Q, p_q = Phi(-margin_z_q) the chance that question
+q's leader and its closest rival swap under a normal approximation; a swap
+changes the accuracy only when one of them is the gold answer), and of the
+perplexities (the delta method on the summed log-likelihood). It is the last line of the
 file (``{"summary": ...}``) and goes into lm-eval's results
 (``results["config"]["mptlml"]``).
 """
@@ -51,11 +57,6 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["RecordLog", "summarize", "summary_lines"]
-
-#: a decision is "decided" when the leader is ahead of the runner-up by more than this many
-#: paired standard errors
-DECIDED_Z = 2.0
-
 
 def _phi(z: float) -> float:
     """Standard normal CDF."""
@@ -89,8 +90,10 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     -------
     dict
         task -> ``requests``, ``documents``, ``masked_inputs``, ``stderr_mean``,
-        ``stderr_max`` (per request); with multiple-choice questions also
-        ``questions``, ``undecided``, ``undecided_share``, ``accuracy_mc_stderr``;
+        ``stderr_max`` (per request), ``budget_spent`` (requests that spent
+        ``max_masks`` before their target or decision); with multiple-choice questions also
+        ``questions``, ``undecided``, ``undecided_share``, ``z_threshold``,
+        ``accuracy_mc_stderr``;
         with single ``loglikelihood`` requests ``perplexity_mc_rel_stderr`` (of
         exp(-mean log-likelihood)); with rolling requests ``loglikelihood``
         (summed), ``loglikelihood_mc_stderr``, ``word_perplexity_mc_rel_stderr``,
@@ -110,14 +113,16 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "masked_inputs": int(sum(int(r["masked_inputs"]) for r in rs)),
             "stderr_mean": sum(ses) / len(ses),
             "stderr_max": max(ses),
+            "budget_spent": sum(r.get("stop_reason") == "budget" for r in rs),
         }
         questions = {r["question"]["id"]: r["question"] for r in rs if r.get("question")}
         if questions:
-            flips = [_phi(-abs(q["gap"]) / q["gap_stderr"]) if q["gap_stderr"] > 0 else 0.0
-                     for q in questions.values()]
+            flips = [0.0 if q["margin_z"] is None else _phi(-float(q["margin_z"]))
+                     for q in questions.values()]  # null: an infinite margin (strict JSON)
             undecided = sum(not q["decided"] for q in questions.values())
             s.update(questions=len(questions), undecided=undecided,
                      undecided_share=undecided / len(questions),
+                     z_threshold=max(float(q["z_threshold"]) for q in questions.values()),
                      accuracy_mc_stderr=math.sqrt(sum(p * (1 - p) for p in flips))
                      / len(questions))
         single = [r for r in rs if r["request"] == "loglikelihood" and not r.get("question")]
@@ -144,10 +149,12 @@ def summary_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
     for task, s in summary.items():
         parts = [f"{task}: {s['requests']} requests, {s['masked_inputs']:,} masked inputs, "
                  f"per-request MC stderr mean {s['stderr_mean']:.3g} (max {s['stderr_max']:.3g})"]
+        if s["budget_spent"]:
+            parts.append(f"{s['budget_spent']} requests spent max_masks before their target")
         if "questions" in s:
             parts.append(f"{s['undecided']}/{s['questions']} multiple-choice decisions "
                          f"({100 * s['undecided_share']:.1f}%) not decided at "
-                         f"{DECIDED_Z:g} paired SE; accuracy MC stderr <= "
+                         f"{s['z_threshold']:.3g} paired SE; accuracy MC stderr <= "
                          f"{s['accuracy_mc_stderr']:.3g}")
         if "perplexity_mc_rel_stderr" in s:
             parts.append(f"perplexity MC stderr {100 * s['perplexity_mc_rel_stderr']:.3g}% "
