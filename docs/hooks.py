@@ -32,7 +32,7 @@ def _replace(match: re.Match[str], package: str | None) -> str:
 
 def on_page_content(html: str, page: Any, **kwargs: Any) -> str:
     """Rewrite the roles of one rendered page (before autorefs resolves its references)."""
-    src = page.file.src_uri  # api/estimation.md documents mptlml.estimation
+    src = page.file.src_uri  # api/estimators.md documents mptlml.estimators
     stem = src.removeprefix("api/").removesuffix(".md") if src.startswith("api/") else None
     package = None if stem in (None, "index") else (
         "mptlml" if stem == "mptlml" else f"mptlml.{stem}")

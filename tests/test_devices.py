@@ -21,8 +21,8 @@ import torch
 import mptlml
 from mptlml.cli import main
 from mptlml.data import load_texts
-from mptlml.estimation import distributed
-from mptlml.estimation.ragged import mlm_curve
+from mptlml._scoring import distributed
+from mptlml import mpt_curve
 from mptlml.models import MaskedLM
 
 from .mlm_helpers import SENTENCES
@@ -112,12 +112,12 @@ def test_autocast_is_explicit_and_recorded(tiny_dir, tiny):
 
 def test_batch_size_bounds_the_forward_passes(tiny):
     kw = dict(rates=[0.2, 0.5, 0.8], num_masks=2, seed=1)
-    ref = mlm_curve(tiny, SENTENCES, **kw)
-    one = mlm_curve(tiny, SENTENCES, batch_size=1, **kw)
+    ref = mpt_curve(tiny, SENTENCES, **kw)
+    one = mpt_curve(tiny, SENTENCES, batch_size=1, **kw)
     assert one.num_model_calls == len(SENTENCES) * 3 * 2 > ref.num_model_calls
     torch.testing.assert_close(one.per_sample, ref.per_sample, rtol=1e-5, atol=0)  # padding
     with pytest.raises(ValueError, match="batch_size"):
-        mlm_curve(tiny, SENTENCES, batch_size=0, **kw)
+        mpt_curve(tiny, SENTENCES, batch_size=0, **kw)
 
 
 def test_device_refusals(monkeypatch):
@@ -226,7 +226,7 @@ def test_torchrun_two_processes_equal_one(one_process, tmp_path):
 
 _SLOW_MAIN_RANK = """
 import os, sys, time
-import mptlml.estimation.runner as runner
+import mptlml._scoring.ragged as runner
 check = runner.check_meta
 def late(*a, **k):  # the main rank reaches its fingerprint check late (a loaded machine)
     if os.environ.get("RANK") == "0":

@@ -354,7 +354,7 @@ _SLOW_CURVE = """
 import signal, sys, time
 # a parent started as a background job ignores SIGINT, and a child inherits that: take it back
 signal.signal(signal.SIGINT, signal.default_int_handler)
-import mptlml.estimation.runner as runner
+import mptlml._scoring.ragged as runner
 save = runner.save_chunk
 def slow(path, *a, **k):
     save(path, *a, **k)

@@ -14,7 +14,7 @@ import torch
 import mptlml
 from mptlml.cli import main
 from mptlml.data import load_texts
-from mptlml.estimation.ragged import mlm_curve
+from mptlml import mpt_curve
 from mptlml.experiments.bert import default_reference
 from mptlml.models import MaskedLM
 
@@ -113,7 +113,7 @@ def test_reproduce_bert_missing_reference(tmp_path):
 def test_resume_after_interruption_gives_identical_results(tiny_dir, tmp_path):
     lm = MaskedLM.from_pretrained(tiny_dir)
     kw = dict(rates=[0.1, 0.3, 0.6, 0.9], num_masks=2, seed=5, chunk_size=2, exact=True)
-    full = mlm_curve(lm, SENTENCES * 2, **kw)
+    full = mpt_curve(lm, SENTENCES * 2, **kw)
 
     calls = {"n": 0}
     orig = lm.score_positions
@@ -126,16 +126,16 @@ def test_resume_after_interruption_gives_identical_results(tiny_dir, tmp_path):
 
     lm.score_positions = flaky
     with pytest.raises(KeyboardInterrupt):
-        mlm_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **kw)
+        mpt_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **kw)
     assert len(list((tmp_path / "curve").glob("chunk_*.npz"))) == 2
     calls["n"] = -1000  # no more interruptions
-    resumed = mlm_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **kw)
+    resumed = mpt_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **kw)
     assert calls["n"] == -1000 + (5 - 2) + 5  # 3 curve chunks left, 5 exact chunks
     assert torch.equal(resumed.per_sample, full.per_sample)
     assert torch.equal(resumed.lml_exact, full.lml_exact)
     # a different run in the same checkpoint directory is refused
     with pytest.raises(ValueError, match="different run"):
-        mlm_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **{**kw, "seed": 6})
+        mpt_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **{**kw, "seed": 6})
 
 
 # ---------------------------------------------------------------------- CLI
@@ -233,7 +233,7 @@ def test_local_loaders(tmp_path):
 
 def test_rate_grids_are_one_definition_and_say_what_is_wrong():
     """--rates START:STOP:STEP, the configs' rate_start/rate_step and the paper's grid agree."""
-    from mptlml.estimation.rates import default_rates, rate_grid
+    from mptlml.estimators.rates import default_rates, rate_grid
     from mptlml.experiments.mlm import parse_rates
 
     np.testing.assert_array_equal(rate_grid(0.01, 0.01), default_rates())

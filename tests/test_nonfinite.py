@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mptlml
-from mptlml.estimation.results import NonFiniteWarning
+from mptlml.estimators.results import NonFiniteWarning
 from mptlml.estimators import available
 from mptlml.models import PPCA
 

@@ -77,8 +77,12 @@ def test_budget_too_small_for_the_target_is_said():
 def test_target_arguments_refused_where_they_do_not_apply():
     model = PPCA.random(6, 2, sigma2=0.2, seed=0)
     x = model.sample(10, generator=0)
-    with pytest.raises(ValueError, match="target_se= needs estimator='cumulative'"):
-        mptlml.estimate_lml(model, x, "random-size", target_se=0.1)
+    with pytest.raises(ValueError, match="target_se= needs an unbiased estimator"):
+        mptlml.estimate_lml(model, x, "fixed-rate", rate=0.5, target_se=0.1)
+    with pytest.raises(ValueError, match="target_se= does not apply to estimator='exhaustive'"):
+        mptlml.estimate_lml(model, x, "exhaustive", target_se=0.1)
+    with pytest.raises(ValueError, match="target_se needs independent masks per size"):
+        mptlml.estimate_lml(model, x, nested=True, target_se=0.1)
     with pytest.raises(ValueError, match="allocation='neyman' applies with target_se"):
         mptlml.estimate_lml(model, x, allocation="neyman")
     with pytest.raises(ValueError, match="allocation must be one of"):

@@ -50,14 +50,14 @@ def test_dense_curve_one_row_per_size_and_long_form(ppca):
 
 
 def test_masked_lm_curve_and_estimate(tmp_path):
-    from mptlml.estimation.ragged import mlm_curve
+    from mptlml import mpt_curve
     from mptlml.models.masked_lm import MaskedLM
 
     from .mlm_helpers import SENTENCES, make_tiny_bert
 
     lm = MaskedLM.from_pretrained(make_tiny_bert(tmp_path / "bert"))
     texts = SENTENCES[:3]
-    curve = mlm_curve(lm, texts, rates=[0.3, 0.6], num_masks=2, seed=0, ids=["a", "b", "c"])
+    curve = mpt_curve(lm, texts, rates=[0.3, 0.6], num_masks=2, seed=0, ids=["a", "b", "c"])
     df = curve.to_pandas()
     assert len(df) == 2 and df["size"].isna().all()  # ragged: sizes differ per sequence
     np.testing.assert_allclose(df["mean"], curve.mean.numpy())

@@ -7,12 +7,15 @@ message says what was wrong and what to pass instead.
 from __future__ import annotations
 
 import numbers
+import os
 from typing import Any
 
 import numpy as np
 import torch
 
 __all__ = [
+    "FALSE_WORDS",
+    "TRUE_WORDS",
     "as_tensor",
     "check_context",
     "check_data",
@@ -21,8 +24,35 @@ __all__ = [
     "check_positive_int",
     "check_rate",
     "check_size",
+    "env_flag",
     "make_generator",
+    "parse_flag",
 ]
+
+#: the words of a yes/no setting (any case, surrounding spaces ignored)
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def parse_flag(value: str, name: str) -> bool:
+    """``value`` as a yes/no setting: True for 1/true/yes/on, False for 0/false/no/off.
+
+    Any case and surrounding spaces are accepted; anything else is refused
+    with a ValueError naming ``name`` (never read as one or the other).
+    """
+    word = str(value).strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"{name} must be yes or no ({'/'.join(TRUE_WORDS)} or "
+                     f"{'/'.join(FALSE_WORDS)}, any case), got {value!r}.")
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """The yes/no environment variable ``name`` (:func:`parse_flag`); ``default`` if unset/empty."""
+    raw = os.environ.get(name, "")
+    return default if not raw.strip() else parse_flag(raw, f"the environment variable {name}")
 
 
 def as_tensor(value: Any, name: str, dtype: torch.dtype | None = None,

@@ -290,8 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     configure_output(quiet=getattr(args, "quiet", False))
-    from .estimation.distributed import shutdown_distributed
-    from .estimation.results import NonFiniteWarning
+    from ._scoring.distributed import shutdown_distributed
+    from .estimators.results import NonFiniteWarning
     from .settings import keep_heap
 
     keep_heap()  # the command line opts in to glibc's larger heap thresholds (mptlml.settings)

@@ -6,7 +6,7 @@
 - the jobs of the command line beside the reproductions: :mod:`.demo` (``mptlml demo``),
   :mod:`.select` (``mptlml select``), :mod:`.mlm` (``mptlml curve``).
 
-Library modules (training, estimation, selection, models) never import this package.
+Library modules (training, estimators, selection, models) never import this package.
 """
 
 from __future__ import annotations

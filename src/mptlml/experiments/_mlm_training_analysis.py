@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..estimation.stats import mean_stderr, sum_stderr
+from ..estimators.stats import mean_stderr, sum_stderr
 from .common import RunDir
 
 __all__ = ["OBJECTIVES", "comparisons", "figures", "fmt_diff", "mean_se", "seeds_to_decide",

@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .._scoring.distributed import distributed_context
 from ..data.text import bundled_antibodies
-from ..estimation.distributed import distributed_context
 from ..models.masked_lm import MaskedLM
 from ._claims import claim
 from .common import RunDir

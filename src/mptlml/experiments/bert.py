@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ..estimation.distributed import resolve_device
-from ..estimation.rates import mpt_area
+from .._scoring.distributed import resolve_device
+from ..estimators.rates import mpt_area
 from ..models.hf_loading import resolve_dtype
 from ._claims import claim
 from .common import RunDir

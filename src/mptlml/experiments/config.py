@@ -57,6 +57,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
+from .._validation import parse_flag
+
 __all__ = [
     "ExperimentConfig",
     "add_flags",
@@ -73,9 +75,6 @@ __all__ = [
     "setting",
     "validate_config",
 ]
-
-_TRUE = ("true", "1", "yes", "on")
-_FALSE = ("false", "0", "no", "off")
 
 
 def setting(default: Any, help: str, *, min: float | None = None,  # noqa: A002
@@ -257,9 +256,7 @@ def _convert(raw: str, typ: Any) -> Any:
         elem = (typing.get_args(typ) or (str,))[0]
         return origin(_convert(p.strip(), elem) for p in raw.split(",") if p.strip())
     if typ is bool:
-        if raw.lower() not in (*_TRUE, *_FALSE):
-            raise ValueError(raw)
-        return raw.lower() in _TRUE
+        return parse_flag(raw, "a yes/no setting")
     if typ is int:
         return int(raw)
     if typ is float:

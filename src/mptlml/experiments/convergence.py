@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..estimation.stats import mean_stderr
 from ..estimators import Cumulative, FixedRate
+from ..estimators.stats import mean_stderr
 from ..masks import fixed_rate_size
 from ._claims import claim
 from ._synthetic import SyntheticPPCAConfig, mean_lml

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_text, jsonable
-from ..estimation.distributed import barrier, distributed_context
+from .._scoring.distributed import barrier, distributed_context
 from .common import RunDir, load_results, print_table
 from .config import apply_overrides, validate_config
 from .registry import EXPERIMENTS, get_experiment

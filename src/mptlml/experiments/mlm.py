@@ -31,10 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from ..estimation import MPTCurve, mlm_curve, pll
-from ..estimation.distributed import distributed_context, resolve_device
-from ..estimation.rates import check_rates, rate_grid, rate_widths
-from ..estimators import mpt_curve
+from .._scoring.distributed import distributed_context, resolve_device
+from ..estimators import MPTCurve, mpt_curve, pll
+from ..estimators.rates import check_rates, rate_grid, rate_widths
 from ..models.masked_lm import MaskedLM
 from .common import RunDir, pyplot
 from .config import ExperimentConfig, setting
@@ -117,7 +116,7 @@ class RateGridSettings(ExperimentConfig):
     rate_step: float = setting(0.01, "step of the curve's masking-rate grid", gt=0, lt=1)
 
     def rates(self) -> np.ndarray:
-        """The grid (:func:`mptlml.estimation.rates.rate_grid`)."""
+        """The grid (:func:`mptlml.estimators.rates.rate_grid`)."""
         return rate_grid(self.rate_start, self.rate_step)
 
 
@@ -146,7 +145,7 @@ def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], cfg: MLMR
     Every setting of the scoring comes from ``cfg`` (:class:`MLMRunSettings`).
     Each entry also holds ``settings``: the model's device, dtype, autocast
     and the world size, which :func:`write_curves` records; with the PLL,
-    ``pll_tokens`` (:class:`~mptlml.estimation.words.TokenScores`) for
+    ``pll_tokens`` (:class:`~mptlml.estimators.results.TokenScores`) for
     :func:`write_pll_tokens`.
     """
     out: dict[str, dict[str, Any]] = {}
@@ -157,7 +156,7 @@ def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], cfg: MLMR
                    batch_size=cfg.batch_size, checkpoint_dir=run_dir.path / "checkpoint" / label,
                    progress=cfg.progress)
         target_se = getattr(cfg, "target_se", None)
-        curve = mlm_curve if target_se is None else partial(mpt_curve, target_se=target_se)
+        curve = partial(mpt_curve, target_se=target_se)
         res = curve(model, texts, rates=rates, num_masks=cfg.num_masks, seed=cfg.seed,
                     nominal_length=cfg.nominal_length, exact=cfg.exact, ids=ids,
                     whole_word=cfg.whole_word, **run)
@@ -320,7 +319,7 @@ def load_model(model: str, cfg: MLMRunSettings, *, random_init: bool = False,
     """A masked LM by name (``antiberty``, hub id or directory) on this rank's device.
 
     Placed and read by ``cfg``: ``device`` (None: the rank's CUDA device when
-    CUDA is available, else the CPU, :func:`mptlml.estimation.distributed.resolve_device`),
+    CUDA is available, else the CPU, :func:`mptlml._scoring.distributed.resolve_device`),
     ``dtype``, ``autocast``, ``truncate`` and ``corruption``.
     """
     dev = resolve_device(cfg.device)

@@ -50,14 +50,14 @@ from lm_eval.api.registry import register_model
 
 import mptlml
 
-from .._validation import check_positive_int
-from ..estimation.distributed import (
+from .._scoring.distributed import (
     barrier,
     distributed_context,
     gather,
     resolve_device,
     shard,
 )
+from .._validation import check_positive_int
 from ..models import MaskedLM
 from ..models.sequence_input import encode_with_context, tokenize
 from .greedy import greedy_reproduces

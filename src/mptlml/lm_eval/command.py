@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..estimation.distributed import shutdown_distributed
+from .._scoring.distributed import shutdown_distributed
 from .backend import MPTLM
 
 __all__ = ["main"]

@@ -23,7 +23,8 @@ import torch
 
 from .._validation import check_positive_int, make_generator
 
-__all__ = ["AmortizedGaussianMixin", "gaussian_log_density", "standard_normal_noise"]
+__all__ = ["AmortizedGaussianMixin", "gaussian_log_density", "iwae_bound",
+           "standard_normal_noise"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -34,6 +35,18 @@ def gaussian_log_density(z: torch.Tensor, mu: torch.Tensor | None = None,
     if mu is None:
         return -0.5 * (z * z + _LOG_2PI).sum(-1)
     return -0.5 * ((z - mu) ** 2 * torch.exp(-logvar) + logvar + _LOG_2PI).sum(-1)
+
+
+def iwae_bound(log_weights: torch.Tensor, num_samples: int | None = None) -> torch.Tensor:
+    """The importance-weighted bound ``log (1/S) sum_s w_s`` from log-weights ``(S', ...)``.
+
+    ``logsumexp`` over the first axis minus ``log S`` (Burda, Grosse &
+    Salakhutdinov, 2016): a lower bound on log p(x) in expectation, tight as
+    S grows. ``num_samples`` is S when the rows are already sums of chunks of
+    weights (``log sum_{s in chunk} w_s``); by default S is the number of rows.
+    """
+    s = log_weights.shape[0] if num_samples is None else num_samples
+    return torch.logsumexp(log_weights, 0) - math.log(s)
 
 
 def standard_normal_noise(shape: tuple[int, ...], like: torch.Tensor,
@@ -88,8 +101,8 @@ class AmortizedGaussianMixin:
                           chunk: int = 256) -> torch.Tensor:
         """Importance-sampling estimate of log p(x) with the encoder as proposal, ``(N,)``.
 
-        ``log (1/S) sum_s w_s`` (the IWAE bound, consistent as S grows),
-        computed in chunks of samples to bound memory.
+        ``log (1/S) sum_s w_s`` (the IWAE bound, :func:`iwae_bound`, consistent
+        as S grows), computed in chunks of samples to bound memory.
         """
         s = check_positive_int(num_samples, "num_samples")
         parts = []
@@ -99,4 +112,4 @@ class AmortizedGaussianMixin:
             parts.append(torch.logsumexp(
                 self.log_importance_weights(x, num_samples=c, generator=generator), 0))
             done += c
-        return torch.logsumexp(torch.stack(parts), 0) - math.log(s)
+        return iwae_bound(torch.stack(parts), s)

@@ -7,7 +7,7 @@ conditionals
 
 through :meth:`MaskedModel.log_conditionals`, and optionally its exact
 log-marginal likelihood log p(x) through :meth:`MaskedModel.log_marginal`.
-The estimation engine (``mptlml.estimate_lml``, ``mptlml.mpt_curve``), the
+The estimators (``mptlml.estimate_lml``, ``mptlml.mpt_curve``), the
 objectives (``mptlml.objectives``), the training monitors and model selection
 use nothing else, so they work for any model family.
 

@@ -22,7 +22,7 @@ Marginal Likelihood", NeurIPS 2023, Proposition 1.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,7 +31,7 @@ import torch
 from .._validation import check_context, check_mask
 from .base import MaskedModel
 
-__all__ = ["ConditionalView"]
+__all__ = ["ConditionalView", "ConditionedSequences", "with_context"]
 
 
 class ConditionalView(MaskedModel):
@@ -122,3 +122,98 @@ class ConditionalView(MaskedModel):
     def reuse_data(self) -> Iterator[None]:
         with self.inner.reuse_data():
             yield
+
+
+class ConditionedSequences:
+    """A ragged masked model seen through one context per sequence (p(x_T | x_C) for sequences).
+
+    :meth:`encode` takes the continuations and returns their own tokens (so D_i = |T_i|
+    and every size, rate and mask of an estimator refers to the continuation); the
+    joined tokenisation is :func:`~mptlml.models.sequence_input.encode_with_context`.
+    Scoring prepends each continuation's context, visible and never scored, to its
+    ids and masks. Its fingerprint covers the contexts, so a checkpoint never mixes two.
+
+    Parameters
+    ----------
+    model : RaggedMaskedModel
+    contexts : list of str or token-id lists, or one str for every continuation
+    """
+
+    def __init__(self, model: Any, contexts: Any) -> None:
+        self.inner = model
+        self.contexts = contexts
+        self.name = f"{getattr(model, 'name', type(model).__name__)} | context"
+        self._context_of: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __getattr__(self, name: str) -> Any:  # device, dtype, settings, ... of the model
+        if name in ("inner", "_context_of"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def encode(self, continuations: Any) -> list[torch.Tensor]:
+        """The continuations' own token ids, each ``(T_i,)``; their contexts are remembered."""
+        from .sequence_input import encode_with_context
+
+        full, num_context = encode_with_context(self.inner, self.contexts, continuations)
+        out = []
+        for t, n in zip(full, num_context, strict=True):
+            cont = t[n:].clone()
+            self._context_of[id(cont)] = (cont, t[:n].clone())
+            out.append(cont)
+        return out
+
+    def _joined(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        joined, full = [], []
+        for t, m in zip(ids, masks, strict=True):
+            hit = self._context_of.get(id(t))
+            if hit is None or hit[0] is not t:
+                raise RuntimeError("ConditionedSequences scores only the ids its encode() "
+                                   "returned (their contexts are remembered by identity).")
+            ctx = hit[1]
+            joined.append(torch.cat([ctx, t]))
+            full.append(torch.cat([torch.zeros(m.shape[0], len(ctx), dtype=m.dtype), m], 1))
+        return joined, full
+
+    def ragged_masked_log_prob(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor],
+                               generators: Sequence[torch.Generator | None], **kwargs: Any
+                               ) -> list[torch.Tensor]:
+        """Sum of log p(x_j | x_{T - mask}, x_C) over each mask ``(Q_i, T_i)``: ``(Q_i,)``."""
+        joined, full = self._joined(ids, masks)
+        return self.inner.ragged_masked_log_prob(joined, full, generators, **kwargs)
+
+    def ragged_target_log_prob(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor],
+                               targets: Sequence[torch.Tensor],
+                               generators: Sequence[torch.Generator | None], **kwargs: Any
+                               ) -> list[torch.Tensor]:
+        """``sum_{j in targets} log p(x_j | x_{-mask}, x_C)`` per mask (the chain rule)."""
+        joined, full = self._joined(ids, masks)
+        _, tfull = self._joined(ids, targets)
+        return self.inner.ragged_target_log_prob(joined, full, tfull, generators, **kwargs)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The model's fingerprint and a digest of the contexts."""
+        import hashlib
+
+        h = hashlib.sha256(repr(self.contexts).encode()).hexdigest()[:16]
+        return {**self.inner.fingerprint(), "contexts_sha256": h}
+
+
+def with_context(model: Any, context: Any) -> Any:
+    """``model`` seen through ``context``: the conditional twin every front door scores.
+
+    A dense :class:`~mptlml.models.base.MaskedModel` gets a :class:`ConditionalView`
+    (``context`` names always-visible dimensions: a bool mask or indices); a ragged
+    model (a masked LM) gets :class:`ConditionedSequences` (``context`` is one text or
+    id list per continuation, or one text for all).
+    """
+    from .protocols import RaggedMaskedModel
+
+    if context is None:
+        return model
+    if isinstance(model, MaskedModel):
+        return ConditionalView(model, context)
+    if isinstance(model, RaggedMaskedModel):
+        return ConditionedSequences(model, context)
+    raise TypeError(f"context= needs a MaskedModel or a RaggedMaskedModel, got "
+                    f"{type(model).__name__}.")

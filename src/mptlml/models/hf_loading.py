@@ -23,12 +23,13 @@ from typing import Any
 
 import torch
 
+from .._validation import env_flag
+
 __all__ = ["DTYPES", "check_masked_lm", "check_model_source", "dtype_name", "hf_offline_mode",
            "hub_offline", "load_antiberty", "load_pretrained", "max_input_length",
            "position_limit", "resolve_dtype", "space_residues", "tokenizer_files"]
 
 _AMINO_ACIDS = set("ACDEFGHIKLMNPQRSTVWY")
-_TRUE = ("1", "on", "true", "yes")
 
 #: dtype names the loaders and the CLI accept.
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16,
@@ -48,7 +49,7 @@ def hub_offline() -> bool:
     Reads the environment now (``huggingface_hub`` reads it once, at import) and
     ``huggingface_hub.constants.is_offline_mode()``.
     """
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE:
+    if env_flag("HF_HUB_OFFLINE", False):
         return True
     try:
         from huggingface_hub.constants import is_offline_mode

@@ -482,11 +482,9 @@ class MaskedLM(nn.Module):
         """The vocabulary strings of content ids ``(D,)`` (e.g. ``["un", "##happy"]``)."""
         return word_units.token_strings(self.tokenizer, ids)
 
-    def encode_words(self, sequences: Sequence[str],
-                     ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[list[str]]]:
-        """Content ids, the word of each token, and the words' texts
-        (:func:`mptlml.models.word_units.encode_words`)."""
-        return word_units.encode_words(self, sequences)
+    #: content ids, the word of each token, and the words' texts: the one definition,
+    #: :func:`mptlml.models.word_units.encode_words`, as this model's method
+    encode_words = word_units.encode_words
 
     def ragged_target_log_prob(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor],
                                targets: Sequence[torch.Tensor],

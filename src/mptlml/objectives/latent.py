@@ -13,11 +13,10 @@ Both are values to maximise, per datum, like every :class:`Objective`.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .._validation import check_positive_int
+from ..models.amortized import iwae_bound
 from ..models.base import MaskedModel
 from .base import Objective
 
@@ -76,4 +75,4 @@ class IWAE(Objective):
     def per_datum(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         lw = self.model.log_importance_weights(x, num_samples=self.num_samples,
                                                generator=generator)
-        return torch.logsumexp(lw, 0) - math.log(self.num_samples)
+        return iwae_bound(lw, self.num_samples)

@@ -40,8 +40,8 @@ import numpy as np
 import torch
 
 from .._validation import check_data, check_positive_int
-from ..estimation.stats import mean_stderr
 from ..estimators import Cumulative
+from ..estimators.stats import mean_stderr
 from ..models.base import MaskedModel
 from .data import standardise_split
 from .families import FAMILIES

@@ -7,7 +7,7 @@ follows the device: nccl and ``cuda:LOCAL_RANK`` when the rank scores on a
 GPU, gloo when it scores on the CPU (no GPU, or ``--device cpu``). A single
 process (no launcher) is world size 1 and opens no group.
 
-The ragged runner (:mod:`mptlml.estimation.runner`) uses :func:`shard` for
+The ragged runner (:mod:`mptlml._scoring.ragged`) uses :func:`shard` for
 this process's share of the chunks (accelerate's ``split_between_processes``
 over a round-robin order, so every rank gets short and long sequences alike)
 and :func:`gather` to collect every rank's results on every rank.

@@ -1,7 +1,8 @@
 """The block engine: score fresh masks in blocks that bound memory, through the model's reductions.
 
-Every estimator draws uniform masks (:mod:`mptlml.masks`) and asks the model
-for ``masked_log_prob`` (the sum of log p(x_j | x_R) over each mask) or one of
+The machinery under the estimators of dense ``(N, D)`` data (it knows none of
+them): masks of given sizes are drawn uniformly (:mod:`mptlml.masks`) and the
+model is asked for ``masked_log_prob`` (the sum of log p(x_j | x_R) over each mask) or one of
 its reductions (``masked_log_prob_mean``, ``grid_masked_log_prob``,
 ``nested_masked_log_prob``); the engine cuts the masks into blocks of at most
 ``mptlml.settings.block_elements`` temporaries (``model.block_cost`` per mask)
@@ -26,8 +27,8 @@ from ..models.base import MaskedModel
 
 __all__ = [
     "Counter",
+    "blocks",
     "rows_per_block",
-    "score_chain_rule",
     "score_fixed_masks",
     "score_grid",
     "score_masks",
@@ -43,7 +44,8 @@ class Counter:
         self.rows = 0
 
 
-def _blocks(total: int, per_block: int, progress: bool, desc: str) -> Iterator[tuple[int, int]]:
+def blocks(total: int, per_block: int, progress: bool, desc: str) -> Iterator[tuple[int, int]]:
+    """``(start, stop)`` of consecutive blocks of ``per_block`` out of ``total`` (with a bar)."""
     starts = range(0, total, per_block)
     for s in progress_bar(starts, enabled=progress and len(starts) > 1, desc=desc):
         yield s, min(s + per_block, total)
@@ -86,7 +88,7 @@ def score_masks(model: MaskedModel, x: torch.Tensor, sizes: torch.Tensor, *,
     torch.Tensor, (B, N) or (B,) float64
         Differentiable with respect to the model's parameters.
     """
-    n, d = x.shape
+    n, d = x.shape[0], model.num_tokens
     g = make_generator(generator)
     if share_masks and sizes.ndim == 2:
         raise ValueError("per-datum sizes need share_masks=False.")
@@ -127,10 +129,10 @@ def score_fixed_masks(model: MaskedModel, x: torch.Tensor, masks: torch.Tensor,
     ``generator`` drives a model whose conditionals are themselves Monte
     Carlo estimates (importance samples of a VAE), so a seeded run repeats.
     """
-    n, d = x.shape
+    n, d = x.shape[0], model.num_tokens
     out = []
     per = rows_per_block(n, d, model, True)
-    for s, e in _blocks(masks.shape[0], per, progress, "masks"):
+    for s, e in blocks(masks.shape[0], per, progress, "masks"):
         m = masks[s:e].to(x.device)
         lp = model.masked_log_prob(x, m, generator).double()
         out.append(lp / m.sum(-1, keepdim=True).double())
@@ -166,7 +168,7 @@ def score_grid(model: MaskedModel, x: torch.Tensor, sizes: Sequence[int], num_dr
     if by not in ("draw", "size"):
         raise ValueError(f"by must be 'draw' or 'size', got {by!r}.")
     num_draws = check_positive_int(num_draws, "num_draws")
-    n, d = x.shape
+    n, d = x.shape[0], model.num_tokens
     g = make_generator(generator)
     size_t = torch.as_tensor(list(sizes), dtype=torch.long)
     inv = 1.0 / size_t.double()
@@ -250,12 +252,12 @@ def score_nested(model: MaskedModel, x: torch.Tensor, num_orders: int, *,
     torch.Tensor, (P, D, N) float64
         ``[p, M-1, n]`` = (1/M) sum_{j in pi_p[:M]} log p(x_nj | x_n,pi_p[M:]).
     """
-    n, d = x.shape
+    n, d = x.shape[0], model.num_tokens
     g = make_generator(generator)
     per = max(1, rows_per_block(n, d, model, share_masks) // d)
     div = torch.arange(1, d + 1, dtype=torch.float64, device=x.device)[None, :, None]
     out = []
-    for s, e in _blocks(num_orders, per, progress, "orders"):
+    for s, e in blocks(num_orders, per, progress, "orders"):
         orders = random_orders(d, e - s, num_data=None if share_masks else n, generator=g)
         lp = model.nested_masked_log_prob(x, orders.to(x.device), g).double()
         out.append(lp / div)
@@ -263,30 +265,3 @@ def score_nested(model: MaskedModel, x: torch.Tensor, num_orders: int, *,
             counter.calls += 1
             counter.rows += lp.numel()
     return torch.cat(out, dim=0)
-
-
-def score_chain_rule(model: MaskedModel, x: torch.Tensor, p: int, share: bool,
-                g: torch.Generator, counter: Counter, progress: bool) -> torch.Tensor:
-    """sum_t log p(x_pi(t) | x_pi(t+1..D)) for P random orders: ``(P, N)``.
-
-    Step t masks the first t positions of the order and scores position pi(t)
-    given the remaining D - t ones.
-    """
-    n, d = x.shape
-    orders = random_orders(d, p, num_data=None if share else n, generator=g)
-    if share:
-        orders = orders[:, None, :].expand(p, n, d)
-    rank = orders.argsort(-1)  # rank[p, n, j]: step at which j is scored
-    total = torch.zeros(p, n, dtype=torch.float64, device=x.device)
-    steps = torch.arange(d)
-    per = max(1, rows_per_block(n, d) // p)
-    for s, e in _blocks(d, per, progress, "chain rule"):
-        t = steps[s:e]  # (T,)
-        mask = rank[None] <= t[:, None, None, None]  # (T, P, N, D)
-        target = orders[..., s:e].permute(2, 0, 1)  # (T, P, N): position scored at step t
-        lc = model._log_conditionals(x, mask.reshape(-1, n, d).to(x.device), g)
-        lc = lc.reshape(e - s, p, n, d).gather(-1, target[..., None].to(x.device))[..., 0]
-        total += lc.double().sum(0)
-        counter.calls += 1
-        counter.rows += (e - s) * p * n
-    return total

@@ -2,21 +2,28 @@
 
 Scoring many (sequence, mask) pairs of a
 :class:`~mptlml.models.protocols.RaggedMaskedModel` is organised here, apart
-from the maths of the estimators (:mod:`mptlml.estimation.ragged`):
+from the maths of the estimators (:mod:`mptlml.estimators`), which this
+module does not know:
 
 - the masks (and input corruptions) of sequence i come from a generator
   seeded by (seed, i), so a result does not depend on batching, chunking,
   resumption or the number of processes;
+- a mask is drawn over the sequence's *scoring units*: its tokens, or its
+  words (:func:`encode_units`), and :func:`token_masks` expands it to the
+  tokens (a word's sub-tokens are masked together), in this one place;
 - sequences are sorted by length and cut into chunks of ``chunk_size``; the
   model scores a chunk's pairs in length-bucketed sub-batches under a
   ``token_budget`` of padded tokens per forward pass;
 - with a ``checkpoint_dir`` each finished chunk is written atomically to
   ``<checkpoint_dir>/<tag>/chunk_*.npz`` beside a ``meta.json`` fingerprint of
   the run (model, data, settings), and a later run with the same fingerprint
-  reuses them after validating each one (:mod:`mptlml.estimation.checkpoints`);
+  reuses them after validating each one (:mod:`mptlml._scoring.checkpoints`);
 - under ``torchrun``/``accelerate launch`` chunks are sharded across
-  processes and the results gathered (:mod:`mptlml.estimation.distributed`,
+  processes and the results gathered (:mod:`mptlml._scoring.distributed`,
   on accelerate's ``PartialState``).
+
+Masks with targets (:func:`targeted`) score a subset of the hidden positions:
+codes 0 visible, 1 hidden but not scored, 2 hidden and scored.
 """
 
 from __future__ import annotations
@@ -34,15 +41,94 @@ import torch
 from .. import settings
 from .._progress import progress_bar
 from .._validation import check_positive_int
-from ..models.protocols import RaggedMaskedModel
+from ..models.protocols import RaggedMaskedModel, WordMaskedModel
+from ..models.sequence_input import encode, normalise_sequences
 from .checkpoints import CheckpointError, check_meta, load_chunk, save_chunk
 from .distributed import DistContext, barrier, distributed_context, gather, shard
 
-__all__ = ["MAX_SEQUENCE_MASK_BYTES", "RunOutput", "check_run_size", "run_pairs", "seq_seed"]
+__all__ = ["MAX_SEQUENCE_MASK_BYTES", "RunOutput", "check_run_size", "encode_units", "run_pairs",
+           "seq_seed", "targeted", "token_masks", "unit_counts", "word_model"]
 
 
 def seq_seed(seed: int, index: int) -> int:
+    """The seed of sequence ``index``'s generator in a run seeded by ``seed``."""
     return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1)[0])
+
+
+# ---------------------------------------------------------------------- scoring units
+def word_model(model: Any, what: str) -> WordMaskedModel:
+    """``model``, refused unless it knows its tokens' strings and words (``what`` needs them)."""
+    if not isinstance(model, WordMaskedModel):
+        raise TypeError(f"{what} needs a model implementing mptlml.models.protocols."
+                        f"WordMaskedModel (token strings and words, as the masked-LM adapter of "
+                        f"mptlml.models has); "
+                        f"got {type(model).__name__}.")
+    return model
+
+
+def encode_units(model: RaggedMaskedModel, sequences: Any, *, words: bool,
+                 what: str = "whole-word scoring"
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, list[list[str]] | None]:
+    """The content ids of each sequence and, with ``words``, its words: the scoring units.
+
+    Returns ``(ids, units, texts)``: ``units[i][j]`` is the word (0..W_i-1) of
+    token j and ``texts`` the words' strings (the model's ``encode_words``),
+    or None for both when the units are the tokens themselves.
+    """
+    if not words:
+        return encode(model, sequences), None, None
+    ids, units, texts = word_model(model, what).encode_words(normalise_sequences(sequences))
+    return ids, units, texts
+
+
+def unit_counts(ids: Sequence[torch.Tensor], units: Sequence[torch.Tensor] | None) -> np.ndarray:
+    """D_i, the scoring units of each sequence: its tokens, or its words (W_i)."""
+    if units is None:
+        return np.array([len(t) for t in ids], dtype=np.int64)
+    return np.array([int(w.max()) + 1 for w in units], dtype=np.int64)
+
+
+def token_masks(masks: torch.Tensor, units: torch.Tensor | None) -> torch.Tensor:
+    """Masks over a sequence's scoring units ``(Q, D)`` as masks over its tokens ``(Q, T)``.
+
+    ``units[t]`` is the unit of token t (None: the units are the tokens); a
+    masked unit hides all its tokens. Every run of :func:`run_pairs` expands
+    its masks here, and only here.
+    """
+    return masks if units is None else masks[:, units]
+
+
+class _Targeted:
+    """The ragged protocol over a :class:`WordMaskedModel`, for masks with targets.
+
+    A mask holds codes: 0 visible, 1 hidden but not scored, 2 hidden and
+    scored; the row's sum is ``sum_{code 2} log p(x_j | x_{code 0})``.
+    """
+
+    def __init__(self, model: WordMaskedModel) -> None:
+        self.model, self.name = model, model.name
+        self.device = getattr(model, "device", None)
+
+    def encode(self, sequences: Any) -> list[torch.Tensor]:
+        return self.model.encode(sequences)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return self.model.fingerprint()
+
+    def ragged_masked_log_prob(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor],
+                               generators: Sequence[torch.Generator | None],
+                               **kwargs: Any) -> list[torch.Tensor]:
+        return self.model.ragged_target_log_prob(ids, [m > 0 for m in masks],
+                                                 [m == 2 for m in masks], generators, **kwargs)
+
+
+def targeted(model: Any, what: str) -> _Targeted:
+    """``model`` as a ragged scorer of coded masks (0 visible, 1 hidden, 2 hidden and scored).
+
+    Needs :meth:`WordMaskedModel.ragged_target_log_prob`; ``what`` names the
+    caller in the TypeError a model without it gets.
+    """
+    return _Targeted(word_model(model, what))
 
 
 def _fingerprint(model: RaggedMaskedModel, ids: list[torch.Tensor], spec: dict) -> dict:
@@ -133,16 +219,19 @@ def check_run_size(rows_per_sequence: Sequence[int], lengths: Sequence[int], wha
 
 def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
               make_masks: Callable[[int, int, torch.Generator], torch.Tensor], *, seed: int,
-              tag: str, spec: dict, chunk_size: int = 8, token_budget: int = 8192,
+              tag: str, spec: dict, units: list[torch.Tensor] | None = None,
+              chunk_size: int = 8, token_budget: int = 8192,
               batch_size: int | None = None, checkpoint_dir: str | os.PathLike | None = None,
               progress: bool = False,
               desc: str = "scoring") -> RunOutput:
     """Sum of log p(x_j | x_R) over each mask of each sequence: ``(Q_i,)`` arrays.
 
     ``make_masks(i, D_i, generator)`` gives the ``(Q_i, D_i)`` masks of sequence
-    i; the same generator then drives the model's input corruption, so
-    everything is a function of (seed, i). ``token_budget`` bounds the padded
-    tokens and ``batch_size`` (optional) the inputs of one forward pass.
+    i over its D_i scoring units (its tokens; with ``units``, the words of
+    :func:`encode_units`, expanded to tokens by :func:`token_masks`); the same
+    generator then drives the model's input corruption, so everything is a
+    function of (seed, i). ``token_budget`` bounds the padded tokens and
+    ``batch_size`` (optional) the inputs of one forward pass.
     """
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     token_budget = check_positive_int(token_budget, "token_budget")
@@ -152,6 +241,11 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
     device = getattr(model, "device", None)
     ctx = distributed_context(cpu=None if device is None else torch.device(device).type == "cpu")
     lengths = np.array([len(t) for t in ids])
+    counts = unit_counts(ids, units)
+
+    def unit_masks(i: int, g: torch.Generator) -> torch.Tensor:
+        return token_masks(make_masks(i, int(counts[i]), g), None if units is None else units[i])
+
     order = np.argsort(lengths, kind="stable")
     chunks = [order[c:c + chunk_size] for c in range(0, len(order), chunk_size)]
     mine = shard(list(range(len(chunks))), ctx)
@@ -166,7 +260,7 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
         for c in mine:
             f = ckpt / f"chunk_{c:06d}.npz"
             if f.exists():
-                done.update(load_chunk(f, {int(i): _num_masks(make_masks, i, int(lengths[i]),
+                done.update(load_chunk(f, {int(i): _num_masks(make_masks, i, int(counts[i]),
                                                               seed) for i in chunks[c]}))
 
     total = int(spec.get("total_pairs", 0)) // max(ctx.world, 1) or None
@@ -180,7 +274,7 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
             bar.update(sum(len(done[i]) for i in seqs))
             continue
         gens = [torch.Generator().manual_seed(seq_seed(seed, i)) for i in seqs]
-        masks = [make_masks(i, int(lengths[i]), g) for i, g in zip(seqs, gens, strict=True)]
+        masks = [unit_masks(i, g) for i, g in zip(seqs, gens, strict=True)]
         sums = model.ragged_masked_log_prob([ids[i] for i in seqs], masks, gens,
                                             token_budget=token_budget, progress=calls, **extra)
         arrays = {str(i): v.numpy().astype(np.float64) for i, v in zip(seqs, sums, strict=True)}

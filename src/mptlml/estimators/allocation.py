@@ -18,7 +18,10 @@ against ``P_h = sum_k v_k / t^2`` for every stratum (``"uniform"``: today's
 sizes (small at low masking rates, large at high ones), which is where the
 saving comes from.
 
-Procedure (:func:`plan_counts` and the estimators that call it):
+Procedure (:meth:`mptlml.estimators.Estimator.estimate_to_target` for every
+unbiased estimator, dense and ragged, and :func:`mptlml.mpt_curve`; the
+strata are an estimator's: mask sizes for ``cumulative``, bins of the rate
+M / D_i on ragged sequences, one stratum of draws for ``random-size``):
 
 1. a *pilot*: :func:`pilot_masks` masks per stratum (at least 2 and
    ``num_masks``; up to 16 with shared masks, whose spread is not pooled over
@@ -31,29 +34,27 @@ Procedure (:func:`plan_counts` and the estimators that call it):
    when it is smaller;
 3. the estimate and its standard error from *fresh* draws only: conditionally
    on the pilot, the counts are fixed, so the estimate is unbiased and the
-   pooled standard error (:func:`mptlml.estimation.stats.strata_stderr`)
+   pooled standard error (:func:`mptlml.estimators.stats.strata_stderr`)
    honest. The pilot's cost is reported with the rest.
 
 The result says whether the target was reached (``stop_reason="target"``),
 the budget ran out first (``"budget"``), or the fresh draws came out above
 the target although the plan met it (``"missed"``: the pilot underestimated
-the spread); the last two warn.
+the spread); the last two warn (:func:`warn_target_missed`).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+import warnings
 
 import numpy as np
 import torch
 
-from ..estimation.results import MPTCurve
-from ..estimation.stats import welch_dof
-
-__all__ = ["ALLOCATIONS", "PILOT_DATA", "PLAN_FACTOR", "RATE_BINS", "check_target", "pilot_masks",
-           "plan_counts", "ragged_curve_to_target", "ragged_sum_to_target", "stop_reason"]
+__all__ = ["ALLOCATIONS", "PILOT_DATA", "PLAN_FACTOR", "RATE_BINS", "check_target", "fresh_seed",
+           "pilot_data", "pilot_masks", "pilot_subset", "plan_counts", "rate_bin", "stop_reason",
+           "stratum_variances", "warn_target_missed"]
 
 #: allocations of masks over strata
 ALLOCATIONS = ("neyman", "uniform")
@@ -155,124 +156,63 @@ def stop_reason(stderr: float, target_se: float, capped: bool) -> str:
     return "target" if stderr <= target_se else "missed"
 
 
-def _pilot_subset(n: int, seed: int) -> np.ndarray:
+def warn_target_missed(what: str, reason: str | None, stderr: float, target: float | None, *,
+                       wanted: float | None = None, stacklevel: int = 4) -> bool:
+    """Warn when a target standard error was not reached (estimates and curves alike).
+
+    ``reason`` "budget": ``max_masks`` ran out first; "missed": the pilot
+    underestimated the spread. Returns whether it warned.
+    """
+    if reason == "budget":
+        plan = ("" if wanted is None else
+                f"; the plan needed about {wanted:.0f} masked inputs per datum")
+        msg = (f"max_masks was spent before the target: {what} {stderr:.4g} > target_se "
+               f"{target:.4g}{plan}. Raise max_masks or the target.")
+    elif reason == "missed":
+        msg = (f"{what} {stderr:.4g} came out above target_se {target:.4g}: the pilot "
+               "underestimated the spread. Rerun with a larger pilot (num_masks) or another "
+               "seed.")
+    else:
+        return False
+    warnings.warn(msg, RuntimeWarning, stacklevel=stacklevel)
+    return True
+
+
+# ---------------------------------------------------------------------- the pilot
+def pilot_data(x: torch.Tensor, shared: bool, generator: torch.Generator) -> torch.Tensor:
+    """The data a dense pilot scores: all with shared masks, else at most :data:`PILOT_DATA`."""
+    n = x.shape[0]
+    if shared or n <= PILOT_DATA:
+        return x
+    return x[torch.randperm(n, generator=generator)[:PILOT_DATA].to(x.device)]
+
+
+def stratum_variances(pilot: torch.Tensor, num_data: int, shared: bool) -> np.ndarray:
+    """v_h of a dense pilot ``(H, P0, N0)``: the variance one draw per stratum adds to the mean.
+
+    Independent masks: the spread over draws, averaged over the pilot's data,
+    over N (the data the estimate averages); shared masks: the spread of the
+    draws' data means.
+    """
+    v = pilot.mean(2).var(1) if shared else pilot.var(1).mean(1) / num_data
+    return v.cpu().numpy()
+
+
+def pilot_subset(n: int, seed: int) -> np.ndarray:
     """The sequences a ragged pilot scores: at most :data:`PILOT_DATA`, at random."""
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 24]))
     return np.sort(rng.permutation(n)[:PILOT_DATA])
 
 
-def _fresh_seed(seed: int) -> int:
+def fresh_seed(seed: int) -> int:
     """The seed of the fresh draws after a pilot drawn with ``seed``."""
     return int(np.random.SeedSequence([int(seed), 25]).generate_state(1)[0] >> 1)
-
-
-def _rate_bin(sizes: np.ndarray, length: int, bins: int) -> np.ndarray:
-    """Rate bin of each size M of a sequence of ``length`` units: ceil(B M / D) - 1."""
-    return np.minimum(bins - 1, np.ceil(bins * sizes / length - 1e-9).astype(np.int64) - 1)
 
 
 #: rate bins over which a ragged pilot pools the spread of S_hat (and the counts are shared)
 RATE_BINS = 10
 
 
-def ragged_sum_to_target(model: Any, toks: list[torch.Tensor], target_se: float,
-                         max_masks: int | None, allocation: str, num_masks: int, seed: int,
-                         **run: Any) -> dict[str, Any]:
-    """The cumulative sum of ragged sequences at a target SE of the mean LML.
-
-    Strata are the (sequence, size) cells; the pilot (:func:`pilot_masks`
-    masks per size on at most :data:`PILOT_DATA` sequences) pools each cell's
-    spread within :data:`RATE_BINS` bins of the rate M / D_i, and the counts
-    are shared within a bin. The estimate comes from fresh draws.
-    """
-    from ..estimation.ragged import size_cells
-
-    n = len(toks)
-    lengths = np.array([len(t) for t in toks], dtype=np.int64)
-    sub = _pilot_subset(n, seed)
-    p0 = pilot_masks(num_masks, int(lengths[sub].sum()) // RATE_BINS)
-    cells, calls = size_cells(model, [toks[i] for i in sub],
-                              [np.full(int(lengths[i]), p0) for i in sub], seed,
-                              tag="exact_pilot", **run)
-    pilot_rows = int(p0 * lengths[sub].sum())
-    tot = np.zeros(RATE_BINS)
-    cnt = np.zeros(RATE_BINS)
-    for i, cell in zip(sub, cells, strict=True):
-        d = int(lengths[i])
-        if d == 0:
-            continue
-        b = _rate_bin(np.arange(1, d + 1), d, RATE_BINS)
-        np.add.at(tot, b, [c.var(ddof=1) for c in cell])
-        np.add.at(cnt, b, 1)
-    var = np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
-    var = np.where(np.isnan(var), np.nanmax(var) if np.isfinite(var).any() else 0.0, var)
-    n_cells = np.zeros(RATE_BINS)
-    for d in lengths:
-        if d:
-            np.add.at(n_cells, _rate_bin(np.arange(1, d + 1), int(d), RATE_BINS), 1)
-    # variance of the mean LML with P_b masks per cell: sum_b var_b n_b / (N^2 P_b);
-    # cost per datum: sum_b n_b P_b / N
-    v = var * n_cells / n ** 2
-    cost = np.maximum(n_cells / n, 1e-12)
-    left = None if max_masks is None else max_masks - pilot_rows / n
-    counts, capped, wanted = plan_counts(v, cost, target_se, allocation, left)
-    per_seq = [counts[_rate_bin(np.arange(1, d + 1), int(d), RATE_BINS)] if d
-               else np.zeros(0, dtype=np.int64) for d in lengths]
-    cells, calls2 = size_cells(model, toks, per_seq, _fresh_seed(seed), tag="exact_target",
-                               **run)
-    lml = np.array([sum(float(c.mean()) for c in cell) for cell in cells])
-    var_i = [np.array([c.var(ddof=1) / c.size for c in cell]) for cell in cells]
-    se_i = np.sqrt([float(vi.sum()) for vi in var_i])
-    terms = np.concatenate([vi for vi in var_i]) / n ** 2 if n else np.zeros(0)
-    dofs = np.concatenate([np.array([c.size - 1 for c in cell], dtype=np.float64)
-                           for cell in cells]) if n else np.zeros(0)
-    stderr = float(np.sqrt(terms.sum())) if terms.size else 0.0
-    rows = np.array([int(c.sum()) for c in per_seq], dtype=np.int64)
-    rows[sub] += p0 * lengths[sub]
-    return {"lml": lml, "stderr": se_i, "stderr_mean": stderr,
-            "dof": welch_dof(torch.from_numpy(terms), torch.from_numpy(dofs)),
-            "calls": calls + calls2, "rows": rows, "counts": counts.tolist(),
-            "capped": capped, "wanted": wanted + pilot_rows / n,
-            "stop_reason": stop_reason(stderr, target_se, capped)}
-
-
-def ragged_curve_to_target(model: Any, sequences: Any, target_se: float, max_masks: int | None,
-                           allocation: str, num_masks: int, seed: int,
-                           **options: Any) -> MPTCurve:
-    """The MPT curve of ragged sequences at a target SE of the mean LML ``D_i mean_k S_ik``.
-
-    Strata are the rates of the grid; the pilot (:func:`pilot_masks` masks
-    per rate on at most :data:`PILOT_DATA` sequences) gives each rate's spread
-    of ``(D_i / K) S_hat``, the counts per rate follow
-    (:func:`plan_counts`), and the curve is drawn afresh with them.
-    """
-    from ..estimation.ragged import mlm_curve
-
-    if options.get("exact"):
-        raise ValueError("exact=True does not combine with target_se (its sum over every size is "
-                         "a separate estimate); use estimate_lml(..., target_se=) for it.")
-    seqs = list(sequences)
-    n = len(seqs)
-    sub = _pilot_subset(n, seed)
-    p0 = pilot_masks(num_masks, len(sub))
-    pilot_options = {k: v for k, v in options.items() if k not in ("checkpoint_dir", "ids")}
-    pilot = mlm_curve(model, [seqs[i] for i in sub], num_masks=p0, seed=seed, **pilot_options)
-    assert pilot.per_sample_stderr is not None
-    k = len(pilot.rates)
-    d_sub = np.asarray(pilot.num_tokens, dtype=np.float64)
-    s2 = (pilot.per_sample_stderr.numpy() ** 2) * p0  # (n_sub, K): variance of one mask
-    v = np.nanmean((d_sub[:, None] / k) ** 2 * s2, axis=0) / n
-    left = None if max_masks is None else max_masks - pilot.num_masked_rows / n
-    counts, capped, wanted = plan_counts(v, np.ones(k), target_se, allocation, left)
-    res = mlm_curve(model, seqs, num_masks=counts, seed=_fresh_seed(seed), **options)
-    assert res.num_masked_rows_per_sample is not None and res.lml_stderr_mean is not None
-    rows = res.num_masked_rows_per_sample.clone()
-    rows[torch.as_tensor(sub)] += int(pilot.num_masked_rows // max(len(sub), 1))
-    res.num_masked_rows += pilot.num_masked_rows
-    res.num_masked_rows_per_sample = rows
-    res.num_model_calls += pilot.num_model_calls
-    res.target_se, res.allocation = target_se, allocation
-    res.stop_reason = stop_reason(res.lml_stderr_mean, target_se, capped)
-    res.extra["masks_per_rate"] = counts.tolist()
-    res.extra["masks_wanted"] = wanted + pilot.num_masked_rows / n
-    return res
+def rate_bin(sizes: np.ndarray, length: int, bins: int = RATE_BINS) -> np.ndarray:
+    """Rate bin of each size M of a sequence of ``length`` units: ceil(B M / D) - 1."""
+    return np.minimum(bins - 1, np.ceil(bins * sizes / length - 1e-9).astype(np.int64) - 1)

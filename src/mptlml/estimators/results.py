@@ -2,7 +2,8 @@
 
 :class:`LMLEstimate` holds estimates of log p(x_n) per datum (or sequence),
 :class:`MPTCurve` the MPT curve S(x; M) against the masking rate and its area
-(Proposition 1 of Moreno-Munoz, Recasens & Hauberg, NeurIPS 2023). A dense
+(Proposition 1 of Moreno-Munoz, Recasens & Hauberg, NeurIPS 2023),
+:class:`TokenScores` the per-token (per-word) log-probabilities of a PLL. A dense
 model (every datum has D tokens) and a masked LM on ragged sequences (D_i
 tokens) fill the same fields (``mean``, ``stderr``, ``per_sample``,
 ``per_sample_stderr``; ``area``, ``area_stderr``, ``rates``, ...); a few
@@ -12,6 +13,7 @@ optional fields exist only for ragged sequences and are None otherwise.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -20,7 +22,8 @@ import torch
 
 from .._io import jsonable
 
-__all__ = ["LMLEstimate", "MPTCurve", "NonFiniteWarning", "announce_nonfinite"]
+__all__ = ["LMLEstimate", "MPTCurve", "NonFiniteWarning", "TokenScores", "announce_nonfinite",
+           "as_float64"]
 
 
 def _numpy(v: Any) -> Any:
@@ -267,6 +270,95 @@ class MPTCurve(_Result):
                             "size": sizes, "score": scores.reshape(-1), "score_stderr": se})
         if self.ids is not None:
             out.insert(1, "id", np.repeat(np.asarray(self.ids, dtype=object), s))
+        return out
+
+
+@dataclass
+class TokenScores:
+    """Per-unit log-probs of a PLL run (:func:`mptlml.pll` with ``per_token=True``).
+
+    Attributes
+    ----------
+    total : torch.Tensor, (N,)
+        PLL of each sequence (float64): the sum of its ``log_probs``, equal to
+        what ``pll(...)`` returns without ``per_token``.
+    log_probs : list of float64 ndarray ``(U_i,)``
+        One log-prob per unit of each sequence, in order.
+    tokens : list of list of str
+        The units: vocabulary strings of the content tokens (``unit="token"``)
+        or the words' texts (``unit="word"``).
+    unit : {"token", "word"}
+        Whole-word scoring has word units; the other variants token units.
+    variant : {"original", "whole_word", "word_l2r"}
+    words : list of LongTensor ``(U_i,)`` or None
+        The word (0..W_i-1) of each unit, for word-level runs.
+    word_texts : list of list of str or None
+        The W_i words of each sequence, for word-level runs.
+    model : str or None
+        The model's name.
+    """
+
+    total: torch.Tensor
+    log_probs: list[np.ndarray]
+    tokens: list[list[str]]
+    unit: str
+    variant: str
+    words: list[torch.Tensor] | None = None
+    word_texts: list[list[str]] | None = None
+    model: str | None = None
+
+    def to_pandas(self, ids: Sequence[str] | None = None) -> Any:
+        """A tidy ``pandas.DataFrame``: one row per unit (token, or word) of each sequence.
+
+        Columns ``sequence`` (its index), ``position`` (the unit's place among
+        the content units, from 0), ``token`` (the unit's string), ``log_prob``,
+        ``model``, ``variant``, ``unit``; ``word`` for word-level runs and
+        ``id`` when ``ids`` are given. ``log_prob`` summed per sequence is ``total``.
+        """
+        import pandas as pd
+
+        if len(self.tokens) != len(self.log_probs):
+            raise ValueError("these scores carry no token strings; run pll(..., per_token=True).")
+        names = None if ids is None else [str(i) for i in ids]
+        if names is not None and len(names) != len(self.log_probs):
+            raise ValueError(f"ids has {len(names)} entries for {len(self.log_probs)} sequences.")
+        rows = []
+        for i, (toks, lp) in enumerate(zip(self.tokens, self.log_probs, strict=True)):
+            for j, (t, v) in enumerate(zip(toks, lp, strict=True)):
+                row: dict[str, Any] = {"sequence": i, "position": j, "token": t,
+                                       "log_prob": float(v), "model": self.model,
+                                       "variant": self.variant, "unit": self.unit}
+                if self.words is not None:
+                    row["word"] = int(self.words[i][j])
+                if names is not None:
+                    row["id"] = names[i]
+                rows.append(row)
+        return pd.DataFrame(rows)
+
+    def word_log_probs(self) -> list[np.ndarray]:
+        """Per-word scores: the sum of each word's units' log-probs ``(W_i,)``."""
+        if self.words is None:
+            raise ValueError("these scores carry no word map; run pll(..., whole_word=True) "
+                             "or pll(..., variant='word_l2r') for per-word scores.")
+        return [np.bincount(w.numpy(), weights=lp, minlength=int(w.max()) + 1)
+                for w, lp in zip(self.words, self.log_probs, strict=True)]
+
+    def rows(self, model: str, ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Tidy rows (model, id, position, token, log_prob[, word]) for a CSV.
+
+        ``position`` counts content units from 0 (special tokens excluded);
+        ``word`` (word-level runs) is the unit's word number.
+        """
+        names = list(ids) if ids is not None else [str(i) for i in range(len(self.tokens))]
+        out = []
+        for i, (sid, toks, lp) in enumerate(zip(names, self.tokens, self.log_probs,
+                                                strict=True)):
+            for j, (t, v) in enumerate(zip(toks, lp, strict=True)):
+                row = {"model": model, "id": sid, "position": j, "token": t,
+                       "log_prob": float(v)}
+                if self.words is not None:
+                    row["word"] = int(self.words[i][j])
+                out.append(row)
         return out
 
 
