@@ -184,9 +184,13 @@ def test_model_args_are_checked_before_any_work(tiny_dir):
         mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},max_masks=0")
     with pytest.raises(ValueError, match="need pretrained="):
         mle.MPTLM.create_from_arg_string("num_masks=4")
-    with pytest.raises(ValueError, match="disagree"):
-        mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},device=cpu",
-                                         {"device": "meta"})
+    # lm-eval's --device (default cuda:0) yields to model_args, and to no CUDA
+    lm = mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},device=cpu",
+                                          {"device": "cuda:0"})
+    assert lm.device == torch.device("cpu")
+    if not torch.cuda.is_available():
+        lm = mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir}", {"device": "cuda:0"})
+        assert lm.device == torch.device("cpu")
     with pytest.raises(TypeError, match="greedy must be true or false"):
         mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},greedy=yes")
     with pytest.warns(UserWarning, match="does not apply to mptlml.*token_budget"):
@@ -337,6 +341,95 @@ def test_long_inputs_keep_the_last_context_and_window_long_texts(tmp_path):
     assert abs(roll["loglikelihood"] - want) < 4 * roll["stderr"]
     assert res["results"]["long_ppl"]["word_perplexity,none"] == pytest.approx(
         math.exp(-roll["loglikelihood"] / 14))
+
+
+# ---------------------------------------------------------------------- AntiBERTy
+def _spaced(residues: str) -> str:
+    return " ".join(residues)
+
+
+def antibody_docs() -> tuple[list[dict], list[str]]:
+    """Germline V genes of three families: their first 22 residues as context, the true next
+    3 against an implausible triple and the reversal; and 4-residue fragments to score whole
+    (residues spaced, as a saved AntiBERTy tokenizer reads them)."""
+    from mptlml.data import bundled_antibodies
+
+    seqs = [bundled_antibodies().texts[i] for i in (0, 40, 80)]
+    docs = [{"context": _spaced(x[:22]),
+             "choices": [_spaced(x[22:25]), _spaced("WCW"), _spaced(x[22:25][::-1])],
+             "label": 0} for x in seqs]
+    return docs, [_spaced(x[30:34]) for x in seqs]
+
+
+@pytest.fixture(scope="module")
+def antiberty_dir(antiberty, tmp_path_factory):
+    """AntiBERTy saved with its tokenizer, the directory a command line names."""
+    d = tmp_path_factory.mktemp("antiberty")
+    antiberty.model.save_pretrained(d)
+    antiberty.tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.mark.slow
+def test_antiberty_through_the_evaluator_and_the_command_line(antiberty, antiberty_dir,
+                                                              tmp_path):
+    docs, texts = antibody_docs()
+    tasks = write_tasks(tmp_path / "tasks", mc_docs=docs, ppl_texts=texts, prefix="ab")
+    ref = Reference(antiberty_dir)
+    settings = dict(target_se=0.5, num_masks=64, max_masks=2048, seed=2)
+    log = tmp_path / "py.jsonl"
+    res = _evaluate(tasks, ["ab_mc", "ab_ppl"], mle.MPTLM(antiberty, mc_log=log, **settings))
+    records, summary = read_records(log)
+    exact = {}
+    for d, doc in enumerate(docs):
+        for i, c in enumerate(doc["choices"]):
+            exact[("ab_mc", d, i)] = ref.mpt_sum(*ref.pair(doc["context"], " " + c))
+    for d, t in enumerate(texts):
+        exact[("ab_ppl", d, 0)] = ref.mpt_sum([], ref.ids(t))
+    assert {(r["task"], r["doc_id"], r["idx"]) for r in records} == set(exact)
+    for r in records:
+        assert 0 < r["stderr"] <= settings["target_se"]
+        assert abs(r["loglikelihood"] - exact[(r["task"], r["doc_id"], r["idx"])]) < 4 * r[
+            "stderr"], r
+    want = np.mean([max(range(3), key=lambda i: exact[("ab_mc", d, i)]) == 0
+                    for d in range(len(docs))])
+    assert res["results"]["ab_mc"]["acc,none"] == pytest.approx(want)
+    assert summary["ab_mc"]["questions"] == len(docs)
+    # the command line, AntiBERTy from its directory: the same numbers as the Python route
+    out = tmp_path / "cli"
+    args = ",".join(f"{k}={v}" for k, v in settings.items())
+    assert mle.main(["--model", "mptlml", "--model_args", f"pretrained={antiberty_dir},{args}",
+                     "--tasks", "ab_mc,ab_ppl", "--include_path", str(tasks),
+                     "--output_path", str(out), "--log_samples"]) == 0
+    cli, samples, cli_log = _results(out)
+    cli_records, _ = read_records(cli_log)
+    key = lambda r: (r["task"], r["doc_id"], r["idx"])  # noqa: E731
+    for a, b in zip(sorted(records, key=key), sorted(cli_records, key=key), strict=True):
+        assert b["loglikelihood"] == pytest.approx(a["loglikelihood"], abs=1e-4)
+        assert b["masked_inputs"] == a["masked_inputs"]
+    assert cli["results"]["ab_mc"]["acc,none"] == res["results"]["ab_mc"]["acc,none"]
+
+
+def test_a_masked_diffusion_checkpoint_from_model_args(tmp_path):
+    """mask_token_id, trust_remote_code and add_special_tokens reach MaskedLM.from_pretrained."""
+    from .diffusion_helpers import MASK_WORD, make_word_tokenizer, save_remote_code_model
+
+    tok = make_word_tokenizer()
+    ckpt = save_remote_code_model(tmp_path / "mdm", len(tok))
+    docs = [{"context": "the cat sat on", "choices": ["a mat", "the red house"], "label": 0},
+            {"context": "a big dog", "choices": ["ran far away", "tree", "blue"], "label": 2}]
+    tasks = write_tasks(tmp_path / "tasks", prefix="mdm", mc_docs=docs,
+                        ppl_texts=["the cat sat", "a big dog ran"])
+    mask_id = tok.convert_tokens_to_ids(MASK_WORD)
+    lm = mle.MPTLM.create_from_arg_string(
+        f"pretrained={ckpt},mask_token_id={mask_id},trust_remote_code=true,"
+        f"add_special_tokens=false,num_masks=4,mc_log={tmp_path / 'mc.jsonl'}")
+    assert lm.model.mask_token_id == mask_id and lm.model.prefix == []
+    res = _evaluate(tasks, ["mdm_mc", "mdm_ppl"], lm)
+    records, summary = read_records(tmp_path / "mc.jsonl")
+    assert len(records) == 5 + 2 and all(math.isfinite(r["loglikelihood"]) for r in records)
+    assert 0 <= res["results"]["mdm_mc"]["acc,none"] <= 1
+    assert set(summary) == {"mdm_mc", "mdm_ppl"}
 
 
 # ---------------------------------------------------------------------- greedy

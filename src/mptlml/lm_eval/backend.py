@@ -54,6 +54,7 @@ from .._scoring.distributed import (
     barrier,
     distributed_context,
     gather,
+    launched,
     resolve_device,
     shard,
 )
@@ -92,6 +93,22 @@ def _key(request: Any) -> _Key:
     doc = request.doc_id
     return _Key("" if task is None else str(task), -1 if doc is None else int(doc),
                 int(request.idx), tuple(str(a) for a in request.args))
+
+
+def _harness_device(device: str) -> str:
+    """lm-eval's ``--device`` (default ``cuda:0``) as the device this process scores on.
+
+    ``model_args device=`` takes precedence over it. Under a launcher a CUDA device means
+    each process's own GPU (``cuda:LOCAL_RANK``); without CUDA the CPU, as lm-eval's own
+    backends fall back.
+    """
+    if not device.startswith("cuda"):
+        return device
+    if not torch.cuda.is_available():
+        logger.info("lm-eval's --device %s (its default is cuda:0): CUDA is not available "
+                    "here; scoring on the CPU.", device)
+        return "cpu"
+    return "cuda" if launched() else device
 
 
 def _content_seed(seed: int, args: list[tuple[str, ...]]) -> int:
@@ -133,7 +150,9 @@ attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
         ``trust_remote_code`` for a masked-diffusion LM such as LLaDA).
     device : str, optional
         ``"cuda"``, ``"cpu"``, ...; under ``accelerate launch`` each process takes
-        ``cuda:LOCAL_RANK`` (or the CPU). Default: a GPU when there is one.
+        ``cuda:LOCAL_RANK`` (or the CPU). Default: lm-eval's ``--device`` (a CUDA
+        device there is the CPU where CUDA is not available, each process's own GPU
+        under a launcher), else a GPU when there is one.
     num_masks : int, optional
         Masks per request per round of draws (even; :func:`mptlml.compare`'s
         default when not given), besides the one mask of the whole continuation.
@@ -247,11 +266,8 @@ attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
     def _create(cls, args: dict[str, Any], additional: dict | None) -> MPTLM:
         extra = {k: v for k, v in (additional or {}).items() if v is not None}
         device = extra.pop("device", None)
-        if device is not None:
-            if args.get("device") not in (None, device):
-                raise ValueError(f"--device {device} and model_args device={args['device']} "
-                                 "disagree; give one.")
-            args.setdefault("device", device)
+        if device is not None and args.get("device") is None:
+            args["device"] = _harness_device(str(device))
         harness = {k: extra.pop(k) for k in ("batch_size", "max_batch_size") if k in extra}
         if any(str(v) not in ("1", "auto") for v in harness.values()):
             warnings.warn(
