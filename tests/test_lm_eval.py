@@ -354,7 +354,7 @@ def antibody_docs() -> tuple[list[dict], list[str]]:
     (residues spaced, as a saved AntiBERTy tokenizer reads them)."""
     from mptlml.data import bundled_antibodies
 
-    seqs = [bundled_antibodies().texts[i] for i in (0, 40, 80)]
+    seqs = [bundled_antibodies().texts[i] for i in (0, 40, 70)]
     docs = [{"context": _spaced(x[:22]),
              "choices": [_spaced(x[22:25]), _spaced("WCW"), _spaced(x[22:25][::-1])],
              "label": 0} for x in seqs]
