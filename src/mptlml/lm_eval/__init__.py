@@ -22,10 +22,10 @@ its conditional form; an equality for a consistent model)::
     S_T(x; M) = E_{mask in T, |mask| = M}[(1/M) sum_{j in mask} log p(x_j | x_rest)]
 
 ``loglikelihood`` scores a continuation T given its context C (the candidates of
-one document on common masks, :func:`mptlml.compare`); ``loglikelihood_rolling``
-scores a whole text (:func:`mptlml.estimate_lml`); every request's Monte Carlo
-standard error and cost go to a JSON-lines file beside lm-eval's output
-(:mod:`mptlml.lm_eval.records`).
+one document on common masks), ``loglikelihood_rolling`` a whole text (the bound
+with no context), both through :func:`mptlml.compare`; every request's Monte
+Carlo standard error and cost go to a JSON-lines file beside lm-eval's output
+(:mod:`mptlml.lm_eval.records`), and the run's summary into lm-eval's results.
 
 lm-eval is an optional dependency: ``pip install 'mptlml[lm-eval]'``.
 """

@@ -1,31 +1,33 @@
 """The lm-eval model ``mptlml``: lm-eval's requests answered by the MPT bound, with their errors.
 
-:class:`MPTLM` is an ``lm_eval.api.model.LM``:
+:class:`MPTLM` is an ``lm_eval.api.model.LM``. Every request becomes a
+question of :func:`mptlml.compare` (the conditional MPT bound, sizes drawn
+over stratified rates, the whole continuation's mask scored once exactly):
 
 ``loglikelihood`` (context, continuation)
-    The conditional MPT bound of log p(continuation | context): the
-    continuation's tokens masked, the context always visible. The requests of
-    one document that share a context (the K candidates of a multiple-choice
-    question) are scored together on common masks by :func:`mptlml.compare`, so
-    their differences, which decide the answer, carry a paired standard error;
-    a lone request goes to :func:`mptlml.estimate_lml` with ``context=``.
-    ``is_greedy`` is :func:`~mptlml.lm_eval.greedy.greedy_reproduces`.
+    The conditional bound of log p(continuation | context): the continuation's
+    tokens masked, the context always visible. The requests of one document
+    that share a context (the K candidates of a multiple-choice question) are
+    one question, scored on common masks, so their differences, which decide
+    the answer, carry a paired standard error; a lone request is a question of
+    one. ``is_greedy`` is :func:`~mptlml.lm_eval.greedy.greedy_reproduces`.
 ``loglikelihood_rolling`` (text,)
-    The full-sequence MPT bound of the text (:func:`mptlml.estimate_lml`). A
-    text longer than the model's maximum is cut into windows: the first of the
-    model's full length, each next one of half of it, scored given as many
-    preceding tokens as fit (the chain rule with a truncated context, as lm-eval
-    does for causal models), and the windows' bounds summed.
+    The full-sequence bound of the text (a question of one, no context). A text
+    longer than the model is cut into windows: the first of the model's full
+    length, each next one of half of it, scored given as many preceding tokens
+    as fit (the chain rule with a truncated context, as lm-eval does for causal
+    models), and the windows' bounds summed (their variances too).
 ``generate_until``
     Refused: the backend scores text.
 
 Batching and processes. Each call gathers every process's requests (lm-eval
 splits the documents between the processes of ``accelerate launch``), puts them
-in one canonical order (task, document, request index) and hands them to mptlml
-in one call, which scores them in length-bucketed forward passes under the
-token budget and, under a launcher, shares the chunks between the processes
-itself. A request's masks are drawn from (seed, its place in that order), so a
-run gives the same numbers with one process or several.
+in one order (task, document, request index) and hands them to mptlml in one
+call, which scores them in length-bucketed forward passes under the token
+budget and, under a launcher, shares the chunks between the processes itself. A
+question's masks are drawn from the run's seed and its own texts, so a run
+gives the same numbers with one process or several, and a request the same
+number whatever other documents are in the run.
 """
 
 from __future__ import annotations

@@ -40,8 +40,10 @@ Monte Carlo noise, per task: the share of multiple-choice decisions not
 decided, the Monte Carlo standard error of the accuracy (at most
 sqrt(sum_q p_q (1 - p_q)) / Q, p_q = Phi(-margin_z_q) the chance that question
 q's leader and its closest rival swap under a normal approximation; a swap
-changes the accuracy only when one of them is the gold answer), and of the
-perplexities (the delta method on the summed log-likelihood). It is the last line of the
+changes the accuracy only when one of them is the gold answer; the decision on
+the log-likelihoods themselves, lm-eval's ``acc``, not ``acc_norm``'s
+length-normalised one), and of the perplexities (the delta method on the summed
+log-likelihood). It is the last line of the
 file (``{"summary": ...}``) and goes into lm-eval's results
 (``results["config"]["mptlml"]``).
 """
