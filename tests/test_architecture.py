@@ -2,7 +2,7 @@
 
 - Dependencies point one way, down the floors of :data:`FLOORS`::
 
-      cli -> jobs/reproduce/report -> runs (run plumbing)
+      cli -> jobs/reproduce/report/lm_eval -> runs (run plumbing)
           -> training, estimators, objectives, selection, hf, data -> _scoring
           -> models -> masks -> helpers (_io, _markdown, _linalg, _validation, _progress, settings)
 
@@ -49,7 +49,7 @@ FLOORS: dict[str, int] = {
     "estimators": 4, "objectives": 4, "training": 4, "selection": 4, "hf": 4, "data": 4,
     "testing": 4, "(root)": 4,
     "runs": 5,
-    "jobs": 6, "reproduce": 6, "report": 6,
+    "jobs": 6, "reproduce": 6, "report": 6, "lm_eval": 6,
     "cli": 7, "__main__": 7,
 }
 

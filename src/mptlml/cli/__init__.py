@@ -2,7 +2,8 @@
 
 Each user job (:mod:`mptlml.jobs`) becomes a command with one line
 (:func:`~.command.job_command`: its settings are its flags); ``reproduce``
-(:mod:`.reproduce`) and ``report`` (:mod:`.report`) are one module each. A new
+(:mod:`.reproduce`), ``report`` (:mod:`.report`) and ``eval`` (:mod:`.evaluate`,
+lm-eval's command line) are one module each. A new
 command is its module plus one line in :func:`commands`. :func:`main` runs a
 command line and turns errors into one line on stderr and an exit code.
 """
@@ -31,6 +32,7 @@ def commands() -> list[click.Command]:
     """Every command of ``mptlml``: one line each."""
     from ..jobs import curve, demo, select
     from .command import job_command
+    from .evaluate import evaluate
     from .report import report
     from .reproduce import reproduce
 
@@ -40,6 +42,7 @@ def commands() -> list[click.Command]:
         job_command("curve", curve.JOB),
         report(),
         job_command("select", select.JOB),
+        evaluate(),
     ]
 
 

@@ -353,22 +353,20 @@ class MaskedLM(nn.Module):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=dt)
 
-    def masked_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         rows: torch.Tensor, cols: torch.Tensor,
-                         targets: torch.Tensor) -> torch.Tensor:
-        """log p(targets | input) at positions ``(rows, cols)`` of a padded batch.
+    def masked_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Logits ``(n, V)`` at positions ``(rows, cols)`` of a padded batch.
 
         Runs the encoder, gathers the hidden states at the given positions and
         applies the LM head there only (a module without a separable head: its
-        logits at those positions); log-softmax in float32 (float64 for a
-        float64 model). The model is scored in eval mode whatever mode it is in
-        (no dropout: a model left in train mode by training is put back after).
-        Returns ``(n,)``.
+        logits at those positions); float32 (float64 for a float64 model). The
+        model runs in eval mode whatever mode it is in (no dropout: a model left
+        in train mode by training is put back after), under ``torch.inference_mode``.
         """
         dev = self.device
         input_ids = input_ids.to(dev)
         attention_mask = attention_mask.to(dev)
-        rows, cols, targets = rows.to(dev), cols.to(dev), targets.to(dev)
+        rows, cols = rows.to(dev), cols.to(dev)
         with torch.inference_mode(), self._autocast(), evaluation_mode(self.model):
             if self._split:
                 hidden = self._base(input_ids=input_ids, attention_mask=attention_mask)[0]
@@ -377,10 +375,44 @@ class MaskedLM(nn.Module):
                 extra = {"attention_mask": attention_mask} if self._takes_attention_mask else {}
                 logits = logits_of(self.model(input_ids=input_ids, **extra),
                                    self.name)[rows, cols]
-            if logits.dtype != torch.float64:
-                logits = logits.float()
+            return logits if logits.dtype == torch.float64 else logits.float()
+
+    def masked_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         rows: torch.Tensor, cols: torch.Tensor,
+                         targets: torch.Tensor) -> torch.Tensor:
+        """log p(targets | input) at positions ``(rows, cols)`` of a padded batch.
+
+        The log-softmax of :meth:`masked_logits` (float32; float64 for a
+        float64 model) at the targets. Returns ``(n,)``.
+        """
+        logits = self.masked_logits(input_ids, attention_mask, rows, cols)
+        with torch.inference_mode():
             logp = torch.log_softmax(logits, dim=-1)
-            return logp.gather(1, targets[:, None]).squeeze(1)
+            return logp.gather(1, targets.to(logp.device)[:, None]).squeeze(1)
+
+    def top_predictions(self, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
+                        *, token_budget: int = 8192, batch_size: int | None = None,
+                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The most probable token at given positions of many ragged inputs, and its log-prob.
+
+        ``inputs`` are full model inputs ``(T_k,)`` (special tokens included, masks
+        applied) and ``positions`` ``(m_k,)`` the input positions to predict. For
+        each input returns ``(log_prob, token_id)``, float64 and int64 ``(m_k,)``:
+        ``max_v log p(v | input)`` and its argmax (the first on a tie), in the
+        length-bucketed, token-budgeted sub-batches of :meth:`score_positions`.
+        """
+
+        def forward(ids: torch.Tensor, att: torch.Tensor, rows: torch.Tensor,
+                    cols: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            logits = self.masked_logits(ids, att, rows, cols)
+            with torch.inference_mode():
+                top, arg = torch.log_softmax(logits, dim=-1).max(dim=-1)
+                return torch.stack([top.double(), arg.double()], dim=1)  # ids < 2^53: exact
+
+        out = score_in_buckets(forward, self.pad_token_id, inputs, positions, positions,
+                               token_budget=token_budget, batch_size=batch_size,
+                               equal_lengths=not self._takes_attention_mask)
+        return [(v[:, 0].clone(), v[:, 1].long()) for v in out]
 
     def score_positions(self, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
                         targets: Sequence[torch.Tensor], *, token_budget: int = 8192,

@@ -117,7 +117,8 @@ def score_in_buckets(forward: Forward, pad_id: int, inputs: Sequence[torch.Tenso
     ----------
     forward : callable
         ``forward(input_ids, attention_mask, rows, cols, targets)``: log-probs
-        ``(n,)`` of a padded batch at the given (row, column) positions.
+        ``(n,)`` of a padded batch at the given (row, column) positions (or
+        ``(n, k)``: k numbers per position, e.g. a top log-prob and its token id).
     pad_id : int
         Padding token id.
     inputs : list of LongTensor ``(T_k,)``
@@ -134,7 +135,7 @@ def score_in_buckets(forward: Forward, pad_id: int, inputs: Sequence[torch.Tenso
 
     Returns
     -------
-    list of float64 tensors ``(m_k,)``
+    list of float64 tensors ``(m_k,)`` (``(m_k, k)`` for a forward of k numbers per position)
     """
     n = len(inputs)
     lengths = torch.tensor([len(t) for t in inputs])
