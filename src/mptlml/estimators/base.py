@@ -61,7 +61,7 @@ from .._validation import check_positive_int, make_generator
 from ..masks import sample_masks
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
-from .allocation import check_target, plan_counts
+from .allocation import check_target, plan_counts, show_plan
 from .results import LMLEstimate
 from .runs import start_run
 from .stats import mean_stderr, sum_stderr, welch_dof
@@ -440,6 +440,8 @@ class Estimator:
         variances, costs, spent = data.pilot()
         plan, capped, wanted = plan_counts(variances, costs, target_se, allocation,
                                            None if budget is None else budget - spent)
+        show_plan(f"the {self.name!r} estimate", target_se, allocation, plan,
+                  float((plan * costs).sum()), spent, data.n, capped, progress)
         return data.result(plan, capped=capped, wanted=wanted + spent, target_se=target_se,
                              allocation=allocation)
 
