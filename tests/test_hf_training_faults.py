@@ -283,3 +283,22 @@ def test_a_batch_longer_than_the_position_table_is_named(tmp_path):
     length = len(tok(SENTENCES[-1])["input_ids"])  # > 8 positions
     with pytest.raises(ValueError, match=f"inputs of {length} tokens .* position table covers 8"):
         trainer.train()
+
+
+def test_each_process_masks_its_micro_batches_from_its_own_reproducible_stream(tiny):
+    """(seed, step, micro-batch, process) seeds the masks: processes differ, reruns agree."""
+    from types import SimpleNamespace
+
+    from mptlml.hf import MPTTrainer
+
+    _, tok = tiny
+    coll = DataCollatorForMPT(tok, seed=0)
+    batch = coll.pad(_examples(tok, [SENTENCES[-1]] * 8))
+
+    def masks(rank):
+        fake = SimpleNamespace(model=None, mpt_collator=coll, mask_seed=11,
+                               args=SimpleNamespace(process_index=rank))
+        return MPTTrainer._mask(fake, batch, 0, 3, 0)["mpt_labels"] != -100
+
+    assert torch.equal(masks(0), masks(0)) and torch.equal(masks(1), masks(1))
+    assert not torch.equal(masks(0), masks(1))

@@ -164,6 +164,9 @@ def ragged_seed(seed: Any) -> int:
     if seed is None:
         return int(torch.randint(0, 2**31 - 1, ()).item())
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        if int(seed) < 0:
+            raise ValueError(f"seed must be a non-negative int (the masks of sequence i come "
+                             f"from (seed, i)), got {seed}.")
         return int(seed)
     raise TypeError(f"for ragged sequences (a masked LM) pass an int seed (or None), got "
                     f"{type(seed).__name__}.")

@@ -185,6 +185,8 @@ class DataCollatorForMPT:
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token first.")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise TypeError(f"seed must be an int or None, got {seed!r}.")
+        if seed is not None and int(seed) < 0:
+            raise ValueError(f"seed must be a non-negative int or None, got {seed}.")
         check_round_trip(tokenizer, allow_unknown=bool(allow_unknown))
         self.tokenizer = tokenizer
         self.estimator = self.size_rule.name
