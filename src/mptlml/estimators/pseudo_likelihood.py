@@ -74,6 +74,7 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
         Score the conditional instead: one context per sequence (text or ids; one
         string for all), always visible and never scored; the sequences are the
         continuations (see :func:`mptlml.estimate_lml`): ``sum_{j in T} log p(x_j | x_{-j})``.
+
     Returns
     -------
     torch.Tensor
