@@ -42,6 +42,7 @@ from typing import Any
 
 from ._io import atomic_write_text, jsonable
 from ._markdown import md_cell
+from ._optional import require
 from .experiments._claims import STATUSES, status_of
 from .experiments.common import environment, load_results
 from .experiments.registry import EXPERIMENTS, get_experiment
@@ -372,6 +373,7 @@ def _md_link(path: str) -> str:
 
 
 def _render(rep: Report, template: str, out_dir: Path) -> str:
+    require("jinja2", "a report (report.html, report.md)")
     import jinja2
 
     env = jinja2.Environment(

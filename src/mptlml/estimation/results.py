@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .._io import jsonable
+from .._optional import require
 
 __all__ = ["LMLEstimate", "MPTCurve", "NonFiniteWarning", "announce_nonfinite"]
 
@@ -133,6 +134,7 @@ class LMLEstimate(_Result):
         ``estimator``, ``model``, ``num_masks``, ``rate``, ``seed``. The
         aggregate (``mean``, ``stderr``, ...) stays on the object.
         """
+        require("pandas", "to_pandas()")
         import pandas as pd
 
         lml = np.asarray(_numpy(self.per_sample), dtype=np.float64).reshape(-1)
@@ -246,6 +248,7 @@ class MPTCurve(_Result):
         ``size``, ``score`` (S_hat(x_n; M)) and ``score_stderr`` (ragged; NaN
         where unknown).
         """
+        require("pandas", "to_pandas()")
         import pandas as pd
 
         rates = np.asarray(self.rates, dtype=np.float64)

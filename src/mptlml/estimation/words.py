@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._optional import require
 from ..models.protocols import WordMaskedModel
 from ..models.sequence_input import encode, normalise_sequences
 from .runner import run_pairs
@@ -88,6 +89,7 @@ class TokenScores:
         ``model``, ``variant``, ``unit``; ``word`` for word-level runs and
         ``id`` when ``ids`` are given. ``log_prob`` summed per sequence is ``total``.
         """
+        require("pandas", "TokenScores.to_pandas()")
         import pandas as pd
 
         if len(self.tokens) != len(self.log_probs):
