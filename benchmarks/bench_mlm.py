@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mptlml import mlm_curve, pll
+from mptlml import mpt_curve, pll
+from mptlml._scoring.ragged import seq_seed as _seq_seed
 from mptlml.data import bundled_antibodies
-from mptlml.estimation.rates import mask_sizes
-from mptlml.estimation.runner import seq_seed as _seq_seed
+from mptlml.estimators.rates import mask_sizes
 from mptlml.masks import sample_masks
 from mptlml.models import MaskedLM
 from mptlml.settings import keep_heap
@@ -117,7 +117,7 @@ def main() -> None:
                 base(input_ids=x, attention_mask=a)
 
     def curve():
-        return mlm_curve(lm, texts, rates=rates, seed=0, token_budget=args.token_budget)
+        return mpt_curve(lm, texts, rates=rates, seed=0, token_budget=args.token_budget)
 
     ref = reference_scores(lm, batches, (len(texts), len(rates)))
     res = curve()

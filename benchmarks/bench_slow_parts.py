@@ -46,7 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from mptlml.experiments import run_experiment  # noqa: E402
+from mptlml.reproduce import run_part  # noqa: E402
 
 
 def _num(v: float | None) -> str:
@@ -76,7 +76,7 @@ def bench_mlm_training(steps: int, num_test: int, out: Path) -> dict[str, Any]:
             BertForMaskedLM.set_attn_implementation = lambda self, impl: None
         t0 = time.perf_counter()
         try:
-            res = run_experiment("mlm-training", out / f"mlm{i}",
+            res = run_part("mlm-training", out / f"mlm{i}",
                                  overrides={**size, **over})["results"]
         finally:
             BertForMaskedLM.set_attn_implementation = keep
@@ -123,7 +123,7 @@ def bench_antibody(num_sequences: int, out: Path) -> dict[str, Any]:
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
-    f32 = run_experiment("antibody", out / "ab32", overrides=size)["results"]
+    f32 = run_part("antibody", out / "ab32", overrides=size)["results"]
     prof.disable()
     t32 = time.perf_counter() - t0
     stream = io.StringIO()
@@ -144,7 +144,7 @@ def bench_antibody(num_sequences: int, out: Path) -> dict[str, Any]:
     for k, v in gemm.items():
         print(f"  GEMM (4000x512)@(512x2048) {k:22s} {v:7.1f} GFLOP/s")
     t0 = time.perf_counter()
-    bf = run_experiment("antibody", out / "ab16", overrides={**size, "dtype": "bfloat16"})
+    bf = run_part("antibody", out / "ab16", overrides={**size, "dtype": "bfloat16"})
     t16 = time.perf_counter() - t0
     moved = {m: bf["results"]["models"][m]["area"] - f32["models"][m]["area"]
              for m in f32["models"]}

@@ -15,7 +15,7 @@ and its gradient with respect to W, then take an Adam step.
   all sizes, latent-posterior / Woodbury conditionals), with masks shared by
   the data (as the paper: the step averages over the data inside the model,
   from the sufficient statistics of ``[e, z*]``, O(D^2 K) per mask) and with
-  independent masks per datum (the default for estimation: N times more
+  independent masks per datum (the default of the estimates: N times more
   distinct masks, 20000 here, so more work than the paper's 10).
 
 Run by hand (not a test)::

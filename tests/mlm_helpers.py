@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 WORDS = ("the cat dog sat on a mat ran far away big small red blue house tree "
@@ -69,4 +71,34 @@ def minicons_pll(model: Any, texts: list[str], batch_size: int = 8) -> list[floa
     for s in range(0, len(texts), batch_size):
         out.extend(mc.sequence_score(texts[s:s + batch_size],
                                      reduction=lambda lp: lp.sum(0).item()))
+    return out
+
+
+def exact_size_scores(model_dir: Path | str, texts: Sequence[str]) -> list[np.ndarray]:
+    """S(x; M) for M = 1..D of each text, over EVERY mask of each size, by transformers directly.
+
+    ``S(x; M) = mean over the C(D, M) masks of (1/M) sum_{j in mask} log p(x_j | x_R)``,
+    with each masked input run through ``BertForMaskedLM`` itself (never through
+    mptlml's scoring): the independent reference of the masked-LM estimators. The
+    exact MPT sum of a text is ``scores.sum()``.
+    """
+    from transformers import BertForMaskedLM, BertTokenizer
+
+    tok = BertTokenizer.from_pretrained(model_dir)
+    net = BertForMaskedLM.from_pretrained(model_dir).eval()
+    out = []
+    for text in texts:
+        ids = torch.tensor(tok(text)["input_ids"])
+        pos = list(range(1, len(ids) - 1))  # between [CLS] and [SEP]
+        scores = []
+        for m in range(1, len(pos) + 1):
+            vals = []
+            for subset in itertools.combinations(pos, m):
+                inp = ids.clone()
+                inp[list(subset)] = tok.mask_token_id
+                with torch.no_grad():
+                    lp = net(inp[None]).logits[0].double().log_softmax(-1)
+                vals.append(sum(float(lp[j, ids[j]]) for j in subset) / m)
+            scores.append(float(np.mean(vals)))
+        out.append(np.array(scores))
     return out

@@ -2,17 +2,21 @@
 
 - Dependencies point one way, down the floors of :data:`FLOORS`::
 
-      cli -> experiments/report -> training, estimation, objectives, selection, hf, data
+      cli -> jobs/reproduce/report/lm_eval -> runs (run plumbing)
+          -> training, estimators, objectives, selection, hf, data -> _scoring
           -> models -> masks -> helpers (_io, _markdown, _linalg, _validation, _progress, settings)
 
   A module imports its own floor or the floors below (imports inside functions
-  count too); the experiments never import the report.
-- Only the top floor (``cli.py``, ``__main__.py``, ``report.py`` and
-  ``experiments/``) may import the experiments; only ``cli.py``/``__main__.py``
-  the CLI; only ``cli.py`` the report.
+  count too). On the jobs' floor, the parts of the paper (``reproduce/``) may
+  build on the user jobs (``jobs/``), never the other way round, and neither
+  imports the report.
+- Only the CLI and the report import the parts; only the CLI and the parts the
+  jobs; only ``cli/`` and ``__main__.py`` the CLI; only the CLI the report
+  (:data:`TOP_FLOOR`). The library never imports ``runs/`` (its floor is above).
 - No import circle between modules.
-- The estimators see models only through the protocols: ``estimation/`` and
-  ``estimators/`` name no model family and import no module of one.
+- The estimators see models only through the protocols: ``estimators/`` and the
+  scoring machinery ``_scoring/`` name no model family and import no module of one.
+- The machinery knows no estimator: ``_scoring/`` imports nothing of ``estimators/``.
 - Estimator names are listed in one place, the registry: no tuple, list or set
   in ``src/`` holds two of them.
 - Every third-party package that ``src/`` imports is declared in ``pyproject.toml``.
@@ -42,18 +46,20 @@ FLOORS: dict[str, int] = {
     "settings": 0,
     "masks": 1,
     "models": 2,
-    "estimation": 3, "estimators": 3, "objectives": 3, "training": 3, "selection": 3, "hf": 3,
-    "data": 3,
-    "testing": 3, "(root)": 3,
-    "experiments": 4, "report": 4,
-    "cli": 5, "__main__": 5,
+    "_scoring": 3,
+    "estimators": 4, "objectives": 4, "training": 4, "selection": 4, "hf": 4, "data": 4,
+    "testing": 4, "(root)": 4,
+    "runs": 5,
+    "jobs": 6, "reproduce": 6, "report": 6, "lm_eval": 6,
+    "cli": 7, "__main__": 7,
 }
 
 #: who may import what: module prefix -> the files (relative to the package) allowed to.
 TOP_FLOOR: dict[str, tuple[str, ...]] = {
-    "mptlml.experiments": ("cli.py", "__main__.py", "report.py", "experiments/"),
-    "mptlml.report": ("cli.py",),
-    "mptlml.cli": ("cli.py", "__main__.py"),
+    "mptlml.reproduce": ("cli/", "__main__.py", "report.py", "reproduce/"),
+    "mptlml.jobs": ("cli/", "__main__.py", "reproduce/", "jobs/"),
+    "mptlml.report": ("cli/",),
+    "mptlml.cli": ("cli/", "__main__.py"),
 }
 
 
@@ -107,10 +113,11 @@ def _rel(module: str) -> str:
 
 def test_the_import_reader_sees_known_edges():
     g = _graph()
-    assert "mptlml.experiments.registry" in g["mptlml.report"]
-    assert "mptlml.training" in g["mptlml.experiments.training"]
+    assert "mptlml.reproduce.parts" in g["mptlml.report"]
+    assert "mptlml.training" in g["mptlml.reproduce.fig2_training"]
     assert "mptlml._io" in g["mptlml.training.history"]
-    assert "mptlml.experiments.select" in g["mptlml.cli"]  # an import inside a function
+    assert "mptlml.jobs.select" in g["mptlml.reproduce.model_selection"]
+    assert any(m.startswith("mptlml.jobs") for m in g["mptlml.cli"])  # imports in functions
 
 
 @pytest.mark.parametrize("target", sorted(TOP_FLOOR))
@@ -122,14 +129,14 @@ def test_library_modules_do_not_import_the_top_floor(target):
         if rel.startswith(allowed) or mod.startswith(target):
             continue
         bad += [f"{rel} imports {d}" for d in deps if d == target or d.startswith(target + ".")]
-    assert not bad, "dependencies must point one way (cli -> experiments/report -> library):\n" \
+    assert not bad, "dependencies must point one way (cli -> jobs/reproduce/report -> library):\n" \
         + "\n".join(bad)
 
 
-def test_experiments_do_not_import_the_report_or_the_cli():
+def test_jobs_and_parts_do_not_import_the_report_or_the_cli():
     bad = [f"{_rel(m)} imports {d}" for m, deps in _graph().items()
-           if m.startswith("mptlml.experiments") for d in deps
-           if d in ("mptlml.report", "mptlml.cli")]
+           if m.startswith(("mptlml.jobs", "mptlml.reproduce")) for d in deps
+           if d == "mptlml.report" or d.startswith("mptlml.cli")]
     assert not bad, "\n".join(bad)
 
 
@@ -171,45 +178,48 @@ def test_dependencies_point_down():
     bad = sorted(f"{_rel(m)} (floor {FLOORS[_room(m)]}) imports {d} (floor {FLOORS[_room(d)]})"
                  for m, deps in _graph().items() for d in deps
                  if FLOORS[_room(d)] > FLOORS[_room(m)])
-    assert not bad, ("dependencies must point down (cli -> experiments/report -> training, "
-                     "estimation, objectives, selection -> models -> masks -> helpers):\n"
+    assert not bad, ("dependencies must point down (cli -> jobs/reproduce/report -> runs -> "
+                     "training, estimators, objectives, selection -> _scoring -> models -> "
+                     "masks -> "
+                     "helpers):\n"
                      + "\n".join(bad))
 
 
 def test_the_floor_check_sees_an_upward_import(tmp_path, monkeypatch):
-    """A models file that imports estimation is caught (the reader is not blind)."""
+    """A models file that imports the estimators is caught (the reader is not blind)."""
     pkg = tmp_path / "mptlml"
-    for rel in ("__init__.py", "models/__init__.py", "models/fam.py", "estimation/__init__.py",
-                "estimation/api.py"):
+    for rel in ("__init__.py", "models/__init__.py", "models/fam.py", "estimators/__init__.py",
+                "estimators/api.py"):
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         (pkg / rel).write_text("")
-    (pkg / "models/fam.py").write_text("def f():\n    from ..estimation.api import g\n")
+    (pkg / "models/fam.py").write_text("def f():\n    from ..estimators.api import g\n")
     monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path)
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
-    assert "mptlml.estimation.api" in _graph()["mptlml.models.fam"]
+    assert "mptlml.estimators.api" in _graph()["mptlml.models.fam"]
     with pytest.raises(AssertionError, match="models/fam.py .floor 2. imports "
-                                             "mptlml.estimation.api .floor 3."):
+                                             "mptlml.estimators.api .floor 4."):
         test_dependencies_point_down()
 
 
 #: the modules of ``mptlml.models`` that hold protocols (and the one normalisation of
-#: sequence input every ragged estimator starts from), not model families.
+#: sequence input every ragged estimator starts from, and the conditional views of any
+#: model through a context), not model families.
 PROTOCOL_MODULES = ("mptlml.models", "mptlml.models.base", "mptlml.models.protocols",
-                    "mptlml.models.sequence_input")
+                    "mptlml.models.sequence_input", "mptlml.models.conditional")
 
 
 def _families() -> set[str]:
     import mptlml.models as models
 
-    protocols = {"MaskedModel", "RaggedMaskedModel", "WordMaskedModel"}
+    protocols = {"MaskedModel", "RaggedMaskedModel", "WordMaskedModel", "ConditionalView"}
     families = {n for n in models.__all__
                 if isinstance(getattr(models, n), type) and n not in protocols}
     assert {"PPCA", "MaskedLM", "BernoulliLVM", "GaussianVAE"} <= families
     return families
 
 
-def _estimation_files() -> list[Path]:
-    rooms = ("estimation", "estimators")
+def _estimator_files() -> list[Path]:
+    rooms = ("estimators", "_scoring")
     return sorted(p for room in rooms for p in (PACKAGE / room).rglob("*.py"))
 
 
@@ -219,32 +229,35 @@ def _without_examples(text: str) -> str:
                      if not line.lstrip().startswith((">>>", "... ")))
 
 
-def test_estimation_names_no_model_family():
+def test_estimators_name_no_model_family():
     """The estimators see models only through the protocols (no isinstance side doors).
 
     Every class that ``mptlml.models`` exports, other than the protocols, is a model family;
-    none of their names may appear in the estimation packages, code or text (so no
+    none of their names may appear in ``estimators/`` or ``_scoring/``, code or text (so no
     ``isinstance(model, PPCA)`` either); only a docstring's usage example may build one.
     """
     families = _families()
-    found = {(p.name, n) for p in _estimation_files()
+    found = {(p.name, n) for p in _estimator_files()
              for n in families if re.search(rf"\b{n}\b", _without_examples(p.read_text()))}
-    assert not found, f"estimation/ or estimators/ name model families: {sorted(found)}"
+    assert not found, f"estimators/ or _scoring/ name model families: {sorted(found)}"
 
 
-def test_estimation_imports_no_model_family():
-    """``estimation/`` imports from the models only their protocol modules, and no family."""
+def test_estimators_import_no_model_family():
+    """``estimators/`` and ``_scoring/`` import only the models' protocol modules, no family."""
     modules = _modules()
     families = _families()
     bad = []
-    for p in _estimation_files():
+    files = _estimator_files()
+    for p in files:
         bad += [f"{p.relative_to(PACKAGE)} imports {d}" for d in _imports(p, modules)
                 if d.startswith("mptlml.models") and d not in PROTOCOL_MODULES]
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.ImportFrom):
                 bad += [f"{p.relative_to(PACKAGE)} imports {a.name}" for a in node.names
                         if a.name in families]
-    assert not bad, "estimation/ must reach models through the protocols:\n" + "\n".join(bad)
+    assert files == sorted(files) and any("_scoring" in str(p) for p in files)
+    assert not bad, "estimators/ and _scoring/ must reach models through the protocols:\n" \
+        + "\n".join(bad)
 
 
 #: import name -> distribution name, where they differ.

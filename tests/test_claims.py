@@ -24,17 +24,17 @@ import numpy as np
 import pytest
 
 import mptlml
-from mptlml.experiments._claims import STATUSES, claim, status_of
-from mptlml.experiments.antibody import claims as antibody_claims
-from mptlml.experiments.area import area_mc_stderr
-from mptlml.experiments.area import claims as area_claims
-from mptlml.experiments.bert import claims as bert_claims
-from mptlml.experiments.convergence import claims as convergence_claims
-from mptlml.experiments.curve_evolution import claims as curve_evolution_claims
-from mptlml.experiments.latent import claims as latent_claims
-from mptlml.experiments.select import claims as select_claims
-from mptlml.experiments.training import claims as training_claims
 from mptlml.models import PPCA
+from mptlml.reproduce.antibody import claims as antibody_claims
+from mptlml.reproduce.claims import STATUSES, claim, status_of
+from mptlml.reproduce.fig1_convergence import claims as convergence_claims
+from mptlml.reproduce.fig2_training import claims as training_claims
+from mptlml.reproduce.fig3_vae import claims as latent_claims
+from mptlml.reproduce.fig4_area import area_mc_stderr
+from mptlml.reproduce.fig4_area import claims as area_claims
+from mptlml.reproduce.fig5_curve_evolution import claims as curve_evolution_claims
+from mptlml.reproduce.model_selection import claims as select_claims
+from mptlml.reproduce.table2_bert import claims as bert_claims
 
 #: the verdict each status stands for
 _HOLDS_OF = {"holds": True, "fails": False, "undecided": None, "recomputed": True,
@@ -129,8 +129,8 @@ def test_convergence_claims_flip():
 
 def test_table1_like_with_like_rows():
     """Both set-ups are tabulated; only the authors' has Table 1's spread (issue 16 numbers)."""
-    from mptlml.experiments._table1 import sd_range, table1_like_with_like
-    from mptlml.experiments.convergence import tables
+    from mptlml.reproduce._table1 import sd_range, table1_like_with_like
+    from mptlml.reproduce.fig1_convergence import tables
 
     lo, hi = sd_range(5)
     assert lo == pytest.approx(0.348, abs=1e-3) and hi == pytest.approx(1.669, abs=1e-3)
@@ -145,7 +145,7 @@ def test_table1_like_with_like_rows():
 def _training_good():
     return {
         "gt_lml": -10.0, "mle_lml": -9.98, "gt_fixed_rate_bias": 1.00,
-        "settings": {
+        "objectives": {
             "all-sizes": {"final_exact_lml_min": -10.02, "max_rel_gap_to_gt": 0.002,
                           "epochs": 1000},
             "fixed-rate": {"final_exact_lml_min": -10.05, "max_rel_gap_to_gt": 0.005,
@@ -162,16 +162,16 @@ def _training_good():
 
 def test_training_claims_flip():
     def gap_all(r):
-        r["settings"]["all-sizes"]["max_rel_gap_to_gt"] = 0.02
+        r["objectives"]["all-sizes"]["max_rel_gap_to_gt"] = 0.02
 
     def gap_fixed(r):
-        r["settings"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.011
+        r["objectives"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.011
 
     def spread(r):
-        r["settings"]["fixed-rate"]["bias_rel_spread_max"] = 0.03
+        r["objectives"]["fixed-rate"]["bias_rel_spread_max"] = 0.03
 
     def trained_bias(r):
-        r["settings"]["fixed-rate"]["bias_last_half_mean"] = 1.08
+        r["objectives"]["fixed-rate"]["bias_last_half_mean"] = 1.08
 
     def maximiser_off(r):
         r["flat_direction"]["fixed_rate_maximiser"]["exact_lml"] = -10.2
@@ -190,7 +190,7 @@ def test_training_claims_flip():
 def test_failing_fixed_rate_claim_explains_itself():
     """A fixed-rate LML claim that fails says why, with the curvatures along W's scale."""
     res = _training_good()
-    res["settings"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
+    res["objectives"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
     c = next(c for c in training_claims(res) if c["claim"].startswith("fixed-rate MPT: final"))
     assert c["status"] == "fails"
     assert "11x flatter" in c["note"] and "-0.350" in c["note"] and "-3.800" in c["note"]
@@ -251,7 +251,7 @@ def test_latent_claims_flip():
 
 def test_follows_by_hand():
     """Rank correlation and the largest fall while the objective rises, on a small curve."""
-    from mptlml.experiments.latent import follows
+    from mptlml.reproduce.fig3_vae import follows
 
     obj = [1.0, 2.0, 3.0, 4.0, 5.0]
     f = follows(obj, [-10.0, -5.0, -7.0, -8.0, -9.0])  # peaks at the 2nd checkpoint
@@ -374,26 +374,26 @@ def test_quick_training_undecided_only_where_quick_sizes_cannot_decide():
             assert c["full_size"]["status"] == "holds"
     # far off at quick size: still undecided, not fails
     off = copy.deepcopy(quick)
-    off["settings"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
-    off["settings"]["fixed-rate"]["bias_last_half_mean"] = 1.3
+    off["objectives"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
+    off["objectives"]["fixed-rate"]["bias_last_half_mean"] = 1.3
     assert _statuses(training_claims, off) == st
     # decidable at quick sizes: a broken number fails
-    for edit, target in ((("settings", "fixed-rate", "bias_rel_spread_max"), 0.05),
+    for edit, target in ((("objectives", "fixed-rate", "bias_rel_spread_max"), 0.05),
                          (("flat_direction", "fixed_rate_maximiser", "exact_lml"), -10.5),
-                         (("settings", "all-sizes", "max_rel_gap_to_gt"), 0.02)):
+                         (("objectives", "all-sizes", "max_rel_gap_to_gt"), 0.02)):
         bad = copy.deepcopy(quick)
         bad[edit[0]][edit[1]][edit[2]] = target
         failed = [k for k, v in _statuses(training_claims, bad).items() if v == "fails"]
         assert len(failed) == 1, (edit, failed)
     # the same results in full mode: plain verdicts
     full = _training_good()
-    full["settings"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
+    full["objectives"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
     assert _statuses(training_claims, full)[undecided[0]] == "fails"
 
 
 def test_quick_claim_whose_check_is_broken_still_fails(monkeypatch):
     """A check made wrong (here: the spread threshold made impossible) fails at quick size."""
-    from mptlml.experiments import training
+    from mptlml.reproduce import fig2_training as training
 
     real = training.claim
 
@@ -412,13 +412,13 @@ def test_quick_claim_whose_check_is_broken_still_fails(monkeypatch):
 def test_full_size_table_is_well_formed():
     """The packaged full-size outcomes name real experiments, valid statuses and a date; a
     quick or mixed report is refused as their source."""
-    from mptlml.experiments import EXPERIMENTS
-    from mptlml.experiments._claims import full_size_table, full_size_table_from_report
+    from mptlml.reproduce import PARTS
+    from mptlml.reproduce.claims import full_size_table, full_size_table_from_report
 
     table = full_size_table()
     assert table["date"] and table["machine"] and table["claims"]
     for exp, entries in table["claims"].items():
-        assert exp in EXPERIMENTS, exp
+        assert exp in PARTS, exp
         for rec in entries.values():
             assert rec["status"] in STATUSES and rec["ours"]
     with pytest.raises(ValueError, match="full run only"):
@@ -489,10 +489,10 @@ def test_area_claim_without_mc_stderr_is_unchecked():
 
 @pytest.fixture(scope="module")
 def area_run(tmp_path_factory):
-    from mptlml.experiments import run_experiment
+    from mptlml.reproduce import run_part
 
     out = tmp_path_factory.mktemp("area")
-    return run_experiment("area", out / "area", quick=True, overrides={
+    return run_part("area", out / "area", quick=True, overrides={
         "num_data": 100, "num_tokens": 16, "panels": ("3:1", "3:8")})["results"]
 
 

@@ -1,27 +1,28 @@
 """The command line shows what it runs: --version, help, --show-config, --set, --seed, counts.
 
-Every experiment setting is a dataclass field with metadata (mptlml.experiments.config);
+Every setting of a part is a dataclass field with metadata (mptlml.runs.config);
 these tests hold the CLI and every Config to it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import pytest
 
 from mptlml import __version__
-from mptlml.cli import build_parser, main
-from mptlml.experiments import EXPERIMENTS, get_experiment, run_experiment
-from mptlml.experiments.config import (
+from mptlml.cli import main
+from mptlml.reproduce import PARTS, get_part, run_part
+from mptlml.runs.config import (
     apply_overrides,
     describe_settings,
     format_value,
     parse_setting,
 )
 
-CONFIGS = {name: get_experiment(name).Config for name in EXPERIMENTS}
+CONFIGS = {name: get_part(name).config for name in PARTS}
 FIELDS = [(name, f) for name, cls in CONFIGS.items() for f in dataclasses.fields(cls)]
 
 
@@ -33,15 +34,25 @@ def test_version(capsys):
 def test_bare_command_prints_help_and_exits_0(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: mptlml") and "reproduce" in out and "--quiet" in out
+    assert out.startswith("Usage: mptlml") and "reproduce" in out and "--quiet" in out
 
 
-@pytest.mark.parametrize("name", [*EXPERIMENTS, "all"])
+def test_help_opens_with_what_mptlml_does(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    first = out.split("\n\n")[1].strip()  # after the usage line
+    assert first.startswith("Estimate a model's log-marginal likelihood")
+    assert "Command-line interface" not in out and "nothing else" not in out
+    for name in ("demo", "reproduce", "curve", "report", "select"):
+        assert f"  {name} " in out, name
+
+
+@pytest.mark.parametrize("name", [*PARTS, "all"])
 def test_show_config_prints_every_key_and_runs_nothing(name, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["reproduce", name, "--show-config", "--quick", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    names = list(EXPERIMENTS) if name == "all" else [name]
+    names = list(PARTS) if name == "all" else [name]
     for n in names:
         assert f"{n}: settings" in text
         for row in describe_settings(CONFIGS[n]):
@@ -82,14 +93,14 @@ def test_every_count_has_a_lower_bound():
     assert checked >= 30, checked
 
 
-def test_every_experiment_has_a_seed():
+def test_every_part_has_a_seed():
     for name, cls in CONFIGS.items():
         assert "seed" in {f.name for f in dataclasses.fields(cls)}, name
 
 
-def test_help_example_of_set_is_a_real_key():
-    sub = next(a for a in build_parser()._actions if a.dest == "command")
-    help_text = sub.choices["reproduce"].format_help()
+def test_help_example_of_set_is_a_real_key(capsys):
+    assert main(["reproduce", "--help"]) == 0
+    help_text = capsys.readouterr().out
     examples = re.findall(r"--set\s+([a-z][a-z0-9_.-]*)=", help_text)  # not KEY=VALUE
     assert examples
     for ex in examples:
@@ -169,42 +180,42 @@ def test_library_limit_is_no_slice():
         bundled_antibodies(-3)
 
 
-def test_run_experiment_refuses_bad_settings_before_writing(tmp_path):
+def test_run_part_refuses_bad_settings_before_writing(tmp_path):
     out = tmp_path / "run"
     with pytest.raises(ValueError, match="num_sequences must be >= 1, got -3"):
-        run_experiment("antibody", out, quick=True, overrides={"num_sequences": -3})
+        run_part("antibody", out, quick=True, overrides={"num_sequences": -3})
     with pytest.raises(ValueError, match="unknown setting 'bogus' for antibody"):
-        run_experiment("antibody", out, quick=True, overrides={"bogus": 1})
+        run_part("antibody", out, quick=True, overrides={"bogus": 1})
     assert not out.exists()
 
 
 # ---- --set for `all`, --seed, former names ------------------------------------------------
 
 def _overrides(argv):
-    from mptlml.experiments.config import scoped_overrides
+    from mptlml.reproduce.driver import scoped_overrides
+    from tests.cli_helpers import parse
 
-    sub = next(a for a in build_parser()._actions if a.dest == "command")
-    args = sub.choices["reproduce"].parse_args(argv)
-    names = list(EXPERIMENTS) if args.name == "all" else [args.name]
-    return scoped_overrides(names, list(args.set or []), seed=args.seed,
-                            reference=args.reference)
+    args = parse(["reproduce", *argv])[1].params
+    names = list(PARTS) if args["name"] == "all" else [args["name"]]
+    return scoped_overrides(names, list(args["set"]), seed=args["seed"],
+                            reference=args["reference"])
 
 
-def test_set_for_all_targets_experiments():
+def test_set_for_all_targets_parts():
     o = _overrides(["all", "--set", "training.num_inits=2", "--set", "num_data=50"])
     assert o["training"] == {"num_inits": 2, "num_data": 50}
     have = {n for n, c in CONFIGS.items() if "num_data" in {f.name for f in dataclasses.fields(c)}}
     assert {n for n, v in o.items() if v.get("num_data") == 50} == have
     assert "num_data" not in o["bert"]
-    with pytest.raises(ValueError, match="no experiment has a setting 'bogus'"):
+    with pytest.raises(ValueError, match="no part has a setting 'bogus'"):
         _overrides(["all", "--set", "bogus=1"])
     with pytest.raises(ValueError, match="unknown setting 'num_masks' for area"):
         _overrides(["all", "--set", "area.num_masks=3"])
 
 
-def test_seed_sets_every_experiments_seed():
+def test_seed_sets_every_parts_seed():
     o = _overrides(["all", "--seed", "5"])
-    assert all(v["seed"] == 5 for v in o.values()) and set(o) == set(EXPERIMENTS)
+    assert all(v["seed"] == 5 for v in o.values()) and set(o) == set(PARTS)
     assert _overrides(["latent", "--seed", "4"]) == {"latent": {"seed": 4}}
     with pytest.raises(ValueError, match="seed is set twice"):
         _overrides(["area", "--seed", "4", "--set", "seed=5"])
@@ -221,11 +232,12 @@ def test_former_names_are_refused_naming_the_valid_ones():
 
 def test_curve_flags_are_the_settings(tmp_path, monkeypatch, capsys):
     """Every `curve` flag is a setting of CurveConfig (one declaration); --limit is gone."""
-    import mptlml.experiments.driver as driver
-    from mptlml.experiments.mlm import CurveConfig
+    import mptlml.runs.job
+    from mptlml.jobs.curve import CurveConfig
 
     seen = {}
-    monkeypatch.setattr(driver, "run_job", lambda name, cfg, out, **k: seen.update(cfg=cfg))
+    monkeypatch.setattr(mptlml.runs.job, "run_job",
+                        lambda name, job, cfg, out, **k: seen.update(cfg=cfg))
     base = ["curve", "--model", "m", "--data", "d", "--out", str(tmp_path / "c")]
     assert main([*base, "--num-sequences", "4", "--rates", "0.2,0.5", "--pll", "--no-progress",
                  "--nominal-length", "512", "--dtype", "float64"]) == 0
@@ -233,7 +245,7 @@ def test_curve_flags_are_the_settings(tmp_path, monkeypatch, capsys):
                                       pll=True, progress=False, nominal_length=512.0,
                                       dtype="float64")
     assert main([*base, "--limit", "3"]) == 2
-    assert "unrecognized arguments: --limit" in capsys.readouterr().err
+    assert "No such option '--limit'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("argv", "where"), [
@@ -242,14 +254,83 @@ def test_curve_flags_are_the_settings(tmp_path, monkeypatch, capsys):
     (["reproduce", "all", "--quick"], "runs/all-quick"),
 ])
 def test_reproduce_writes_where_its_help_says(argv, where, monkeypatch, capsys):
-    import mptlml.experiments as experiments
+    import mptlml.reproduce as reproduce
 
     seen = []
-    monkeypatch.setattr(experiments, "run_experiment", lambda name, out, **kw: seen.append(out))
-    monkeypatch.setattr(experiments, "run_all", lambda out, **kw: seen.append(out) or {})
+    monkeypatch.setattr(reproduce, "run_part", lambda name, out, **kw: seen.append(out))
+    monkeypatch.setattr(reproduce, "run_all", lambda out, **kw: seen.append(out) or {})
     assert main(argv) == 0
     assert seen == [where]
     capsys.readouterr()
     assert main(["reproduce", "--help"]) == 0
-    shown = " ".join(capsys.readouterr().out.split())
+    shown = re.sub(r"-\s+", "-", capsys.readouterr().out)  # the help wraps at hyphens too
+    shown = " ".join(shown.split())
     assert "default runs/NAME, runs/NAME-quick with --quick" in shown
+
+
+# ---- a new part, a new command: one module plus one line ------------------------------------
+
+def _toy_config():
+    from mptlml.runs.config import RunConfig, setting
+
+    @dataclasses.dataclass
+    class Config(RunConfig):
+        num_data: int = setting(3, "N", min=1)
+        seed: int = setting(0, "seed", min=0)
+        num_threads: int | None = setting(None, "torch threads", min=1, execution=True)
+
+        @classmethod
+        def quick(cls):
+            return cls(num_data=2)
+
+    def run(cfg, run_dir):
+        run_dir.write_csv("x.csv", [{"n": cfg.num_data}])
+        return {"n": cfg.num_data}
+
+    return Config, run
+
+
+def test_a_new_part_is_its_module_plus_one_registry_line(tmp_path, monkeypatch, capsys):
+    """reproduce, --show-config, --set and the report find a part from its PARTS line alone."""
+    import sys
+    import types
+
+    from mptlml.reproduce import parts
+    from mptlml.reproduce.claims import claim
+
+    config, run = _toy_config()
+    module = types.ModuleType("mptlml.reproduce.fig9_toy")  # the part's module ...
+    module.PART = parts.Part(
+        config=config, run=run, title="Figure 9: a toy part", paper="N is positive",
+        claims=lambda res: [claim("N > 0", "N > 0", res["n"], res["n"] > 0)])
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(parts.PARTS, "toy", "fig9_toy")  # ... and its one line
+    assert main(["reproduce", "toy", "--show-config", "--set", "num_data=5"]) == 0
+    shown = capsys.readouterr().out
+    assert re.search(r"^num_data\s+int\s+3\s+2\s+5\s", shown, re.M)
+    assert re.search(r"^num_threads .*execution only", shown, re.M)
+    out = tmp_path / "toy"
+    assert main(["reproduce", "toy", "--quick", "--out", str(out), "--set", "num_data=4"]) == 0
+    assert json.loads((out / "results.json").read_text())["results"]["n"] == 4
+    assert main(["report", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "## Figure 9: a toy part" in md and "| N \\> 0 | N \\> 0 | 4 | ✅ holds |" in md
+
+
+def test_a_new_command_is_its_job_module_plus_one_line(tmp_path, monkeypatch, capsys):
+    """A job (config, run) becomes a command with its settings as flags: one line."""
+    import mptlml.cli
+    from mptlml.cli.command import job_command
+    from mptlml.runs.job import Job
+
+    config, run = _toy_config()
+    job = Job(config=config, run=run, help="a toy job")
+    every = mptlml.cli.commands
+    monkeypatch.setattr(mptlml.cli, "commands", lambda: [*every(), job_command("toy", job)])
+    assert main(["--help"]) == 0
+    assert re.search(r"^\s+toy\s+a toy job$", capsys.readouterr().out, re.M)
+    out = tmp_path / "toy"
+    assert main(["toy", "--num-data", "7", "--out", str(out)]) == 0
+    assert json.loads((out / "results.json").read_text())["config"]["num_data"] == 7
+    assert main(["toy", "--num-data", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert "mptlml: error: --num-data must be >= 1, got 0" in capsys.readouterr().err

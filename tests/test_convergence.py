@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mptlml.cli import main
-from mptlml.experiments.convergence import Config
 from mptlml.models import PPCA
+from mptlml.reproduce.fig1_convergence import Config
 
 
 @pytest.fixture(scope="module")

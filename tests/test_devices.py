@@ -19,10 +19,10 @@ import pytest
 import torch
 
 import mptlml
+from mptlml import mpt_curve
+from mptlml._scoring import distributed
 from mptlml.cli import main
 from mptlml.data import load_texts
-from mptlml.estimation import distributed
-from mptlml.estimation.ragged import mlm_curve
 from mptlml.models import MaskedLM
 
 from .mlm_helpers import SENTENCES
@@ -48,7 +48,7 @@ def test_from_pretrained_dtype_and_tokenizer(bare_dir, tiny):
     lm = MaskedLM.from_pretrained(bare_dir, tokenizer=tiny.tokenizer, dtype=torch.float64)
     assert lm.dtype == torch.float64 and lm.model.dtype == torch.float64
     assert all(p.dtype == torch.float64 for p in lm.parameters())
-    assert lm.settings() == {"device": "cpu", "dtype": "float64", "autocast": None}
+    assert lm.placement() == {"device": "cpu", "dtype": "float64", "autocast": None}
     ref = mptlml.pll(tiny, SENTENCES)
     got = mptlml.pll(lm, SENTENCES)
     assert not torch.equal(got, ref)  # float64 end to end (log-softmax too) ...
@@ -101,7 +101,7 @@ def test_to_device_and_dtype_properties(tiny_dir):
 def test_autocast_is_explicit_and_recorded(tiny_dir, tiny):
     assert tiny.autocast_dtype is None  # off unless asked
     lm = MaskedLM.from_pretrained(tiny_dir, autocast=True)
-    assert lm.settings()["autocast"] == "bfloat16"  # CPU autocast
+    assert lm.placement()["autocast"] == "bfloat16"  # CPU autocast
     assert lm.fingerprint()["autocast"] == "bfloat16"
     got, ref = mptlml.pll(lm, SENTENCES), mptlml.pll(tiny, SENTENCES)
     assert not torch.equal(got, ref)
@@ -112,12 +112,12 @@ def test_autocast_is_explicit_and_recorded(tiny_dir, tiny):
 
 def test_batch_size_bounds_the_forward_passes(tiny):
     kw = dict(rates=[0.2, 0.5, 0.8], num_masks=2, seed=1)
-    ref = mlm_curve(tiny, SENTENCES, **kw)
-    one = mlm_curve(tiny, SENTENCES, batch_size=1, **kw)
+    ref = mpt_curve(tiny, SENTENCES, **kw)
+    one = mpt_curve(tiny, SENTENCES, batch_size=1, **kw)
     assert one.num_model_calls == len(SENTENCES) * 3 * 2 > ref.num_model_calls
     torch.testing.assert_close(one.per_sample, ref.per_sample, rtol=1e-5, atol=0)  # padding
     with pytest.raises(ValueError, match="batch_size"):
-        mlm_curve(tiny, SENTENCES, batch_size=0, **kw)
+        mpt_curve(tiny, SENTENCES, batch_size=0, **kw)
 
 
 def test_device_refusals(monkeypatch):
@@ -179,7 +179,7 @@ def test_reproduce_antibody_takes_the_mlm_flags(tmp_path, capsys):
         assert m["autocast"] is None
     assert main(["reproduce", "area", "--quick", "--out", str(tmp_path / "x"),
                  "--dtype", "float64"]) == 2
-    assert "masked-LM experiments" in capsys.readouterr().err
+    assert "masked-LM parts" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- data parallel
@@ -226,7 +226,7 @@ def test_torchrun_two_processes_equal_one(one_process, tmp_path):
 
 _SLOW_MAIN_RANK = """
 import os, sys, time
-import mptlml.estimation.runner as runner
+import mptlml._scoring.ragged as runner
 check = runner.check_meta
 def late(*a, **k):  # the main rank reaches its fingerprint check late (a loaded machine)
     if os.environ.get("RANK") == "0":

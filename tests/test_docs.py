@@ -9,7 +9,7 @@ The pages under ``docs/`` and ``README.md`` are read as a user reads them:
   prints: numbers must agree to the digits shown (one unit of the last digit),
   ``...`` stands for anything, runs of spaces are one space;
 - every ``mptlml ...`` line of a ```` ```bash ```` block parses with the
-  command's own argument parser (a flag that does not exist fails here);
+  command's own parser (a flag that does not exist fails here);
 - a block preceded by ``<!-- docs-test: no-run REASON -->`` (it needs a GPU,
   the Hugging Face hub, or hours) is not run but checked: it compiles, and
   every function it calls through a name the page defined exists and takes
@@ -294,15 +294,18 @@ def _commands(block: Block) -> list[list[str]]:
                          ids=[b.id for b in SHELL if _commands(b)])
 def test_command_lines_parse(block: Block):
     """Every ``mptlml`` command shown parses: its subcommand, flags and choices exist."""
-    from mptlml.cli import build_parser
+    import click
+
+    from tests.cli_helpers import parse
 
     for argv in _commands(block):
-        if argv in (["--version"], []):
-            continue
         try:
-            build_parser().parse_args(argv)
-        except SystemExit as exc:
-            raise AssertionError(f"{block.id}: `mptlml {shlex.join(argv)}` does not parse") from exc
+            parse(argv)
+        except click.exceptions.Exit as exc:  # --help, --version
+            assert exc.exit_code == 0, f"{block.id}: `mptlml {shlex.join(argv)}`"
+        except click.ClickException as exc:
+            raise AssertionError(f"{block.id}: `mptlml {shlex.join(argv)}` does not parse: "
+                                 f"{exc.format_message()}") from exc
 
 
 def test_every_page_is_in_the_site_navigation():

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from mptlml.cli import main
-from mptlml.experiments import run_experiment
+from mptlml.reproduce import run_part
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -41,14 +41,14 @@ def test_training_quick(tmp_path, capsys):
     assert "training: summary" in capsys.readouterr().out
     res = _check_common(
         out, "training",
-        {"training_curves.csv": ["setting", "init", "epoch", "neg_mpt_loss", "exact_lml",
+        {"training_curves.csv": ["objective", "init", "epoch", "neg_mpt_loss", "exact_lml",
                                  "fixed_rate_exact", "bias"],
          "fixed_rate_bias.csv": ["init", "epoch", "exact_lml", "fixed_rate_exact", "bias"]},
         ["fig2_training", "fig2_bias"])
-    for key in ("gt_lml", "mle_lml", "mask_size", "gt_fixed_rate_bias", "settings"):
+    for key in ("gt_lml", "mle_lml", "mask_size", "gt_fixed_rate_bias", "objectives"):
         assert key in res
     assert res["mask_size"] == 2
-    allz, fixed = res["settings"]["all-sizes"], res["settings"]["fixed-rate"]
+    allz, fixed = res["objectives"]["all-sizes"], res["objectives"]["fixed-rate"]
     assert len(allz["inits"]) == 2 and len(fixed["inits"]) == 2
     # the LML rose from the random initialisation towards the MLE
     for f in allz["inits"] + fixed["inits"]:
@@ -64,7 +64,7 @@ def test_training_quick(tmp_path, capsys):
 
 def test_area_quick(tmp_path):
     out = tmp_path / "area"
-    run_experiment("area", out, quick=True)
+    run_part("area", out, quick=True)
     res = _check_common(out, "area",
                         {"curves.csv": ["panel", "latent_dim", "num_masks", "mask_size", "rate",
                                         "S_mean", "S_stderr"],
@@ -81,7 +81,7 @@ def test_area_quick(tmp_path):
 
 def test_curve_evolution_quick(tmp_path):
     out = tmp_path / "curve"
-    run_experiment("curve-evolution", out, quick=True)
+    run_part("curve-evolution", out, quick=True)
     res = _check_common(out, "curve-evolution",
                         {"curves.csv": ["epoch", "mask_size", "rate", "S_mean"],
                          "areas.csv": ["epoch", "area", "exact_lml", "area_minus_exact"],
@@ -103,7 +103,7 @@ def test_refuses_non_empty_run_dir_and_bad_settings(tmp_path, capsys):
     out.mkdir()
     (out / "keep.txt").write_text("user data")
     with pytest.raises(ValueError, match="exists and is not empty; pass --overwrite"):
-        run_experiment("area", out, quick=True)
+        run_part("area", out, quick=True)
     assert main(["reproduce", "area", "--quick", "--out", str(out)]) == 2
     assert "not empty" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
@@ -123,19 +123,19 @@ def test_refuses_non_empty_run_dir_and_bad_settings(tmp_path, capsys):
 
 
 def test_set_reaches_the_shared_settings():
-    from mptlml.experiments import get_experiment
-    from mptlml.experiments.config import parse_setting as _parse_override
+    from mptlml.reproduce import get_part
+    from mptlml.runs.config import parse_setting as _parse_override
 
-    assert _parse_override(get_experiment("area").Config, "sigma2=0.5") == ("sigma2", 0.5)
-    assert _parse_override(get_experiment("training").Config, "data_seed=3") == ("data_seed", 3)
-    assert _parse_override(get_experiment("curve-evolution").Config,
+    assert _parse_override(get_part("area").config, "sigma2=0.5") == ("sigma2", 0.5)
+    assert _parse_override(get_part("training").config, "data_seed=3") == ("data_seed", 3)
+    assert _parse_override(get_part("curve-evolution").config,
                            "dtype=float32") == ("dtype", "float32")
-    assert _parse_override(get_experiment("convergence").Config,
+    assert _parse_override(get_part("convergence").config,
                            "share_masks=yes") == ("share_masks", True)
     # each experiment keeps the paper's own defaults over the shared ones
-    fig2, fig5 = get_experiment("training").Config(), get_experiment("curve-evolution").Config()
+    fig2, fig5 = get_part("training").config(), get_part("curve-evolution").config()
     assert (fig2.num_data, fig2.num_tokens, fig2.lr, fig2.seed) == (2000, 10, 1e-2, 1)
     assert (fig5.num_data, fig5.num_tokens, fig5.lr, fig5.seed) == (1000, 50, 2e-2, 1)
-    assert get_experiment("convergence").Config().num_data == 100
+    assert get_part("convergence").config().num_data == 100
     with pytest.raises(ValueError, match="sigma2 must be a finite positive"):
-        get_experiment("convergence").Config(sigma2=float("inf")).validate()
+        get_part("convergence").config(sigma2=float("inf")).validate()

@@ -23,10 +23,9 @@ import numpy as np
 import pytest
 
 from mptlml.cli import main
-from mptlml.experiments import get_experiment, run_all
-from mptlml.experiments.common import RunDir, load_results
-from mptlml.experiments.rundir import RunDirError, locked, staging_path
 from mptlml.report import build_report, collect_runs
+from mptlml.reproduce import get_part, run_all
+from mptlml.runs.rundir import RunDir, RunDirError, load_results, locked, staging_path
 from mptlml.selection.data import load_matrix
 
 from .mlm_helpers import SENTENCES, make_tiny_bert
@@ -91,7 +90,7 @@ def test_failed_overwrite_leaves_the_old_run_byte_identical(select_run, tmp_path
         assert (run.path / "scores.csv").is_file() and run.path != out
         raise fault
 
-    monkeypatch.setattr("mptlml.experiments.select.plot_scores", broken)
+    monkeypatch.setattr("mptlml.jobs.select.plot_scores", broken)
     code = main([*SELECT, "--seed", "1", "--out", str(out), "--overwrite"])
     assert code == (2 if isinstance(fault, ValueError) else 130)
     _no_traceback(capsys.readouterr().err)
@@ -178,7 +177,14 @@ def test_killed_between_the_two_renames_is_repaired(tmp_path, capsys):
 
 
 def test_run_all_failed_part_is_reported_failed_not_stale(tmp_path, monkeypatch, capsys):
-    mod = get_experiment("area")
+    import dataclasses
+
+    from mptlml.reproduce import fig4_area
+
+    area = get_part("area")
+
+    def with_run(run):  # the area part, with another run and no summary table
+        monkeypatch.setattr(fig4_area, "PART", dataclasses.replace(area, run=run, summary=None))
 
     def fine(cfg, run_dir):
         run_dir.write_csv("x.csv", [{"a": 1}])
@@ -188,13 +194,12 @@ def test_run_all_failed_part_is_reported_failed_not_stale(tmp_path, monkeypatch,
         run_dir.write_csv("x.csv", [{"a": 2}])
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(mod, "summary", lambda results: [])
-    monkeypatch.setattr(mod, "run", fine)
+    with_run(fine)
     assert run_all(tmp_path / "all", quick=True, only=["area"])["area"].startswith("ok")
     found, _ = collect_runs([tmp_path / "all"])
     assert "area" in found
     before = _snapshot(tmp_path / "all" / "area")
-    monkeypatch.setattr(mod, "run", broken)
+    with_run(broken)
     status = run_all(tmp_path / "all", quick=True, only=["area"], overwrite=True,
                      build_report=build_report)
     assert status["area"].startswith("failed")
@@ -203,7 +208,7 @@ def test_run_all_failed_part_is_reported_failed_not_stale(tmp_path, monkeypatch,
     assert "area" in rep["missing"]  # ...but not reported as current
     assert any("area: its latest run failed" in p for p in rep["problems"])
     # --resume re-runs a part that failed, and its success clears the mark
-    monkeypatch.setattr(mod, "run", fine)
+    with_run(fine)
     status = run_all(tmp_path / "all", quick=True, only=["area"], resume=True)
     assert status["area"].startswith("ok")
     assert not (tmp_path / "all" / "area.error.txt").exists()
@@ -354,7 +359,7 @@ _SLOW_CURVE = """
 import signal, sys, time
 # a parent started as a background job ignores SIGINT, and a child inherits that: take it back
 signal.signal(signal.SIGINT, signal.default_int_handler)
-import mptlml.estimation.runner as runner
+import mptlml._scoring.ragged as runner
 save = runner.save_chunk
 def slow(path, *a, **k):
     save(path, *a, **k)

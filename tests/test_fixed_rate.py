@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mptlml.experiments._fixed_rate import (
+from mptlml.models import PPCA
+from mptlml.reproduce._fixed_rate import (
     maximise_fixed_rate,
     scale_curvature,
     settle_epoch,
     w_only_optimum,
 )
-from mptlml.experiments._synthetic import exact_fixed_rate, fixed_rate_masks, mean_lml
-from mptlml.experiments._threads import torch_threads
-from mptlml.experiments.training import Config
-from mptlml.models import PPCA
+from mptlml.reproduce._synthetic_ppca import exact_fixed_rate, fixed_rate_masks, mean_lml
+from mptlml.reproduce.fig2_training import Config
+from mptlml.runs.threads import torch_threads
 
 
 def test_scale_curvature_of_a_quadratic():

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mptlml.experiments import full_size
-from mptlml.experiments._claims import (
+from mptlml.reproduce import full_size
+from mptlml.reproduce.claims import (
     full_size_markdown,
     full_size_table,
     full_size_table_from_report,

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
 from mptlml import estimate_lml
-from mptlml.estimation.runner import seq_seed
+from mptlml._scoring.ragged import seq_seed
 from mptlml.estimators import create
 from mptlml.hf import (
     DataCollatorForMPT,
-    chain_rule_lml,
     mpt_batch_loss,
     mpt_loss,
     sample_random_order,
@@ -245,10 +243,8 @@ def test_chain_rule_matches_a_hand_written_random_order(tiny):
     torch.testing.assert_close(est.per_sample, want, rtol=1e-5, atol=1e-5)
     se = per_order.std(dim=1) / 2 ** 0.5
     torch.testing.assert_close(est.per_sample_stderr, se, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(chain_rule_lml(mlm, torch.tensor([seqs[0]]), 2, 5), want[:1],
-                               rtol=1e-5, atol=1e-5)  # the shortcut is the same definition
     with pytest.raises(ValueError, match="special"):
-        chain_rule_lml(mlm, torch.tensor([[tok.cls_token_id, 5]]))
+        estimate_lml(mlm, torch.tensor([[tok.cls_token_id, 5]]), "chain-rule", seed=0)
 
 
 def test_ragged_chain_rule_and_cumulative_agree_in_expectation(tiny):

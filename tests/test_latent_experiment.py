@@ -8,7 +8,7 @@ import json
 import pytest
 
 from mptlml.cli import main
-from mptlml.experiments.latent import Config, claims
+from mptlml.reproduce.fig3_vae import Config, claims
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +61,11 @@ def test_deep_vae_lml_increases_and_follows_mpt(quick_run):
 def test_missing_dataset_is_skipped_with_reason(tmp_path, monkeypatch):
     import datasets
 
-    from mptlml.experiments import run_experiment
+    from mptlml.reproduce import run_part
 
     monkeypatch.setattr(datasets, "load_dataset",
                         lambda *a, **k: (_ for _ in ()).throw(ConnectionError("offline")))
-    res = run_experiment("latent", tmp_path / "r", quick=True, overrides={
+    res = run_part("latent", tmp_path / "r", quick=True, overrides={
         "datasets": ("fashion_mnist", "digits"), "vae_datasets": (), "linear_epochs": 2,
         "eval_every": 1, "num_data": 50})
     assert "fashion_mnist" in res["results"]["skipped"]
@@ -78,11 +78,11 @@ def test_mnist_panels_run_offline_on_mlxtends_digits(tmp_path, monkeypatch):
     """Both MNIST panels of Fig. 3 run with no files and no hub; results say which images."""
     import datasets
 
-    from mptlml.experiments import run_experiment
+    from mptlml.reproduce import run_part
 
     monkeypatch.setattr(datasets, "load_dataset",
                         lambda *a, **k: (_ for _ in ()).throw(ConnectionError("offline")))
-    res = run_experiment("latent", tmp_path / "r", quick=True, overrides={
+    res = run_part("latent", tmp_path / "r", quick=True, overrides={
         "datasets": ("mnist",), "vae_datasets": ("mnist",), "linear_epochs": 2,
         "eval_every": 1, "num_data": 40, "vae_num_data": 30, "vae_epochs": 2,
         "vae_eval_every": 1, "vae_lml_samples": 4, "vae_proposal_steps": 2,
@@ -98,7 +98,7 @@ def test_mnist_panels_run_offline_on_mlxtends_digits(tmp_path, monkeypatch):
 
 
 def test_mnist_source_does_not_apply_with_data_dir(tmp_path):
-    from mptlml.experiments.config import validate_config
+    from mptlml.runs.config import validate_config
 
     with pytest.raises(ValueError, match="does not apply with data_dir"):
         validate_config(Config(data_dir=str(tmp_path), mnist_source="hub"))

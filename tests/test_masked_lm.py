@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import mptlml
-from mptlml.estimation.ragged import mlm_curve, pll
-from mptlml.estimation.rates import mask_sizes, mpt_area
+from mptlml import mpt_curve, pll
+from mptlml.estimators.rates import mask_sizes, mpt_area
 from mptlml.models import MaskedLM
 
 from .mlm_helpers import SENTENCES, make_tiny_bert, minicons_pll
@@ -106,7 +106,7 @@ def test_special_tokens_never_masked(tiny, monkeypatch):
         return orig(inputs, positions, targets, **kw)
 
     monkeypatch.setattr(tiny, "score_positions", spy)
-    res = mlm_curve(tiny, SENTENCES, rates=[0.5, 0.99], seed=1)
+    res = mpt_curve(tiny, SENTENCES, rates=[0.5, 0.99], seed=1)
     tok = tiny.tokenizer
     specials = set(tok.all_special_ids)
     assert seen
@@ -141,7 +141,7 @@ def test_curve_formulas(tiny):
     assert res.area == pytest.approx(mpt_area(res.mean, [0.2, 0.5, 0.8], 10))
     assert torch.isfinite(res.lml_stderr).all() and np.isfinite(res.area_stderr)
     # same seed, same result; the dispatch through mptlml.estimate_lml works
-    again = mlm_curve(tiny, SENTENCES, rates=[0.2, 0.5, 0.8], num_masks=3, seed=0)
+    again = mpt_curve(tiny, SENTENCES, rates=[0.2, 0.5, 0.8], num_masks=3, seed=0)
     assert torch.equal(again.per_sample, res.per_sample)
     est = mptlml.estimate_lml(tiny, SENTENCES[:2], "cumulative", num_masks=2, seed=0)
     assert est.per_sample.shape == (2,) and torch.isfinite(est.per_sample_stderr).all()
@@ -150,7 +150,7 @@ def test_curve_formulas(tiny):
 
 def test_exact_cumulative_with_m1_term(tiny):
     # D=2 sentence: sum over M=1..2 with P masks; M=2 is the single full mask
-    res = mlm_curve(tiny, ["blue tree"], rates=[0.5], num_masks=4, exact=True, seed=0)
+    res = mpt_curve(tiny, ["blue tree"], rates=[0.5], num_masks=4, exact=True, seed=0)
     ids = tiny.encode(["blue tree"])[0]
     full = float(_raw_logprobs(tiny, ids, torch.ones(2, dtype=torch.bool)).sum()) / 2
     singles = [float(_raw_logprobs(tiny, ids, torch.tensor(m)).sum())
@@ -162,8 +162,8 @@ def test_antiberty_pretrained_far_above_random(antiberty):
     seqs = ["EVQLVESGGGLVQPGGSLRLSCAASGFTFSSYAMS", "DIQMTQSPSSLSASVGDRVTITCRASQSISSYLN"]
     rnd = MaskedLM.antiberty(random_init=True)
     rates = [0.15, 0.5, 0.85]
-    a = mlm_curve(antiberty, seqs, rates=rates, seed=0)
-    b = mlm_curve(rnd, seqs, rates=rates, seed=0)
+    a = mpt_curve(antiberty, seqs, rates=rates, seed=0)
+    b = mpt_curve(rnd, seqs, rates=rates, seed=0)
     assert a.area > b.area + 1.0 * a.num_tokens.double().mean()
     np.testing.assert_allclose(b.mean, -math.log(25), atol=0.6)  # few tokens at 15%
     assert abs(b.mean.mean() + math.log(25)) < 0.25
@@ -213,7 +213,7 @@ def test_empty_and_bad_sequences(tiny):
 def test_rate_outside_unit_interval(tiny):
     for bad in ([0.0, 0.5], [0.5, 1.0], [1.5], [-0.1]):
         with pytest.raises(ValueError, match="between 0 and 1"):
-            mlm_curve(tiny, SENTENCES[:1], rates=bad)
+            mpt_curve(tiny, SENTENCES[:1], rates=bad)
 
 
 def test_unknown_model_offline(monkeypatch, tmp_path):
@@ -239,8 +239,8 @@ def test_nested_masks_refused_for_masked_lm(tiny):
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    ({"rate": 0.3}, ValueError, "rate= / mask_size= do not apply to ragged"),
-    ({"mask_size": 2}, ValueError, "rate= / mask_size= do not apply to ragged"),
+    ({"rate": 0.3}, ValueError, "rate= applies to ragged sequences .* with estimator='fixed-rate'"),
+    ({"mask_size": 2}, ValueError, "mask_size= does not apply to ragged"),
     ({"share_masks": True}, ValueError, "share_masks=True does not apply to ragged"),
     ({"max_masks": 10}, ValueError, "max_masks applies to the exhaustive"),
     ({"rates": [0.5]}, TypeError, r"\['rates'\] do not apply to estimator 'cumulative'"),
@@ -257,8 +257,8 @@ def test_curve_arguments_refused_and_unknown_estimator(tiny):
         mptlml.mpt_curve(tiny, SENTENCES[:2], sizes=[1], seed=0)
     with pytest.raises(ValueError, match="share_masks=True does not apply"):
         mptlml.mpt_curve(tiny, SENTENCES[:2], share_masks=True, seed=0)
-    with pytest.raises(ValueError, match="'fixed-rate' does not apply to ragged.*riemann"):
-        mptlml.estimate_lml(tiny, SENTENCES[:2], "fixed-rate", seed=0)
+    with pytest.raises(ValueError, match="'exhaustive' does not apply to ragged.*available"):
+        mptlml.estimate_lml(tiny, SENTENCES[:2], "exhaustive", seed=0)
     with pytest.raises(TypeError, match="int seed"):
         mptlml.estimate_lml(tiny, SENTENCES[:2], seed=torch.Generator())
 

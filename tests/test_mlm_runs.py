@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import mptlml
+from mptlml import mpt_curve
 from mptlml.cli import main
 from mptlml.data import load_texts
-from mptlml.estimation.ragged import mlm_curve
-from mptlml.experiments.bert import default_reference
 from mptlml.models import MaskedLM
+from mptlml.reproduce.table2_bert import default_reference
 
 from .mlm_helpers import SENTENCES
 
@@ -48,7 +48,7 @@ def test_packaged_reference_is_the_documented_file():
 
 
 def test_table2_areas_from_reference():
-    from mptlml.experiments.bert import PAPER_TABLE2, table2_from_reference
+    from mptlml.reproduce.table2_bert import PAPER_TABLE2, table2_from_reference
 
     assert PAPER_TABLE2 == TABLE2
     rows = {r["task"]: r for r in table2_from_reference(REFERENCE)}
@@ -66,7 +66,7 @@ def test_table2_areas_from_reference():
 
 def test_reproduce_bert_offline(tmp_path, capsys, caplog, monkeypatch):
     """Offline and without --reference: Table 2 from the packaged curves, every area recomputed."""
-    from mptlml.experiments.bert import claims
+    from mptlml.reproduce.table2_bert import claims
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["reproduce", "bert", "--out", str(tmp_path / "b")]) == 0
@@ -113,7 +113,7 @@ def test_reproduce_bert_missing_reference(tmp_path):
 def test_resume_after_interruption_gives_identical_results(tiny_dir, tmp_path):
     lm = MaskedLM.from_pretrained(tiny_dir)
     kw = dict(rates=[0.1, 0.3, 0.6, 0.9], num_masks=2, seed=5, chunk_size=2, exact=True)
-    full = mlm_curve(lm, SENTENCES * 2, **kw)
+    full = mpt_curve(lm, SENTENCES * 2, **kw)
 
     calls = {"n": 0}
     orig = lm.score_positions
@@ -126,16 +126,16 @@ def test_resume_after_interruption_gives_identical_results(tiny_dir, tmp_path):
 
     lm.score_positions = flaky
     with pytest.raises(KeyboardInterrupt):
-        mlm_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **kw)
+        mpt_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **kw)
     assert len(list((tmp_path / "curve").glob("chunk_*.npz"))) == 2
     calls["n"] = -1000  # no more interruptions
-    resumed = mlm_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **kw)
+    resumed = mpt_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **kw)
     assert calls["n"] == -1000 + (5 - 2) + 5  # 3 curve chunks left, 5 exact chunks
     assert torch.equal(resumed.per_sample, full.per_sample)
     assert torch.equal(resumed.lml_exact, full.lml_exact)
     # a different run in the same checkpoint directory is refused
     with pytest.raises(ValueError, match="different run"):
-        mlm_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **{**kw, "seed": 6})
+        mpt_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **{**kw, "seed": 6})
 
 
 # ---------------------------------------------------------------------- CLI
@@ -233,8 +233,8 @@ def test_local_loaders(tmp_path):
 
 def test_rate_grids_are_one_definition_and_say_what_is_wrong():
     """--rates START:STOP:STEP, the configs' rate_start/rate_step and the paper's grid agree."""
-    from mptlml.estimation.rates import default_rates, rate_grid
-    from mptlml.experiments.mlm import parse_rates
+    from mptlml.estimators.rates import default_rates, rate_grid
+    from mptlml.jobs.curve import parse_rates
 
     np.testing.assert_array_equal(rate_grid(0.01, 0.01), default_rates())
     np.testing.assert_array_equal(parse_rates("0.01:0.99:0.01"), default_rates())

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from mptlml.experiments import mlm_training
-from mptlml.experiments._mlm_training_analysis import seeds_to_decide
-from mptlml.experiments.mlm_training import claims
+from mptlml.reproduce import mlm_training
+from mptlml.reproduce._mlm_training_analysis import seeds_to_decide
+from mptlml.reproduce.mlm_training import claims
 
 
 def _fabricated(*, lml_gap: float, at15: float, high: float, bern_gap: float,
@@ -101,7 +101,7 @@ def test_independent_pixels_reference_is_the_counted_categorical():
     """Held-out log-likelihood of independent pixels, by hand: counts, floor, renormalise."""
     import torch
 
-    from mptlml.experiments._mlm_training_data import _independent
+    from mptlml.reproduce._mlm_training_data import _independent
 
     train = torch.tensor([[0, 2], [1, 2], [1, 2], [1, 2]])
     test = torch.tensor([[1, 0], [0, 2]])
@@ -130,9 +130,9 @@ def test_config_refuses_bad_settings():
 
 @pytest.mark.slow
 def test_quick_run_writes_results_and_figures(tmp_path):
-    from mptlml.experiments import run_experiment
+    from mptlml.reproduce import run_part
 
-    out = run_experiment("mlm-training", tmp_path / "run", quick=True)
+    out = run_part("mlm-training", tmp_path / "run", quick=True)
     res = out["results"]
     files = set(out["files"])
     for f in ("training.csv", "curve.csv", "lml_table.csv", "per_sequence.csv",
@@ -150,12 +150,12 @@ def test_quick_run_writes_results_and_figures(tmp_path):
 @pytest.mark.slow
 def test_grey_levels_run_end_to_end(tmp_path):
     """17 grey levels: 17 pixel tokens, independent pixels as the one exact reference."""
-    from mptlml.experiments import run_experiment
+    from mptlml.reproduce import run_part
 
     over = {"levels": 17, "objectives": ("random-size",), "num_seeds": 1, "steps": 8,
             "num_test": 12, "rate_start": 0.25, "rate_step": 0.5, "num_samples": 2,
             "variance_draws": 4, "score15_num_masks": 1}
-    out = run_experiment("mlm-training", tmp_path / "grey", quick=True, overrides=over)
+    out = run_part("mlm-training", tmp_path / "grey", quick=True, overrides=over)
     res = out["results"]
     assert res["levels"] == 17
     assert {r["objective"] for r in res["table"]} == {"random-size", "independent"}
@@ -173,7 +173,7 @@ def test_pixels_are_scikit_learns_digits(levels):
     import torch
     from sklearn.datasets import load_digits
 
-    from mptlml.experiments._mlm_training_data import split
+    from mptlml.reproduce._mlm_training_data import split
 
     raw = torch.from_numpy(load_digits().data.astype(np.int64))  # independent of load_images
     want = raw if levels == 17 else (raw > 8).long()  # x / 16 > 0.5
@@ -188,14 +188,14 @@ def test_worker_processes_give_the_same_numbers_as_one_process(tmp_path):
     """The (objective, seed) runs in two spawned processes = the same runs one after the other."""
     import json
 
-    from mptlml.experiments import run_experiment
+    from mptlml.reproduce import run_part
 
     base = {"objectives": ("bert-15", "random-size"), "num_seeds": 2, "steps": 6,
             "num_test": 12, "rate_start": 0.25, "rate_step": 0.5, "num_samples": 2,
             "variance_draws": 4, "score15_num_masks": 1, "bernoulli_epochs": 3}
-    one = run_experiment("mlm-training", tmp_path / "one", quick=True,
+    one = run_part("mlm-training", tmp_path / "one", quick=True,
                          overrides={**base, "workers": 1})["results"]
-    two = run_experiment("mlm-training", tmp_path / "two", quick=True,
+    two = run_part("mlm-training", tmp_path / "two", quick=True,
                          overrides={**base, "workers": 2})["results"]
     assert one["workers"] == 1 and two["workers"] == 2
     drop = {"train_s"}
@@ -215,7 +215,7 @@ def test_training_with_eager_attention_matches_sdpa(monkeypatch):
     differ only by the order of float roundings in the backward (below 1e-5)."""
     import torch
 
-    from mptlml.experiments._mlm_training_data import pixel_ids, split, tokenizer
+    from mptlml.reproduce._mlm_training_data import pixel_ids, split, tokenizer
 
     cfg = mlm_training.Config(steps=3, batch_size=8, hidden_size=16, num_heads=2,
                               intermediate_size=32, warmup_steps=1, log_every=1)

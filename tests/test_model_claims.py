@@ -128,7 +128,7 @@ def test_position_limit_counts_roberta_offsets():
                                            ("meta", "not one this package runs on")])
 def test_device_strings_name_the_valid_choices(tiny, device, match):
     """Before: a RuntimeError or AssertionError from torch after loading the model."""
-    from mptlml.estimation.distributed import resolve_device
+    from mptlml._scoring.distributed import resolve_device
 
     path, _ = tiny
     with pytest.raises(ValueError, match=match + ".*valid choices: 'cpu'"):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import mptlml
-from mptlml.estimation.results import NonFiniteWarning
 from mptlml.estimators import available
+from mptlml.estimators.results import NonFiniteWarning
 from mptlml.models import PPCA
 
 _OPTIONS = {"fixed-rate": {"rate": 0.4}}

@@ -2,7 +2,7 @@
 
 - ``pip install mptlml`` without extras estimates a PPCA LML: the README's first
   example runs in a fresh interpreter in which transformers, datasets, accelerate,
-  huggingface_hub, pandas, jinja2 and matplotlib cannot be imported (a
+  huggingface_hub, pandas, jinja2, matplotlib and lm_eval cannot be imported (a
   ``sys.meta_path`` blocker), and every library package imports there;
 - a feature that needs an extra says which (``pip install "mptlml[hf]"``), checked in the
   same interpreter, and every import of an optional package in ``src/`` follows a
@@ -35,10 +35,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "mptlml"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
-#: the library's packages, which must import with the core alone
+#: the library's packages and the command line (click is in the core), which must import
+#: with the core alone
 LIBRARY = ["mptlml", "mptlml.models", "mptlml.estimators", "mptlml.objectives",
            "mptlml.training", "mptlml.selection", "mptlml.data", "mptlml.masks",
-           "mptlml.settings", "mptlml.testing", "mptlml.hf"]
+           "mptlml.settings", "mptlml.testing", "mptlml.hf", "mptlml.cli"]
 
 _BLOCKER = """
 import importlib.abc, sys
@@ -76,6 +77,7 @@ def core_only() -> dict:
             "MaskedLM.from_pretrained": lambda: MaskedLM.from_pretrained(tempfile.mkdtemp()),
             "MPTTrainer": lambda: importlib.import_module("mptlml.hf").MPTTrainer,
             "report": lambda: importlib.import_module("mptlml.report")._render(None, "", None),
+            "lm_eval": lambda: importlib.import_module("mptlml.lm_eval"),
         }}
         out = {{}}
         for name, door in doors.items():
@@ -106,7 +108,8 @@ def test_the_readme_ppca_example_runs_with_the_core_alone(core_only):
 
 @pytest.mark.parametrize("door, extra", [("to_pandas", "report"),
                                          ("MaskedLM.from_pretrained", "hf"),
-                                         ("MPTTrainer", "hf"), ("report", "report")])
+                                         ("MPTTrainer", "hf"), ("report", "report"),
+                                         ("lm_eval", "lm-eval")])
 def test_a_missing_extra_is_named(core_only, door, extra):
     assert f'pip install "mptlml[{extra}]"' in core_only[door], core_only[door]
 
@@ -168,7 +171,7 @@ def test_the_extras_hold_what_the_core_does_not():
         assert dist not in core, f"{dist} is optional (extra {extra!r}) but in the core"
         assert dist in {_name(r) for r in extras[extra]}, f"{dist} missing from [{extra}]"
     assert {"torch", "numpy", "scipy", "scikit-learn", "tqdm"} <= core
-    assert extras["all"] == ["mptlml[hf,report,mnist]"]
+    assert extras["all"] == ["mptlml[hf,report,mnist,lm-eval]"]  # every optional feature
 
 
 def test_one_version_an_spdx_licence_and_typed():

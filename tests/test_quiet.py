@@ -56,13 +56,19 @@ def test_bars_by_default_none_with_tqdm_disable_or_quiet(tmp_path):
     assert "gpu" in env_block  # the GPU model, None without one
 
 
-def test_quiet_goes_before_or_after_the_command():
-    from mptlml.cli import build_parser
+@pytest.mark.parametrize(("argv", "quiet"), [
+    (["-q", "report", "DIR"], True), (["report", "DIR", "--quiet"], True),
+    (["report", "DIR"], False)])
+def test_quiet_goes_before_or_after_the_command(argv, quiet, tmp_path, capsys):
+    import logging
 
-    parser = build_parser()
-    assert parser.parse_args(["-q", "report", "r"]).quiet
-    assert parser.parse_args(["report", "r", "--quiet"]).quiet
-    assert not parser.parse_args(["report", "r"]).quiet
+    from mptlml.cli import main
+
+    argv = [str(tmp_path / "missing") if a == "DIR" else a for a in argv]
+    assert main(argv) == 2  # no such run directory: the output was set up before the error
+    level = logging.getLogger("mptlml").level
+    assert level == (logging.WARNING if quiet else logging.INFO)
+    capsys.readouterr()
 
 
 def test_library_bars_honour_tqdm_disable_even_when_asked_for(monkeypatch, capsys):
@@ -98,13 +104,13 @@ def test_set_quiet_turns_bars_off_and_back(monkeypatch):
 
 
 def test_messages_go_through_the_mptlml_logger(caplog, tmp_path):
-    from mptlml.experiments import run_experiment
+    from mptlml.reproduce import run_part
 
     with caplog.at_level("INFO", logger="mptlml"):
-        run_experiment("area", tmp_path / "a", quick=True,
-                       overrides={"num_data": 20, "num_tokens": 6, "panels": ("2:1",)})
+        run_part("area", tmp_path / "a", quick=True,
+                 overrides={"num_data": 20, "num_tokens": 6, "panels": ("2:1",)})
     names = {r.name for r in caplog.records}
-    assert "mptlml.experiments.driver" in names and "mptlml.experiments.area" in names
+    assert "mptlml.runs.job" in names and "mptlml.reproduce.fig4_area" in names
     assert any("results written to" in r.getMessage() for r in caplog.records)
 
 
@@ -115,10 +121,10 @@ def test_no_print_in_library_code():
 
     import mptlml
 
-    # cli.py: the spacer between --show-config tables, the error line, the interrupted line
-    # experiments/full_size.py: the table itself, when no file is named
-    allowed = {"experiments/common.py": 1, "cli.py": 3, "experiments/select.py": 1,
-               "experiments/full_size.py": 1}
+    # cli/: the spacer between --show-config tables, the error line, the interrupted line
+    # reproduce/full_size.py: the table itself, when no file is named
+    allowed = {"runs/output.py": 1, "cli/__init__.py": 2, "cli/reproduce.py": 1,
+               "jobs/select.py": 1, "reproduce/full_size.py": 1}
     for path in Path(mptlml.__file__).parent.rglob("*.py"):
         rel = path.relative_to(Path(mptlml.__file__).parent).as_posix()
         n = len(re.findall(r"(?<![\w.])print\(", path.read_text()))

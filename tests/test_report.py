@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 
 import pytest
 
 from mptlml.cli import main
-from mptlml.experiments.common import RESULTS_FORMAT, RunDir, load_results
 from mptlml.report import ERRATA, STATUSES, build_report
+from mptlml.runs.rundir import RESULTS_FORMAT, RunDir, load_results
 
 
 def _fake_run(path, name, results=None):
@@ -81,15 +82,16 @@ def test_report_top_lists_mode_counts_and_every_failing_claim(tmp_path):
     """Before the first section: the mode, the count per status, every failing claim linked."""
     import re
 
-    from mptlml.experiments import bert, training
+    from mptlml.reproduce import fig2_training as training
+    from mptlml.reproduce import table2_bert as bert
     from tests.test_claims import _bert_good, _training_good
 
     bad_training = _training_good()
     # where fixed-rate training ends up: undecided at quick sizes, whatever the numbers
-    bad_training["settings"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
-    bad_training["settings"]["fixed-rate"]["bias_last_half_mean"] = 1.3
+    bad_training["objectives"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
+    bad_training["objectives"]["fixed-rate"]["bias_last_half_mean"] = 1.3
     # decidable at quick sizes: these fail
-    bad_training["settings"]["fixed-rate"]["bias_rel_spread_max"] = 0.05
+    bad_training["objectives"]["fixed-rate"]["bias_rel_spread_max"] = 0.05
     bad_training["flat_direction"]["fixed_rate_maximiser"]["exact_lml"] = -10.5
     _claims_run(tmp_path / "runs" / "training", "training", training.Config.quick(), bad_training)
     _claims_run(tmp_path / "runs" / "bert", "bert", bert.Config.quick(), _bert_good())
@@ -138,7 +140,7 @@ def test_report_figures_have_captions_not_file_names(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from mptlml.experiments import area
+    from mptlml.reproduce import fig4_area as area
 
     run = RunDir(tmp_path / "runs" / "area", "area")
     fig, ax = plt.subplots()
@@ -157,16 +159,41 @@ def test_report_figures_have_captions_not_file_names(tmp_path):
 def test_a_claim_check_that_raises_fails(tmp_path, monkeypatch):
     """A broken claim check is a failure of the package, reported as ``fails`` (not hidden as
     "not run"), and the rest of the report is still built."""
-    from mptlml.experiments import bert, training
+    from mptlml.reproduce import fig2_training as training
+    from mptlml.reproduce import table2_bert as bert
     from tests.test_claims import _bert_good, _training_good
 
     def broken(results):
-        raise KeyError("settings")
+        raise KeyError("objectives")
 
-    monkeypatch.setattr(training, "claims", broken)
+    monkeypatch.setattr(training, "PART", dataclasses.replace(training.PART, claims=broken))
     _claims_run(tmp_path / "runs" / "training", "training", training.Config.quick(),
                 _training_good())
     _claims_run(tmp_path / "runs" / "bert", "bert", bert.Config.quick(), _bert_good())
     rep = build_report([tmp_path / "runs"], tmp_path / "out")
     assert [c["claim"] for c in rep.failing] == ["claim check failed"]
     assert rep.counts["recomputed"] == 3
+
+
+def test_the_errata_have_one_text():
+    """The report and the notes page print the same errata: the packaged ``data/errata.md``."""
+    from importlib.resources import files
+    from pathlib import Path
+
+    text = files("mptlml.data").joinpath("errata.md").read_text(encoding="utf-8")
+    notes = (Path(__file__).resolve().parents[1] / "docs" / "notes.md").read_text(encoding="utf-8")
+    begin = "<!-- errata: the text of src/mptlml/data/errata.md, which the report prints too -->"
+    end = "<!-- end of the errata -->"
+    region = notes.split(begin, 1)[1].split(end, 1)[0]
+    assert region.strip() == text.strip(), "copy src/mptlml/data/errata.md into docs/notes.md"
+    numbered = [line for line in text.splitlines() if line[:1].isdigit()]
+    assert len(ERRATA) == len(numbered) >= 5
+    assert ERRATA[0].startswith("**The sign of the Gaussian conditional variance.**")
+    assert "\n" not in "".join(ERRATA)  # one line each, as the report lists them
+
+
+def test_errata_render_as_html(tmp_path):
+    from mptlml.report import _md_inline_html
+
+    assert _md_inline_html("**a** *b* `x * y` <c>") == \
+        "<strong>a</strong> <em>b</em> <code>x * y</code> &lt;c&gt;"

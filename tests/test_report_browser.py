@@ -15,8 +15,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from mptlml.experiments.common import RunDir  # noqa: E402
 from mptlml.report import build_report  # noqa: E402
+from mptlml.runs.rundir import RunDir  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -30,11 +30,11 @@ def test_report_renders_in_headless_chromium(tmp_path):
     ax.plot([0, 1], [0, 1])
     run.save_figure(fig, "figure1")
     run.write_results({}, {"value": 1.0})
-    from mptlml.experiments import training
+    from mptlml.reproduce import fig2_training as training
     from tests.test_claims import _training_good
 
     bad = _training_good()
-    bad["settings"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
+    bad["objectives"]["fixed-rate"]["max_rel_gap_to_gt"] = 0.05
     tr = RunDir(tmp_path / "runs" / "training", "training")
     tr.write_results(training.Config.quick(), {**bad, "quick": True})
     rep = build_report([tmp_path / "runs"], tmp_path / "out")

@@ -7,29 +7,29 @@ import json
 import pytest
 
 from mptlml.cli import main
-from mptlml.experiments import EXPERIMENTS
-from mptlml.report import ERRATA, PAPER_SECTIONS
+from mptlml.report import ERRATA
+from mptlml.reproduce import PARTS, get_part
 
 
 @pytest.mark.slow
 def test_reproduce_all_quick_report_has_every_section(tmp_path, capsys):
     out = tmp_path / "all"
     assert main(["reproduce", "all", "--quick", "--out", str(out)]) == 0
-    for name in EXPERIMENTS:
+    for name in PARTS:
         assert (out / name / "results.json").is_file(), name
     rep = json.loads((out / "report.json").read_text())
     assert not rep["missing"] and not rep["problems"]
     # every part's wall time and the machine, for the full-size table
-    assert [p["name"] for p in rep["parts"]] == [n for n in PAPER_SECTIONS if n in EXPERIMENTS]
+    assert [p["name"] for p in rep["parts"]] == list(PARTS)
     assert all(p["wall_time_s"] > 0 and p["quick"] for p in rep["parts"])
     assert rep["environment"]["cpu_count"] >= 1
-    from mptlml.experiments import full_size
+    from mptlml.reproduce import full_size
 
     with pytest.raises(SystemExit):  # only a full run goes in the published table
         full_size.main([str(out)])
     md = (out / "report.md").read_text()
     html = (out / "report.html").read_text()
-    for title, _ in PAPER_SECTIONS.values():
+    for title in (get_part(n).title for n in PARTS):
         assert title in md
         assert title.replace("&", "&amp;") in html
     assert ERRATA[0][:40] in md
@@ -45,12 +45,12 @@ def test_reproduce_all_quick_report_has_every_section(tmp_path, capsys):
     # resume keeps every finished part
     assert main(["reproduce", "all", "--quick", "--out", str(out), "--resume"]) == 0
     assert capsys.readouterr().err.count("finished earlier with the same settings: kept") \
-        == len(EXPERIMENTS)
+        == len(PARTS)
 
 
 def test_run_all_builds_the_report_only_when_given_a_builder(tmp_path, caplog):
-    from mptlml.experiments import run_all
     from mptlml.report import build_report
+    from mptlml.reproduce import run_all
 
     status = run_all(tmp_path / "a", quick=True, only=["area"])
     assert list(status) == ["area"] and status["area"].startswith("ok")

@@ -21,62 +21,67 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mptlml.cli import build_parser, main
-from mptlml.experiments import driver
-from mptlml.experiments.common import RunDir
-from mptlml.experiments.config import ExperimentConfig, setting
-from mptlml.experiments.rundir import Transaction
+from mptlml.cli import main
+from mptlml.reproduce import Part, driver
+from mptlml.runs.config import RunConfig, setting
+from mptlml.runs.rundir import RunDir, Transaction
 
 # --------------------------------------------------------------- one declaration, one job style
 
 
 def test_mlm_settings_are_declared_once():
-    """curve, antibody and bert share MLMRunSettings: same keys, help and bounds; curve's flags
+    """curve, antibody and bert share MLMRunConfig: same keys, help and bounds; curve's flags
     are exactly CurveConfig's settings."""
-    from mptlml.experiments import antibody, bert
-    from mptlml.experiments.mlm import CurveConfig, MLMRunSettings
+    from mptlml.jobs.curve import CurveConfig, MLMRunConfig
+    from mptlml.reproduce import antibody
+    from mptlml.reproduce import table2_bert as bert
 
-    shared = {f.name: f.metadata for f in dataclasses.fields(MLMRunSettings)}
+    shared = {f.name: f.metadata for f in dataclasses.fields(MLMRunConfig)}
     for cls in (CurveConfig, antibody.Config, bert.Config):
-        assert issubclass(cls, MLMRunSettings)
+        assert issubclass(cls, MLMRunConfig)
         mine = {f.name: f.metadata for f in dataclasses.fields(cls)}
         for key, meta in shared.items():
             assert dict(mine[key]) == dict(meta), (cls, key)
     assert dict(next(f for f in dataclasses.fields(bert.Config) if f.name == "model").metadata) \
         == dict(next(f for f in dataclasses.fields(CurveConfig) if f.name == "model").metadata)
-    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["curve"]
-    dests = {a.dest for a in sub._actions} - {"help", "quiet", "out", "overwrite", "resume"}
-    assert dests == {f.name for f in dataclasses.fields(CurveConfig)}
+    from tests.cli_helpers import parse
+
+    flags = parse(["curve", "--model", "m", "--data", "d"])[1].params
+    assert set(flags) - {"quiet", "out", "overwrite", "resume"} == \
+        {f.name for f in dataclasses.fields(CurveConfig)}
 
 
 # --------------------------------------------------------------- resume never goes stale
 
 
 @dataclass
-class _FakeConfig(ExperimentConfig):
+class _FakeConfig(RunConfig):
     num_data: int = setting(10, "N", min=1)
     seed: int = setting(0, "seed", min=0)
+    num_threads: int | None = setting(None, "torch threads", min=1, execution=True)
 
 
-def _fake_module(calls: list) -> types.SimpleNamespace:
+def _fake_part(calls: list) -> Part:
     def run(cfg, run_dir):
         calls.append(cfg.num_data)
         run_dir.write_csv("x.csv", [{"n": cfg.num_data}])
         return {"n": cfg.num_data}
 
-    return types.SimpleNamespace(Config=_FakeConfig, run=run)
+    return Part(config=_FakeConfig, run=run, title="fake", paper="", claims=lambda res: [])
 
 
 def test_resume_reruns_a_part_whose_settings_changed(tmp_path, monkeypatch, caplog):
     calls: list = []
-    fake = _fake_module(calls)
-    monkeypatch.setattr(driver, "get_experiment", lambda name: fake)
+    fake = _fake_part(calls)
+    monkeypatch.setattr(driver, "get_part", lambda name: fake)
     out = tmp_path / "all"
     driver.run_all(out, only=["fake"])
     assert calls == [10]
     with caplog.at_level(logging.INFO, logger="mptlml"):
         status = driver.run_all(out, resume=True, only=["fake"])
     assert calls == [10] and status["fake"] == "kept"  # same settings: kept
+    status = driver.run_all(out, resume=True, only=["fake"], overrides={"fake": {"num_threads": 2}})
+    assert calls == [10] and status["fake"] == "kept"  # an execution-only setting changes no number
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="mptlml"):
         status = driver.run_all(out, resume=True, only=["fake"],
@@ -187,7 +192,7 @@ def test_select_decode_error_names_the_file(tmp_path):
 
 
 def test_select_warns_at_the_edge_and_for_minka_outside():
-    from mptlml.experiments.select import choice_warnings
+    from mptlml.jobs.select import choice_warnings
 
     res = types.SimpleNamespace(choices={"MPT": 4, "Exact": 4, "BIC": 2, "Minka": 9})
     warned = choice_warnings(res, 4)

@@ -7,7 +7,7 @@ log-probabilities heavy-tailed, so an SE from the P draws of the data mean
 alone (P - 1 degrees of freedom) gave |z| > 2 in 28% of 40 seeds at P = 2 on
 the digits (issue 24). With masks per datum (the default) the SE now pools
 each mask size's spread over its P masks and over the data
-(:func:`mptlml.estimation.stats.strata_stderr`): calibrated from P = 2. With
+(:func:`mptlml.estimators.stats.strata_stderr`): calibrated from P = 2. With
 shared masks the cumulative estimate keeps the model's fast grid reduction and
 its SE rests on the P draws of the data mean: calibrated from P ~ 10, and below
 5 effective degrees of freedom it warns. Over 40 seeds, z = (mean - exact) /

@@ -76,4 +76,4 @@ def _calls_keep_heap(path: Path) -> bool:
 def test_keep_heap_called_only_by_the_command_line():
     src = Path(mptlml.__file__).parent
     callers = sorted(str(p.relative_to(src)) for p in src.rglob("*.py") if _calls_keep_heap(p))
-    assert callers == ["cli.py"], callers
+    assert callers == ["cli/command.py"], callers

@@ -11,17 +11,15 @@ transformers directly, never through mptlml's scoring.
 
 from __future__ import annotations
 
-import itertools
 import warnings
 
 import numpy as np
 import pytest
-import torch
 
 import mptlml
 from mptlml.models import PPCA
 
-from .mlm_helpers import SENTENCES
+from .mlm_helpers import SENTENCES, exact_size_scores
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -77,8 +75,12 @@ def test_budget_too_small_for_the_target_is_said():
 def test_target_arguments_refused_where_they_do_not_apply():
     model = PPCA.random(6, 2, sigma2=0.2, seed=0)
     x = model.sample(10, generator=0)
-    with pytest.raises(ValueError, match="target_se= needs estimator='cumulative'"):
-        mptlml.estimate_lml(model, x, "random-size", target_se=0.1)
+    with pytest.raises(ValueError, match="target_se= needs an unbiased estimator"):
+        mptlml.estimate_lml(model, x, "fixed-rate", rate=0.5, target_se=0.1)
+    with pytest.raises(ValueError, match="target_se= does not apply to estimator='exhaustive'"):
+        mptlml.estimate_lml(model, x, "exhaustive", target_se=0.1)
+    with pytest.raises(ValueError, match="target_se needs independent masks per size"):
+        mptlml.estimate_lml(model, x, nested=True, target_se=0.1)
     with pytest.raises(ValueError, match="allocation='neyman' applies with target_se"):
         mptlml.estimate_lml(model, x, allocation="neyman")
     with pytest.raises(ValueError, match="allocation must be one of"):
@@ -100,28 +102,8 @@ def test_dense_curve_to_target():
 
 # ---------------------------------------------------------------- a tiny masked LM
 def _exact_sums(tiny_dir, texts):
-    """sum_M mean over every mask of size M of (1/M) sum_j log p(x_j | x_R), by transformers."""
-    from transformers import BertForMaskedLM, BertTokenizer
-
-    tok = BertTokenizer.from_pretrained(tiny_dir)
-    net = BertForMaskedLM.from_pretrained(tiny_dir).eval()
-    out = []
-    for text in texts:
-        ids = torch.tensor(tok(text)["input_ids"])
-        pos = list(range(1, len(ids) - 1))  # between [CLS] and [SEP]
-        d = len(pos)
-        total = 0.0
-        for m in range(1, d + 1):
-            vals = []
-            for subset in itertools.combinations(pos, m):
-                inp = ids.clone()
-                inp[list(subset)] = tok.mask_token_id
-                with torch.no_grad():
-                    lp = net(inp[None]).logits[0].double().log_softmax(-1)
-                vals.append(sum(float(lp[j, ids[j]]) for j in subset) / m)
-            total += float(np.mean(vals))
-        out.append(total)
-    return np.array(out)
+    """sum_M S(x; M) over every mask, by transformers directly (tests/mlm_helpers.py)."""
+    return np.array([s.sum() for s in exact_size_scores(tiny_dir, texts)])
 
 
 @pytest.mark.slow

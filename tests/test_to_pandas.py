@@ -50,14 +50,14 @@ def test_dense_curve_one_row_per_size_and_long_form(ppca):
 
 
 def test_masked_lm_curve_and_estimate(tmp_path):
-    from mptlml.estimation.ragged import mlm_curve
+    from mptlml import mpt_curve
     from mptlml.models.masked_lm import MaskedLM
 
     from .mlm_helpers import SENTENCES, make_tiny_bert
 
     lm = MaskedLM.from_pretrained(make_tiny_bert(tmp_path / "bert"))
     texts = SENTENCES[:3]
-    curve = mlm_curve(lm, texts, rates=[0.3, 0.6], num_masks=2, seed=0, ids=["a", "b", "c"])
+    curve = mpt_curve(lm, texts, rates=[0.3, 0.6], num_masks=2, seed=0, ids=["a", "b", "c"])
     df = curve.to_pandas()
     assert len(df) == 2 and df["size"].isna().all()  # ragged: sizes differ per sequence
     np.testing.assert_allclose(df["mean"], curve.mean.numpy())
@@ -104,7 +104,7 @@ def test_selection_result_one_row_per_k():
 
 
 def test_run_dir_csv_through_pandas(tmp_path):
-    from mptlml.experiments.common import RunDir
+    from mptlml.runs.rundir import RunDir
 
     with RunDir(tmp_path / "r", "t") as run:  # files appear in OUT once the run is swapped in
         run.write_csv("a.csv", [{"a": 1, "b": None, "c": 0.1},

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from mptlml import TokenScores, estimate_lml, mlm_curve, mpt_curve, pll
-from mptlml.estimation.rates import mask_sizes
+from mptlml import TokenScores, estimate_lml, mpt_curve, pll
+from mptlml.estimators.rates import mask_sizes
 
 from .mlm_helpers import WORDS, make_tiny_bert, minicons_scorer
 
@@ -157,8 +157,8 @@ def test_one_piece_words_reduce_to_tokens(wp):
         other = pll(wp, ONE_PIECE, per_token=True, **kw)
         for a, b in zip(base.log_probs, other.log_probs, strict=True):
             np.testing.assert_array_equal(a, b)
-    a = mlm_curve(wp, ONE_PIECE, rates=[0.2, 0.5, 0.9], num_masks=3, seed=4, exact=True)
-    b = mlm_curve(wp, ONE_PIECE, rates=[0.2, 0.5, 0.9], num_masks=3, seed=4, exact=True,
+    a = mpt_curve(wp, ONE_PIECE, rates=[0.2, 0.5, 0.9], num_masks=3, seed=4, exact=True)
+    b = mpt_curve(wp, ONE_PIECE, rates=[0.2, 0.5, 0.9], num_masks=3, seed=4, exact=True,
                   whole_word=True)
     assert torch.equal(a.per_sample, b.per_sample) and torch.equal(a.sizes, b.sizes)
     assert torch.equal(a.lml_exact, b.lml_exact)
@@ -175,7 +175,7 @@ def test_whole_word_curve_counts_words(wp, raw, monkeypatch):
 
     monkeypatch.setattr(wp, "ragged_masked_log_prob", spy)
     rates = [0.2, 0.5, 0.99]
-    res = mlm_curve(wp, TEXTS, rates=rates, num_masks=4, seed=1, whole_word=True)
+    res = mpt_curve(wp, TEXTS, rates=rates, num_masks=4, seed=1, whole_word=True)
     nw = [len(SPLITS[t]) for t in TEXTS]
     assert res.num_tokens.tolist() == nw
     assert res.sizes.tolist() == [mask_sizes(w, np.array(rates)).tolist() for w in nw]
@@ -228,13 +228,13 @@ def test_refusals(wp, wp_dir):
     with pytest.raises(TypeError, match="must be bool"):
         pll(wp, TEXTS, whole_word="yes")
     with pytest.raises(TypeError, match="must be bool"):
-        mlm_curve(wp, TEXTS, whole_word=1)
+        mpt_curve(wp, TEXTS, whole_word=1)
     ids = [t.tolist() for t in wp.encode(TEXTS)]
     for kw in ({"whole_word": True}, {"variant": "word_l2r"}):
         with pytest.raises(TypeError, match="carry no word boundaries"):
             pll(wp, ids, **kw)
     with pytest.raises(TypeError, match="carry no word boundaries"):
-        mlm_curve(wp, ids, whole_word=True)
+        mpt_curve(wp, ids, whole_word=True)
     assert pll(wp, ids, per_token=True).tokens == pll(wp, TEXTS, per_token=True).tokens
     # a slow tokenizer has no word_ids(): refused, not guessed
     slow = BertTokenizerLegacy(str(wp_dir / "vocab.txt"), do_lower_case=True)
@@ -242,7 +242,7 @@ def test_refusals(wp, wp_dir):
     lm = MaskedLM(wp.model, slow)
     for call in (lambda: pll(lm, TEXTS, whole_word=True),
                  lambda: pll(lm, TEXTS, variant="word_l2r"),
-                 lambda: mlm_curve(lm, TEXTS, whole_word=True)):
+                 lambda: mpt_curve(lm, TEXTS, whole_word=True)):
         with pytest.raises(ValueError, match="needs a fast tokenizer"):
             call()
     # tokens need no words: per-token output works with the slow tokenizer
@@ -285,7 +285,7 @@ def test_protocol_refusals(wp):
         with pytest.raises(TypeError, match="WordMaskedModel"):
             pll(bare, TEXTS, **kw)
     with pytest.raises(TypeError, match="WordMaskedModel"):
-        mlm_curve(bare, TEXTS, whole_word=True)
+        mpt_curve(bare, TEXTS, whole_word=True)
     d = len(wp.encode(TEXTS[:1])[0])
     m = torch.zeros(1, d, dtype=torch.bool)
     t = m.clone()

@@ -7,20 +7,32 @@
 """
 
 from . import estimators, settings
-from .estimation import LMLEstimate, MPTCurve, TokenScores, mlm_curve, mpt_area, pll
-from .estimators import Estimator, estimate_lml, mpt_curve, register
+from .estimators import (
+    Comparison,
+    Estimator,
+    LMLEstimate,
+    MPTCurve,
+    TokenScores,
+    compare,
+    estimate_lml,
+    mpt_area,
+    mpt_curve,
+    pll,
+    register,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Comparison",
     "Estimator",
     "LMLEstimate",
     "MPTCurve",
     "TokenScores",
     "__version__",
+    "compare",
     "estimate_lml",
     "estimators",
-    "mlm_curve",
     "mpt_area",
     "mpt_curve",
     "pll",

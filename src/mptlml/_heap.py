@@ -13,15 +13,17 @@ own dynamic adjustment reaches on 64-bit systems (32 MiB and 64 MiB; see
 returned. It changes the whole process, so the library never calls it: the
 ``mptlml`` command line and the benchmarks opt in once at start-up, and a
 library user calls ``mptlml.settings.keep_heap()``. Set the environment
-variable ``MPTLML_KEEP_HEAP=0`` to leave the allocator alone even then; other C
-libraries (musl, macOS, Windows) are never touched.
+variable ``MPTLML_KEEP_HEAP=0`` (or ``false``, ``no``, ``off``, any case) to
+leave the allocator alone even then; other C libraries (musl, macOS, Windows)
+are never touched.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
+
+from ._validation import env_flag
 
 __all__ = ["heap_kept", "keep_heap"]
 
@@ -37,7 +39,7 @@ _state: dict[str, bool] = {}
 def keep_heap() -> bool:
     """Raise glibc's mmap/trim thresholds once per process; True when they are set.
 
-    A no-op (False) off glibc, when ``MPTLML_KEEP_HEAP=0``, or when ``mallopt``
+    A no-op (False) off glibc, when ``MPTLML_KEEP_HEAP`` says no, or when ``mallopt``
     refuses the values.
     """
     if "kept" not in _state:
@@ -51,7 +53,7 @@ def heap_kept() -> bool:
 
 
 def _set_thresholds() -> bool:
-    if os.environ.get("MPTLML_KEEP_HEAP", "1").strip() in ("0", "false", "no"):
+    if not env_flag("MPTLML_KEEP_HEAP", True):
         return False
     if not sys.platform.startswith("linux"):
         return False

@@ -1,7 +1,7 @@
 """Text from a run directory, written into Markdown as literal text.
 
 Shared by the report (``report.md``) and the published full-size table
-(:func:`mptlml.experiments._claims.full_size_markdown`).
+(:func:`mptlml.reproduce.claims.full_size_markdown`).
 """
 
 from __future__ import annotations

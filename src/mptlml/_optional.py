@@ -1,10 +1,12 @@
 """Optional dependencies: a missing one is reported with the extra that installs it.
 
 The core (``pip install mptlml``) estimates, trains and selects dense models with numpy,
-scipy, torch, scikit-learn and tqdm. Hugging Face masked LMs need the ``hf`` extra, data
-frames, reports and figures the ``report`` extra. Each import of an optional package
-follows a :func:`require` of it (``tests/test_packaging.py`` checks this), so a user
-without the extra reads what to install instead of a bare ``No module named ...``.
+scipy, torch, scikit-learn and tqdm, and runs the ``mptlml`` command (click, filelock).
+Hugging Face masked LMs need the ``hf`` extra, data frames, reports and figures the
+``report`` extra, the lm-evaluation-harness backend (:mod:`mptlml.lm_eval`,
+``mptlml eval``) the ``lm-eval`` extra. Each import of an optional package follows a
+:func:`require` of it (``tests/test_packaging.py`` checks this), so a user without the
+extra reads what to install instead of a bare ``No module named ...``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ EXTRAS: dict[str, str] = {
     "pandas": "report",
     "jinja2": "report",
     "matplotlib": "report",
+    "lm_eval": "lm-eval",
 }
 
 

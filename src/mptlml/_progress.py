@@ -4,7 +4,8 @@ A bar is shown only when all of these allow it:
 
 - the caller asks for it (``enabled``, e.g. ``progress=True`` of an estimator);
 - the process is not quiet (:func:`set_quiet`, which ``mptlml --quiet`` calls);
-- the environment variable ``TQDM_DISABLE`` is unset or false (``0``/``false``/``no``).
+- the environment variable ``TQDM_DISABLE`` is unset or says no (``0``/``false``/``no``/
+  ``off``; any other value than a yes or a no is refused).
 
 tqdm reads ``TQDM_DISABLE`` only when ``disable`` is not passed; passing it
 explicitly (as the package once did) overrode the user's choice, hence this
@@ -17,6 +18,8 @@ import os
 import sys
 from collections.abc import Iterable
 from typing import Any
+
+from ._validation import env_flag
 
 __all__ = ["is_quiet", "progress_bar", "progress_enabled", "set_quiet"]
 
@@ -68,8 +71,7 @@ def is_quiet() -> bool:
 
 
 def _env_disabled() -> bool:
-    value = os.environ.get("TQDM_DISABLE", "").strip().lower()
-    return value not in ("", "0", "false", "no", "off")
+    return env_flag("TQDM_DISABLE", False)
 
 
 def progress_enabled(enabled: bool = True) -> bool:

@@ -7,21 +7,52 @@ message says what was wrong and what to pass instead.
 from __future__ import annotations
 
 import numbers
+import os
 from typing import Any
 
 import numpy as np
 import torch
 
 __all__ = [
+    "FALSE_WORDS",
+    "TRUE_WORDS",
     "as_tensor",
+    "check_context",
     "check_data",
     "check_device",
     "check_mask",
     "check_positive_int",
     "check_rate",
     "check_size",
+    "env_flag",
     "make_generator",
+    "parse_flag",
 ]
+
+#: the words of a yes/no setting (any case, surrounding spaces ignored)
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def parse_flag(value: str, name: str) -> bool:
+    """``value`` as a yes/no setting: True for 1/true/yes/on, False for 0/false/no/off.
+
+    Any case and surrounding spaces are accepted; anything else is refused
+    with a ValueError naming ``name`` (never read as one or the other).
+    """
+    word = str(value).strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"{name} must be yes or no ({'/'.join(TRUE_WORDS)} or "
+                     f"{'/'.join(FALSE_WORDS)}, any case), got {value!r}.")
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """The yes/no environment variable ``name`` (:func:`parse_flag`); ``default`` if unset/empty."""
+    raw = os.environ.get(name, "")
+    return default if not raw.strip() else parse_flag(raw, f"the environment variable {name}")
 
 
 def as_tensor(value: Any, name: str, dtype: torch.dtype | None = None,
@@ -157,6 +188,44 @@ def check_device(device: Any) -> torch.device:
         raise ValueError(f"device {device!r} is not one this package runs on; "
                          f"{_device_choices()}.")
     return d
+
+
+def check_context(context: Any, num_tokens: int) -> torch.Tensor:
+    """The always-visible dimensions C of dense data, as a bool ``(D,)`` tensor (True = context).
+
+    ``context`` is a boolean mask of length D or a sequence of distinct indices in
+    ``[0, D)``. The scored dimensions T (the complement) must not be empty.
+    """
+    if isinstance(context, torch.Tensor):
+        c = context.detach().cpu()
+    else:
+        try:
+            c = torch.as_tensor(np.asarray(context))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"context must be a boolean mask of length {num_tokens} or a list "
+                            f"of dimension indices; got {type(context).__name__}.") from exc
+    if c.dtype == torch.bool:
+        if c.shape != (num_tokens,):
+            raise ValueError(f"a boolean context must have shape ({num_tokens},) (one entry per "
+                             f"dimension, True = always visible); got {tuple(c.shape)}.")
+        out = c.clone()
+    elif c.ndim == 1 and not c.is_floating_point() and not c.is_complex():
+        idx = c.long()
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= num_tokens):
+            raise ValueError(f"context indices must lie in [0, {num_tokens}); got "
+                             f"{idx.tolist()[:10]}.")
+        if idx.unique().numel() != idx.numel():
+            raise ValueError("context indices must be distinct.")
+        out = torch.zeros(num_tokens, dtype=torch.bool)
+        out[idx] = True
+    else:
+        raise TypeError(f"context must be a boolean mask of length {num_tokens} or a 1-D list "
+                        f"of integer dimension indices; got dtype {c.dtype}, shape "
+                        f"{tuple(c.shape)}.")
+    if bool(out.all()):
+        raise ValueError("context covers every dimension: nothing is left to score. Leave at "
+                         "least one dimension out of the context.")
+    return out
 
 
 def check_positive_int(value: Any, name: str) -> int:

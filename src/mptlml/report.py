@@ -5,16 +5,17 @@ beside our numbers and says exactly what was checked: every claim has a
 status, one of ``holds``, ``fails``, ``undecided`` (the run is too small to
 decide it: quick sizes, with the full-size outcome beside it, or a test within
 its noise), ``recomputed`` (re-derived from the authors' published data,
-nothing re-run) and ``not run`` (see :mod:`mptlml.experiments._claims`). The
-checks live with the experiments: a module in :mod:`mptlml.experiments` may define
+nothing re-run) and ``not run`` (see :mod:`mptlml.reproduce.claims`). The
+checks live with the parts: each :class:`~mptlml.reproduce.parts.Part` has
 
+- ``title`` and ``paper``: the section's heading and the paper's statement;
 - ``claims(results) -> list[dict]`` (built with
-  :func:`mptlml.experiments._claims.claim`: ``claim``, ``paper``, ``ours``,
+  :func:`mptlml.reproduce.claims.claim`: ``claim``, ``paper``, ``ours``,
   ``holds``, ``status`` and an optional ``note``);
-- ``captions(config, results) -> {figure stem: caption}``: what each figure
-  plots, its setting and the paper's figure it corresponds to;
-- ``tables(results) -> list[dict]``: extra tables (``title``, ``rows``,
-  ``caption``), e.g. Table 1 under both set-ups.
+- optionally ``captions(config, results) -> {figure stem: caption}``: what
+  each figure plots, its setting and the paper's figure it corresponds to;
+- optionally ``tables(results) -> list[dict]``: extra tables (``title``,
+  ``rows``, ``caption``), e.g. Table 1 under both set-ups.
 
 The top of the report states the mode (quick or full, with the run's sizes
 against the full ones, which follow the paper), the count of claims per status
@@ -22,58 +23,56 @@ and every failing claim with a link to its section. The report is rebuilt from
 run directories alone, so a long run and a later report are separate steps; an
 incomplete run directory is listed as missing, not fatal. HTML and Markdown
 come from the jinja2 templates in ``mptlml/templates``; the HTML embeds its
-figures, so it is one self-contained file.
+figures, so it is one self-contained file. The paper's errata come from the
+packaged ``mptlml/data/errata.md`` (:func:`errata`), the one text of them.
 
-The report sits above the experiments: it reads their registry
-(:mod:`mptlml.experiments.registry`) and each module's ``TITLE``, ``PAPER``,
-``claims``, ``captions`` and ``tables``; no experiment imports it.
+The report sits above the parts: it reads their registry
+(:data:`mptlml.reproduce.parts.PARTS`); no part imports it.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
+import html
 import json
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from ._io import atomic_write_text, jsonable
 from ._markdown import md_cell
 from ._optional import require
-from .experiments._claims import STATUSES, status_of
-from .experiments.common import environment, load_results
-from .experiments.registry import EXPERIMENTS, get_experiment
+from .reproduce.claims import STATUSES, status_of
+from .reproduce.parts import PARTS, get_part
+from .runs.config import execution_settings
+from .runs.rundir import environment, load_results
 
-__all__ = ["ERRATA", "PAPER_SECTIONS", "STATUSES", "Report", "build_report", "collect_runs",
+__all__ = ["ERRATA", "STATUSES", "Report", "build_report", "collect_runs", "errata",
            "report_json"]
 
-#: the paper's figures and tables, in reading order: experiment name -> (title, statement);
-#: each experiment module holds its own (``TITLE``, ``PAPER``).
-PAPER_SECTIONS: dict[str, tuple[str, str]] = {
-    name: (get_experiment(name).TITLE, get_experiment(name).PAPER) for name in EXPERIMENTS
-}
+def errata() -> list[str]:
+    """The errata of the paper's text, one Markdown string per erratum.
 
-#: errata found in the paper's text (see docs/notes.md, "Errata").
-ERRATA: list[str] = [
-    "Eq. 7 and Appendix B give the Gaussian conditional variance as S_MM + S_MR^T S_RR^-1 "
-    "S_MR; the correct variance has a minus sign (the authors' code uses the minus, and so do we).",
-    "Eq. 7 drops the mean mu; the conditional mean is mu_M + S_MR^T S_RR^-1 (x_R - mu_R).",
-    "The authors' synthetic PPCA data share one noise value across all D dimensions with "
-    "standard deviation 1/beta, while the model's noise variance is 1/beta; we draw "
-    "independent noise per dimension by default and offer theirs as an option.",
-    "In the Bernoulli (linear VAE) experiment the paper's code scores the marginal log p(x_M) "
-    "of the masked pixels, not the conditional log p(x_M | x_R); we use the true conditional "
-    "(the marginal is an option).",
-    "Table 1's true LML of -60.34 comes without the D, N or seed that produced it, so only its "
-    "shrinking spread can be compared.",
-]
+    Read from the packaged ``mptlml/data/errata.md`` (a numbered list), the one
+    text of them: the documentation's notes page holds the same text.
+    """
+    text = files("mptlml.data").joinpath("errata.md").read_text(encoding="utf-8")
+    items: list[list[str]] = []
+    for line in text.splitlines():
+        m = re.match(r"\d+\.\s+(.*)", line)
+        if m:
+            items.append([m.group(1)])
+        elif line.strip():
+            items[-1].append(line.strip())
+    return [" ".join(item) for item in items]
 
-#: settings that change how a run is executed, not what it computes: left out of the sizes.
-_NOT_SIZES = frozenset({"progress", "num_threads", "reference", "data_dir", "token_budget",
-                        "chunk_size", "bias_every", "eval_every", "vae_eval_every"})
+
+#: the errata of the paper's text (:func:`errata`), as the report lists them.
+ERRATA: list[str] = errata()
 
 
 @dataclass
@@ -136,7 +135,7 @@ class Report:
 def collect_runs(paths: Sequence[str | Path]) -> tuple[dict[str, tuple[Path, dict]], list[str]]:
     """Find run directories (a path itself, or its immediate sub-directories).
 
-    Returns ``({experiment: (dir, results)}, problems)``: a sub-directory
+    Returns ``({part: (dir, results)}, problems)``: a sub-directory
     without a readable results.json, or with an unknown format, becomes a
     problem line, and so does a part of a ``reproduce all`` directory whose
     latest run failed (``NAME.error.txt`` newer than its results.json: the
@@ -157,8 +156,8 @@ def collect_runs(paths: Sequence[str | Path]) -> tuple[dict[str, tuple[Path, dic
         p = Path(raw)
         if not p.exists():
             raise FileNotFoundError(
-                f"{p} does not exist; pass the --out directory of `mptlml reproduce NAME`, "
-                "`mptlml reproduce all`, `curve`, `select` or `demo`.")
+                f"{p} does not exist; pass the --out directory of `mptlml reproduce NAME` or "
+                "`mptlml reproduce all`.")
         if not p.is_dir():
             raise ValueError(f"{p} is a file, not a run directory; pass the --out directory of "
                              "`mptlml reproduce NAME` or `mptlml reproduce all`.")
@@ -187,7 +186,7 @@ def collect_runs(paths: Sequence[str | Path]) -> tuple[dict[str, tuple[Path, dic
                 problems.append(str(exc))
                 continue
             kind = res.get("experiment")
-            if kind not in EXPERIMENTS:
+            if kind not in PARTS:
                 problems.append(_not_a_reproduction(d, kind))
                 continue
             found[kind] = (d, res)
@@ -196,49 +195,42 @@ def collect_runs(paths: Sequence[str | Path]) -> tuple[dict[str, tuple[Path, dic
 
 def _not_a_reproduction(d: Path, kind: Any) -> str:
     """Why a finished run directory is not part of the report (a demo, curve or select run)."""
-    what = (f"a `mptlml {kind}` run" if kind in ("demo", "curve", "select")
-            else f"a run of {kind!r}, which is not a reproduction")
-    return (f"{d} is {what}: the report covers the paper's reproductions; pass the --out "
-            "directory of `mptlml reproduce NAME` or `mptlml reproduce all` (this run's "
-            "results are its results.json, CSVs and figures)")
+    return (f"{d} is a `mptlml {kind}` run, not a part of the paper: the report covers the "
+            "paper's reproductions; pass the --out directory of `mptlml reproduce NAME` or `mptlml "
+            "reproduce all` (this run's results are its results.json, CSVs and figures)")
 
 
 def _claims_for(name: str, results: dict) -> list[dict[str, Any]]:
     """The section's claims, each with a checked ``status`` and an ``anchor``."""
-    if name not in EXPERIMENTS:
-        return []
-    mod = get_experiment(name)
-    if not hasattr(mod, "claims"):
-        return []
     try:
-        raw = list(mod.claims(results["results"]))
+        raw = list(get_part(name).claims(results["results"]))
         claims = [{**c, "status": status_of(c)} for c in raw]
     except Exception as exc:  # a broken claim check must not hide the rest of the report
         claims = [{"claim": "claim check failed", "paper": "", "ours": repr(exc),
                    "holds": False, "status": "fails",
-                   "note": "the experiment's claims() raised: a bug in the check; see the error"}]
+                   "note": "the part's claims() raised: a bug in the check; see the error"}]
     for i, c in enumerate(claims):
         c["anchor"] = f"{name}-claim-{i + 1}"
     return claims
 
 
 def _captions(name: str, res: dict) -> dict[str, str]:
-    mod = get_experiment(name) if name in EXPERIMENTS else None
-    if mod is None or not hasattr(mod, "captions"):
+    captions = get_part(name).captions
+    if captions is None:
         return {}
     try:
-        return dict(mod.captions(res.get("config") or {}, res.get("results") or {}))
+        return dict(captions(res.get("config") or {}, res.get("results") or {}))
     except Exception:  # a caption is never worth losing the report
         return {}
 
 
 def _tables(name: str, res: dict) -> list[dict[str, Any]]:
-    mod = get_experiment(name) if name in EXPERIMENTS else None
-    if mod is None or not hasattr(mod, "tables"):
+    tables = get_part(name).tables
+    if tables is None:
         return []
     try:
         out = []
-        for t in mod.tables(res.get("results") or {}):
+        for t in tables(res.get("results") or {}):
             rows = [{str(k): "" if v is None else str(v) for k, v in r.items()}
                     for r in t.get("rows", [])]
             cols = list(dict.fromkeys(k for r in rows for k in r))
@@ -258,19 +250,22 @@ def _fmt_value(v: Any) -> str:
 
 
 def _sizes(name: str, config: dict) -> list[dict[str, str]]:
-    """The run's settings that differ from the full mode's (the paper's where it states them)."""
-    if name not in EXPERIMENTS or not isinstance(config, dict):
+    """The run's settings that differ from the full mode's (the paper's where it states them).
+
+    Execution-only settings (:func:`~mptlml.runs.config.execution_settings`:
+    threads, workers, ...) change no number, so they are no size.
+    """
+    if not isinstance(config, dict):
         return []
-    cls = getattr(get_experiment(name), "Config", None)
-    if cls is None or not dataclasses.is_dataclass(cls):
-        return []
+    cls = get_part(name).config
     try:
         full = jsonable(cls())
     except Exception:
         return []
+    skip = execution_settings(cls)
     return [{"key": k, "ours": _fmt_value(v), "full": _fmt_value(full[k])}
             for k, v in config.items()
-            if k in full and k not in _NOT_SIZES and jsonable(v) != full[k]]
+            if k in full and k not in skip and jsonable(v) != full[k]]
 
 
 def _unsafe_figure(f: Path, run_dir: Path) -> str:
@@ -300,7 +295,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
     Parameters
     ----------
     paths : run directories, or directories holding run sub-directories
-        (``mptlml reproduce all`` writes one sub-directory per experiment).
+        (``mptlml reproduce all`` writes one sub-directory per part).
     out : directory for the report files (default: the first path).
     """
     if not paths:
@@ -315,13 +310,14 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
                                       for p in problems):
         raise ValueError(problems[0] + ".")
     rep = Report(problems=problems)
-    for name, (title, statement) in PAPER_SECTIONS.items():
+    for name in PARTS:  # the paper's reading order
         if name not in found:
             rep.missing.append(name)
             continue
         d, res = found[name]
+        part = get_part(name)
         captions = _captions(name, res)
-        order = {stem: i for i, stem in enumerate(captions)}  # the experiment's figure order
+        order = {stem: i for i, stem in enumerate(captions)}  # the part's figure order
         pngs = sorted(d.glob("*.png"), key=lambda f: (order.get(f.stem, len(order)), f.name))
         figures = []
         for f in pngs:
@@ -331,7 +327,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
                 continue
             figures.append({"path": f, "stem": f.stem, "caption": captions.get(f.stem, f.name)})
         rep.sections.append({
-            "name": name, "title": title, "paper": statement, "dir": str(d),
+            "name": name, "title": part.title, "paper": part.paper, "dir": str(d),
             "claims": _claims_for(name, res), "figures": figures,
             "tables": _tables(name, res), "sizes": _sizes(name, res.get("config")),
             "wall_time_s": res.get("wall_time_s"), "quick": res.get("results", {}).get("quick"),
@@ -361,6 +357,15 @@ def _env_rows(rep: Report) -> list[tuple[str, str]]:
     return rows
 
 
+def _md_inline_html(text: str) -> str:
+    """A line of Markdown (``**bold**``, ``*emphasis*``, ``` `code` ```) as escaped HTML."""
+    out = html.escape(text, quote=False)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", out)
+    out = re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"<em>\1</em>", out)
+    return out
+
+
 _BADGES_MD = {"holds": "✅ holds", "fails": "❌ fails", "undecided": "🟡 undecided",
               "recomputed": "🔁 recomputed", "not run": "⚪ not run"}
 
@@ -383,6 +388,7 @@ def _render(rep: Report, template: str, out_dir: Path) -> str:
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined)
     env.filters["md"] = md_cell
+    env.filters["md_html"] = _md_inline_html
     env.filters["md_link"] = _md_link
     env.filters["badge_md"] = lambda s: _BADGES_MD[s]
     env.filters["slug"] = lambda s: s.replace(" ", "-")

@@ -1,4 +1,4 @@
-"""Scoped settings of the estimation engine, in the style of ``gpytorch.settings``.
+"""Scoped settings of the scoring machinery, in the style of ``gpytorch.settings``.
 
 Each setting is a context manager that changes a value for the code inside its
 ``with`` block and restores the previous value on exit (also on an error);

@@ -30,15 +30,18 @@ To adapt it, pass an ``AdaptiveSize`` instance to the collator and call
 sequences' S_hat = (1/M_i) sum_mask log p, and D_i (in the process that runs
 the collator: a DataLoader with ``num_workers=0``). Evaluation
 (:func:`mptlml.estimate_lml`) never adapts q, so two models scored with one
-seed keep common random numbers.
+seed keep common random numbers. On ragged sequences each draw of sequence i
+takes M ~ q over 1..D_i (the statistics are per rate bin, shared by all lengths).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .._validation import check_positive_int
-from .base import register
+from .api import register
 from .random_size import RandomSize
 
 __all__ = ["AdaptiveSize"]
@@ -161,6 +164,11 @@ class AdaptiveSize(RandomSize):
         b = self.bins(m, d)
         self._sum2.mul_(self.decay).index_add_(0, b, s.square())
         self._count.mul_(self.decay).index_add_(0, b, torch.ones_like(s))
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Name, options and the statistics q is fitted to (they decide the sizes drawn)."""
+        return {**super().fingerprint(), "sum2": self._sum2.tolist(),
+                "count": self._count.tolist()}
 
     def reset(self) -> None:
         """Forget every observation (q is uniform again)."""

@@ -1,4 +1,4 @@
-"""The estimator: one object per Monte Carlo estimator of Proposition 1, and their registry.
+"""The estimator: one object per Monte Carlo estimator of Proposition 1, on any kind of data.
 
 Proposition 1 of Moreno-Munoz, Recasens & Hauberg (NeurIPS 2023)::
 
@@ -9,20 +9,29 @@ An :class:`Estimator` holds what distinguishes one estimator of this sum from
 another, in one place:
 
 - its **options**, validated once in ``__init__`` (the signature is the list
-  of options it accepts; anything else is refused by :func:`create`);
+  of options it accepts; anything else is refused by
+  :func:`~mptlml.estimators.api.create`);
 - its **mask-size rule** :meth:`Estimator.sizes` and the **weight** of each
   size :meth:`Estimator.weights` (a trainable estimator: evaluation, training
   with :class:`mptlml.objectives.MPTLoss` and the Hugging Face collator all
-  draw their sizes here);
+  draw their sizes here). The same rule estimates dense ``(N, D)`` data and
+  ragged sequences, where each sequence has its own D_i and draws its own
+  sizes (:meth:`Estimator.ragged_cells`);
 - :meth:`Estimator.draws`, the P i.i.d. per-draw estimates of log p(x_n) that
   everything else is built on (the estimate and its standard error, the
   training objective, common random numbers in model selection, running
   means);
 - :meth:`Estimator.estimate`, the estimate with its Monte Carlo standard error
-  for dense data and, where the estimator applies, for ragged sequences.
+  and degrees of freedom, for dense data and ragged sequences alike (what
+  differs between them is in :mod:`mptlml.estimators.runs`), and the same at
+  a target standard error for any unbiased estimator: a pilot measures the spread of each *stratum*
+  of a draw (a term whose draws are independent of the others': a mask size
+  of ``cumulative``, the whole draw of ``random-size``), the masks are
+  allocated over the strata (:mod:`mptlml.estimators.allocation`) and fresh
+  draws give the estimate.
 
-A new estimator is one subclass and one :func:`register` call, inside the
-package or outside it::
+A new estimator is one subclass and one :func:`~mptlml.estimators.api.register`
+call, inside the package or outside it::
 
     >>> import torch
     >>> from mptlml.estimators import RandomSize, register
@@ -37,35 +46,27 @@ package or outside it::
 
 from __future__ import annotations
 
+import copy
 import inspect
-import math
-import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from .._scoring.dense import Counter, score_masks
+from .._scoring.ragged import check_run_size, run_pairs, seq_seed
 from .._validation import check_positive_int, make_generator
-from ..estimation.engine import Counter, score_masks
-from ..estimation.results import LMLEstimate, as_float64
-from ..estimation.stats import mean_stderr, strata_stderr, sum_stderr
+from ..masks import sample_masks
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
+from .allocation import check_target, plan_counts
+from .results import LMLEstimate
+from .runs import start_run
+from .stats import mean_stderr, sum_stderr, welch_dof
 
-__all__ = ["Draws", "Estimator", "RaggedScores", "accepted_options", "available", "create",
-           "get", "register", "unregister"]
-
-_REGISTRY: dict[str, type[Estimator]] = {}
-_HINTS = {"nested": "nested=True needs estimator='cumulative' (nested masks are the "
-                          "prefixes of one order, one mask per size); got {estimator!r}.",
-                "rate": "rate / mask_size only apply to estimator='fixed-rate'; the "
-                        "{estimator!r} estimator does not use one mask size. Drop them or pass "
-                        "estimator='fixed-rate'.",
-                "rates": "rates= applies to ragged sequences (a masked LM) with "
-                         "estimator='riemann'; for (N, D) data use mpt_curve(model, x, sizes=...)."}
-_HINTS["mask_size"] = _HINTS["rate"]
+__all__ = ["Draws", "Estimator", "RaggedScores", "accepted_options"]
 
 
 @dataclass
@@ -86,7 +87,7 @@ class Draws:
     cells : torch.Tensor, (H, P, N), optional
         The terms of the draws by independent stratum (a mask size):
         ``samples = cells.sum(0)``. Given, the standard errors pool each
-        stratum's spread (:func:`mptlml.estimation.stats.strata_stderr`);
+        stratum's spread (:func:`mptlml.estimators.stats.strata_stderr`);
         None: one stratum, the draws themselves.
     """
 
@@ -111,6 +112,9 @@ class RaggedScores:
         (sequence, masked input) pairs scored.
     rows_per_sequence : numpy.ndarray, (N,), optional
         Masked inputs scored per sequence (sums to ``num_masked_rows``).
+    dof : float, optional
+        Welch-Satterthwaite degrees of freedom of the standard error of the
+        mean over sequences (None when a stratum holds a single draw).
     """
 
     lml: np.ndarray
@@ -118,6 +122,7 @@ class RaggedScores:
     num_model_calls: int
     num_masked_rows: int
     rows_per_sequence: np.ndarray | None = None
+    dof: float | None = None
 
 
 class Estimator:
@@ -125,9 +130,9 @@ class Estimator:
 
     Subclasses set the class attributes, validate their options in
     ``__init__``, and implement either the size rule (:meth:`sizes` and
-    :meth:`weights`: then :meth:`draws` works unchanged and the estimator can
-    train) or their own :meth:`evaluate` (and :meth:`score_sequences` for
-    ragged sequences).
+    :meth:`weights`: then :meth:`draws` works unchanged, the estimator can
+    train, and it estimates ragged sequences through the same rule) or their
+    own :meth:`evaluate` (and :meth:`ragged_cells` for ragged sequences).
 
     Parameters
     ----------
@@ -144,7 +149,8 @@ class Estimator:
     summary : str
         One line: the formula and whether it is unbiased.
     unbiased : bool
-        Whether E[draw] = log p(x) for a consistent model.
+        Whether E[draw] = log p(x) for a consistent model (and so whether a
+        target standard error applies).
     dense, ragged : bool
         Whether it estimates dense ``(N, D)`` data / ragged sequences.
     trainable : bool
@@ -153,6 +159,9 @@ class Estimator:
     per_sequence_sizes : bool
         Whether :meth:`sizes` draws one size per sequence of a batch (the
         Hugging Face collator needs this).
+    ragged_tag : str
+        The folder of its checkpoints under a run's ``checkpoint_dir``
+        (default: its name with ``_`` for ``-``).
     """
 
     name: ClassVar[str] = ""
@@ -164,6 +173,7 @@ class Estimator:
     per_sequence_sizes: ClassVar[bool] = False
     #: options that only dense data take (refused for ragged sequences)
     dense_only: ClassVar[tuple[str, ...]] = ("share_masks",)
+    ragged_tag: ClassVar[str] = ""
 
     def __init__(self, num_masks: int = 1, *, share_masks: bool = False) -> None:
         self.num_masks = check_positive_int(num_masks, "num_masks")
@@ -179,6 +189,11 @@ class Estimator:
         """The options of this estimator, by the names of its ``__init__``."""
         return {k: getattr(self, k) for k in accepted_options(type(self))
                 if hasattr(self, k)}
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides its draws besides the seed, for a checkpoint: name and options."""
+        return {"name": self.name, **{k: v for k, v in self.options().items()
+                                      if k != "num_masks"}}
 
     # ---------------------------------------------------------------- size rule
     def sizes(self, num_tokens: int | torch.Tensor, *, num_data: int | None = None,
@@ -213,6 +228,12 @@ class Estimator:
         only on past draws keeps each draw unbiased given the past.
         """
 
+    def with_draws(self, num_masks: int) -> Estimator:
+        """This estimator (its options and state) with ``num_masks`` draws instead."""
+        out = copy.copy(self)
+        out.num_masks = check_positive_int(num_masks, "num_masks")
+        return out
+
     # ---------------------------------------------------------------- draws
     def draws(self, model: MaskedModel, x: torch.Tensor, *,
               generator: torch.Generator | int | None = None, progress: bool = False,
@@ -232,15 +253,15 @@ class Estimator:
         """
         rows, s = self._score_rows(model, x, make_generator(generator), progress, counter,
                                    mean_over_data)
-        out = self._combine(rows, s, x.shape[1])
+        out = self._combine(rows, s, model.num_tokens)
         if learn:  # after the draw: its sizes depended only on the draws before it
-            self.observe(rows, s.detach(), x.shape[1])
+            self.observe(rows, s.detach(), model.num_tokens)
         return out
 
     def _score_rows(self, model: MaskedModel, x: torch.Tensor, g: torch.Generator,
                     progress: bool, counter: Counter | None,
                     mean_over_data: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        n, d = x.shape
+        n, d = x.shape[0], model.num_tokens
         rows = self.sizes(d, num_data=None if self.share_masks else n, generator=g)
         s = score_masks(model, x, rows, share_masks=self.share_masks, generator=g,
                         progress=progress, counter=counter, mean_over_data=mean_over_data)
@@ -264,7 +285,7 @@ class Estimator:
         every mask, random orders) override it.
         """
         rows, s = self._score_rows(model, x, generator, progress, counter)
-        d = x.shape[1]
+        d = model.num_tokens
         idx = (rows if rows.ndim == 2 else rows[:, None].expand(-1, x.shape[0]))
         idx = idx.reshape(-1).cpu() - 1
         tot = torch.zeros(d, dtype=torch.float64).index_add_(0, idx, s.reshape(-1).cpu())
@@ -283,11 +304,94 @@ class Estimator:
         """The masking rate to record with an estimate (fixed-rate only)."""
         return None
 
+    # ---------------------------------------------------------------- strata
+    def strata(self, num_tokens: int) -> list[int] | None:
+        """The mask size of each independent term of a dense draw, or None for one term.
+
+        A draw is a sum of independent strata (cumulative: one term per size
+        1..D); None (the default) means the draw is its own single stratum
+        (random-size: one size drawn per draw).
+        """
+        return None
+
+    def stratum_draws(self, model: MaskedModel, x: torch.Tensor, counts: Sequence[int],
+                      generator: torch.Generator, counter: Counter,
+                      progress: bool) -> list[torch.Tensor]:
+        """``counts[h]`` fresh draws of each stratum h of a draw: one ``(P_h, N)`` tensor each.
+
+        The default (one stratum) is the size rule's draws, ``counts[0]`` of them.
+        """
+        (p,) = counts
+        est = self.with_draws(int(p))
+        rows, s = est._score_rows(model, x, generator, progress, counter)
+        return [est._cells(rows, s, model.num_tokens).sum(0)]
+
+    def ragged_strata(self, lengths: np.ndarray) -> tuple[list[np.ndarray], int]:
+        """The stratum of each row of a draw of each sequence, and the number of strata.
+
+        A ragged draw of sequence i is a sum of rows (cumulative: the sizes
+        1..D_i); a target standard error pools each row's spread over the
+        sequences within its stratum. The default: one row per draw, one
+        stratum.
+        """
+        return [np.zeros(1, dtype=np.int64) for _ in lengths], 1
+
+    def ragged_cells(self, model: RaggedMaskedModel, toks: list[torch.Tensor],
+                     counts: Sequence[np.ndarray], seed: int, *, tag: str,
+                     units: list[torch.Tensor] | None = None,
+                     **run: Any) -> tuple[list[list[np.ndarray]], int]:
+        """Per sequence and row of a draw, ``counts[i][r]`` draws' terms; and the model calls.
+
+        The default runs the size rule on each sequence: ``counts[i][0]``
+        draws of one size each, ``M ~ sizes(D_i)``, a uniform mask of M of its
+        D_i units, and the term ``weight(M, D_i) * S_hat(x_i; M)`` (uniform
+        random-size: ``(D_i / M) sum_{j in mask} log p(x_j | x_R)``). Sizes and
+        masks of sequence i come from a generator seeded by (seed, i).
+        """
+        draws = [int(c[0]) for c in counts]
+
+        def draw_sizes(i: int, d: int, g: torch.Generator) -> torch.Tensor:
+            return self.sizes(torch.full((draws[i],), d), generator=g)
+
+        def masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
+            return sample_masks(d, draw_sizes(i, d, g), generator=g)
+
+        out = run_pairs(model, toks, masks, seed=seed, tag=tag, units=units,
+                        spec={"kind": "draws", "estimator": self.fingerprint(),
+                              "num_masks": draws[0] if len(set(draws)) == 1 else draws,
+                              "total_pairs": sum(draws)}, desc=f"{self.name} draws", **run)
+        cells = []
+        for i, (s, d) in enumerate(zip(out.sums, out.lengths, strict=True)):
+            # the same sizes again, from the same generator
+            m = draw_sizes(i, int(d), torch.Generator().manual_seed(seq_seed(seed, i)))
+            w = self.weights(m, torch.full_like(m, int(d)))
+            cells.append([(w * torch.as_tensor(s, dtype=torch.float64) / m).numpy()])
+        return cells, out.num_model_calls
+
     # ---------------------------------------------------------------- estimates
     def estimate(self, model: MaskedModel | RaggedMaskedModel, x: Any, *,
                  seed: int | torch.Generator | None = None, progress: bool = False,
-                 run: Mapping[str, Any] | None = None) -> LMLEstimate:
+                 run: Mapping[str, Any] | None = None, target_se: float | None = None,
+                 max_masks: int | None = None, allocation: str | None = None) -> LMLEstimate:
         """Estimate log p(x_n) per datum with its Monte Carlo standard error.
+
+        One procedure for every estimator and both kinds of data (the kind
+        decides the run, :mod:`mptlml.estimators.runs`): ``num_masks`` draws
+        per stratum of a draw, or, with ``target_se`` (unbiased estimators):
+
+        1. a pilot (:func:`~mptlml.estimators.allocation.pilot_masks` draws per
+           stratum on at most :data:`~mptlml.estimators.allocation.PILOT_DATA`
+           data) measures each stratum's spread: per size of ``cumulative``
+           (per bin of M / D_i on ragged sequences), of the draws themselves
+           for one-stratum estimators such as ``random-size``;
+        2. the draws per stratum for the target follow
+           (:func:`~mptlml.estimators.allocation.plan_counts`: ``"neyman"`` in
+           proportion to each stratum's spread, ``"uniform"`` the same for
+           all), within ``max_masks`` masked inputs per datum, pilot included;
+        3. fresh draws give the estimate: unbiased given the plan, its
+           standard error pooled over the strata; ``stop_reason`` says whether
+           the target was reached, ``num_masked_rows`` and ``masks_wanted``
+           what it cost (:mod:`mptlml.estimators.allocation`).
 
         Parameters
         ----------
@@ -298,72 +402,57 @@ class Estimator:
         run : mapping, optional
             Ragged sequences: the runner's options (``token_budget``,
             ``batch_size``, ``chunk_size``, ``checkpoint_dir``).
+        target_se : float, optional
+            The Monte Carlo standard error of the mean LML to reach (nats).
+        max_masks : int, optional
+            With ``target_se``: the most masked inputs per datum, pilot included.
+        allocation : {"neyman", "uniform"}, optional
+            With ``target_se`` (default ``"neyman"``).
 
         Returns
         -------
         LMLEstimate
+
+        Warns
+        -----
+        RuntimeWarning
+            When the estimate is not finite, its standard error unknown (one
+            draw per datum) or resting on fewer than
+            :data:`~mptlml.estimators.results.MIN_STDERR_DOF` degrees of freedom, or a
+            target was missed (:func:`~mptlml.estimators.results.announce_estimate`).
         """
-        if isinstance(model, RaggedMaskedModel):
-            self.check_applies(ragged=True)
-            if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-                raise TypeError(f"for ragged sequences pass an int seed, got {seed!r}.")
-            out = self.score_sequences(model, x, int(seed), progress, dict(run or {}))
-            n = out.lml.size
-            return LMLEstimate(
-                estimator=self.name, per_sample=as_float64(out.lml),
-                per_sample_stderr=as_float64(out.stderr), mean=float(out.lml.mean()),
-                stderr=float(sum_stderr(out.stderr)) / n,
-                stderr_data=float(mean_stderr(out.lml)[1]),
-                sizes=None, size_scores=None, num_masks=self.num_masks,
-                num_model_calls=out.num_model_calls, num_masked_rows=out.num_masked_rows,
-                num_masked_rows_per_sample=None if out.rows_per_sequence is None
-                else torch.as_tensor(out.rows_per_sequence, dtype=torch.long),
-                seed=int(seed), model=model.name)
-        if run:
-            raise TypeError(f"unexpected arguments {sorted(run)} (only for ragged sequences).")
-        self.check_applies(ragged=False)
-        if not isinstance(model, MaskedModel):
-            raise TypeError(
-                f"model must be an mptlml.models.MaskedModel (a model of (N, D) data) or a "
-                f"RaggedMaskedModel (a masked LM), got {type(model).__name__}.")
-        xt = model.validate_data(x)
-        n, d = xt.shape
-        self.check_num_tokens(d)
-        counter = Counter()
-        with torch.no_grad(), model.reuse_data():
-            out = self.evaluate(model, xt, make_generator(seed), counter, progress)
-            exact = None
-            if model.has_log_marginal and not model.stochastic:
-                exact = float(model._log_marginal(xt).double().mean())
-        per_sample = out.samples.mean(0)
-        if out.exact:
-            per_se, stderr, dof = torch.zeros_like(per_sample), 0.0, math.inf
-        else:
-            cells = out.cells if out.cells is not None else out.samples[None]
-            per_se, stderr, dof = strata_stderr(cells, shared=self.share_masks)
-        mean = float(per_sample.mean())
-        rows_per_datum = counter.rows // n
-        return LMLEstimate(
-            estimator=self.name, per_sample=per_sample.cpu(), per_sample_stderr=per_se.cpu(),
-            mean=mean, stderr=stderr,
-            stderr_data=float(mean_stderr(per_sample)[1]),
-            sizes=out.sizes, size_scores=out.size_scores.cpu(), num_masks=out.samples.shape[0],
-            num_model_calls=counter.calls, num_masked_rows=counter.rows,
-            num_masked_rows_per_sample=torch.full((n,), rows_per_datum, dtype=torch.long),
-            stderr_dof=dof, rate=self.recorded_rate(d), exact=exact,
-            bias=None if exact is None else mean - exact,
-            shared_masks=self.share_masks or out.exact,
-            nested=bool(getattr(self, "nested", False)),
-            seed=int(seed) if isinstance(seed, numbers.Integral) else None)
+        target_se, budget, allocation = check_target(target_se, max_masks, allocation)
+        if target_se is None and budget is not None:
+            raise ValueError(f"max_masks={max_masks!r} is the budget of a target standard error "
+                             "and applies with target_se= only.")
+        if target_se is not None:
+            self.check_targetable()
+        self.check_applies(ragged=isinstance(model, RaggedMaskedModel))
+        data = start_run(self, model, x, seed=seed, progress=progress, run=run)
+        if target_se is None:
+            return data.result()
+        variances, costs, spent = data.pilot()
+        plan, capped, wanted = plan_counts(variances, costs, target_se, allocation,
+                                           None if budget is None else budget - spent)
+        return data.result(plan, capped=capped, wanted=wanted + spent, target_se=target_se,
+                             allocation=allocation)
+
+    def check_targetable(self) -> None:
+        """Refuse a target standard error where it does not apply (a biased estimator)."""
+        if not self.unbiased:
+            raise ValueError(
+                f"target_se= needs an unbiased estimator (its standard error is then its error); "
+                f"{self.name!r} is biased. Use one of the unbiased estimators, e.g. "
+                "'cumulative' or 'random-size'.")
 
     @classmethod
     def check_applies(cls, *, ragged: bool) -> None:
         """Refuse data this estimator does not estimate (ragged sequences or dense data)."""
         if not (cls.ragged if ragged else cls.dense):
             kind = "ragged sequences (a masked LM)" if ragged else "dense (N, D) data"
-            names = available(ragged=True) if ragged else available(dense=True)
-            raise ValueError(f"estimator {cls.name!r} does not apply to {kind}; choose one of "
-                             f"{', '.join(names)}.")
+            raise ValueError(f"estimator {cls.name!r} does not apply to {kind}; "
+                             f"mptlml.estimators.available({'ragged' if ragged else 'dense'}"
+                             "=True) lists those that do.")
 
     @staticmethod
     def sequence_lengths(num_tokens: torch.Tensor) -> torch.Tensor:
@@ -376,100 +465,42 @@ class Estimator:
     def check_num_tokens(self, num_tokens: int) -> None:
         """Refuse options that do not fit data of ``num_tokens`` tokens (e.g. M > D)."""
 
-    def score_sequences(self, model: RaggedMaskedModel, sequences: Any, seed: int,
+    def score_sequences(self, model: RaggedMaskedModel, toks: list[torch.Tensor], seed: int,
                         progress: bool, run: dict[str, Any]) -> RaggedScores:
-        """Per-sequence estimates on ragged sequences (estimators with ``ragged = True``)."""
-        raise NotImplementedError(f"the {self.name!r} estimator has no ragged scoring.")
+        """Per-sequence estimates on ragged sequences (their content ids): P draws per row.
+
+        ``lml_i`` sums the means of the rows of a draw, its standard error
+        their errors (successive differences over the rows when P = 1, see
+        :func:`~mptlml.estimators.stats.sum_stderr`).
+        """
+        lengths = np.array([len(t) for t in toks], dtype=np.int64)
+        p = self.num_masks
+        strata, _ = self.ragged_strata(lengths)
+        rows = np.array([self.masks_per_draw(int(d)) for d in lengths], dtype=np.int64) * p
+        check_run_size(rows.tolist(), lengths, f"the {self.name!r} estimate")
+        cells, calls = self.ragged_cells(model, toks, [np.full(len(s), p) for s in strata], seed,
+                                         tag=self.ragged_tag, progress=progress, **run)
+        tot, tse, var = [], [], []
+        for cell in cells:
+            stats = [mean_stderr(c) for c in cell]
+            mean = np.array([m for m, _ in stats])
+            se = np.array([e for _, e in stats])
+            tot.append(float(mean.sum()))
+            tse.append(float(sum_stderr(se if p > 1 else None, mean)))
+            var.append(se ** 2)
+        dof = (welch_dof(torch.from_numpy(np.concatenate(var)), float(p - 1))
+               if p > 1 and var else None)
+        return RaggedScores(np.array(tot), np.array(tse), calls, int(rows.sum()), rows, dof)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("ragged_tag") and cls.name:
+            cls.ragged_tag = cls.name.replace("-", "_")
 
 
-# ---------------------------------------------------------------------- the registry
 def accepted_options(cls: type[Estimator]) -> tuple[str, ...]:
     """The options an estimator class accepts: the keyword parameters of its ``__init__``."""
     params = inspect.signature(cls.__init__).parameters
     return tuple(p for p in params if p != "self"
                  and params[p].kind not in (inspect.Parameter.VAR_POSITIONAL,
                                             inspect.Parameter.VAR_KEYWORD))
-
-
-def register(cls: type[Estimator], *, replace: bool = False) -> type[Estimator]:
-    """Add an estimator class to the registry under ``cls.name`` (usable as a decorator).
-
-    After this, ``estimate_lml(model, x, cls.name)``, ``MPTLoss(model, cls.name)``
-    and ``DataCollatorForMPT(tokenizer, cls.name)`` find it (where it applies).
-
-    Raises
-    ------
-    ValueError
-        If ``cls.name`` is empty or already taken (pass ``replace=True``).
-    """
-    if not (isinstance(cls, type) and issubclass(cls, Estimator)):
-        raise TypeError(f"register takes an Estimator subclass, got {cls!r}.")
-    if not isinstance(cls.name, str) or not cls.name:
-        raise ValueError(f"{cls.__name__} needs a class attribute name = '...' to register.")
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls and not replace:
-        raise ValueError(f"an estimator named {cls.name!r} is registered already "
-                         f"({_REGISTRY[cls.name].__name__}); pick another name or pass "
-                         "replace=True.")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def unregister(name: str) -> None:
-    """Remove ``name`` from the registry (for estimators registered at run time)."""
-    _REGISTRY.pop(name, None)
-
-
-def get(name: str | Estimator | type[Estimator]) -> type[Estimator]:
-    """The estimator class registered under ``name`` (a class or instance passes through)."""
-    if isinstance(name, Estimator):
-        return type(name)
-    if isinstance(name, type) and issubclass(name, Estimator):
-        return name
-    if not isinstance(name, str) or name not in _REGISTRY:
-        raise ValueError(f"unknown estimator {name!r}; choose one of {', '.join(_REGISTRY)}.")
-    return _REGISTRY[name]
-
-
-def available(*, dense: bool | None = None, ragged: bool | None = None,
-              trainable: bool | None = None,
-              per_sequence_sizes: bool | None = None) -> tuple[str, ...]:
-    """Names of the registered estimators with the given properties (None: any)."""
-    want = {"dense": dense, "ragged": ragged, "trainable": trainable,
-            "per_sequence_sizes": per_sequence_sizes}
-    return tuple(n for n, c in _REGISTRY.items()
-                 if all(v is None or getattr(c, k) == v for k, v in want.items()))
-
-
-def create(estimator: str | Estimator | type[Estimator], *, for_ragged: bool = False,
-           hints: Mapping[str, str] | None = None, **options: Any) -> Estimator:
-    """An estimator instance from a name (or class), refusing options it does not accept.
-
-    ``options`` are the caller's arguments that were set (None and False mean
-    "not given" and are dropped). An option the estimator does not take is
-    refused with ``hints[option]`` when given (by default the package's
-    messages for dense data), else a message naming the options it does take;
-    never ignored. An instance passes through, and then
-    no option may be given.
-    """
-    given = {k: v for k, v in options.items() if v is not None and v is not False}
-    if isinstance(estimator, Estimator):
-        extra = {k for k in given if k != "num_masks" or given[k] != estimator.num_masks}
-        if extra:
-            raise TypeError(f"an Estimator instance carries its options; got {sorted(extra)} "
-                            f"besides {estimator!r}. Set them on the instance instead.")
-        return estimator
-    cls = get(estimator)
-    accepted = set(accepted_options(cls))
-    if for_ragged:
-        accepted -= set(cls.dense_only)
-    bad = sorted(set(given) - accepted)
-    hints = _HINTS if hints is None and not for_ragged else (hints or {})
-    for opt in bad:
-        if opt in hints:
-            raise ValueError(hints[opt].format(estimator=cls.name))
-    if bad:
-        kind = "ragged sequences" if for_ragged else "dense data (N, D)"
-        uses = ", ".join(sorted(accepted - {"num_masks"})) or "none"
-        raise TypeError(f"argument(s) {bad} do not apply to estimator {cls.name!r} on {kind} "
-                        f"(its options: {uses}); drop them.")
-    return cls(**given)

@@ -13,20 +13,19 @@ the any-order autoregressive bound (``docs/notes.md``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..estimation.engine import Counter, score_chain_rule
-from ..estimation.runner import check_run_size, run_pairs
-from ..estimation.stats import mean_stderr
-from ..estimation.words import targeted
+from .._scoring.dense import Counter, blocks, rows_per_block
+from .._scoring.ragged import run_pairs, targeted
 from ..masks import prefix_masks, random_orders
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
-from ..models.sequence_input import encode
-from .base import Draws, Estimator, RaggedScores, register
+from .api import register
+from .base import Draws, Estimator
 
 __all__ = ["ChainRule"]
 
@@ -59,38 +58,69 @@ class ChainRule(Estimator):
     ragged = True
 
     def masks_per_draw(self, num_tokens: int) -> int:
-        """One mask of every size 1..D (cumulative) or one per step of an order (chain rule)."""
+        """One masked input per step of an order: D."""
         return int(num_tokens)
 
     def evaluate(self, model: MaskedModel, x: torch.Tensor, generator: torch.Generator,
                  counter: Counter, progress: bool) -> Draws:
-        d = x.shape[1]
-        samples = score_chain_rule(model, x, self.num_masks, self.share_masks, generator,
-                                   counter, progress)
+        d = model.num_tokens
+        (samples,) = self.stratum_draws(model, x, [self.num_masks], generator, counter, progress)
         return Draws(samples, list(range(1, d + 1)),
                      torch.full((d,), float("nan"), dtype=torch.float64))
 
-    def score_sequences(self, model: RaggedMaskedModel, sequences: Any, seed: int,
-                        progress: bool, run: dict[str, Any]) -> RaggedScores:
-        """P random orders of each sequence's D_i tokens, one scored position per step."""
-        p = self.num_masks
-        toks = encode(model, sequences)
+    def stratum_draws(self, model: MaskedModel, x: torch.Tensor, counts: Sequence[int],
+                      generator: torch.Generator, counter: Counter,
+                      progress: bool) -> list[torch.Tensor]:
+        """sum_t log p(x_pi(t) | x_pi(t+1..D)) for ``counts[0]`` random orders: ``[(P, N)]``.
+
+        Step t masks the first t positions of the order and scores position
+        pi(t) given the remaining D - t.
+        """
+        (p,) = counts
+        n, d = x.shape[0], model.num_tokens
+        share = self.share_masks
+        orders = random_orders(d, p, num_data=None if share else n, generator=generator)
+        if share:
+            orders = orders[:, None, :].expand(p, n, d)
+        rank = orders.argsort(-1)  # rank[p, n, j]: step at which j is scored
+        total = torch.zeros(p, n, dtype=torch.float64, device=x.device)
+        steps = torch.arange(d)
+        per = max(1, rows_per_block(n, d) // p)
+        for s, e in blocks(d, per, progress, "chain rule"):
+            t = steps[s:e]  # (T,)
+            mask = rank[None] <= t[:, None, None, None]  # (T, P, N, D)
+            target = orders[..., s:e].permute(2, 0, 1)  # (T, P, N): position scored at step t
+            lc = model._log_conditionals(x, mask.reshape(-1, n, d).to(x.device), generator)
+            lc = lc.reshape(e - s, p, n, d).gather(-1, target[..., None].to(x.device))[..., 0]
+            total += lc.double().sum(0)
+            counter.calls += 1
+            counter.rows += (e - s) * p * n
+        return [total]
+
+    def ragged_cells(self, model: RaggedMaskedModel, toks: list[torch.Tensor],
+                     counts: Sequence[np.ndarray], seed: int, *, tag: str,
+                     units: list[torch.Tensor] | None = None,
+                     **run: Any) -> tuple[list[list[np.ndarray]], int]:
+        """``counts[i][0]`` random orders of each sequence's D_i tokens, one position per step."""
+        if units is not None:
+            raise ValueError("the 'chain-rule' estimator orders tokens, not words.")
+        draws = [int(c[0]) for c in counts]
         scorer = targeted(model, "the 'chain-rule' estimator on ragged sequences")
 
         def order_codes(i: int, d: int, g: torch.Generator) -> torch.Tensor:
+            p = draws[i]
             orders = random_orders(d, p, generator=g)  # (P, D)
             codes = prefix_masks(orders).to(torch.int8)  # [q, t, j]: j among the first t + 1
             codes.view(p * d, d)[torch.arange(p * d), orders.reshape(-1)] = 2  # score pi(t)
             return codes.reshape(p * d, d)
 
         lengths = [len(t) for t in toks]
-        check_run_size([d * p for d in lengths], lengths, "the chain rule")
-        pairs = int(sum(lengths) * p)  # one (sequence, prefix mask) pair per scored position
-        out = run_pairs(scorer, toks, order_codes, seed=seed, tag="chain_rule",
-                        spec={"kind": "chain-rule", "num_masks": p, "total_pairs": pairs},
-                        desc="chain rule", progress=progress, **run)
-        stats = [mean_stderr(s.reshape(p, d).sum(axis=1))
-                 for s, d in zip(out.sums, lengths, strict=True)]
-        return RaggedScores(np.array([float(m) for m, _ in stats]),
-                            np.array([float(e) for _, e in stats]), out.num_model_calls, pairs,
-                            np.array(lengths, dtype=np.int64) * p)
+        pairs = int(sum(d * p for d, p in zip(lengths, draws, strict=True)))
+        out = run_pairs(scorer, toks, order_codes, seed=seed, tag=tag,
+                        spec={"kind": "chain-rule",
+                              "num_masks": draws[0] if len(set(draws)) == 1 else draws,
+                              "total_pairs": pairs},
+                        desc="chain rule", **run)
+        return [[s.reshape(p, d).sum(axis=1)] for s, d, p in zip(out.sums, lengths, draws,
+                                                                 strict=True)], \
+            out.num_model_calls

@@ -12,11 +12,12 @@ from __future__ import annotations
 import torch
 
 from .. import settings
+from .._scoring.dense import Counter, score_fixed_masks
 from .._validation import check_positive_int
-from ..estimation.engine import Counter, score_fixed_masks
 from ..masks import all_masks, count_masks
 from ..models.base import MaskedModel
-from .base import Draws, Estimator, register
+from .api import register
+from .base import Draws, Estimator
 
 __all__ = ["Exhaustive"]
 
@@ -71,9 +72,15 @@ class Exhaustive(Estimator):
                 f"more than max_masks={cap}; use estimator='cumulative' (Monte Carlo) or raise "
                 "max_masks (or mptlml.settings.max_masks).")
 
+    def check_targetable(self) -> None:
+        """Exact: no Monte Carlo error to bring to a target."""
+        raise ValueError("target_se= does not apply to estimator='exhaustive': it is exact "
+                         "(standard error 0). Drop target_se, or use 'cumulative' for a Monte "
+                         "Carlo estimate at a target.")
+
     def evaluate(self, model: MaskedModel, x: torch.Tensor, generator: torch.Generator,
                  counter: Counter, progress: bool) -> Draws:
-        d = x.shape[1]
+        d = model.num_tokens
         sizes = list(range(1, d + 1))
         s_by_size = torch.stack([score_fixed_masks(model, x, all_masks(d, m), counter, progress,
                                                    generator).mean(0) for m in sizes])  # (D, N)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from .._scoring.dense import Counter
 from .._validation import check_positive_int, check_rate, check_size
-from ..estimation.engine import Counter
 from ..masks import fixed_rate_size
 from ..models.base import MaskedModel
-from .base import Draws, Estimator, register
+from .api import register
+from .base import Draws, Estimator
 
 __all__ = ["FixedRate"]
 
@@ -32,7 +33,8 @@ class FixedRate(Estimator):
     rate : float in (0, 1), optional
         The masking rate (0.15 for BERT, 0.2 in the paper's Fig. 2).
     mask_size : int, optional
-        M directly, instead of ``rate`` (dense data).
+        M directly, instead of ``rate`` (dense data; a sequence of its own D_i
+        takes ``rate``).
     share_masks : bool
         One mask per draw shared by every datum (dense data).
 
@@ -50,6 +52,7 @@ class FixedRate(Estimator):
     name = "fixed-rate"
     summary = "D * S_hat(x; M) at one size M; biased"
     unbiased = False
+    ragged = True
     trainable = True
     per_sequence_sizes = True
     dense_only = ("share_masks", "mask_size")
@@ -99,4 +102,4 @@ class FixedRate(Estimator):
     def evaluate(self, model: MaskedModel, x: torch.Tensor, generator: torch.Generator,
                  counter: Counter, progress: bool) -> Draws:
         rows, s = self._score_rows(model, x, generator, progress, counter)
-        return Draws(self._combine(rows, s, x.shape[1]), [int(rows[0])], s.mean().reshape(1))
+        return Draws(self._combine(rows, s, model.num_tokens), [int(rows[0])], s.mean().reshape(1))

@@ -9,8 +9,9 @@ gives an unbiased estimate with one mask of work::
 More generally, for any size distribution q with q(M) > 0 on 1..D,
 ``S_hat(x; M) / q(M)`` with M ~ q is unbiased (importance sampling of the
 size). Subclasses change :meth:`RandomSize.size_probs`; the weights follow.
-For a masked LM this is the any-order autoregressive / masked-diffusion bound
-whose 1/t weight is D/M (see ``docs/notes.md``).
+On ragged sequences (a masked LM) each draw of sequence i takes its own size
+M ~ U{1..D_i} and weight D_i / M: the any-order autoregressive /
+masked-diffusion bound whose 1/t weight is D/M (see ``docs/notes.md``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import torch
 
 from .._validation import check_positive_int
 from ..masks import uniform_sizes
-from .base import Estimator, register
+from .api import register
+from .base import Estimator
 
 __all__ = ["RandomSize"]
 
@@ -52,6 +54,7 @@ class RandomSize(Estimator):
 
     name = "random-size"
     summary = "D * S_hat(x; M), M ~ U{1..D}; unbiased"
+    ragged = True
     trainable = True
     per_sequence_sizes = True
 

@@ -1,23 +1,131 @@
 """The Riemann estimator on ragged sequences: D_i times the mean of the MPT curve on a rate grid.
 
 With M = r * D_i, ``sum_{M=1..D_i} S(x_i; M) ~ D_i * mean_k S(x_i; M_ik)`` over
-a grid of masking rates r_1 < ... < r_K, M_ik = max(1, round(r_k D_i)): the
-Riemann form of Proposition 1 that the paper's Table 2 areas use (Moreno-Munoz,
-Recasens & Hauberg, NeurIPS 2023, Sec. 4). Biased by the grid; it is the LML
-that :func:`mptlml.mpt_curve` reports per sequence (``curve.lml``).
+a grid of masking rates r_1 < ... < r_K, M_ik = max(1, round(r_k D_i))
+(:mod:`mptlml.estimators.rates`): the Riemann form of Proposition 1 that the
+paper's Table 2 areas use (Moreno-Munoz, Recasens & Hauberg, NeurIPS 2023,
+Sec. 4). Biased by the grid. Its draws, P masks per (sequence, rate)
+(:func:`rate_grid_scores`), are the points of the ragged MPT curve
+(:func:`mptlml.mpt_curve`), whose ``lml`` is this estimate.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
-from ..estimation.ragged import mlm_curve
+from .._scoring.ragged import check_run_size, encode_units, run_pairs, unit_counts
+from .._validation import check_positive_int
+from ..masks import sample_masks
 from ..models.protocols import RaggedMaskedModel
-from .base import Estimator, RaggedScores, register
+from .api import register
+from .base import Estimator, RaggedScores
+from .rates import check_rates, mask_sizes
+from .stats import mean_stderr, sum_stderr, welch_dof
 
-__all__ = ["Riemann"]
+__all__ = ["GridScores", "Riemann", "rate_counts", "rate_grid_scores"]
+
+
+@dataclass
+class GridScores:
+    """S_hat(x_i; M_ik) on a rate grid and the Riemann LML ``D_i * mean_k S_ik``, per sequence.
+
+    Attributes
+    ----------
+    rates : numpy.ndarray, (K,)
+    counts : numpy.ndarray, (K,)
+        Masks per (sequence, rate).
+    lengths : numpy.ndarray, (N,)
+        D_i, in scoring units (tokens, or words).
+    sizes : numpy.ndarray, (N, K)
+        M_ik = max(1, round(r_k D_i)).
+    scores, scores_stderr : numpy.ndarray, (N, K)
+        S_ik (the mean over its masks) and its Monte Carlo standard error.
+    lml, lml_stderr : numpy.ndarray, (N,)
+        ``D_i * mean_k S_ik`` and its standard error (successive differences
+        over the rates when one mask per rate).
+    num_model_calls : int
+    """
+
+    rates: np.ndarray
+    counts: np.ndarray
+    lengths: np.ndarray
+    sizes: np.ndarray
+    scores: np.ndarray
+    scores_stderr: np.ndarray
+    lml: np.ndarray
+    lml_stderr: np.ndarray
+    num_model_calls: int
+
+    @property
+    def dof(self) -> float | None:
+        """Welch-Satterthwaite degrees of freedom of the mean ``lml``'s standard error."""
+        if self.counts.min() < 2:
+            return None
+        k = self.rates.size
+        terms = ((self.lengths[:, None] / k) * self.scores_stderr) ** 2
+        dofs = np.broadcast_to(self.counts - 1.0, terms.shape)
+        return welch_dof(torch.from_numpy(terms), torch.from_numpy(np.ascontiguousarray(dofs)))
+
+
+def rate_counts(num_masks: int | Sequence[int] | np.ndarray, num_rates: int) -> np.ndarray:
+    """Masks per rate: one int for every rate, or one per rate (each >= 1)."""
+    if isinstance(num_masks, int | np.integer) and not isinstance(num_masks, bool):
+        return np.full(num_rates, check_positive_int(num_masks, "num_masks"), dtype=np.int64)
+    counts = np.asarray(num_masks)
+    if counts.shape != (num_rates,) or counts.dtype.kind not in "iu" or (counts < 1).any():
+        raise ValueError(f"num_masks must be a positive int or {num_rates} positive ints (one "
+                         f"per entry of rates); got {num_masks!r}.")
+    return counts.astype(np.int64)
+
+
+def rate_grid_scores(model: RaggedMaskedModel, sequences: Any, rates: Any,
+                     num_masks: int | Sequence[int] | np.ndarray, seed: int, *,
+                     whole_word: bool = False, **run: Any
+                     ) -> tuple[GridScores, list[torch.Tensor], list[torch.Tensor] | None]:
+    """P uniform masks of M_ik units per (sequence, rate), scored: the Riemann draws.
+
+    Returns the scores, the content ids and (``whole_word``) the word of each
+    token: the units of the run, for a further sum over every size.
+    """
+    r = check_rates(rates)
+    counts = rate_counts(num_masks, r.size)
+    p = int(counts.max())
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise TypeError(f"seed must be an int, got {seed!r}.")
+    if not isinstance(whole_word, bool):
+        raise TypeError(f"whole_word must be bool, got {whole_word!r}.")
+    toks, words, _ = encode_units(model, sequences, words=whole_word)
+    lengths = unit_counts(toks, words)
+    check_run_size([r.size * p] * len(lengths), lengths, "this MPT curve")
+    sizes = np.stack([mask_sizes(int(d), r) for d in lengths])  # (N, K)
+    k = r.size
+    unit = {"unit": "word"} if whole_word else {}
+
+    def curve_masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
+        return sample_masks(d, torch.as_tensor(sizes[i]).repeat_interleave(
+            torch.as_tensor(counts)), generator=g)
+
+    out = run_pairs(model, toks, curve_masks, seed=int(seed),
+                    tag="curve" + ("_whole_word" if whole_word else ""), units=words,
+                    spec={"kind": "curve", "rates": r.tolist(),
+                          "num_masks": p if (counts == p).all() else counts.tolist(),
+                          "total_pairs": int(len(toks) * counts.sum()), **unit},
+                    desc="MPT curve", **run)
+    bounds = np.cumsum(counts)[:-1]
+    stats = [[mean_stderr(c) for c in np.split(sm, bounds)] for sm in out.sums]
+    scores = np.array([[m for m, _ in row] for row in stats]) / sizes  # (N, K)
+    scores_se = np.array([[e for _, e in row] for row in stats]) / sizes
+    lml_se = np.array([lengths[i] / k * float(sum_stderr(scores_se[i] if counts.min() > 1
+                                                         else None, scores[i]))
+                       for i in range(len(toks))])
+    grid = GridScores(r, counts, lengths, sizes, scores, scores_se,
+                      lengths * scores.mean(axis=1), lml_se, out.num_model_calls)
+    return grid, toks, words
 
 
 @register
@@ -37,17 +145,17 @@ class Riemann(Estimator):
     unbiased = False
     dense = False
     ragged = True
+    ragged_tag = "curve"
 
     def __init__(self, num_masks: int = 1, *, rates: Any = None) -> None:
         super().__init__(num_masks)
         self.rates = rates
 
-    def score_sequences(self, model: RaggedMaskedModel, sequences: Any, seed: int,
+    def score_sequences(self, model: RaggedMaskedModel, toks: list[torch.Tensor], seed: int,
                         progress: bool, run: dict[str, Any]) -> RaggedScores:
-        res = mlm_curve(model, sequences, rates=self.rates, num_masks=self.num_masks, seed=seed,
-                        progress=progress, **run)
-        assert res.lml is not None and res.lml_stderr is not None
-        assert res.num_masked_rows_per_sample is not None
-        return RaggedScores(np.asarray(res.lml.numpy()), np.asarray(res.lml_stderr.numpy()),
-                            res.num_model_calls, res.num_masked_rows,
-                            np.asarray(res.num_masked_rows_per_sample.numpy()))
+        """``D_i * mean_k S_ik`` per sequence, its standard error and degrees of freedom."""
+        grid, _, _ = rate_grid_scores(model, toks, self.rates, self.num_masks, seed,
+                                      progress=progress, **run)
+        rows = np.full(grid.lengths.size, int(grid.counts.sum()), dtype=np.int64)
+        return RaggedScores(grid.lml, grid.lml_stderr, grid.num_model_calls, int(rows.sum()),
+                            rows, grid.dof)

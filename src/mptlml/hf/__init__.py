@@ -49,8 +49,9 @@ In a plain PyTorch loop::
         loss = mpt_batch_loss(model, collate(examples))
         loss.backward(); opt.step(); opt.zero_grad()
 
-Sampling and the chain rule over random orders: :func:`sample_random_order`,
-:func:`chain_rule_lml` (:mod:`mptlml.hf.orders`).
+Sampling by unmasking in a random order: :func:`sample_random_order`
+(:mod:`mptlml.hf.orders`); the chain rule over random orders is the
+``"chain-rule"`` estimator of :func:`mptlml.estimate_lml`.
 """
 
 from __future__ import annotations
@@ -59,14 +60,13 @@ from typing import Any
 
 from .collator import CORRUPTIONS, DataCollatorForMPT
 from .loss import IGNORE_INDEX, mpt_batch_loss, mpt_loss
-from .orders import chain_rule_lml, sample_random_order
+from .orders import sample_random_order
 
 __all__ = [
     "CORRUPTIONS",
     "IGNORE_INDEX",
     "DataCollatorForMPT",
     "MPTTrainer",
-    "chain_rule_lml",
     "mpt_batch_loss",
     "mpt_loss",
     "sample_random_order",

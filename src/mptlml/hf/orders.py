@@ -1,4 +1,4 @@
-"""Random orders of a masked LM: the chain-rule LML bound and sampling by unmasking.
+"""Sampling a masked LM by unmasking in a random order.
 
 For a uniformly random order pi of the D positions, the chain rule
 
@@ -6,59 +6,26 @@ For a uniformly random order pi of the D positions, the chain rule
 
 scores at step t the position pi(t) with the first t positions of pi masked.
 Its expectation over pi is the MPT sum ``sum_M S(x; M)`` (see
-:mod:`mptlml.hf`), so ``estimate_lml(mlm, seqs, "chain-rule")`` (the one
-definition, in :mod:`mptlml.estimation.ragged`; :func:`chain_rule_lml` is its
-shortcut) and the cumulative estimator estimate the same lower bound on the
-order mixture's log-likelihood, with different noise. :func:`sample_random_order`
-draws from q_pi for a random pi: all positions masked, then one position at a
-time, in a random order, drawn from the model's conditional given the
-positions already drawn.
+:mod:`mptlml.hf`): ``mptlml.estimate_lml(mlm, seqs, "chain-rule")``
+(:mod:`mptlml.estimators.chain_rule`) and the cumulative estimator estimate
+the same lower bound on the order mixture's log-likelihood, with different
+noise. :func:`sample_random_order` draws from q_pi for a random pi: all
+positions masked, then one position at a time, in a random order, drawn from
+the model's conditional given the positions already drawn.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from .._validation import check_positive_int, make_generator
-from ..estimators import estimate_lml
 from ..masks import random_orders
 from ..models.masked_lm import MaskedLM
 from ..models.sequence_input import as_token_ids
 
-__all__ = ["chain_rule_lml", "sample_random_order"]
-
-
-def chain_rule_lml(mlm: MaskedLM, ids: torch.Tensor, num_orders: int = 1, seed: int = 0, *,
-                   token_budget: int = 16384) -> np.ndarray:
-    """``(N,)`` mean over random orders of ``sum_t log q(x_pi(t) | x_pi(t+1..D))``.
-
-    A shortcut for ``estimate_lml(mlm, ids, "chain-rule", num_masks=num_orders,
-    seed=seed).per_sample`` (:mod:`mptlml.estimation.ragged`), the one
-    definition; use that for the standard errors.
-
-    Parameters
-    ----------
-    mlm : MaskedLM
-    ids : LongTensor ``(N, D)`` or list of id lists
-        Content token ids (no special tokens).
-    num_orders : int
-        Independent uniformly random orders per sequence.
-    seed : int
-        Seed of the orders (those of sequence i come from (seed, i)).
-    token_budget : int
-        Padded tokens per forward pass.
-
-    Returns
-    -------
-    numpy.ndarray ``(N,)``, float64
-    """
-    seqs = ids.tolist() if isinstance(ids, torch.Tensor) else ids
-    est = estimate_lml(mlm, seqs, "chain-rule", num_masks=num_orders, seed=seed,
-                       token_budget=token_budget)
-    return est.per_sample.numpy()
+__all__ = ["sample_random_order"]
 
 
 @torch.no_grad()

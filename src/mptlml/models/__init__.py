@@ -7,11 +7,12 @@ implemented by :class:`MaskedLM`.
 
 from .base import MaskedModel
 from .bernoulli import BernoulliLVM, LinearVAE
+from .conditional import ConditionalView
 from .masked_lm import MaskedLM
 from .ppca import PPCA
 from .protocols import RaggedMaskedModel
 from .quadrature import latent_quadrature
 from .vae import DecoderProposal, GaussianVAE
 
-__all__ = ["PPCA", "BernoulliLVM", "DecoderProposal", "GaussianVAE", "LinearVAE", "MaskedLM",
-           "MaskedModel", "RaggedMaskedModel", "latent_quadrature"]
+__all__ = ["PPCA", "BernoulliLVM", "ConditionalView", "DecoderProposal", "GaussianVAE",
+           "LinearVAE", "MaskedLM", "MaskedModel", "RaggedMaskedModel", "latent_quadrature"]

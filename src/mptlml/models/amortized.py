@@ -23,7 +23,8 @@ import torch
 
 from .._validation import check_positive_int, make_generator
 
-__all__ = ["AmortizedGaussianMixin", "gaussian_log_density", "standard_normal_noise"]
+__all__ = ["AmortizedGaussianMixin", "gaussian_log_density", "iwae_bound",
+           "standard_normal_noise"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -34,6 +35,18 @@ def gaussian_log_density(z: torch.Tensor, mu: torch.Tensor | None = None,
     if mu is None:
         return -0.5 * (z * z + _LOG_2PI).sum(-1)
     return -0.5 * ((z - mu) ** 2 * torch.exp(-logvar) + logvar + _LOG_2PI).sum(-1)
+
+
+def iwae_bound(log_weights: torch.Tensor, num_samples: int | None = None) -> torch.Tensor:
+    """The importance-weighted bound ``log (1/S) sum_s w_s`` from log-weights ``(S', ...)``.
+
+    ``logsumexp`` over the first axis minus ``log S`` (Burda, Grosse &
+    Salakhutdinov, 2016): a lower bound on log p(x) in expectation, tight as
+    S grows. ``num_samples`` is S when the rows are already sums of chunks of
+    weights (``log sum_{s in chunk} w_s``); by default S is the number of rows.
+    """
+    s = log_weights.shape[0] if num_samples is None else num_samples
+    return torch.logsumexp(log_weights, 0) - math.log(s)
 
 
 def standard_normal_noise(shape: tuple[int, ...], like: torch.Tensor,
@@ -47,7 +60,7 @@ def standard_normal_noise(shape: tuple[int, ...], like: torch.Tensor,
 class AmortizedGaussianMixin:
     """ELBO and importance weights for a model with a Gaussian encoder.
 
-    The host class implements ``encode(x) -> (mu, logvar)`` (each ``(..., K)``)
+    The host class implements ``posterior_params(x) -> (mu, logvar)`` (each ``(..., K)``)
     and ``decoder_log_prob_tokens(x, z) -> (..., D)``, the per-token
     log p(x_d | z) broadcasting ``z`` of shape ``(S, ..., K)`` against ``x``.
     """
@@ -55,7 +68,7 @@ class AmortizedGaussianMixin:
     latent_dim: int
 
     # The host provides (not defined here, so that the host's own methods win in the MRO):
-    #   encode(x) -> (mu, logvar);  decoder_log_prob_tokens(x, z) -> (..., D).
+    #   posterior_params(x) -> (mu, logvar);  decoder_log_prob_tokens(x, z) -> (..., D).
 
     def sample_posterior(self, mu: torch.Tensor, logvar: torch.Tensor, num_samples: int,
                          generator: torch.Generator | None) -> torch.Tensor:
@@ -68,7 +81,7 @@ class AmortizedGaussianMixin:
              generator: torch.Generator | None = None) -> torch.Tensor:
         """ELBO per datum ``(N,)``, reparameterised, with the closed-form Gaussian KL."""
         x = self.validate_data(x)  # type: ignore[attr-defined]
-        mu, logvar = self.encode(x)
+        mu, logvar = self.posterior_params(x)
         z = self.sample_posterior(mu, logvar, num_samples, generator)
         rec = self.decoder_log_prob_tokens(x, z).sum(-1).mean(0)
         kl = 0.5 * (mu * mu + torch.exp(logvar) - 1.0 - logvar).sum(-1)
@@ -78,7 +91,7 @@ class AmortizedGaussianMixin:
                                generator: torch.Generator | None = None) -> torch.Tensor:
         """log p(x | z_s) + log p(z_s) - log q(z_s | x) for z_s ~ q(z | x): ``(S, N)``."""
         x = self.validate_data(x)  # type: ignore[attr-defined]
-        mu, logvar = self.encode(x)
+        mu, logvar = self.posterior_params(x)
         z = self.sample_posterior(mu, logvar, num_samples, generator)
         return (self.decoder_log_prob_tokens(x, z).sum(-1) + gaussian_log_density(z)
                 - gaussian_log_density(z, mu, logvar))
@@ -88,8 +101,8 @@ class AmortizedGaussianMixin:
                           chunk: int = 256) -> torch.Tensor:
         """Importance-sampling estimate of log p(x) with the encoder as proposal, ``(N,)``.
 
-        ``log (1/S) sum_s w_s`` (the IWAE bound, consistent as S grows),
-        computed in chunks of samples to bound memory.
+        ``log (1/S) sum_s w_s`` (the IWAE bound, :func:`iwae_bound`, consistent
+        as S grows), computed in chunks of samples to bound memory.
         """
         s = check_positive_int(num_samples, "num_samples")
         parts = []
@@ -99,4 +112,4 @@ class AmortizedGaussianMixin:
             parts.append(torch.logsumexp(
                 self.log_importance_weights(x, num_samples=c, generator=generator), 0))
             done += c
-        return torch.logsumexp(torch.stack(parts), 0) - math.log(s)
+        return iwae_bound(torch.stack(parts), s)

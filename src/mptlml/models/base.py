@@ -7,7 +7,7 @@ conditionals
 
 through :meth:`MaskedModel.log_conditionals`, and optionally its exact
 log-marginal likelihood log p(x) through :meth:`MaskedModel.log_marginal`.
-The estimation engine (``mptlml.estimate_lml``, ``mptlml.mpt_curve``), the
+The estimators (``mptlml.estimate_lml``, ``mptlml.mpt_curve``), the
 objectives (``mptlml.objectives``), the training monitors and model selection
 use nothing else, so they work for any model family.
 
@@ -172,6 +172,51 @@ class MaskedModel(nn.Module):
                 "mptlml.estimate_lml(model, x, estimator='cumulative') instead."
             )
         return self._log_marginal(self.validate_data(x))
+
+    @property
+    def has_marginal(self) -> bool:
+        """Whether :meth:`marginal` gives the model of a subset of the dimensions."""
+        return type(self).marginal is not MaskedModel.marginal
+
+    def marginal(self, dims: torch.Tensor) -> MaskedModel:
+        """The model of ``x[:, dims]`` alone, with the other dimensions integrated out. Optional.
+
+        Implemented by models whose marginals stay in the family (PPCA:
+        ``N(mu_C, W_C W_C^T + sigma2 I)``); it gives the exact conditional
+        :meth:`conditional_log_marginal`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no marginal over a subset of "
+                                  "its dimensions.")
+
+    def conditional_log_marginal(self, x: Any, context: Any) -> torch.Tensor:
+        """Exact log p(x_T | x_C) = log p(x) - log p(x_C) of each row, shape ``(N,)``.
+
+        Parameters
+        ----------
+        x : array-like of shape (N, D)
+        context : bool mask ``(D,)`` or indices
+            C, the always-visible dimensions; T is the rest.
+
+        Notes
+        -----
+        Needs :meth:`log_marginal` and, for a non-empty context, :meth:`marginal`.
+        This is what the conditional MPT sum over masks drawn inside T estimates
+        (Proposition 1 applied to p(x_T | x_C)).
+        """
+        from .._validation import check_context
+
+        c = check_context(context, self.num_tokens)
+        if not self.has_log_marginal or (bool(c.any()) and not self.has_marginal):
+            raise NotImplementedError(
+                f"{type(self).__name__} has no exact conditional log p(x_T | x_C) (it needs "
+                "log_marginal and marginal); estimate it with mptlml.estimate_lml(model, x, "
+                "context=...).")
+        xt = self.validate_data(x)
+        full = self.log_marginal(xt)
+        if not bool(c.any()):
+            return full
+        dims = c.nonzero().flatten().to(xt.device)
+        return full - self.marginal(dims).log_marginal(xt[:, dims])
 
     # ------------------------------------------------------------------ reuse across blocks
     @contextmanager

@@ -243,7 +243,7 @@ class LinearVAE(AmortizedGaussianMixin, BernoulliLVM):
         self.enc_logvar_W = nn.Parameter(torch.zeros(k, d, dtype=dt))
         self.enc_logvar_b = nn.Parameter(torch.zeros(k, dtype=dt))
 
-    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def posterior_params(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and log-variance of q(z | x), each ``(..., K)``."""
         return (x @ self.enc_mean_W.T + self.enc_mean_b,
                 x @ self.enc_logvar_W.T + self.enc_logvar_b)

@@ -24,13 +24,13 @@ from typing import Any
 import torch
 
 from .._optional import require
+from .._validation import env_flag
 
 __all__ = ["DTYPES", "check_masked_lm", "check_model_source", "dtype_name", "hf_offline_mode",
            "hub_offline", "load_antiberty", "load_pretrained", "max_input_length",
            "position_limit", "resolve_dtype", "space_residues", "tokenizer_files"]
 
 _AMINO_ACIDS = set("ACDEFGHIKLMNPQRSTVWY")
-_TRUE = ("1", "on", "true", "yes")
 
 #: dtype names the loaders and the CLI accept.
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16,
@@ -50,7 +50,7 @@ def hub_offline() -> bool:
     Reads the environment now (``huggingface_hub`` reads it once, at import) and
     ``huggingface_hub.constants.is_offline_mode()``.
     """
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE:
+    if env_flag("HF_HUB_OFFLINE", False):
         return True
     try:
         from huggingface_hub.constants import is_offline_mode
@@ -250,27 +250,32 @@ class _NotMaskedLM(ValueError):
     """A loadable checkpoint that is no masked LM (re-raised as it is, not as a cache miss)."""
 
 
-def _check_masked_lm_config(src: str, shared: dict[str, Any]) -> None:
-    """Refuse a checkpoint whose config has no masked-LM class, naming its architecture."""
+def _has_masked_lm_class(config: Any) -> bool:
     require("transformers", "a Hugging Face masked LM")
-    from transformers import MODEL_FOR_MASKED_LM_MAPPING, AutoConfig
+    from transformers import MODEL_FOR_MASKED_LM_MAPPING
 
-    config = AutoConfig.from_pretrained(src, **shared)
-    if type(config) in MODEL_FOR_MASKED_LM_MAPPING or "AutoModelForMaskedLM" in (
-            getattr(config, "auto_map", None) or {}):
+    return type(config) in MODEL_FOR_MASKED_LM_MAPPING or "AutoModelForMaskedLM" in (
+        getattr(config, "auto_map", None) or {})
+
+
+def _check_masked_lm_config(config: Any, src: str) -> None:
+    """Refuse a checkpoint whose config has no masked-LM class, naming its architecture."""
+    if _has_masked_lm_class(config):
         return
     arch = ", ".join(getattr(config, "architectures", None) or []) or type(config).__name__
     raise _NotMaskedLM(
         f"{src!r} is not a masked language model: its checkpoint is {arch} (model type "
         f"{config.model_type!r}), which has no masked-LM head in transformers "
         "(AutoModelForMaskedLM). MPT scores and trains masked LMs (BERT, RoBERTa, DeBERTa, "
-        "ModernBERT, ...); a causal LM predicts tokens from their left context only.")
+        "ModernBERT, ...); a causal LM predicts tokens from their left context only. A "
+        "masked-diffusion LM loaded through AutoModel (LLaDA, Dream, ...) needs "
+        "mask_token_id= (and usually trust_remote_code=True).")
 
 
 def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
                     random_init: bool = False, init_seed: int = 0, dtype: Any = None,
                     tokenizer_kwargs: dict[str, Any] | None = None,
-                    **hf_kwargs: Any) -> tuple[Any, Any, str]:
+                    any_module: bool = False, **hf_kwargs: Any) -> tuple[Any, Any, str]:
     """A masked LM, its tokenizer and a label, by hub name or local directory.
 
     Parameters
@@ -289,6 +294,11 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
         default (on transformers 5 the checkpoint's own dtype, ``"auto"``).
     tokenizer_kwargs : dict, optional
         Extra keyword arguments of ``AutoTokenizer.from_pretrained`` only.
+    any_module : bool
+        Accept a checkpoint without a masked-LM class (a masked-diffusion LM such
+        as LLaDA): it is loaded with ``AutoModel`` (its own code with
+        ``trust_remote_code=True``) and must return logits. The caller then
+        names the mask id.
     **hf_kwargs
         Everything ``AutoModelForMaskedLM.from_pretrained`` accepts (``revision``,
         ``trust_remote_code``, ``device_map``, ``attn_implementation``,
@@ -302,7 +312,7 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
     (model, tokenizer, label)
     """
     require("transformers", "a Hugging Face masked LM")
-    from transformers import AutoConfig, AutoModelForMaskedLM
+    from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
 
     src = str(name_or_dir)
     check_model_source(src, "masked LM")
@@ -315,24 +325,28 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
     shared = {k: hf_kwargs[k] for k in _SHARED_KWARGS if k in hf_kwargs}
     try:
         tok = _load_tokenizer(src, tokenizer, {**shared, **(tokenizer_kwargs or {})})
-        _check_masked_lm_config(src, shared)
+        config = AutoConfig.from_pretrained(src, **shared)
+        auto = AutoModelForMaskedLM
+        if not any_module:
+            _check_masked_lm_config(config, src)
+        elif not _has_masked_lm_class(config):
+            auto = AutoModel
         if random_init:
             extra = sorted(set(hf_kwargs) - set(_SHARED_KWARGS) - {"attn_implementation"})
             if extra:
                 raise TypeError(f"{extra} do not apply with random_init=True (no weights are "
                                 "loaded); pass them without random_init.")
-            config = AutoConfig.from_pretrained(src, **shared)
             init_kw = {k: hf_kwargs[k] for k in ("trust_remote_code", "attn_implementation")
                        if k in hf_kwargs}
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(init_seed)
-                model = AutoModelForMaskedLM.from_config(config, **init_kw)
+                model = auto.from_config(config, **init_kw)
             if isinstance(dt, torch.dtype):
                 model = model.to(dt)
         else:
             if dt is not None:
                 hf_kwargs["dtype"] = dt
-            model = AutoModelForMaskedLM.from_pretrained(src, **hf_kwargs)
+            model = auto.from_pretrained(src, **hf_kwargs)
     except (OSError, ValueError) as exc:
         if str(exc).startswith("no tokenizer files") or isinstance(exc, _NotMaskedLM):
             raise

@@ -1,4 +1,10 @@
-"""Adapter from any Hugging Face masked language model to the model protocol.
+"""Adapter from any masked language model (or masked-diffusion LM) to the model protocol.
+
+Two kinds of model are accepted: a Hugging Face ``AutoModelForMaskedLM``
+with a tokenizer that has a mask token, and any ``nn.Module`` whose forward
+takes ``input_ids`` (and, if it can, ``attention_mask``) and returns logits
+(a tensor or an object with ``.logits``), with the mask id given as
+``mask_token_id=`` (a plain vocabulary entry, e.g. LLaDA's 126336).
 
 A sequence's *tokens* are its non-special tokens x_1..x_D (never [CLS], [SEP]
 or [PAD]). For a mask M (a set of content positions) the adapter builds the
@@ -49,13 +55,16 @@ from .hf_loading import (
 )
 from .mlm_inputs import (
     CORRUPTIONS,
+    accepts_keyword,
     corrupt,
     dense_mask_rows,
+    evaluation_mode,
+    logits_of,
     ragged_mask_list,
     score_in_buckets,
 )
 from .sequence_input import check_content, tokenize
-from .tokenizer_checks import check_tokenizer, special_frame
+from .tokenizer_checks import check_module_vocab, check_tokenizer, special_frame
 
 __all__ = ["CORRUPTIONS", "MaskedLM"]
 
@@ -72,12 +81,27 @@ class MaskedLM(nn.Module):
 
     Parameters
     ----------
-    model : transformers.PreTrainedModel
-        An ``AutoModelForMaskedLM`` model (e.g. ``BertForMaskedLM``).
+    model : torch.nn.Module
+        An ``AutoModelForMaskedLM`` model (e.g. ``BertForMaskedLM``), or, with
+        ``mask_token_id``, any module whose forward takes ``input_ids`` (and
+        ``attention_mask`` if it accepts one; without it only inputs of one
+        length share a forward pass) and returns logits ``(B, T, V)`` as a
+        tensor or ``.logits`` (a masked-diffusion LM: LLaDA, MDLM, Dream).
     tokenizer : transformers tokenizer
         Its tokenizer, checked by :func:`~mptlml.models.tokenizer_checks.check_tokenizer`
         (vocabulary size, mask token, special ids against the config, a round
-        trip of vocabulary tokens).
+        trip of vocabulary tokens); with ``mask_token_id`` only its size is
+        checked against the model's vocabulary.
+    mask_token_id : int, optional
+        The id the model reads as masked, when it is not the tokenizer's mask
+        token (a plain vocabulary entry, e.g. LLaDA's 126336). It is never
+        accepted as a content token.
+    add_special_tokens : bool
+        Frame every input with the tokenizer's special tokens (default); False
+        for models trained on bare ids.
+    vocab_size : int, optional
+        Width of the logits, for a module without ``config.vocab_size`` (else
+        read off a one-token forward pass).
     corruption : {"mask", "bert"}
         ``"mask"`` replaces every masked position by [MASK]; ``"bert"`` uses
         BERT's 80/10/10 rule (80% [MASK], 10% a random non-special token, 10%
@@ -95,23 +119,38 @@ class MaskedLM(nn.Module):
         bfloat16 (float16 on a CUDA device without it). Recorded in results.
     """
 
-    def __init__(self, model: nn.Module, tokenizer: Any, *, corruption: str = "mask",
-                 truncate: bool = False, preprocess: Callable[[str], str] | None = None,
-                 name: str | None = None, allow_unknown: bool = False,
-                 autocast: bool | str | None = None) -> None:
+    def __init__(self, model: nn.Module, tokenizer: Any, *, mask_token_id: int | None = None,
+                 add_special_tokens: bool = True, vocab_size: int | None = None,
+                 corruption: str = "mask", truncate: bool = False,
+                 preprocess: Callable[[str], str] | None = None, name: str | None = None,
+                 allow_unknown: bool = False, autocast: bool | str | None = None) -> None:
         super().__init__()
-        if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        if not isinstance(model, nn.Module):
             raise TypeError(
-                f"model must be a transformers masked-LM model, got {type(model).__name__}; "
-                "load one with transformers.AutoModelForMaskedLM.from_pretrained(...)."
-            )
+                f"model must be a torch.nn.Module (a transformers masked LM, or any module whose "
+                f"forward takes input_ids and returns logits), got {type(model).__name__}.")
         if corruption not in CORRUPTIONS:
             raise ValueError(f"corruption must be one of {CORRUPTIONS}, got {corruption!r}.")
-        check_masked_lm(model, "MaskedLM")
-        check_tokenizer(model, tokenizer, allow_unknown=allow_unknown)
+        if not isinstance(add_special_tokens, bool):
+            raise TypeError(f"add_special_tokens must be bool, got {add_special_tokens!r}.")
         if autocast not in (None, True, False) and dtype_name(autocast) not in _AUTOCAST:
             raise ValueError(f"autocast must be None, True, False, 'bfloat16' or 'float16'; "
                              f"got {autocast!r}.")
+        config = getattr(model, "config", None)
+        #: an HF masked LM with its own tokenizer's mask token, or a plain module + mask id
+        self.generic = mask_token_id is not None or config is None
+        if config is not None:
+            check_masked_lm(model, "MaskedLM")
+        if self.generic:
+            self.vocab_size, self.mask_token_id = check_module_vocab(
+                model, tokenizer, mask_token_id=mask_token_id, vocab_size=vocab_size)
+        else:
+            if vocab_size is not None:
+                raise ValueError("vocab_size= applies to a module without a config (pass it "
+                                 "with mask_token_id=); this model's config gives it.")
+            check_tokenizer(model, tokenizer, allow_unknown=allow_unknown)
+            self.vocab_size = int(config.vocab_size)
+            self.mask_token_id = int(tokenizer.mask_token_id)
         self.allow_unknown = bool(allow_unknown)
         self.autocast = autocast
         self.model = model.eval()
@@ -119,21 +158,24 @@ class MaskedLM(nn.Module):
         self.corruption = corruption
         self.truncate = bool(truncate)
         self.preprocess = preprocess
-        self.name = name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
-        self.vocab_size = int(model.config.vocab_size)
-        self.mask_token_id = int(tokenizer.mask_token_id)
-        self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
-                                else 0)
-        self.special_ids = sorted({int(i) for i in tokenizer.all_special_ids})
+        self.add_special_tokens = add_special_tokens
+        self.name = name or str(getattr(config, "name_or_path", "") or type(model).__name__)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_token_id = int(pad if pad is not None else 0)
+        self.special_ids = sorted({int(i) for i in getattr(tokenizer, "all_special_ids", [])}
+                                  | {self.mask_token_id})
         specials = set(self.special_ids)
         self._replacements = torch.tensor([i for i in range(self.vocab_size)
                                            if i not in specials], dtype=torch.long)
-        self.prefix, self.suffix = special_frame(tokenizer)
+        self.prefix, self.suffix = special_frame(tokenizer) if add_special_tokens else ([], [])
         self.max_length = max_input_length(model, tokenizer)
+        #: whether padding can be hidden from the model (else only equal lengths share a batch)
+        self._takes_attention_mask = accepts_keyword(model, "attention_mask")
         base = getattr(model, getattr(model, "base_model_prefix", ""), None)
         head = next((getattr(model, n) for n in _HEAD_NAMES
                      if isinstance(getattr(model, n, None), nn.Module)), None)
-        self._split = base is not None and head is not None and base is not model
+        self._split = (not self.generic and base is not None and head is not None
+                       and base is not model)
         self._base, self._head = (base, head) if self._split else (None, None)
 
     # ------------------------------------------------------------------ loading
@@ -141,6 +183,7 @@ class MaskedLM(nn.Module):
     def from_pretrained(cls, name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
                         device: str | torch.device | None = None, dtype: Any = None,
                         random_init: bool = False, init_seed: int = 0,
+                        mask_token_id: int | None = None, add_special_tokens: bool = True,
                         corruption: str = "mask", truncate: bool = False,
                         preprocess: Callable[[str], str] | None = None, name: str | None = None,
                         allow_unknown: bool = False, autocast: bool | str | None = None,
@@ -162,12 +205,22 @@ class MaskedLM(nn.Module):
             checkpoint's). None: transformers' default.
         random_init, init_seed : bool, int
             Random weights of the same config, seeded.
+        mask_token_id : int, optional
+            The id the model reads as masked, for a masked-diffusion LM whose
+            tokenizer has no mask token (LLaDA: 126336). With it, a checkpoint
+            without a masked-LM class is loaded through ``AutoModel`` (pass
+            ``trust_remote_code=True`` for a model that ships its own code); its
+            forward must return logits.
+        add_special_tokens : bool
+            Frame every input with the tokenizer's special tokens ([CLS] ...
+            [SEP]); False for models trained on bare token ids.
         corruption, truncate, preprocess, name, allow_unknown, autocast
             As for :class:`MaskedLM`.
         **hf_kwargs
             Everything else goes to ``AutoModelForMaskedLM.from_pretrained``
-            (``revision``, ``trust_remote_code``, ``device_map``, ...; the
-            repository options reach ``AutoTokenizer.from_pretrained`` too); see
+            (``AutoModel`` with ``mask_token_id`` for a model without a masked-LM
+            class): ``revision``, ``trust_remote_code``, ``device_map``, ...; the
+            repository options reach ``AutoTokenizer.from_pretrained`` too; see
             :func:`mptlml.models.hf_loading.load_pretrained`.
         """
         if device is not None and hf_kwargs.get("device_map") is not None:
@@ -176,8 +229,9 @@ class MaskedLM(nn.Module):
         dev = None if device is None else check_device(device)  # before loading anything
         model, tok, label = load_pretrained(name_or_dir, tokenizer=tokenizer, dtype=dtype,
                                             random_init=random_init, init_seed=init_seed,
-                                            **hf_kwargs)
-        lm = cls(model, tok, corruption=corruption, truncate=truncate, preprocess=preprocess,
+                                            any_module=mask_token_id is not None, **hf_kwargs)
+        lm = cls(model, tok, mask_token_id=mask_token_id, add_special_tokens=add_special_tokens,
+                 corruption=corruption, truncate=truncate, preprocess=preprocess,
                  name=name or label, allow_unknown=allow_unknown, autocast=autocast)
         return lm.to(dev) if dev is not None else lm
 
@@ -231,8 +285,8 @@ class MaskedLM(nn.Module):
         cuda_fp16 = self.device.type == "cuda" and not torch.cuda.is_bf16_supported()
         return torch.float16 if cuda_fp16 else torch.bfloat16
 
-    def settings(self) -> dict[str, Any]:
-        """Device, dtype and autocast in use, as written into results."""
+    def placement(self) -> dict[str, Any]:
+        """Where and how the model runs: device, dtype and autocast in use, as results record."""
         return {"device": str(self.device), "dtype": dtype_name(self.dtype),
                 "autocast": dtype_name(self.autocast_dtype)}
 
@@ -268,7 +322,7 @@ class MaskedLM(nn.Module):
             flood of unknown tokens.
         """
         ids = tokenize(sequences, self.tokenizer, vocab_size=self.vocab_size,
-                       preprocess=self.preprocess)
+                       preprocess=self.preprocess, forbidden_ids=[self.mask_token_id])
         return check_content(ids, max_length=self.max_content_length,
                              frame=len(self.prefix) + len(self.suffix), truncate=self.truncate,
                              unk_id=self.tokenizer.unk_token_id,
@@ -299,30 +353,66 @@ class MaskedLM(nn.Module):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=dt)
 
+    def masked_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Logits ``(n, V)`` at positions ``(rows, cols)`` of a padded batch.
+
+        Runs the encoder, gathers the hidden states at the given positions and
+        applies the LM head there only (a module without a separable head: its
+        logits at those positions); float32 (float64 for a float64 model). The
+        model runs in eval mode whatever mode it is in (no dropout: a model left
+        in train mode by training is put back after), under ``torch.inference_mode``.
+        """
+        dev = self.device
+        input_ids = input_ids.to(dev)
+        attention_mask = attention_mask.to(dev)
+        rows, cols = rows.to(dev), cols.to(dev)
+        with torch.inference_mode(), self._autocast(), evaluation_mode(self.model):
+            if self._split:
+                hidden = self._base(input_ids=input_ids, attention_mask=attention_mask)[0]
+                logits = self._head(hidden[rows, cols])
+            else:
+                extra = {"attention_mask": attention_mask} if self._takes_attention_mask else {}
+                logits = logits_of(self.model(input_ids=input_ids, **extra),
+                                   self.name)[rows, cols]
+            return logits if logits.dtype == torch.float64 else logits.float()
+
     def masked_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          rows: torch.Tensor, cols: torch.Tensor,
                          targets: torch.Tensor) -> torch.Tensor:
         """log p(targets | input) at positions ``(rows, cols)`` of a padded batch.
 
-        Runs the encoder, gathers the hidden states at the given positions and
-        applies the LM head there only; log-softmax in float32 (float64 for a
-        float64 model). Returns ``(n,)``.
+        The log-softmax of :meth:`masked_logits` (float32; float64 for a
+        float64 model) at the targets. Returns ``(n,)``.
         """
-        dev = self.device
-        input_ids = input_ids.to(dev)
-        attention_mask = attention_mask.to(dev)
-        rows, cols, targets = rows.to(dev), cols.to(dev), targets.to(dev)
-        with torch.inference_mode(), self._autocast():
-            if self._split:
-                hidden = self._base(input_ids=input_ids, attention_mask=attention_mask)[0]
-                logits = self._head(hidden[rows, cols])
-            else:
-                logits = self.model(input_ids=input_ids,
-                                    attention_mask=attention_mask).logits[rows, cols]
-            if logits.dtype != torch.float64:
-                logits = logits.float()
+        logits = self.masked_logits(input_ids, attention_mask, rows, cols)
+        with torch.inference_mode():
             logp = torch.log_softmax(logits, dim=-1)
-            return logp.gather(1, targets[:, None]).squeeze(1)
+            return logp.gather(1, targets.to(logp.device)[:, None]).squeeze(1)
+
+    def top_predictions(self, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
+                        *, token_budget: int = 8192, batch_size: int | None = None,
+                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The most probable token at given positions of many ragged inputs, and its log-prob.
+
+        ``inputs`` are full model inputs ``(T_k,)`` (special tokens included, masks
+        applied) and ``positions`` ``(m_k,)`` the input positions to predict. For
+        each input returns ``(log_prob, token_id)``, float64 and int64 ``(m_k,)``:
+        ``max_v log p(v | input)`` and its argmax (the first on a tie), in the
+        length-bucketed, token-budgeted sub-batches of :meth:`score_positions`.
+        """
+
+        def forward(ids: torch.Tensor, att: torch.Tensor, rows: torch.Tensor,
+                    cols: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            logits = self.masked_logits(ids, att, rows, cols)
+            with torch.inference_mode():
+                top, arg = torch.log_softmax(logits, dim=-1).max(dim=-1)
+                return torch.stack([top.double(), arg.double()], dim=1)  # ids < 2^53: exact
+
+        out = score_in_buckets(forward, self.pad_token_id, inputs, positions, positions,
+                               token_budget=token_budget, batch_size=batch_size,
+                               equal_lengths=not self._takes_attention_mask)
+        return [(v[:, 0].clone(), v[:, 1].long()) for v in out]
 
     def score_positions(self, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
                         targets: Sequence[torch.Tensor], *, token_budget: int = 8192,
@@ -338,7 +428,8 @@ class MaskedLM(nn.Module):
         """
         return score_in_buckets(self.masked_log_probs, self.pad_token_id, inputs, positions,
                                 targets, token_budget=token_budget, batch_size=batch_size,
-                                progress=progress)
+                                progress=progress,
+                                equal_lengths=not self._takes_attention_mask)
 
     # ------------------------------------------------------------------ protocol
     def log_conditionals(self, x: Any, mask: Any, *,
@@ -391,11 +482,9 @@ class MaskedLM(nn.Module):
         """The vocabulary strings of content ids ``(D,)`` (e.g. ``["un", "##happy"]``)."""
         return word_units.token_strings(self.tokenizer, ids)
 
-    def encode_words(self, sequences: Sequence[str],
-                     ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[list[str]]]:
-        """Content ids, the word of each token, and the words' texts
-        (:func:`mptlml.models.word_units.encode_words`)."""
-        return word_units.encode_words(self, sequences)
+    #: content ids, the word of each token, and the words' texts: the one definition,
+    #: :func:`mptlml.models.word_units.encode_words`, as this model's method
+    encode_words = word_units.encode_words
 
     def ragged_target_log_prob(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor],
                                targets: Sequence[torch.Tensor],

@@ -17,12 +17,16 @@ floating-point padding effects).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
-__all__ = ["CORRUPTIONS", "corrupt", "dense_mask_rows", "ragged_mask_list", "score_in_buckets"]
+__all__ = ["CORRUPTIONS", "accepts_keyword", "corrupt", "dense_mask_rows", "evaluation_mode",
+           "logits_of", "ragged_mask_list", "score_in_buckets"]
 
 #: how masked positions are corrupted (:func:`corrupt`).
 CORRUPTIONS = ("mask", "bert")
@@ -54,17 +58,67 @@ def corrupt(x: torch.Tensor, masked: torch.Tensor, *, corruption: str, mask_toke
     return torch.where(masked & (u >= 0.8) & (u < 0.9), rnd, out)
 
 
+@contextlib.contextmanager
+def evaluation_mode(module: nn.Module) -> Iterator[None]:
+    """Run ``module`` in eval mode (no dropout) and give every submodule its mode back after.
+
+    A model left in train mode (``model.train()``, or by a training loop such as
+    ``MPTTrainer``) would otherwise be scored with dropout on, which changes
+    every log-probability without a word.
+    """
+    modes = [(m, m.training) for m in module.modules()]
+    if not any(t for _, t in modes):
+        yield
+        return
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, t in modes:
+            m.training = t
+
+
+def accepts_keyword(module: nn.Module, name: str) -> bool:
+    """Whether ``module``'s forward takes the keyword ``name`` (or any keyword)."""
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD
+                                 for p in params.values())
+
+
+def logits_of(output: Any, name: str = "the model") -> torch.Tensor:
+    """The logits ``(B, T, V)`` in a forward's output: a tensor, ``.logits`` or a tuple's first."""
+    if isinstance(output, torch.Tensor):
+        logits = output
+    elif isinstance(getattr(output, "logits", None), torch.Tensor):
+        logits = output.logits
+    elif isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+        logits = output[0]
+    else:
+        raise TypeError(
+            f"{name} returned {type(output).__name__}, not logits: a module scored by MaskedLM "
+            "must return a (batch, length, vocabulary) tensor, or an object with .logits "
+            "(load a model with its language-model head, e.g. AutoModelForMaskedLM).")
+    if logits.ndim != 3:
+        raise ValueError(f"{name} returned logits of shape {tuple(logits.shape)}; MaskedLM "
+                         "needs (batch, length, vocabulary).")
+    return logits
+
+
 def score_in_buckets(forward: Forward, pad_id: int, inputs: Sequence[torch.Tensor],
                      positions: Sequence[torch.Tensor], targets: Sequence[torch.Tensor], *,
                      token_budget: int = 8192, batch_size: int | None = None,
-                     progress: Any = None) -> list[torch.Tensor]:
+                     progress: Any = None, equal_lengths: bool = False) -> list[torch.Tensor]:
     """Score ``targets[k]`` at ``positions[k]`` of every input ``inputs[k]``.
 
     Parameters
     ----------
     forward : callable
         ``forward(input_ids, attention_mask, rows, cols, targets)``: log-probs
-        ``(n,)`` of a padded batch at the given (row, column) positions.
+        ``(n,)`` of a padded batch at the given (row, column) positions (or
+        ``(n, k)``: k numbers per position, e.g. a top log-prob and its token id).
     pad_id : int
         Padding token id.
     inputs : list of LongTensor ``(T_k,)``
@@ -75,10 +129,13 @@ def score_in_buckets(forward: Forward, pad_id: int, inputs: Sequence[torch.Tenso
         Upper bound on the inputs of one forward pass (besides the budget).
     progress : tqdm-like, optional
         ``progress.update(n)`` after each forward pass of n inputs.
+    equal_lengths : bool
+        Only inputs of one length share a forward pass (no padding), for a
+        model that takes no attention mask and would otherwise attend to pads.
 
     Returns
     -------
-    list of float64 tensors ``(m_k,)``
+    list of float64 tensors ``(m_k,)`` (``(m_k, k)`` for a forward of k numbers per position)
     """
     n = len(inputs)
     lengths = torch.tensor([len(t) for t in inputs])
@@ -88,7 +145,8 @@ def score_in_buckets(forward: Forward, pad_id: int, inputs: Sequence[torch.Tenso
     while i < n:
         j = i + 1
         while j < n and (j - i + 1) * int(lengths[order[j]]) <= token_budget and (
-                batch_size is None or j - i < batch_size):
+                batch_size is None or j - i < batch_size) and (
+                not equal_lengths or lengths[order[j]] == lengths[order[i]]):
             j += 1
         tmax = int(lengths[order[j - 1]])  # ascending order: the last is the longest
         idx = order[i:j]

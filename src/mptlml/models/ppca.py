@@ -280,6 +280,11 @@ class PPCA(MaskedModel):
         """dtype of the K x K latent terms (:func:`mptlml._linalg.latent_dtype`)."""
         return latent_dtype(self.W.detach(), float(self.sigma2.detach()), self.dtype, "PPCA")
 
+    def marginal(self, dims: torch.Tensor) -> PPCA:
+        """PPCA of ``x[:, dims]``: ``N(mu_C, W_C W_C^T + sigma2 I)`` (a Gaussian's marginal)."""
+        idx = torch.as_tensor(dims, dtype=torch.long, device=self.W.device)
+        return PPCA(self.W.detach()[idx], self.mu.detach()[idx], self.sigma2.detach())
+
     def _log_marginal(self, x: torch.Tensor) -> torch.Tensor:
         """log N(x; mu, W W^T + sigma2 I) via Woodbury and the matrix determinant lemma.
 

@@ -87,7 +87,7 @@ class WordMaskedModel(RaggedMaskedModel, Protocol):
     """A ragged masked model that also knows its tokens' strings and words.
 
     Needed by per-token output and word-level scoring (whole-word masking,
-    PLL-word-l2r) in :mod:`mptlml.estimation.words`; implemented by
+    PLL-word-l2r) in :mod:`mptlml.estimators.pseudo_likelihood`; implemented by
     :class:`~mptlml.models.masked_lm.MaskedLM` (:mod:`mptlml.models.word_units`).
     """
 

@@ -38,6 +38,7 @@ counted by :func:`~mptlml.models.tokenizer_checks.check_unknown_tokens`.
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -47,7 +48,9 @@ import torch
 from .protocols import RaggedMaskedModel
 from .tokenizer_checks import check_unknown_tokens
 
-__all__ = ["as_token_ids", "check_content", "encode", "normalise_sequences", "tokenize"]
+__all__ = ["ContextBoundaryWarning", "as_token_ids", "check_content", "encode",
+           "encode_with_context",
+           "normalise_sequences", "tokenize"]
 
 _HOW = ("pass the texts themselves, or content token ids "
         "(tokenizer(texts, add_special_tokens=False)['input_ids'])")
@@ -145,13 +148,15 @@ def normalise_sequences(sequences: Any) -> list[str] | list[torch.Tensor]:
 
 
 def tokenize(sequences: Any, tokenizer: Any, *, vocab_size: int,
-             preprocess: Callable[[str], str] | None = None) -> list[torch.Tensor]:
+             preprocess: Callable[[str], str] | None = None,
+             forbidden_ids: Sequence[int] = ()) -> list[torch.Tensor]:
     """Content token ids of each sequence, checked the same way for texts and ids.
 
     Texts (after ``preprocess``) are tokenized without special tokens; ids are
     taken as they are. Then, on both paths: every id lies in
     ``[0, vocab_size)``, and no id is a special token other than the unknown
-    token.
+    token, nor one of ``forbidden_ids`` (a mask id that is a plain vocabulary
+    entry, as in masked-diffusion LMs).
 
     Raises
     ------
@@ -168,8 +173,9 @@ def tokenize(sequences: Any, tokenizer: Any, *, vocab_size: int,
     else:
         out = list(seqs)  # type: ignore[arg-type]
     unk = getattr(tokenizer, "unk_token_id", None)
-    forbidden = torch.tensor(sorted({int(i) for i in tokenizer.all_special_ids} - (
-        set() if unk is None else {int(unk)})), dtype=torch.long)
+    forbidden = torch.tensor(sorted(({int(i) for i in tokenizer.all_special_ids} - (
+        set() if unk is None else {int(unk)})) | {int(i) for i in forbidden_ids}),
+        dtype=torch.long)
     for i, t in enumerate(out):
         if t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab_size):
             raise ValueError(f"sequence {i} has token ids outside [0, {vocab_size}); pass ids "
@@ -201,6 +207,81 @@ def encode(model: Any, sequences: Any) -> list[torch.Tensor]:
             "masked-LM adapter of mptlml.models (its from_pretrained loads one by name or path)."
         )
     return model.encode(normalise_sequences(sequences))
+
+
+class ContextBoundaryWarning(UserWarning):
+    """A context's last token and its continuation's first merge into one token when joined."""
+
+
+def encode_with_context(model: Any, contexts: Any, continuations: Any
+                        ) -> tuple[list[torch.Tensor], list[int]]:
+    """Content ids of each context + continuation, and how many of them are the context's.
+
+    The tokenisation is the model's own, of the joined text: the continuation's
+    tokens are those of ``context + continuation`` after the first
+    ``len(encode(context))`` tokens (the convention of lm-evaluation-harness;
+    trailing whitespace of a context moves to its continuation first). Where a
+    sub-word token spans the boundary (the joined text does not start with the
+    context's own tokens), the joined tokens are kept: the first
+    ``len(encode(context))`` are the visible context, the rest are scored, and a
+    :class:`ContextBoundaryWarning` names the pair. Token ids are joined as
+    given. An empty context (``""`` or ``[]``) makes the score unconditional.
+
+    Returns
+    -------
+    ids : list of LongTensor
+        ``(C_i + T_i,)`` content ids of the joined sequence.
+    num_context : list of int
+        C_i, the always-visible leading tokens of each.
+
+    Raises
+    ------
+    ValueError
+        On a count mismatch, mixed texts and ids, or a continuation left with no
+        token of its own.
+    """
+    conts = normalise_sequences(continuations)
+    if isinstance(contexts, str | bytes):
+        contexts = [contexts] * len(conts)
+    ctxs = list(contexts)
+    if len(ctxs) != len(conts):
+        raise ValueError(f"{len(ctxs)} contexts for {len(conts)} continuations: pass one "
+                         "context per continuation (or one string for all).")
+    from_text = isinstance(conts[0], str)
+    if any(isinstance(c, str) != from_text for c in ctxs):
+        raise TypeError("contexts and continuations must be the same kind: texts with texts, "
+                        "token ids with token ids.")
+    if from_text:
+        moved = [len(c) - len(c.rstrip()) for c in ctxs]
+        ctxs = [c[:len(c) - k] for c, k in zip(ctxs, moved, strict=True)]
+        conts = [c0[len(c0) - k:] + x if k else x
+                 for c0, k, x in zip(contexts, moved, conts, strict=True)]
+        nonempty = [i for i, c in enumerate(ctxs) if c.strip()]
+        ctx_ids = dict(zip(nonempty, model.encode([ctxs[i] for i in nonempty]) if nonempty
+                           else [], strict=True))
+        full = model.encode([c + x for c, x in zip(ctxs, conts, strict=True)])
+    else:
+        nonempty = [i for i, c in enumerate(ctxs) if len(c)]
+        ctx_ids = dict(zip(nonempty, model.encode([ctxs[i] for i in nonempty]) if nonempty
+                           else [], strict=True))
+        cont_ids = model.encode(conts)
+        full = [torch.cat([ctx_ids[i], t]) if i in ctx_ids else t
+                for i, t in enumerate(cont_ids)]
+        full = model.encode(full)  # the joined length against the model's maximum
+    num_context = []
+    for i, t in enumerate(full):
+        c = ctx_ids.get(i, torch.zeros(0, dtype=torch.long))
+        n = len(c)
+        if len(t) <= n:
+            raise ValueError(f"continuation {i} ({_show(conts[i])}) has no token of its own "
+                             f"after its context's {n} tokens; pass a non-empty continuation.")
+        if not torch.equal(t[:n], c):
+            warnings.warn(f"pair {i}: the context's last token and the continuation's first "
+                          "merge when joined; the joined tokenisation is kept (its first "
+                          f"{n} tokens visible, the other {len(t) - n} scored).",
+                          ContextBoundaryWarning, stacklevel=3)
+        num_context.append(n)
+    return full, num_context
 
 
 def check_content(ids: list[torch.Tensor], *, max_length: int, frame: int, truncate: bool,

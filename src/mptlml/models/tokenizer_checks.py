@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_UNKNOWN_FRACTION", "check_round_trip", "check_tokenizer", "check_unknown_tokens",
-           "special_frame"]
+__all__ = ["MAX_UNKNOWN_FRACTION", "check_module_vocab", "check_round_trip", "check_tokenizer",
+           "check_unknown_tokens", "special_frame"]
 
 #: Largest fraction of unknown tokens in the encoded data accepted without allow_unknown=True.
 MAX_UNKNOWN_FRACTION = 0.05
@@ -156,6 +156,57 @@ def check_unknown_tokens(ids: Sequence[torch.Tensor], unk_id: int | None, unk_to
         warnings.warn(f"{what}; they are scored as such.", stacklevel=3)
 
 
+def check_module_vocab(model: Any, tokenizer: Any, *, mask_token_id: int | None,
+                       vocab_size: int | None) -> tuple[int, int]:
+    """Vocabulary size and mask id of a module scored with an explicit mask id.
+
+    For a masked-diffusion LM (LLaDA, MDLM, Dream, ...) or any module whose
+    forward returns logits, the mask id is a plain vocabulary entry that the
+    tokenizer need not know as a special token, and the logits may cover more
+    ids than the tokenizer has (LLaDA: 126,464 logits, mask id 126,336). The
+    vocabulary size is ``vocab_size=``, else ``model.config.vocab_size``, else
+    the width of the logits of a one-token forward pass.
+
+    Raises
+    ------
+    ValueError
+        When no mask id is known, it lies outside the vocabulary, or the
+        tokenizer has ids the model cannot score.
+    """
+    if mask_token_id is None:
+        mask_token_id = getattr(tokenizer, "mask_token_id", None)
+        if mask_token_id is None:
+            raise ValueError(
+                "no mask token id: the tokenizer has no mask token. Pass mask_token_id= (the "
+                "id the model was trained to read as masked, e.g. 126336 for LLaDA).")
+    if isinstance(mask_token_id, bool) or not isinstance(mask_token_id, int):
+        raise TypeError(f"mask_token_id must be an int, got {mask_token_id!r}.")
+    vocab = vocab_size if vocab_size is not None else getattr(
+        getattr(model, "config", None), "vocab_size", None)
+    if vocab is None:
+        vocab = _probe_vocab(model)
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 2:
+        raise ValueError(f"vocab_size must be an int >= 2, got {vocab!r}.")
+    if not 0 <= mask_token_id < vocab:
+        raise ValueError(f"mask_token_id={mask_token_id} is outside the model's vocabulary "
+                         f"(0..{vocab - 1}); pass the id the model reads as masked.")
+    if tokenizer is not None and len(tokenizer) > vocab:
+        raise ValueError(
+            f"tokenizer/model vocabulary mismatch: the tokenizer has {len(tokenizer)} tokens "
+            f"but the model scores only {vocab}; pass the tokenizer saved with this model.")
+    return int(vocab), int(mask_token_id)
+
+
+def _probe_vocab(model: Any) -> int:
+    """The logits' width of a one-token forward pass (a module without a config)."""
+    from .mlm_inputs import evaluation_mode, logits_of
+
+    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+    with torch.inference_mode(), evaluation_mode(model):
+        out = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=dev))
+    return int(logits_of(out, type(model).__name__).shape[-1])
+
+
 def special_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
     """The special tokens a tokenizer puts before and after the content tokens.
 
@@ -164,7 +215,7 @@ def special_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
     ([CLS] ... [SEP] for BERT, <s> ... </s> for RoBERTa). Falls back to
     cls/bos before and sep/eos after when no probe encodes cleanly.
     """
-    mask, unk = tokenizer.mask_token_id, tokenizer.unk_token_id
+    mask, unk = getattr(tokenizer, "mask_token_id", None), tokenizer.unk_token_id
     for probe in ("a", "A", "the", "1"):
         content = tokenizer(probe, add_special_tokens=False)["input_ids"]
         full = tokenizer(probe, add_special_tokens=True)["input_ids"]

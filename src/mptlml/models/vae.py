@@ -154,7 +154,7 @@ class GaussianVAE(AmortizedGaussianMixin, MaskedModel):
         """Per-token likelihood variance, ``(D,)``."""
         return self.min_sigma2 + torch.exp(self.raw_sigma2)
 
-    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def posterior_params(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and log-variance of q(z | x), each ``(..., K)``."""
         h = self.encoder(x)
         return h[..., : self.latent_dim], h[..., self.latent_dim:]
@@ -196,7 +196,7 @@ class GaussianVAE(AmortizedGaussianMixin, MaskedModel):
 
     def _snis(self, x: torch.Tensor, mask: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         r = (~mask).to(x.dtype)
-        mu, logvar = self.encode(x * r)
+        mu, logvar = self.posterior_params(x * r)
         z = self.sample_posterior(mu, logvar, self.num_samples, g)  # (S, R, K)
         ll = self.decoder_log_prob_tokens(x, z)  # (S, R, D)
         logw = (ll * r).sum(-1) + gaussian_log_density(z) - gaussian_log_density(z, mu, logvar)
@@ -210,11 +210,11 @@ class GaussianVAE(AmortizedGaussianMixin, MaskedModel):
         with torch.no_grad():
             sd = self.sigma2.sqrt()
             for _ in range(self.iterations):
-                mu, logvar = self.encode(xhat)
+                mu, logvar = self.posterior_params(xhat)
                 z = mu + torch.exp(0.5 * logvar) * standard_normal_noise(mu.shape, mu, g)
                 noisy = self.decode(z) + sd * standard_normal_noise(xhat.shape, xhat, g)
                 xhat = x * r + noisy * (1.0 - r)
-        mu, logvar = self.encode(xhat)
+        mu, logvar = self.posterior_params(xhat)
         z = mu + torch.exp(0.5 * logvar) * standard_normal_noise(mu.shape, mu, g)
         out = torch.logsumexp(self.decoder_log_prob_tokens(x, z), 0) - math.log(s)
         return torch.where(mask, out, torch.zeros((), dtype=x.dtype, device=x.device))
@@ -287,7 +287,7 @@ class DecoderProposal(AmortizedGaussianMixin, nn.Module):
     def validate_data(self, x: torch.Tensor) -> torch.Tensor:
         return self.vae.validate_data(x)
 
-    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def posterior_params(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and log-variance of the proposal q_phi(z | x), each ``(..., K)``."""
         h = self.encoder(x)
         return h[..., : self.latent_dim], h[..., self.latent_dim:]

@@ -53,6 +53,11 @@ def encode_words(model: Any, sequences: Sequence[str],
                  ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[list[str]]]:
     """Content ids, the word of each token, and the words' texts.
 
+    The one definition of a masked LM's words:
+    :class:`~mptlml.models.masked_lm.MaskedLM` takes it as its method
+    ``encode_words`` (of :class:`~mptlml.models.protocols.WordMaskedModel`),
+    through which the word-level scores reach it.
+
     Parameters
     ----------
     model : MaskedLM (anything with ``tokenizer``, ``preprocess`` and ``encode``)

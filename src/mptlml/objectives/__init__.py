@@ -9,7 +9,7 @@
 
 from .base import Objective
 from .exact import ExactLML
-from .latent import ELBO, IWAE
 from .mpt import MPTLoss
+from .variational import ELBO, IWAE
 
 __all__ = ["ELBO", "IWAE", "ExactLML", "MPTLoss", "Objective"]

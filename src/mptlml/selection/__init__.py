@@ -13,8 +13,7 @@ is clear. See :func:`select_latent_dim`.
 - :mod:`.latent_dim`: :class:`SelectionResult` and :func:`select_latent_dim`.
 
 The ``mptlml select`` job (run directory, table, plot) is
-:func:`mptlml.experiments.select.run_selection`; this package does not import
-the experiments.
+:mod:`mptlml.jobs.select`; this package does not import the jobs.
 
 References
 ----------

@@ -41,8 +41,8 @@ import torch
 
 from .._optional import require
 from .._validation import check_data, check_positive_int
-from ..estimation.stats import mean_stderr
 from ..estimators import Cumulative
+from ..estimators.stats import mean_stderr
 from ..models.base import MaskedModel
 from .data import standardise_split
 from .families import FAMILIES

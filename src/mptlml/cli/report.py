@@ -1,0 +1,38 @@
+"""``mptlml report RUN_DIR...``: report.html, report.md and report.json from run directories."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from .command import command
+
+__all__ = ["report"]
+
+_log = logging.getLogger(__name__)
+
+
+def _run(runs: tuple[str, ...], out: str | None) -> int:
+    from ..report import build_report
+
+    rep = build_report(list(runs), out)
+    where = out or runs[0]
+    _log.info(f"report written to {where}/report.html and {where}/report.md: "
+              f"{len(rep.sections)} parts; {rep.summary_line()}")
+    for m in rep.missing:
+        _log.warning(f"missing: {m} (run `mptlml reproduce {m}`)")
+    for p in rep.problems:
+        _log.warning(f"problem: {p}")
+    return 0 if rep.sections else 1  # nothing could be read: not a success
+
+
+def report() -> click.Command:
+    """The command ``mptlml report RUN_DIR...``."""
+    params = [click.Argument(["runs"], nargs=-1, required=True, metavar="RUN_DIR..."),
+              click.Option(["--out"], default=None, metavar="DIR",
+                           help="where to write the report (default: the first RUN_DIR)")]
+    return command("report", _run, params,
+                   help="build report.html/report.md from run directories",
+                   description="Build report.html, report.md and report.json from run "
+                               "directories (or a `reproduce all` directory).")

@@ -1,0 +1,422 @@
+"""Candidates decided together: conditional MPT bounds on common random numbers.
+
+A multiple-choice question gives one context C and K candidate continuations
+T_1..T_K. For each, Proposition 1 applied to p(x_T | x_C) gives
+
+    log p(x_T | x_C) = sum_{M=1..|T|} S_T(x; M)
+                     = S_T(x; |T|) + E_{M ~ q} [ S_T(x; M) / q(M) ]   (M < |T|),
+
+S_T the mean log-probability of M tokens masked inside T, the context always
+visible. The M = |T| term has a single mask (everything in T): it is scored
+once, exactly. The other sizes are drawn by importance sampling over a rate
+density q on (0, 1): a rate r gives M = ceil(r (|T| - 1)), so q(M) is the
+q-mass of ((M-1)/(|T|-1), M/(|T|-1)].
+
+Variance reduction, all unbiased:
+
+- **stratified rates**: each round draws H strata of equal q-mass, two draws
+  in each, so the sizes cover (0, 1) evenly (a systematic design, with a
+  variance estimate of H degrees of freedom from the within-stratum pairs);
+- **common random numbers**: the K candidates of a question share the rate
+  draws and the uniform numbers that place the masked positions, so equal-
+  length candidates are masked at the same sizes and positions; their
+  difference then has far less variance than on independent masks, and its
+  standard error is computed from the paired draws;
+- **an allocation learned as the run goes**: after the first (uniform) round,
+  q is proportional to the spread of a mask's score by rate, pooled over
+  every candidate of the call (no pilot per sequence); each round is
+  unbiased on its own and rounds are combined with fixed weights.
+
+With ``decide=True`` a question keeps drawing rounds only while its leader is
+not ahead of every other candidate by ``z`` paired standard errors, with
+``z = t_{nu}^{-1}(1 - alpha / (2 R))`` for R the most rounds it may take
+(Bonferroni over the looks): with calibrated standard errors, the chance that
+a question is declared decided for a candidate that is not the best under the
+bound is at most ``alpha``. A clear question stops after one round; a near
+tie spends up to ``max_masks``.
+
+Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
+Marginal Likelihood", NeurIPS 2023, Proposition 1 (conditionally).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats as sps
+
+from .._optional import require
+from .._scoring.ragged import run_pairs
+from .._validation import check_positive_int
+from ..models.sequence_input import encode_with_context
+from .results import _Result, announce_nonfinite
+from .stats import welch_dof
+
+__all__ = ["Comparison", "compare"]
+
+#: rate bins of the learned allocation
+NUM_RATE_BINS = 10
+#: the learned density never falls below this share of its largest bin (keeps every rate)
+DENSITY_FLOOR = 0.1
+
+
+@dataclass
+class Comparison(_Result):
+    """Conditional bounds of the candidates of each question, compared on common masks.
+
+    Attributes
+    ----------
+    scores : list of float64 arrays ``(K_q,)``
+        Estimate of log p(candidate | context) (the conditional MPT bound).
+    stderr : list of arrays ``(K_q,)``
+        Its Monte Carlo standard error.
+    choice : list of int
+        Index of the leader (largest estimate) of each question.
+    paired_stderr : list of arrays ``(K_q,)``
+        Standard error of ``scores[choice] - scores[k]`` from the paired draws
+        (0 for the leader itself).
+    margin_z : list of float
+        Smallest ``(leader - other) / paired_stderr`` over the other candidates.
+    decided : list of bool
+        Whether the leader is ahead of every other candidate by ``z_threshold``
+        paired standard errors.
+    z_threshold : float
+        The threshold of ``decided`` (:func:`compare`'s sequential rule).
+    stderr_dof : list of float
+        Effective degrees of freedom of each question's standard errors (smallest).
+    num_masked_rows : list of int
+        Masked inputs scored for each question (all its candidates): its cost.
+    rounds : list of int
+        Rounds of draws each question took.
+    stop_reason : list of str
+        ``"one round"`` (no target), ``"decided"``, ``"target"`` or ``"budget"``.
+    num_model_calls : int
+        Forward passes of the whole call.
+    """
+
+    contexts: list[Any]
+    candidates: list[list[Any]]
+    scores: list[np.ndarray]
+    stderr: list[np.ndarray]
+    choice: list[int]
+    paired_stderr: list[np.ndarray]
+    margin_z: list[float]
+    decided: list[bool]
+    z_threshold: float
+    stderr_dof: list[float]
+    num_masked_rows: list[int]
+    rounds: list[int]
+    stop_reason: list[str]
+    num_model_calls: int = 0
+    common_masks: bool = True
+    seed: Any = None
+    model: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_pandas(self) -> Any:
+        """One row per (question, candidate): score, SE, paired SE to the leader, choice, cost."""
+        require("pandas", "Comparison.to_pandas()")
+        import pandas as pd
+
+        rows = []
+        for q, cands in enumerate(self.candidates):
+            lead = self.choice[q]
+            for k, cand in enumerate(cands):
+                rows.append({
+                    "question": q, "candidate": k,
+                    "continuation": cand if isinstance(cand, str) else list(cand),
+                    "score": float(self.scores[q][k]), "stderr": float(self.stderr[q][k]),
+                    "diff_to_leader": float(self.scores[q][k] - self.scores[q][lead]),
+                    "paired_stderr": float(self.paired_stderr[q][k]),
+                    "chosen": k == lead, "decided": bool(self.decided[q]),
+                    "num_masked_rows": int(self.num_masked_rows[q]),
+                    "stop_reason": self.stop_reason[q]})
+        return pd.DataFrame(rows)
+
+
+def _question_seed(seed: int, q: int, r: int) -> int:
+    return int(np.random.SeedSequence([int(seed), int(q), int(r)]).generate_state(1)[0])
+
+
+class _Density:
+    """A piecewise-constant rate density q on (0, 1): CDF, inverse CDF, size probabilities."""
+
+    def __init__(self, weights: np.ndarray) -> None:
+        w = np.asarray(weights, dtype=np.float64)
+        self.mass = w / w.sum()
+        self.edges = np.linspace(0.0, 1.0, w.size + 1)
+        self.cdf_at_edges = np.concatenate([[0.0], np.cumsum(self.mass)])
+        self.cdf_at_edges[-1] = 1.0
+
+    def cdf(self, r: np.ndarray) -> np.ndarray:
+        return np.interp(r, self.edges, self.cdf_at_edges)
+
+    def inverse(self, u: np.ndarray) -> np.ndarray:
+        return np.interp(u, self.cdf_at_edges, self.edges)
+
+    def size_probs(self, sizes: np.ndarray, length: int) -> np.ndarray:
+        """q(M) for M in ``sizes`` (1..T-1) of a continuation of T = ``length`` tokens."""
+        n = length - 1
+        return self.cdf(sizes / n) - self.cdf((sizes - 1) / n)
+
+
+@dataclass
+class _Tally:
+    """Per-candidate sums over rounds: estimates, variances, dof pieces, paired draws."""
+
+    exact_top: float = 0.0
+    rounds: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
+    """(draws, y (P,), stratum id (P,)) per round"""
+
+
+def _round_stats(y: np.ndarray, strata: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """Mean of a stratified round (two draws per stratum), its variance, per-stratum pieces."""
+    h = int(strata.max()) + 1
+    pairs = y.reshape(h, 2)
+    pieces = (pairs[:, 0] - pairs[:, 1]) ** 2 / (4.0 * h * h)
+    return float(y.mean()), float(pieces.sum()), pieces
+
+
+def _combine(rounds: list[tuple[int, np.ndarray, np.ndarray]], y_of: Any
+             ) -> tuple[float, float, float]:
+    """Fixed-weight combination of rounds: estimate, standard error, Welch dof."""
+    total = sum(n for n, _, _ in rounds)
+    est, var, pieces = 0.0, 0.0, []
+    for n, y, s in rounds:
+        m, v, p = _round_stats(y_of(y), s)
+        w = n / total
+        est += w * m
+        var += w * w * v
+        pieces.append(w * w * p)
+    return est, math.sqrt(var), welch_dof(torch.from_numpy(np.concatenate(pieces)), 1.0)
+
+
+def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[Any]], *,
+            num_masks: int = 16, decide: bool = False, target_se: float | None = None,
+            alpha: float = 0.05, max_masks: int = 512, allocation: str = "learned",
+            common_masks: bool = True, seed: int | Sequence[int] = 0,
+            token_budget: int = 8192, batch_size: int | None = None,
+            progress: bool = False) -> Comparison:
+    """Score the K candidate continuations of each question on common masks, and choose.
+
+    Parameters
+    ----------
+    model : RaggedMaskedModel
+        A masked LM or masked-diffusion LM (any model of the ragged protocol,
+        :class:`~mptlml.models.protocols.RaggedMaskedModel`).
+    contexts : list of str (or token-id lists)
+        One context per question; always visible, never scored (``""``: none).
+    candidates : list of lists of str (or token-id lists)
+        The K_q candidate continuations of question q (K_q >= 1).
+    num_masks : int
+        Masks per candidate per round (even: two per rate stratum), besides the
+        one mask of the whole continuation scored in the first round.
+    decide : bool
+        Keep drawing rounds, per question, until its leader is decided (the
+        sequential rule of the module docstring) or ``max_masks`` is spent.
+    target_se : float, optional
+        Keep drawing until every candidate's standard error is at most this
+        (or ``max_masks`` is spent). Without ``decide`` and ``target_se``: one round.
+    alpha : float
+        Error rate of the sequential rule (``decide``); also sets ``decided``.
+    max_masks : int
+        Most masks per candidate (rounds of ``num_masks``).
+    allocation : {"learned", "uniform"}
+        ``"learned"``: rounds after the first draw rates in proportion to the
+        pooled spread by rate; ``"uniform"``: rates uniform every round.
+    common_masks : bool
+        Share rates and mask positions across a question's candidates (default);
+        False draws each candidate independently (for comparison).
+    seed : int or list of int
+        The draws of question q, round r come from a generator seeded by
+        (seed, q, r), or (seed[q], 0, r) with one seed per question (stable
+        when questions are split across processes).
+    token_budget, batch_size, progress
+        As for :func:`mptlml.estimate_lml`.
+
+    Returns
+    -------
+    Comparison
+    """
+    p = check_positive_int(num_masks, "num_masks")
+    if p % 2:
+        raise ValueError(f"num_masks must be even (two masks per rate stratum); got {p}.")
+    max_masks = check_positive_int(max_masks, "max_masks")
+    if max_masks < p:
+        raise ValueError(f"max_masks ({max_masks}) is below num_masks ({p}); raise it.")
+    if allocation not in ("learned", "uniform"):
+        raise ValueError(f"allocation must be 'learned' or 'uniform', got {allocation!r}.")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}.")
+    if target_se is not None and not (isinstance(target_se, int | float)
+                                      and math.isfinite(target_se) and target_se > 0):
+        raise ValueError(f"target_se must be a positive number, got {target_se!r}.")
+    ctxs = list(contexts)
+    cands = [list(c) for c in candidates]
+    if len(ctxs) != len(cands):
+        raise ValueError(f"{len(ctxs)} contexts for {len(cands)} candidate lists: pass one "
+                         "list of candidates per context.")
+    if not cands or any(len(c) == 0 for c in cands):
+        raise ValueError("every question needs at least one candidate.")
+    seeds = ([(int(seed), q) for q in range(len(ctxs))] if isinstance(seed, int | np.integer)
+             else [(int(s), 0) for s in seed])
+    if len(seeds) != len(ctxs):
+        raise ValueError(f"{len(seeds)} seeds for {len(ctxs)} questions.")
+
+    owner = [(q, k) for q, c in enumerate(cands) for k in range(len(c))]
+    flat_ctx = [ctxs[q] for q, _ in owner]
+    flat_cand = [cands[q][k] for q, k in owner]
+    ids, nctx = encode_with_context(model, flat_ctx, flat_cand)
+    lengths = np.array([len(t) - n for t, n in zip(ids, nctx, strict=True)])
+    members = [[i for i, (qq, _) in enumerate(owner) if qq == q] for q in range(len(cands))]
+    max_rounds = max_masks // p
+    if decide:
+        z = float(sps.norm.ppf(1 - alpha / (2 * max_rounds)))
+    else:
+        z = float(sps.norm.ppf(1 - alpha / 2))
+
+    tallies = [_Tally() for _ in ids]
+    rows = np.zeros(len(cands), dtype=np.int64)
+    rounds_done = np.zeros(len(cands), dtype=np.int64)
+    active = list(range(len(cands)))
+    density = _Density(np.ones(NUM_RATE_BINS))
+    calls = 0
+    status = ["one round"] * len(cands)
+    spread_sum = np.zeros(NUM_RATE_BINS)
+    spread_n = np.zeros(NUM_RATE_BINS)
+    r = 0
+    while active:
+        masks: dict[int, torch.Tensor] = {}
+        meta: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for q in active:
+            tmax = int(lengths[members[q]].max())
+            for j, i in enumerate(members[q]):
+                key = (seeds[q][0], seeds[q][1], r) if common_masks else (
+                    seeds[q][0], seeds[q][1] * 1_000_003 + j + 1, r)
+                g = torch.Generator().manual_seed(_question_seed(*key))
+                strata, rates, order = _draw(g, p, tmax, density)
+                m, sizes = _masks(int(lengths[i]), rates, order)
+                if r == 0:  # the one mask of the whole continuation: S_T(x; |T|) exactly
+                    m = torch.cat([m, torch.ones(1, int(lengths[i]), dtype=torch.bool)])
+                masks[i] = torch.cat([torch.zeros(m.shape[0], nctx[i], dtype=torch.bool), m],
+                                     dim=1)
+                meta[i] = (strata, rates, sizes)
+                rows[q] += m.shape[0]
+        todo = sorted(masks)
+        out = run_pairs(model, [ids[i] for i in todo],
+                        lambda k, d, g, todo=todo, masks=masks: masks[todo[k]], seed=0,
+                        tag="compare",
+                        spec={"kind": "compare", "round": r,
+                              "total_pairs": int(sum(masks[i].shape[0] for i in todo))},
+                        token_budget=token_budget, batch_size=batch_size, progress=progress,
+                        desc="comparing candidates")
+        calls += out.num_model_calls
+        for i, sums in zip(todo, out.sums, strict=True):
+            t = int(lengths[i])
+            strata, rates, sizes = meta[i]
+            s = np.asarray(sums, dtype=np.float64)
+            if r == 0:
+                tallies[i].exact_top = float(s[-1]) / t
+                s = s[:-1]
+            if t == 1:
+                y = np.zeros(p)
+            else:
+                y = s / (sizes * density.size_probs(sizes, t))
+                score = s / sizes
+                b = np.minimum((rates * NUM_RATE_BINS).astype(int), NUM_RATE_BINS - 1)
+                pair = score.reshape(-1, 2)
+                np.add.at(spread_sum, b.reshape(-1, 2)[:, 0],
+                          (pair[:, 0] - pair[:, 1]) ** 2 / 2)
+                np.add.at(spread_n, b.reshape(-1, 2)[:, 0], 1)
+            tallies[i].rounds.append((p, y, strata))
+        for q in active:
+            rounds_done[q] += 1
+        if allocation == "learned" and spread_n.min() > 0:
+            sd = np.sqrt(spread_sum / spread_n)
+            density = _Density(np.maximum(sd, DENSITY_FLOOR * sd.max()) if sd.max() > 0
+                               else np.ones(NUM_RATE_BINS))
+        r += 1
+        still = []
+        for q in active:
+            res = _question(tallies, members[q])
+            if decide and res["margin"] > z:
+                status[q] = "decided"
+            elif target_se is not None and float(res["se"].max()) <= target_se and not decide:
+                status[q] = "target"
+            elif not decide and target_se is None:
+                status[q] = "one round"
+            elif rounds_done[q] >= max_rounds:
+                status[q] = "budget"
+            else:
+                still.append(q)
+        active = still
+
+    out_rows = [_question(tallies, members[q]) for q in range(len(cands))]
+    res = Comparison(
+        contexts=ctxs, candidates=cands, scores=[o["est"] for o in out_rows],
+        stderr=[o["se"] for o in out_rows], choice=[int(o["lead"]) for o in out_rows],
+        paired_stderr=[o["pse"] for o in out_rows], margin_z=[o["margin"] for o in out_rows],
+        decided=[bool(o["margin"] > z) for o in out_rows], z_threshold=z,
+        stderr_dof=[o["dof"] for o in out_rows], num_masked_rows=rows.tolist(),
+        rounds=rounds_done.tolist(), stop_reason=status, num_model_calls=calls,
+        common_masks=common_masks, seed=seed, model=getattr(model, "name", None),
+        extra={"allocation": allocation, "num_masks": p, "max_masks": max_masks,
+               "alpha": alpha, "target_se": target_se,
+               "rate_density": density.mass.tolist()})
+    announce_nonfinite(np.concatenate(res.scores), "the candidates' scores", "candidates")
+    return res
+
+
+def _draw(g: torch.Generator, p: int, tmax: int, density: _Density
+          ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    """Stratified rates (two per stratum of equal q-mass) and a random order of positions."""
+    h = p // 2
+    v = torch.rand(h, 2, generator=g, dtype=torch.float64).numpy()
+    u = (np.arange(h)[:, None] + v) / h
+    rates = density.inverse(u.reshape(-1))
+    order = torch.rand(p, tmax, generator=g).argsort(dim=1)
+    return np.repeat(np.arange(h), 2), rates, order
+
+
+def _masks(length: int, rates: np.ndarray, order: torch.Tensor
+           ) -> tuple[torch.Tensor, np.ndarray]:
+    """Masks ``(P, T)`` of sizes ceil(r (T-1)) on the first positions of the shared order."""
+    p = len(rates)
+    if length == 1:
+        return torch.zeros(0, 1, dtype=torch.bool), np.zeros(0)
+    sizes = np.clip(np.ceil(rates * (length - 1)), 1, length - 1).astype(np.int64)
+    keep = order[order < length].reshape(p, length)  # the shared order restricted to T
+    rank = torch.empty_like(keep)
+    rank.scatter_(1, keep, torch.arange(length).expand(p, -1))
+    m = rank < torch.as_tensor(sizes)[:, None]
+    return m, sizes
+
+
+def _question(tallies: list[_Tally], idx: list[int]) -> dict[str, Any]:
+    """Estimates, SEs, paired SEs to the leader and the margin of one question."""
+    k = len(idx)
+    est, se, dof = np.zeros(k), np.zeros(k), []
+    for j, i in enumerate(idx):
+        e, s, d = _combine(tallies[i].rounds, lambda y: y)
+        est[j], se[j] = e + tallies[i].exact_top, s
+        dof.append(d)
+    lead = int(np.argmax(est))
+    pse = np.zeros(k)
+    margin = math.inf
+    for j, i in enumerate(idx):
+        if j == lead:
+            continue
+        a, b = tallies[idx[lead]].rounds, tallies[i].rounds
+        diff = [(n, ya - yb, s) for (n, ya, s), (_, yb, _) in zip(a, b, strict=True)]
+        _, ps, d = _combine(diff, lambda y: y)
+        pse[j] = ps
+        dof.append(d)
+        gap = est[lead] - est[j]
+        margin = min(margin, gap / ps if ps > 0 else (math.inf if gap > 0 else 0.0))
+    return {"est": est, "se": se, "lead": lead, "pse": pse,
+            "margin": margin if k > 1 else math.inf, "dof": float(min(dof))}

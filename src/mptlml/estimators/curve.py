@@ -1,0 +1,338 @@
+"""The MPT curve: S(x; M) against the masking rate M / D, and its area, for any model.
+
+For a datum x of D tokens and a mask size M,
+
+    S(x; M)  = E_mask[(1/M) sum_{j in mask} log p(x_j | x_R)],
+    log p(x) = sum_{M=1..D} S(x; M)                     (Proposition 1).
+
+:func:`mpt_curve` draws P uniform masks per size and datum and returns the
+points S_hat(x_n; M) with their standard errors, and the area under them:
+
+- dense ``(N, D)`` data: the terms of the cumulative estimator size by size
+  (:class:`~mptlml.estimators.Cumulative`), over every size (the area is then
+  the cumulative estimate of the mean LML) or a subset of sizes (the area is
+  D times their mean);
+- ragged sequences (a masked LM), each with its own D_i: on a grid of masking
+  rates r_1 < ... < r_K (:mod:`mptlml.estimators.rates`), M_ik = max(1,
+  round(r_k D_i)) masked units, the draws of the Riemann estimator
+  (:func:`mptlml.estimators.riemann.rate_grid_scores`). The result holds the
+  curve ``mean_i S_ik``, the paper's area ``L * sum_k w_k mean_i S_ik``, the
+  per-sequence LML ``D_i * mean_k S_ik`` and, on request, the cumulative sum
+  ``sum_{M=1..D_i} S_hat(x_i; M)``.
+
+With ``target_se`` the masks per size (rate) are allocated for a target
+standard error of the mean LML (:mod:`mptlml.estimators.allocation`).
+
+Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
+Marginal Likelihood", NeurIPS 2023, Proposition 1, Sec. 4, Fig. 4, Table 2, Fig. 5.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._scoring.dense import score_nested
+from .._validation import check_size
+from ..models.base import MaskedModel
+from ..models.conditional import with_context
+from ..models.protocols import RaggedMaskedModel
+from .allocation import (
+    check_target,
+    fresh_seed,
+    pilot_data,
+    pilot_masks,
+    pilot_subset,
+    plan_counts,
+    stop_reason,
+    stratum_variances,
+)
+from .api import given, ragged_seed, refuse_for_ragged
+from .cumulative import Cumulative
+from .rates import rate_widths
+from .results import MPTCurve, announce_nonfinite, as_float64, warn_target_missed
+from .riemann import rate_grid_scores
+from .runs import DenseRun
+from .stats import mean_stderr, strata_stderr, sum_stderr
+
+__all__ = ["mpt_curve"]
+
+
+def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int = 1,
+              sizes: Sequence[int] | None = None, seed: int | torch.Generator | None = None,
+              share_masks: bool = False, nested: bool = False, target_se: float | None = None,
+              max_masks: int | None = None, allocation: str | None = None,
+              progress: bool = False, rates: Any = None, nominal_length: float | None = None,
+              exact: bool = False, whole_word: bool = False, ids: list[str] | None = None,
+              token_budget: int | None = None, chunk_size: int | None = None,
+              batch_size: int | None = None,
+              checkpoint_dir: str | os.PathLike | None = None, context: Any = None) -> MPTCurve:
+    """The MPT curve: S(x; M) against the masking rate M / D, with its area.
+
+    For each size M (rate), ``num_masks`` uniform masks per datum give
+    S_hat(x_n; M) = mean over masks of (1/M) sum_{j in mask} log p(x_j | x_R).
+    The area sum_{M=1..D} S(x; M) is the cumulative estimate of log p(x)
+    (Proposition 1; Fig. 4 of the paper).
+
+    Parameters
+    ----------
+    model : MaskedModel or RaggedMaskedModel
+    x : array-like (N, D), or a list of texts / token-id sequences (ragged)
+    num_masks : int or sequence of int
+        P masks per size (rate) and datum; on ragged sequences also one count
+        per rate (an allocation). ``num_masks`` of the result is the largest.
+    sizes : sequence of int, optional
+        Dense data: mask sizes, integers in 1..D (default all; 2.7 is refused).
+    seed : int or torch.Generator, optional
+        Ragged sequences: an int; the masks (and input corruption) of
+        sequence i come from a generator seeded by (seed, i).
+    share_masks : bool
+        Dense data: share masks across data (the paper's code).
+    nested : bool
+        Dense data: masks of all sizes from the prefixes of P random orders
+        (see :func:`mptlml.estimate_lml`); every size is computed, ``sizes``
+        are kept.
+    target_se : float, optional
+        Allocate the masks per size (rate) for this Monte Carlo standard
+        error of the mean of the per-datum LML estimates ``lml`` (dense: the
+        area; ragged: ``D_i * mean_k S_ik``), after a pilot of at least
+        ``max(2, num_masks)`` masks per size (rate); see
+        :mod:`mptlml.estimators.allocation`. The counts are in
+        ``extra["masks_per_size"]`` (``"masks_per_rate"``).
+    max_masks : int, optional
+        With ``target_se``: the most masked inputs per datum, pilot included.
+    allocation : {"neyman", "uniform"}, optional
+        With ``target_se`` (default ``"neyman"``).
+    progress : bool
+        Show a progress bar.
+    rates : array-like, optional
+        Ragged sequences: masking rates in (0, 1), strictly increasing
+        (default 0.01..0.99).
+    nominal_length : float, optional
+        Ragged sequences: L of the area ``L * sum_k w_k curve_k`` (paper:
+        512); default the mean D_i.
+    exact : bool
+        Ragged sequences: also compute ``sum_{M=1..D_i} S_hat(x_i; M)`` (P
+        masks per M), the cumulative estimate.
+    whole_word : bool
+        Ragged sequences: the units are words (a fast tokenizer's
+        ``word_ids()``), not tokens: D_i counts words, M_ik words are masked
+        with all their sub-tokens, and a word's log-prob is the sum of its
+        sub-tokens' (the whole-word-masking score, :mod:`mptlml.estimators.pseudo_likelihood`).
+        Recorded as ``extra["unit"] = "word"``.
+    context : optional
+        Score the conditional instead: one context per sequence (text or ids; one
+        string for all), always visible and never scored; the sequences are the
+        continuations (see :func:`mptlml.estimate_lml`). Dense data: the
+        always-visible dimensions (bool mask or indices).
+    ids : list of str, optional
+        Ragged sequences: identifiers, kept in the result.
+    token_budget, chunk_size, batch_size, checkpoint_dir
+        Ragged sequences: padded tokens per forward pass (default 8192);
+        sequences per checkpointed chunk (default 8); most inputs per forward pass (None: the budget
+        alone decides); a folder where finished chunks are saved atomically
+        (``curve``, ``exact``, ``pll``) and reused when the same run is
+        started again.
+
+    Returns
+    -------
+    MPTCurve
+        Ragged sequences: ``per_sample`` (N, K) holds S_ik, ``sizes`` (N, K)
+        M_ik, ``num_tokens`` (N,) D_i, ``lml`` the Riemann estimates
+        ``D_i * mean_k S_ik``.
+    """
+    if context is not None:
+        if whole_word:
+            raise ValueError("context= does not combine with whole_word=True; score tokens.")
+        model = with_context(model, context)
+    if max_masks is not None and target_se is None:
+        raise ValueError("max_masks applies to mpt_curve with target_se= only (the budget of "
+                         "the masks allocated for a target standard error).")
+    target_se, max_masks, allocation_ = check_target(target_se, max_masks, allocation)
+    ragged_only = given(rates=rates, nominal_length=nominal_length, exact=exact,
+                        whole_word=whole_word, ids=ids, token_budget=token_budget,
+                        chunk_size=chunk_size, batch_size=batch_size,
+                        checkpoint_dir=checkpoint_dir)
+    if isinstance(model, RaggedMaskedModel):
+        refuse_for_ragged(given(sizes=sizes, share_masks=share_masks, nested=nested))
+        run = dict(token_budget=8192 if token_budget is None else token_budget,
+                   chunk_size=8 if chunk_size is None else chunk_size, batch_size=batch_size,
+                   checkpoint_dir=checkpoint_dir, progress=progress)
+        curve = dict(rates=rates, nominal_length=nominal_length, exact=exact,
+                     whole_word=whole_word, ids=ids)
+        if target_se is None:
+            return _ragged_curve(model, x, num_masks, ragged_seed(seed), **curve, **run)
+        return _announce(_ragged_curve_to_target(model, x, target_se, max_masks, allocation_,
+                                                 num_masks, ragged_seed(seed), curve, run))
+    data = DenseRun(Cumulative(num_masks, share_masks=share_masks, nested=nested), model, x,
+                    seed=seed, progress=progress, run=ragged_only)
+    return _announce(_dense_curve(data, sizes, target_se, max_masks, allocation_))
+
+
+def _announce(res: MPTCurve) -> MPTCurve:
+    """Say when a curve's target standard error was not reached."""
+    warn_target_missed("the curve's Monte Carlo standard error", res.stop_reason,
+                       res.lml_stderr_mean, res.target_se)
+    return res
+
+
+# ---------------------------------------------------------------------- dense data
+def _dense_curve(data: DenseRun, sizes: Sequence[int] | None, target_se: float | None,
+                 max_masks: int | None, allocation: str) -> MPTCurve:
+    """Per size, the mean over P masks of S_hat(x_n; M): the cumulative estimator's terms.
+
+    ``stderr`` and ``area_stderr`` are over the data, ``per_sample_stderr``
+    and ``lml_stderr_mean`` over the masks. With ``target_se`` the masks per
+    size are allocated for that Monte Carlo standard error of the mean area.
+    """
+    est, model, xt, n, d = data.est, data.model, data.x, data.n, data.d
+    g, counter, progress = data.generator, data.counter, data.progress
+    p = est.num_masks
+    size_list = list(range(1, d + 1)) if sizes is None else [check_size(m, d) for m in sizes]
+    repeated = sorted({m for m in size_list if size_list.count(m) > 1})
+    if repeated:
+        raise ValueError(f"sizes {list(sizes or [])} repeat {repeated}: a repeated size "
+                         "would count twice in the area; pass each size once.")
+    if not size_list:
+        raise ValueError("sizes is empty; pass at least one mask size in 1..D.")
+    all_sizes = sorted(set(size_list)) == list(range(1, d + 1)) and len(size_list) == d
+    coef = 1.0 if all_sizes else d / len(size_list)
+    target: dict[str, Any] = {}
+    per_se = None
+    with torch.no_grad(), model.reuse_data():
+        if est.nested:
+            if target_se is not None:
+                raise ValueError("target_se needs independent masks per size (nested=False).")
+            s = score_nested(model, xt, p, share_masks=est.share_masks, generator=g,
+                             progress=progress, counter=counter)  # (P, D, N)
+            idx = torch.tensor(size_list, dtype=torch.long, device=s.device) - 1
+            per_sample = s[:, idx].mean(0).T.cpu()  # (N, S)
+            mc_se = float("nan")
+        else:
+            counts = [p] * len(size_list)
+            if target_se is not None:  # a pilot, then the counts for the target
+                sub = pilot_data(xt, est.share_masks, g)
+                p0 = pilot_masks(p, 1 if est.share_masks else sub.shape[0])
+                pilot = torch.stack(est.stratum_draws(model, sub, [p0] * len(size_list), g,
+                                                      counter, progress, sizes=size_list)) * coef
+                left = None if max_masks is None else max_masks - counter.rows / n
+                plan, capped, _ = plan_counts(stratum_variances(pilot, n, est.share_masks),
+                                              np.ones(len(size_list)), target_se, allocation,
+                                              left)
+                counts, target = plan.tolist(), {"counts": plan.tolist(), "capped": capped}
+            cells = [c * coef for c in est.stratum_draws(model, xt, counts, g, counter,
+                                                         progress, sizes=size_list)]
+            per_sample = torch.stack([c.mean(0) for c in cells], 1).cpu() / coef  # (N, S)
+            per_se = torch.stack([mean_stderr(c)[1] for c in cells], 1).cpu() / coef
+            _, mc_se, _ = strata_stderr(cells, shared=est.share_masks)
+    mean, stderr = mean_stderr(per_sample)
+    area_ps = per_sample.sum(1) if all_sizes else d * per_sample.mean(1)
+    area, area_se = mean_stderr(area_ps)
+    announce_nonfinite(per_sample, "the MPT curve", stacklevel=4)  # the caller of mpt_curve
+    res = MPTCurve(
+        sizes=size_list, rates=[m / d for m in size_list], mean=mean, stderr=stderr,
+        per_sample=per_sample, area=float(area), area_stderr=float(area_se),
+        area_is_exact_sum=all_sizes, num_tokens=d,
+        num_masks=int(max(target["counts"])) if target else p,
+        num_model_calls=counter.calls, num_masked_rows=counter.rows,
+        num_masked_rows_per_sample=torch.full((n,), counter.rows // n, dtype=torch.long),
+        lml_stderr_mean=mc_se, nested=est.nested, per_sample_stderr=per_se,
+        seed=data.seed, lml=area_ps)
+    if target:
+        res.target_se, res.allocation = target_se, allocation
+        res.stop_reason = stop_reason(mc_se, float(target_se), target["capped"])
+        res.extra["masks_per_size"] = [int(c) for c in target["counts"]]
+    return res
+
+
+# ---------------------------------------------------------------------- ragged sequences
+def _ragged_curve(model: RaggedMaskedModel, sequences: Any, num_masks: Any, seed: int, *,
+                  rates: Any = None, nominal_length: float | None = None, exact: bool = False,
+                  whole_word: bool = False, ids: list[str] | None = None,
+                  **run: Any) -> MPTCurve:
+    """The curve, area and per-sequence LML of ragged sequences (the Riemann draws)."""
+    grid, toks, words = rate_grid_scores(model, sequences, rates, num_masks, seed,
+                                         whole_word=whole_word, **run)
+    lengths, scores, counts = grid.lengths, grid.scores, grid.counts
+    p = int(counts.max())
+    length = float(lengths.mean()) if nominal_length is None else float(nominal_length)
+    seq_areas = length * (scores * rate_widths(grid.rates)).sum(axis=1)
+    rows = np.full(len(toks), int(counts.sum()), dtype=np.int64)
+    curve_mean, curve_se = mean_stderr(scores, axis=0)
+    area_mean, area_se = mean_stderr(seq_areas, axis=0)
+    unit = {"unit": "word"} if whole_word else {}
+    res = MPTCurve(
+        sizes=torch.from_numpy(grid.sizes), rates=grid.rates.tolist(),
+        mean=as_float64(curve_mean), stderr=as_float64(curve_se), per_sample=as_float64(scores),
+        area=float(area_mean), area_stderr=float(area_se),
+        area_is_exact_sum=False, num_tokens=torch.from_numpy(lengths), num_masks=p,
+        num_model_calls=grid.num_model_calls, seed=int(seed),
+        lml_stderr_mean=float(np.sqrt(np.sum(grid.lml_stderr ** 2))) / len(toks),
+        per_sample_stderr=as_float64(grid.scores_stderr), lml=as_float64(grid.lml),
+        lml_stderr=as_float64(grid.lml_stderr), nominal_length=length, model=model.name,
+        corruption=model.fingerprint().get("corruption"), ids=ids, extra=dict(unit))
+    announce_nonfinite(res.per_sample, "the MPT curve", "sequences", stacklevel=4)
+    if exact:
+        cells, calls = Cumulative(p).ragged_cells(
+            model, toks, [np.full(int(d), p) for d in lengths], seed, tag="exact", units=words,
+            **run)
+        tot, tse = [], []
+        for cell in cells:
+            stats = [mean_stderr(c) for c in cell]
+            mean = np.array([m for m, _ in stats])
+            se = np.array([e for _, e in stats])
+            tot.append(float(mean.sum()))
+            tse.append(float(sum_stderr(se if p > 1 else None, mean)))
+        res.lml_exact, res.lml_exact_stderr = as_float64(tot), as_float64(tse)
+        announce_nonfinite(tot, "the cumulative sum over M", "sequences", stacklevel=4)
+        res.num_model_calls += calls
+        rows = rows + lengths * p
+    res.num_masked_rows, res.num_masked_rows_per_sample = int(rows.sum()), torch.from_numpy(rows)
+    return res
+
+
+def _ragged_curve_to_target(model: RaggedMaskedModel, sequences: Any, target_se: float,
+                            max_masks: int | None, allocation: str, num_masks: int, seed: int,
+                            curve: dict[str, Any], run: dict[str, Any]) -> MPTCurve:
+    """The ragged curve at a target SE of the mean LML ``D_i mean_k S_ik``.
+
+    Strata are the rates of the grid; the pilot
+    (:func:`~mptlml.estimators.allocation.pilot_masks` masks per rate on at
+    most :data:`~mptlml.estimators.allocation.PILOT_DATA` sequences) gives
+    each rate's spread of ``(D_i / K) S_hat``, the counts per rate follow
+    (:func:`~mptlml.estimators.allocation.plan_counts`), and the curve is
+    drawn afresh with them.
+    """
+    if curve.get("exact"):
+        raise ValueError("exact=True does not combine with target_se (its sum over every size is "
+                         "a separate estimate); use estimate_lml(..., target_se=) for it.")
+    seqs = list(sequences)
+    n = len(seqs)
+    sub = pilot_subset(n, seed)
+    p0 = pilot_masks(num_masks, len(sub))
+    pilot_curve = {k: v for k, v in curve.items() if k != "ids"}
+    pilot_run = {k: v for k, v in run.items() if k != "checkpoint_dir"}
+    pilot = _ragged_curve(model, [seqs[i] for i in sub], p0, seed, **pilot_curve, **pilot_run)
+    assert pilot.per_sample_stderr is not None
+    k = len(pilot.rates)
+    d_sub = np.asarray(pilot.num_tokens, dtype=np.float64)
+    s2 = (pilot.per_sample_stderr.numpy() ** 2) * p0  # (n_sub, K): variance of one mask
+    v = np.nanmean((d_sub[:, None] / k) ** 2 * s2, axis=0) / n
+    left = None if max_masks is None else max_masks - pilot.num_masked_rows / n
+    counts, capped, wanted = plan_counts(v, np.ones(k), target_se, allocation, left)
+    res = _ragged_curve(model, seqs, counts, fresh_seed(seed), **curve, **run)
+    assert res.num_masked_rows_per_sample is not None and res.lml_stderr_mean is not None
+    rows = res.num_masked_rows_per_sample.clone()
+    rows[torch.as_tensor(sub)] += int(pilot.num_masked_rows // max(len(sub), 1))
+    res.num_masked_rows += pilot.num_masked_rows
+    res.num_masked_rows_per_sample = rows
+    res.num_model_calls += pilot.num_model_calls
+    res.target_se, res.allocation = target_se, allocation
+    res.stop_reason = stop_reason(res.lml_stderr_mean, target_se, capped)
+    res.extra["masks_per_rate"] = counts.tolist()
+    res.extra["masks_wanted"] = wanted + pilot.num_masked_rows / n
+    return res

@@ -1,0 +1,458 @@
+"""Result types of the estimators: one per concept, the same fields for every model.
+
+:class:`LMLEstimate` holds estimates of log p(x_n) per datum (or sequence),
+:class:`MPTCurve` the MPT curve S(x; M) against the masking rate and its area
+(Proposition 1 of Moreno-Munoz, Recasens & Hauberg, NeurIPS 2023),
+:class:`TokenScores` the per-token (per-word) log-probabilities of a PLL. A dense
+model (every datum has D tokens) and a masked LM on ragged sequences (D_i
+tokens) fill the same fields (``mean``, ``stderr``, ``per_sample``,
+``per_sample_stderr``; ``area``, ``area_stderr``, ``rates``, ...); a few
+optional fields exist only for ragged sequences and are None otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._io import jsonable
+from .._optional import require
+
+__all__ = ["MIN_STDERR_DOF", "LMLEstimate", "MPTCurve", "NonFiniteWarning", "TokenScores",
+           "announce_estimate", "announce_nonfinite", "as_float64", "warn_target_missed"]
+
+#: below this many effective degrees of freedom the reported standard error is flagged
+#: (Student's t with 5 dof exceeds 2 in 10% of runs, with 3 in 14%, with 1 in 30%)
+MIN_STDERR_DOF = 5
+
+
+def _numpy(v: Any) -> Any:
+    return v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v
+
+
+class _Result:
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dictionary: tensors and arrays become lists, NaN becomes None."""
+        return {f.name: jsonable(getattr(self, f.name))
+                for f in fields(self)}  # type: ignore[arg-type]
+
+
+@dataclass
+class LMLEstimate(_Result):
+    """An estimate of log p(x_n) for each datum (or sequence).
+
+    Attributes
+    ----------
+    estimator : str
+    per_sample : torch.Tensor, (N,)
+        Estimate of log p(x_n) per datum (float64).
+    per_sample_stderr : torch.Tensor, (N,)
+        Monte Carlo standard error of each per-sample estimate (NaN where it
+        cannot be computed, e.g. one mask per datum and size).
+    mean : float
+        Mean of ``per_sample`` (the average LML per datum).
+    stderr : float
+        Monte Carlo standard error of ``mean`` over the masks (NaN if unknown).
+    stderr_data : float
+        Standard error of ``mean`` across data points, std / sqrt(N).
+    sizes : list of int or None
+        Mask sizes that were evaluated (None for ragged sequences, where they
+        are 1..D_i per sequence).
+    size_scores : torch.Tensor or None, (len(sizes),)
+        Mean over data of S_hat(x; M) per evaluated size (NaN where a size was
+        never drawn).
+    num_masks : int
+        P, masks (or orders) per size and datum.
+    num_model_calls : int
+        Calls to the model (blocks of masks; forward passes for a masked LM).
+    num_masked_rows : int
+        Masked inputs scored in total: (mask, datum) pairs for dense data,
+        (sequence, masked copy) pairs for a masked LM. The cost to compare
+        two settings at equal standard error.
+    num_masked_rows_per_sample : torch.Tensor or None, (N,)
+        Masked inputs scored for each datum (sequence); sums to
+        ``num_masked_rows``.
+    stderr_dof : float or None
+        Effective degrees of freedom of ``stderr`` (Welch-Satterthwaite over
+        the pooled variance estimates of the sizes and data; inf when exact).
+        Below about 5, ``mean / stderr`` is far from normal (|z| > 2 in more
+        than 10% of runs) and a warning says so.
+    target_se : float or None
+        The standard error asked for (``estimate_lml(..., target_se=)``).
+    stop_reason : str or None
+        With ``target_se``: ``"target"`` (reached) or ``"budget"``
+        (``max_masks`` spent first; ``stderr`` is then above the target).
+    allocation : str or None
+        With ``target_se``: ``"neyman"`` or ``"uniform"``.
+    masks_per_size : list of int or None
+        With ``target_se``: the masks per size (per rate bin for ragged
+        sequences) the pilot allocated.
+    masks_wanted : float or None
+        With ``target_se``: masked inputs per datum the plan needed (pilot
+        included); above ``max_masks`` when the budget cut it.
+    rate : float or None
+        Masking rate (fixed-rate only).
+    exact : float or None
+        Mean exact log p(x) when the model has an exact ``log_marginal``.
+    bias : float or None
+        ``mean - exact`` when ``exact`` is known.
+    shared_masks, nested : bool
+    seed : int or None
+    model : str or None
+        The model's label (masked LMs).
+    """
+
+    estimator: str
+    per_sample: torch.Tensor
+    per_sample_stderr: torch.Tensor
+    mean: float
+    stderr: float
+    stderr_data: float
+    sizes: list[int] | None
+    size_scores: torch.Tensor | None
+    num_masks: int
+    num_model_calls: int
+    num_masked_rows: int
+    num_masked_rows_per_sample: torch.Tensor | None = None
+    stderr_dof: float | None = None
+    target_se: float | None = None
+    stop_reason: str | None = None
+    allocation: str | None = None
+    masks_per_size: list[int] | None = None
+    masks_wanted: float | None = None
+    rate: float | None = None
+    exact: float | None = None
+    bias: float | None = None
+    shared_masks: bool = False
+    nested: bool = False
+    seed: int | None = None
+    model: str | None = None
+
+    def to_pandas(self) -> Any:
+        """A tidy ``pandas.DataFrame``: one row per datum (or sequence).
+
+        Columns ``datum`` (its index), ``lml`` (``per_sample``), ``lml_stderr``
+        (``per_sample_stderr``) and the settings that identify the estimate:
+        ``estimator``, ``model``, ``num_masks``, ``rate``, ``seed``. The
+        aggregate (``mean``, ``stderr``, ...) stays on the object.
+        """
+        require("pandas", "to_pandas()")
+        import pandas as pd
+
+        lml = np.asarray(_numpy(self.per_sample), dtype=np.float64).reshape(-1)
+        return pd.DataFrame({
+            "datum": np.arange(lml.shape[0]), "lml": lml,
+            "lml_stderr": np.asarray(_numpy(self.per_sample_stderr),
+                                     dtype=np.float64).reshape(-1),
+            "estimator": self.estimator, "model": self.model, "num_masks": self.num_masks,
+            "rate": self.rate, "seed": self.seed,
+        })
+
+
+@dataclass
+class MPTCurve(_Result):
+    """The MPT curve S(x; M) against the masking rate M / D, and its area.
+
+    Attributes
+    ----------
+    sizes : list of int, or LongTensor (N, S)
+        Mask sizes; per sequence, M_ik = max(1, round(r_k D_i)), for ragged
+        sequences.
+    rates : list of float
+        ``M / D`` (the rate grid r_k for ragged sequences).
+    mean : torch.Tensor, (S,)
+        Mean over data of S_hat(x; M) (float64).
+    stderr : torch.Tensor, (S,)
+        Standard error of ``mean`` across data points.
+    per_sample : torch.Tensor, (N, S)
+        S_hat(x_n; M), averaged over the P masks.
+    area : float
+        Dense models: ``sum_M mean(M)`` over all sizes, the cumulative estimate
+        of the mean LML; with a subset of sizes the Riemann estimate
+        ``D * average over the sizes`` (``area_is_exact_sum`` is then False).
+        Ragged sequences: the paper's ``L * sum_k w_k mean_k`` with widths
+        w_k = r_k - r_{k-1} (r_0 = 0) and L = ``nominal_length``.
+    area_stderr : float
+        Standard error of ``area`` across data points.
+    area_is_exact_sum : bool
+    num_tokens : int or LongTensor (N,)
+        D, or D_i per sequence.
+    num_masks : int
+        P, masks per size (rate) and datum.
+    num_model_calls : int
+    num_masked_rows : int
+        Masked inputs scored in total ((mask, datum) or (sequence, masked
+        copy) pairs, the exact sum's included when requested).
+    num_masked_rows_per_sample : torch.Tensor or None, (N,)
+        Masked inputs scored per datum (sequence).
+    lml_stderr_mean : float or None
+        Monte Carlo standard error of the mean over data of ``lml`` (the
+        masks' error; ``area_stderr`` is the spread across data).
+    target_se, stop_reason, allocation
+        As in :class:`LMLEstimate`, for ``mpt_curve(..., target_se=)``.
+    nested : bool
+    seed : int or None
+    extra : dict
+    per_sample_stderr : torch.Tensor or None, (N, S)
+        Monte Carlo standard error of ``per_sample`` (ragged sequences; NaN when P = 1).
+    lml : torch.Tensor or None, (N,)
+        Per-sample LML estimate from the curve: the area of each datum's curve
+        (dense), ``D_i * mean_k S_ik`` (ragged; the Riemann form of sum_M S).
+    lml_stderr : torch.Tensor or None, (N,)
+        Mask-sampling standard error of ``lml`` (ragged; successive differences when P = 1).
+    lml_exact, lml_exact_stderr : torch.Tensor or None, (N,)
+        ``sum_{M=1..D_i} S_hat(x_i; M)`` and its standard error, when requested.
+    nominal_length : float or None
+        L of the ragged area.
+    model, corruption : str or None
+        The masked LM's label and masking scheme.
+    ids : list of str or None
+        Sequence identifiers given by the caller.
+    """
+
+    sizes: list[int] | torch.Tensor
+    rates: list[float]
+    mean: torch.Tensor
+    stderr: torch.Tensor
+    per_sample: torch.Tensor
+    area: float
+    area_stderr: float
+    area_is_exact_sum: bool
+    num_tokens: int | torch.Tensor
+    num_masks: int
+    num_model_calls: int
+    num_masked_rows: int = 0
+    num_masked_rows_per_sample: torch.Tensor | None = None
+    lml_stderr_mean: float | None = None
+    target_se: float | None = None
+    stop_reason: str | None = None
+    allocation: str | None = None
+    nested: bool = False
+    seed: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    per_sample_stderr: torch.Tensor | None = None
+    lml: torch.Tensor | None = None
+    lml_stderr: torch.Tensor | None = None
+    lml_exact: torch.Tensor | None = None
+    lml_exact_stderr: torch.Tensor | None = None
+    nominal_length: float | None = None
+    model: str | None = None
+    corruption: str | None = None
+    ids: list[str] | None = field(default=None, repr=False)
+
+    def to_pandas(self, per_sample: bool = False) -> Any:
+        """A tidy ``pandas.DataFrame`` of the curve.
+
+        By default one row per size (dense models) or rate (ragged sequences):
+        ``rate``, ``size`` (dense only, else None), ``mean``, ``stderr`` and
+        ``num_masks``, ``model``. With ``per_sample=True``, one row per
+        (datum, size/rate): ``datum``, ``id`` (ragged, when given), ``rate``,
+        ``size``, ``score`` (S_hat(x_n; M)) and ``score_stderr`` (ragged; NaN
+        where unknown).
+        """
+        require("pandas", "to_pandas()")
+        import pandas as pd
+
+        rates = np.asarray(self.rates, dtype=np.float64)
+        dense = not isinstance(self.sizes, torch.Tensor)
+        if not per_sample:
+            return pd.DataFrame({
+                "rate": rates, "size": list(self.sizes) if dense else [None] * len(rates),
+                "mean": np.asarray(_numpy(self.mean), dtype=np.float64),
+                "stderr": np.asarray(_numpy(self.stderr), dtype=np.float64),
+                "num_masks": self.num_masks, "model": self.model,
+            })
+        scores = np.asarray(_numpy(self.per_sample), dtype=np.float64)  # (N, S)
+        n, s = scores.shape
+        sizes = (np.tile(np.asarray(self.sizes), n) if dense
+                 else np.asarray(_numpy(self.sizes)).reshape(-1))
+        se = (np.asarray(_numpy(self.per_sample_stderr), dtype=np.float64).reshape(-1)
+              if self.per_sample_stderr is not None else np.full(n * s, np.nan))
+        out = pd.DataFrame({"datum": np.repeat(np.arange(n), s), "rate": np.tile(rates, n),
+                            "size": sizes, "score": scores.reshape(-1), "score_stderr": se})
+        if self.ids is not None:
+            out.insert(1, "id", np.repeat(np.asarray(self.ids, dtype=object), s))
+        return out
+
+
+@dataclass
+class TokenScores:
+    """Per-unit log-probs of a PLL run (:func:`mptlml.pll` with ``per_token=True``).
+
+    Attributes
+    ----------
+    total : torch.Tensor, (N,)
+        PLL of each sequence (float64): the sum of its ``log_probs``, equal to
+        what ``pll(...)`` returns without ``per_token``.
+    log_probs : list of float64 ndarray ``(U_i,)``
+        One log-prob per unit of each sequence, in order.
+    tokens : list of list of str
+        The units: vocabulary strings of the content tokens (``unit="token"``)
+        or the words' texts (``unit="word"``).
+    unit : {"token", "word"}
+        Whole-word scoring has word units; the other variants token units.
+    variant : {"original", "whole_word", "word_l2r"}
+    words : list of LongTensor ``(U_i,)`` or None
+        The word (0..W_i-1) of each unit, for word-level runs.
+    word_texts : list of list of str or None
+        The W_i words of each sequence, for word-level runs.
+    model : str or None
+        The model's name.
+    """
+
+    total: torch.Tensor
+    log_probs: list[np.ndarray]
+    tokens: list[list[str]]
+    unit: str
+    variant: str
+    words: list[torch.Tensor] | None = None
+    word_texts: list[list[str]] | None = None
+    model: str | None = None
+
+    def to_pandas(self, ids: Sequence[str] | None = None) -> Any:
+        """A tidy ``pandas.DataFrame``: one row per unit (token, or word) of each sequence.
+
+        Columns ``sequence`` (its index), ``position`` (the unit's place among
+        the content units, from 0), ``token`` (the unit's string), ``log_prob``,
+        ``model``, ``variant``, ``unit``; ``word`` for word-level runs and
+        ``id`` when ``ids`` are given. ``log_prob`` summed per sequence is ``total``.
+        """
+        require("pandas", "TokenScores.to_pandas()")
+        import pandas as pd
+
+        if len(self.tokens) != len(self.log_probs):
+            raise ValueError("these scores carry no token strings; run pll(..., per_token=True).")
+        names = None if ids is None else [str(i) for i in ids]
+        if names is not None and len(names) != len(self.log_probs):
+            raise ValueError(f"ids has {len(names)} entries for {len(self.log_probs)} sequences.")
+        rows = []
+        for i, (toks, lp) in enumerate(zip(self.tokens, self.log_probs, strict=True)):
+            for j, (t, v) in enumerate(zip(toks, lp, strict=True)):
+                row: dict[str, Any] = {"sequence": i, "position": j, "token": t,
+                                       "log_prob": float(v), "model": self.model,
+                                       "variant": self.variant, "unit": self.unit}
+                if self.words is not None:
+                    row["word"] = int(self.words[i][j])
+                if names is not None:
+                    row["id"] = names[i]
+                rows.append(row)
+        return pd.DataFrame(rows)
+
+    def word_log_probs(self) -> list[np.ndarray]:
+        """Per-word scores: the sum of each word's units' log-probs ``(W_i,)``."""
+        if self.words is None:
+            raise ValueError("these scores carry no word map; run pll(..., whole_word=True) "
+                             "or pll(..., variant='word_l2r') for per-word scores.")
+        return [np.bincount(w.numpy(), weights=lp, minlength=int(w.max()) + 1)
+                for w, lp in zip(self.words, self.log_probs, strict=True)]
+
+    def rows(self, model: str, ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Tidy rows (model, id, position, token, log_prob[, word]) for a CSV.
+
+        ``position`` counts content units from 0 (special tokens excluded);
+        ``word`` (word-level runs) is the unit's word number.
+        """
+        names = list(ids) if ids is not None else [str(i) for i in range(len(self.tokens))]
+        out = []
+        for i, (sid, toks, lp) in enumerate(zip(names, self.tokens, self.log_probs,
+                                                strict=True)):
+            for j, (t, v) in enumerate(zip(toks, lp, strict=True)):
+                row = {"model": model, "id": sid, "position": j, "token": t,
+                       "log_prob": float(v)}
+                if self.words is not None:
+                    row["word"] = int(self.words[i][j])
+                out.append(row)
+        return out
+
+
+def as_float64(a: Any) -> torch.Tensor:
+    """A float64 CPU tensor of ``a`` (numpy arrays convert exactly)."""
+    return torch.as_tensor(np.asarray(a, dtype=np.float64))
+
+
+class NonFiniteWarning(RuntimeWarning):
+    """A result holds NaN or infinite values (the model gave non-finite log-probabilities)."""
+
+
+def announce_nonfinite(values: Any, what: str, unit: str = "data", stacklevel: int = 3) -> int:
+    """Warn (:class:`NonFiniteWarning`) when ``values`` hold NaN or inf; return how many rows do.
+
+    The one check every front door runs on what it returns (estimates, curves,
+    PLLs), so that a NaN never leaves a result unannounced. ``values`` is
+    ``(N,)`` or ``(N, ...)``: a row with any non-finite entry counts once.
+    """
+    v = torch.as_tensor(np.asarray(_numpy(values), dtype=np.float64))
+    if v.numel() == 0:
+        return 0
+    bad = ~torch.isfinite(v.reshape(v.shape[0], -1) if v.ndim else v.reshape(1, 1)).all(1)
+    k = int(bad.sum())
+    if k:
+        i = int(bad.nonzero()[0, 0])
+        row = v[i] if v.ndim else v
+        first = float(row.reshape(-1)[~torch.isfinite(row.reshape(-1))][0])
+        warnings.warn(
+            f"{what} is not finite for {k} of {bad.numel()} {unit} (first: index {i}, value "
+            f"{first}): the model gave NaN or infinite log-probabilities. Check those inputs and "
+            "the model's parameters (a NaN weight, an overflow); with float16 or bfloat16, try "
+            "float32 or float64.", NonFiniteWarning, stacklevel=stacklevel)
+    return k
+
+
+def warn_target_missed(what: str, reason: str | None, stderr: float, target: float | None, *,
+                       wanted: float | None = None, stacklevel: int = 4) -> bool:
+    """Warn when a target standard error was not reached (estimates and curves alike).
+
+    ``reason`` "budget": ``max_masks`` ran out first; "missed": the pilot
+    underestimated the spread. Returns whether it warned.
+    """
+    if reason == "budget":
+        plan = ("" if wanted is None else
+                f"; the plan needed about {wanted:.0f} masked inputs per datum")
+        msg = (f"max_masks was spent before the target: {what} {stderr:.4g} > target_se "
+               f"{target:.4g}{plan}. Raise max_masks or the target.")
+    elif reason == "missed":
+        msg = (f"{what} {stderr:.4g} came out above target_se {target:.4g}: the pilot "
+               "underestimated the spread. Rerun with a larger pilot (num_masks) or another "
+               "seed.")
+    else:
+        return False
+    warnings.warn(msg, RuntimeWarning, stacklevel=stacklevel)
+    return True
+
+
+def announce_estimate(est: LMLEstimate) -> LMLEstimate:
+    """Never let an estimate leave unannounced: NaN, an unknown SE, few dof, a missed target.
+
+    Warns (:class:`NonFiniteWarning`) when the estimate is not finite, and
+    (RuntimeWarning) when its standard error cannot be computed, when it
+    rests on fewer than :data:`MIN_STDERR_DOF` effective degrees of freedom,
+    or when a target standard error was missed (:func:`warn_target_missed`).
+    Returns ``est``. The warnings name the line that called
+    :func:`mptlml.estimate_lml` (through ``Estimator.estimate`` and its run).
+    """
+    bad = announce_nonfinite(est.per_sample, f"the {est.estimator!r} estimate of log p(x)",
+                             stacklevel=6)
+    if not bad and math.isnan(est.stderr):
+        warnings.warn(
+            f"the standard error of the {est.estimator!r} estimate cannot be computed from "
+            f"{est.num_masks} Monte Carlo draw(s) per datum (it needs at least 2); stderr is "
+            "NaN. Pass num_masks >= 2 to know how precise the estimate is.", RuntimeWarning,
+            stacklevel=5)
+    elif (not warn_target_missed("stderr", est.stop_reason, est.stderr, est.target_se,
+                                 wanted=est.masks_wanted, stacklevel=6)
+          and est.stderr_dof is not None and est.stderr_dof < MIN_STDERR_DOF
+          and est.stderr > 1e-9 * max(1.0, abs(est.mean))):  # not an exact sum
+        warnings.warn(
+            f"the standard error of the {est.estimator!r} estimate rests on about "
+            f"{est.stderr_dof:.1f} effective degrees of freedom (fewer than {MIN_STDERR_DOF}): "
+            "|mean - truth| > 2 stderr will happen far more often than 5% of the time. Use "
+            "more masks (num_masks)" + (" or independent masks (share_masks=False)"
+                                        if est.shared_masks else "") + ".",
+            RuntimeWarning, stacklevel=5)
+    return est

@@ -1,0 +1,266 @@
+"""An estimate on one kind of data: dense ``(N, D)`` data, or ragged sequences.
+
+:meth:`mptlml.estimators.Estimator.estimate` is one procedure for every
+estimator on both kinds of data: the plain estimate, or, for a target
+standard error, a pilot, a plan (:func:`~mptlml.estimators.allocation.plan_counts`)
+and fresh draws. What differs between the kinds lives here, one class each
+with the same three steps:
+
+- the data made ready: validated ``(N, D)`` data with the run's generator
+  (:class:`DenseRun`), or the sequences' content ids with the run's seed, the
+  masks of sequence i being drawn from (seed, i) (:class:`RaggedRun`);
+- :meth:`~DenseRun.pilot`: the estimator's draws on a few data, P0 per
+  stratum of a draw (:meth:`~mptlml.estimators.Estimator.strata` /
+  :meth:`~mptlml.estimators.Estimator.ragged_strata`), and from them the
+  variance one draw per stratum adds to the mean LML, the masked inputs a
+  draw of each stratum costs per datum, and what the pilot cost;
+- :meth:`~DenseRun.result`: the estimator's draws (its ``num_masks`` per
+  stratum, or the planned counts), summed into per-datum estimates with
+  standard errors pooled over the strata and their effective degrees of
+  freedom (:mod:`mptlml.estimators.stats`), as an announced
+  :class:`~mptlml.estimators.results.LMLEstimate`.
+
+The strata pool differently: on dense data each stratum's spread is pooled
+over the data (or taken from the data means with shared masks); on ragged
+sequences the rows of a draw (the sizes 1..D_i of ``cumulative``) are pooled
+over the sequences within a stratum (a bin of the rate M / D_i).
+
+Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
+Marginal Likelihood", NeurIPS 2023, Proposition 1.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._scoring.dense import Counter
+from .._validation import make_generator
+from ..models.base import MaskedModel
+from ..models.protocols import RaggedMaskedModel
+from ..models.sequence_input import encode
+from .allocation import (
+    fresh_seed,
+    pilot_data,
+    pilot_masks,
+    pilot_subset,
+    stop_reason,
+    stratum_variances,
+)
+from .results import LMLEstimate, announce_estimate, as_float64
+from .stats import mean_stderr, strata_stderr, sum_stderr, welch_dof
+
+__all__ = ["DenseRun", "RaggedRun", "start_run"]
+
+
+def start_run(est: Any, model: Any, x: Any, *, seed: Any, progress: bool,
+              run: Mapping[str, Any] | None) -> DenseRun | RaggedRun:
+    """The run of ``est`` on ``x``: ragged for a :class:`RaggedMaskedModel`, else dense."""
+    if isinstance(model, RaggedMaskedModel):
+        return RaggedRun(est, model, x, seed=seed, progress=progress, run=run)
+    return DenseRun(est, model, x, seed=seed, progress=progress, run=run)
+
+
+class DenseRun:
+    """An estimate on dense ``(N, D)`` data: the validated data, one generator, one counter.
+
+    Parameters
+    ----------
+    est : Estimator
+        The estimator (:class:`mptlml.estimators.Estimator`: its hooks draw).
+    model : MaskedModel
+    x : array-like ``(N, D)``
+    seed : int, torch.Generator or None
+    progress : bool
+    run : mapping, optional
+        Refused: the runner's options are for ragged sequences.
+    """
+
+    def __init__(self, est: Any, model: Any, x: Any, *, seed: Any, progress: bool,
+                 run: Mapping[str, Any] | None = None) -> None:
+        if run:
+            raise TypeError(f"unexpected arguments {sorted(run)} (only for ragged sequences).")
+        if not isinstance(model, MaskedModel):
+            raise TypeError(
+                f"model must be an mptlml.models.MaskedModel (a model of (N, D) data) or a "
+                f"RaggedMaskedModel (a masked LM), got {type(model).__name__}.")
+        self.generator = make_generator(seed)
+        self.seed = int(seed) if isinstance(seed, numbers.Integral) else None
+        self.est, self.model, self.progress = est, model, progress
+        self.x = model.validate_data(x)
+        self.n, self.d = self.x.shape[0], model.num_tokens
+        est.check_num_tokens(self.d)
+        self.counter = Counter()
+        #: the mask size of each stratum of a draw, or None for one stratum
+        self.strata = est.strata(self.d)
+        self.num_strata = 1 if self.strata is None else len(self.strata)
+
+    def pilot(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """``(variances, costs, spent)`` of a pilot: v_h, c_h and masked inputs per datum."""
+        est = self.est
+        h = self.num_strata
+        with torch.no_grad(), self.model.reuse_data():
+            sub = pilot_data(self.x, est.share_masks, self.generator)
+            p0 = pilot_masks(est.num_masks, 1 if est.share_masks else sub.shape[0])
+            pilot = torch.stack(est.stratum_draws(self.model, sub, [p0] * h, self.generator,
+                                                  self.counter, self.progress))
+        costs = np.full(h, est.masks_per_draw(self.d) / h)
+        return stratum_variances(pilot, self.n, est.share_masks), costs, self.counter.rows / self.n
+
+    def result(self, plan: np.ndarray | None = None, *, capped: bool = False,
+                 wanted: float | None = None, target_se: float | None = None,
+                 allocation: str | None = None) -> LMLEstimate:
+        """The estimate: ``num_masks`` draws per stratum, or ``plan[h]`` after a pilot."""
+        est, x, n, d, counter = self.est, self.x, self.n, self.d, self.counter
+        with torch.no_grad(), self.model.reuse_data():
+            if plan is None:
+                out = est.evaluate(self.model, x, self.generator, counter, self.progress)
+            else:
+                cells = est.stratum_draws(self.model, x, plan.tolist(), self.generator, counter,
+                                          self.progress)
+            exact = None
+            if self.model.has_log_marginal and not self.model.stochastic:
+                exact = float(self.model._log_marginal(x).double().mean())
+        target: dict[str, Any] = {}
+        if plan is None:
+            per_sample = out.samples.mean(0)
+            if out.exact:
+                per_se, stderr, dof = torch.zeros_like(per_sample), 0.0, math.inf
+            else:
+                pooled = out.cells if out.cells is not None else out.samples[None]
+                per_se, stderr, dof = strata_stderr(pooled, shared=est.share_masks)
+            sizes, size_scores = out.sizes, out.size_scores.cpu()
+            num_masks, exact_draws = out.samples.shape[0], out.exact
+        else:
+            per_sample = torch.stack([c.mean(0) for c in cells]).sum(0).cpu()
+            per_se, stderr, dof = strata_stderr(cells, shared=est.share_masks)
+            sizes = self.strata
+            size_scores = (None if sizes is None
+                           else torch.stack([c.mean() for c in cells]).cpu())
+            num_masks, exact_draws = int(max(plan)), False
+            target = dict(target_se=target_se, allocation=allocation,
+                          stop_reason=stop_reason(stderr, float(target_se), capped),
+                          masks_per_size=plan.tolist(), masks_wanted=wanted)
+        mean = float(per_sample.mean())
+        return announce_estimate(LMLEstimate(
+            estimator=est.name, per_sample=per_sample.cpu(), per_sample_stderr=per_se.cpu(),
+            mean=mean, stderr=stderr, stderr_data=float(mean_stderr(per_sample)[1]),
+            sizes=sizes, size_scores=size_scores, num_masks=num_masks,
+            num_model_calls=counter.calls, num_masked_rows=counter.rows,
+            num_masked_rows_per_sample=torch.full((n,), counter.rows // n, dtype=torch.long),
+            stderr_dof=dof, rate=est.recorded_rate(d), exact=exact,
+            bias=None if exact is None else mean - exact,
+            shared_masks=est.share_masks or exact_draws,
+            nested=bool(getattr(est, "nested", False)), seed=self.seed, **target))
+
+
+class RaggedRun:
+    """An estimate on ragged sequences: their content ids, the run's seed and runner options.
+
+    Parameters
+    ----------
+    est : Estimator
+        The estimator (:class:`mptlml.estimators.Estimator`: its hooks draw).
+    model : RaggedMaskedModel
+    sequences : list of texts or token-id sequences
+    seed : int
+        The masks of sequence i come from a generator seeded by (seed, i).
+    progress : bool
+    run : mapping, optional
+        The runner's options (``token_budget``, ``batch_size``, ``chunk_size``,
+        ``checkpoint_dir``).
+    """
+
+    def __init__(self, est: Any, model: RaggedMaskedModel, sequences: Any, *,
+                 seed: Any, progress: bool, run: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+            raise TypeError(f"for ragged sequences pass an int seed, got {seed!r}.")
+        self.est, self.model, self.seed, self.progress = est, model, int(seed), progress
+        self.run = dict(run or {})
+        self.toks = encode(model, sequences)
+        self.n = len(self.toks)
+        self.lengths = np.array([len(t) for t in self.toks], dtype=np.int64)
+        self.strata, self.num_strata = est.ragged_strata(self.lengths)
+        #: masked inputs of one draw of each row of a draw, per sequence
+        self.row_cost = [est.masks_per_draw(int(d)) / max(len(s), 1)
+                         for d, s in zip(self.lengths, self.strata, strict=True)]
+        self._pilot: tuple[np.ndarray, np.ndarray, int] | None = None
+
+    def pilot(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """``(variances, costs, spent)`` of a pilot on at most ``PILOT_DATA`` sequences.
+
+        Each row's spread (the variance of one draw's term) is pooled over the
+        pilot's rows of its stratum; v_b = var_b n_b / N^2 and c_b = (masked
+        inputs of the n_b rows of stratum b) / N over all N sequences.
+        """
+        est, strata, h = self.est, self.strata, self.num_strata
+        sub = pilot_subset(self.n, self.seed)
+        p0 = pilot_masks(est.num_masks, sum(len(strata[i]) for i in sub) // h)
+        cells, calls = est.ragged_cells(self.model, [self.toks[i] for i in sub],
+                                        [np.full(len(strata[i]), p0) for i in sub], self.seed,
+                                        tag=est.ragged_tag + "_pilot", progress=self.progress,
+                                        **self.run)
+        rows = p0 * np.array([est.masks_per_draw(int(self.lengths[i])) for i in sub],
+                             dtype=np.int64)
+        self._pilot = (sub, rows, calls)
+        tot, cnt = np.zeros(h), np.zeros(h)
+        for i, cell in zip(sub, cells, strict=True):
+            np.add.at(tot, strata[i], [c.var(ddof=1) for c in cell])
+            np.add.at(cnt, strata[i], 1)
+        var = np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
+        var = np.where(np.isnan(var), np.nanmax(var) if np.isfinite(var).any() else 0.0, var)
+        n_rows, cost = np.zeros(h), np.zeros(h)
+        for s, c in zip(strata, self.row_cost, strict=True):
+            np.add.at(n_rows, s, 1)
+            np.add.at(cost, s, c)
+        n = self.n
+        return var * n_rows / n ** 2, np.maximum(cost / n, 1e-12), int(rows.sum()) / n
+
+    def result(self, plan: np.ndarray | None = None, *, capped: bool = False,
+                 wanted: float | None = None, target_se: float | None = None,
+                 allocation: str | None = None) -> LMLEstimate:
+        """The estimate: the estimator's own per-sequence scores, or ``plan[b]`` per row of b."""
+        est, n = self.est, self.n
+        if plan is None:
+            out = est.score_sequences(self.model, self.toks, self.seed, self.progress, self.run)
+            lml, se = out.lml, out.stderr
+            return announce_estimate(LMLEstimate(
+                estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se),
+                mean=float(lml.mean()), stderr=float(sum_stderr(se)) / n,
+                stderr_data=float(mean_stderr(lml)[1]), sizes=None, size_scores=None,
+                num_masks=est.num_masks, num_model_calls=out.num_model_calls,
+                num_masked_rows=out.num_masked_rows,
+                num_masked_rows_per_sample=None if out.rows_per_sequence is None
+                else torch.as_tensor(out.rows_per_sequence, dtype=torch.long),
+                stderr_dof=out.dof, seed=self.seed, model=self.model.name))
+        assert self._pilot is not None, "a planned estimate follows its pilot"
+        sub, pilot_rows, pilot_calls = self._pilot
+        per_seq = [plan[s] for s in self.strata]
+        cells, calls = est.ragged_cells(self.model, self.toks, per_seq, fresh_seed(self.seed),
+                                        tag=est.ragged_tag + "_target", progress=self.progress,
+                                        **self.run)
+        lml = np.array([sum(float(c.mean()) for c in cell) for cell in cells])
+        var_i = [np.array([c.var(ddof=1) / c.size for c in cell]) for cell in cells]
+        se_i = np.sqrt([float(vi.sum()) for vi in var_i])
+        terms = np.concatenate(var_i) / n ** 2 if n else np.zeros(0)
+        dofs = np.concatenate([np.array([c.size - 1 for c in cell], dtype=np.float64)
+                               for cell in cells]) if n else np.zeros(0)
+        stderr = float(np.sqrt(terms.sum())) if terms.size else 0.0
+        rows = np.array([int(round(float((p * c).sum())))
+                         for p, c in zip(per_seq, self.row_cost, strict=True)], dtype=np.int64)
+        rows[sub] += pilot_rows
+        return announce_estimate(LMLEstimate(
+            estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se_i),
+            mean=float(lml.mean()), stderr=stderr, stderr_data=float(mean_stderr(lml)[1]),
+            sizes=None, size_scores=None, num_masks=int(max(plan)),
+            num_model_calls=pilot_calls + calls, num_masked_rows=int(rows.sum()),
+            num_masked_rows_per_sample=torch.as_tensor(rows),
+            stderr_dof=welch_dof(torch.from_numpy(terms), torch.from_numpy(dofs)),
+            target_se=target_se, stop_reason=stop_reason(stderr, float(target_se), capped),
+            allocation=allocation, masks_per_size=plan.tolist(), masks_wanted=wanted,
+            seed=self.seed, model=self.model.name))

@@ -1,0 +1,7 @@
+"""``python -m mptlml.lm_eval ...``: lm-eval's command line with the ``mptlml`` model registered."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

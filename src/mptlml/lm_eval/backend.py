@@ -1,0 +1,537 @@
+"""The lm-eval model ``mptlml``: lm-eval's requests answered by the MPT bound, with their errors.
+
+:class:`MPTLM` is an ``lm_eval.api.model.LM``. Every request becomes a
+question of :func:`mptlml.compare` (the conditional MPT bound, sizes drawn
+over stratified rates, the whole continuation's mask scored once exactly):
+
+``loglikelihood`` (context, continuation)
+    The conditional bound of log p(continuation | context): the continuation's
+    tokens masked, the context always visible. The requests of one document
+    that share a context (the K candidates of a multiple-choice question) are
+    one question, scored on common masks, so their differences, which decide
+    the answer, carry a paired standard error; a lone request is a question of
+    one. ``is_greedy`` is :func:`~mptlml.lm_eval.greedy.greedy_reproduces`.
+``loglikelihood_rolling`` (text,)
+    The full-sequence bound of the text (a question of one, no context). A text
+    longer than the model is cut into windows: the first of the model's full
+    length, each next one of half of it, scored given as many preceding tokens
+    as fit (the chain rule with a truncated context, as lm-eval does for causal
+    models), and the windows' bounds summed (their variances too).
+``generate_until``
+    Refused: the backend scores text.
+
+Batching and processes. Each call gathers every process's requests (lm-eval
+splits the documents between the processes of ``accelerate launch``), puts them
+in one order (task, document, request index) and hands them to mptlml in one
+call, which scores them in length-bucketed forward passes under the token
+budget and, under a launcher, shares the chunks between the processes itself. A
+question's masks are drawn from the run's seed and its own texts, so a run
+gives the same numbers with one process or several, and a request the same
+number whatever other documents are in the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import mptlml
+
+from .._optional import require
+from .._scoring.distributed import (
+    barrier,
+    distributed_context,
+    gather,
+    launched,
+    resolve_device,
+    shard,
+)
+from .._validation import check_positive_int
+from ..models import MaskedLM
+from ..models.sequence_input import encode_with_context, tokenize
+from .greedy import greedy_reproduces
+from .records import RecordLog, summary_lines
+
+try:
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+except ImportError:
+    require("lm_eval", "mptlml.lm_eval (the lm-evaluation-harness backend)")  # names the extra
+    raise
+
+__all__ = ["MPTLM"]
+
+#: lm-eval's logger namespace: these lines show where lm-eval's own do
+logger = logging.getLogger("lm_eval.mptlml")
+
+#: loading options passed to ``MaskedLM.from_pretrained`` (transformers' among them)
+_LOADING = ("tokenizer", "mask_token_id", "trust_remote_code", "dtype", "add_special_tokens",
+            "revision", "autocast", "attn_implementation", "local_files_only", "cache_dir",
+            "corruption", "allow_unknown")
+#: settings of the Monte Carlo estimate and of the run
+_SETTINGS = ("num_masks", "target_se", "max_masks", "decide", "seed", "token_budget",
+             "batch_size", "greedy", "mc_log", "progress")
+
+
+@dataclass(frozen=True, order=True)
+class _Key:
+    """One request, by lm-eval's keys and its text: sortable, hashable, picklable."""
+
+    task: str
+    doc_id: int
+    idx: int
+    args: tuple[str, ...]
+
+
+def _key(request: Any) -> _Key:
+    task = request.task_name
+    doc = request.doc_id
+    return _Key("" if task is None else str(task), -1 if doc is None else int(doc),
+                int(request.idx), tuple(str(a) for a in request.args))
+
+
+def _harness_device(device: str) -> str:
+    """lm-eval's ``--device`` (default ``cuda:0``) as the device this process scores on.
+
+    ``model_args device=`` takes precedence over it. Under a launcher a CUDA device means
+    each process's own GPU (``cuda:LOCAL_RANK``); without CUDA the CPU, as lm-eval's own
+    backends fall back.
+    """
+    if not device.startswith("cuda"):
+        return device
+    if not torch.cuda.is_available():
+        logger.info("lm-eval's --device %s (its default is cuda:0): CUDA is not available "
+                    "here; scoring on the CPU.", device)
+        return "cpu"
+    return "cuda" if launched() else device
+
+
+def _content_seed(seed: int, args: list[tuple[str, ...]]) -> int:
+    """A question's seed from the run's seed and its texts: the same in any split of the run."""
+    h = hashlib.blake2b(json.dumps([seed, [list(a) for a in args]]).encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
+def _flag(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise TypeError(f"model_args {name} must be true or false, got {value!r}.")
+
+
+class _Unbounded:
+    """The model's tokenisation without its length check (contexts are cut to fit later)."""
+
+    def __init__(self, model: MaskedLM) -> None:
+        self.model = model
+
+    def encode(self, sequences: Any) -> list[torch.Tensor]:
+        m = self.model
+        return tokenize(sequences, m.tokenizer, vocab_size=m.vocab_size, preprocess=m.preprocess,
+                        forbidden_ids=[m.mask_token_id])
+
+
+@register_model("mptlml")
+class MPTLM(LM):
+    """A masked LM (or masked-diffusion LM) in lm-evaluation-harness, scored by MPT.
+
+    Parameters
+    ----------
+    pretrained : str, path or MaskedLM
+        A model directory or hub id for :meth:`mptlml.models.MaskedLM.from_pretrained`,
+        or a ready :class:`~mptlml.models.MaskedLM` (the Python route).
+    **loading
+        ``tokenizer``, ``mask_token_id``, ``trust_remote_code``, ``dtype``,
+        ``add_special_tokens``, ``revision``, ``autocast``, ``attn_implementation``,
+        ``local_files_only``, ``cache_dir``, ``corruption``, ``allow_unknown``: as for
+        ``MaskedLM.from_pretrained`` (``mask_token_id`` and ``trust_remote_code`` for a
+        masked-diffusion LM such as LLaDA); any other name is refused.
+    device : str, optional
+        ``"cuda"``, ``"cpu"``, ...; under ``accelerate launch`` each process takes
+        ``cuda:LOCAL_RANK`` (or the CPU). Default: lm-eval's ``--device`` (a CUDA
+        device there is the CPU where CUDA is not available, each process's own GPU
+        under a launcher), else a GPU when there is one.
+    num_masks : int, optional
+        Masks per request per round of draws (even; :func:`mptlml.compare`'s
+        default when not given), besides the one mask of the whole continuation.
+    target_se : float, optional
+        Keep drawing rounds until every request's standard error is at most this (nats).
+    max_masks : int, optional
+        Most masks per request (rounds of ``num_masks``; with ``target_se`` or ``decide``).
+    decide : bool
+        Multiple-choice questions: keep drawing rounds while the leader is not
+        ahead of every other candidate by its paired-SE threshold, up to
+        ``max_masks`` (:func:`mptlml.compare`'s sequential rule).
+    seed : int
+        Seed of every mask (default 0: a run is reproducible). A request's masks
+        come from the seed and its own texts.
+    token_budget, batch_size : int
+        Padded tokens per forward pass; at most this many inputs per forward
+        pass (optional).
+    greedy : bool
+        Compute ``is_greedy`` by greedy unmasking (default True; about T extra
+        forward rows per request). False: every ``is_greedy`` is False, announced
+        once, and metrics built on it (a ``loglikelihood`` task's ``acc``) are void.
+    mc_log : path, optional
+        The JSON-lines file of per-request standard errors and costs
+        (:mod:`mptlml.lm_eval.records`). Default: beside lm-eval's ``--output_path``
+        when run by ``python -m mptlml.lm_eval``; none otherwise (the summary
+        still goes into the results).
+    progress : bool
+        Progress bars of the scoring.
+    """
+
+    #: the directory ``mc_log`` defaults into (set by :func:`mptlml.lm_eval.main`)
+    default_mc_dir: str | None = None
+
+    def __init__(self, pretrained: str | os.PathLike | MaskedLM | None = None, *,
+                 device: str | None = None, num_masks: int | None = None,
+                 target_se: float | None = None,
+                 max_masks: int | None = None, decide: bool = False, seed: int = 0,
+                 token_budget: int = 8192, batch_size: int | None = None,
+                 greedy: bool = True,
+                 mc_log: str | os.PathLike | None = None, progress: bool = False,
+                 **loading: Any) -> None:
+        super().__init__()
+        unknown = sorted(set(loading) - set(_LOADING))
+        if unknown:
+            raise TypeError(
+                f"mptlml model_args: unknown {unknown}. Loading takes pretrained, device, "
+                f"{', '.join(_LOADING)}; scoring takes {', '.join(_SETTINGS)}.")
+        if pretrained is None:
+            raise ValueError("mptlml model_args need pretrained=DIR_OR_HUB_ID (a masked LM, or "
+                             "a masked-diffusion LM with mask_token_id=...).")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"model_args seed must be an int, got {seed!r}.")
+        for name, value in (("num_masks", num_masks), ("max_masks", max_masks),
+                            ("batch_size", batch_size), ("token_budget", token_budget)):
+            if value is not None:
+                check_positive_int(value, f"model_args {name}")
+        if num_masks is not None and num_masks % 2:
+            raise ValueError(f"model_args num_masks must be even (mptlml.compare draws two "
+                             f"masks per rate stratum), got {num_masks}.")
+        if target_se is not None and not (isinstance(target_se, int | float)
+                                          and not isinstance(target_se, bool)
+                                          and math.isfinite(target_se) and target_se > 0):
+            raise ValueError(f"model_args target_se must be a positive number (nats), got "
+                             f"{target_se!r}.")
+        self.greedy = _flag(greedy, "greedy")
+        self.decide = _flag(decide, "decide")
+        self.progress = _flag(progress, "progress")
+        self.num_masks = num_masks
+        self.target_se = target_se
+        self.max_masks = max_masks
+        self.seed = int(seed)
+        self.token_budget = int(token_budget)
+        self.batch_size = batch_size
+        # the process group first (under a launcher each rank takes its own device)
+        if isinstance(pretrained, MaskedLM):
+            if loading:
+                raise TypeError(f"{sorted(loading)} apply when loading a model; pretrained is "
+                                "a MaskedLM already.")
+            lm = pretrained if device is None else pretrained.to(resolve_device(device))
+            self._ctx = distributed_context(cpu=lm.device.type == "cpu")
+        else:
+            dev = resolve_device(device)
+            self._ctx = distributed_context(cpu=dev.type == "cpu")
+            lm = MaskedLM.from_pretrained(pretrained, device=dev, **loading)
+        self.model = lm
+        self._rank, self._world_size = self._ctx.rank, self._ctx.world
+        self._device = lm.device
+        path = mc_log
+        if path is None and self.default_mc_dir is not None:
+            stamp = datetime.now().isoformat().replace(":", "-")
+            path = Path(self.default_mc_dir) / f"mptlml_monte_carlo_{stamp}.jsonl"
+        self.log = RecordLog(path, write=self._ctx.main)
+        self._questions = 0
+        self._announced_greedy = False
+
+    # ------------------------------------------------------------------ lm-eval plumbing
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str,
+                               additional_config: dict | None = None) -> MPTLM:
+        """``--model_args k=v,...`` plus lm-eval's ``--device`` / ``--batch_size``."""
+        require("lm_eval", "mptlml.lm_eval (the lm-evaluation-harness backend)")
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls._create(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> MPTLM:
+        """``model_args`` as a dict, plus lm-eval's ``device`` / ``batch_size``."""
+        return cls._create(dict(arg_dict), additional_config)
+
+    @classmethod
+    def _create(cls, args: dict[str, Any], additional: dict | None) -> MPTLM:
+        extra = {k: v for k, v in (additional or {}).items() if v is not None}
+        device = extra.pop("device", None)
+        if device is not None and args.get("device") is None:
+            args["device"] = _harness_device(str(device))
+        harness = {k: extra.pop(k) for k in ("batch_size", "max_batch_size") if k in extra}
+        if any(str(v) not in ("1", "auto") for v in harness.values()):
+            warnings.warn(
+                f"lm-eval's {harness} does not apply to mptlml: it batches masked inputs by "
+                "token budget. Use --model_args token_budget=N (padded tokens per forward "
+                "pass) or batch_size=N (inputs per forward pass).", UserWarning, stacklevel=3)
+        if extra:
+            raise TypeError(f"mptlml does not take lm-eval's {sorted(extra)}.")
+        return cls(**args)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.model.tokenizer, "name_or_path", self.model.name)).replace(
+            "/", "__")
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every process's ``tensor``, stacked (lm-eval counts requests per process with it)."""
+        if self.world_size == 1:
+            return tensor
+        parts = [torch.as_tensor(p) for p in gather(tensor.detach().cpu(), self._ctx)]
+        out = torch.stack(parts) if parts[0].ndim == 0 else torch.cat(parts)
+        return out.to(tensor.device)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        parts = gather(obj, self._ctx)
+        return parts if self.rank == dst else None
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            barrier(self._ctx)
+
+    def get_model_info(self) -> dict[str, Any]:
+        """The model, the settings and the run's Monte Carlo summary (into lm-eval's results).
+
+        lm-eval calls this once, after all requests, on the main process.
+        """
+        summary = self.log.close_run()
+        for line in summary_lines(summary):
+            logger.info("Monte Carlo: %s", line)
+        for task, s in summary.items():
+            if s["budget_spent"] and (self.target_se is not None or self.decide):
+                logger.warning(
+                    "%s: %d requests spent max_masks=%s before reaching %s; their standard "
+                    "errors are in the Monte Carlo log. Raise max_masks.", task,
+                    s["budget_spent"], self.max_masks or "(mptlml.compare's default)",
+                    "target_se" if self.target_se is not None else "a decision")
+            if s.get("undecided"):
+                logger.warning(
+                    "%s: %d of %d multiple-choice decisions are not decided (the leader is not "
+                    "ahead of every other candidate by %.3g paired standard errors): Monte "
+                    "Carlo noise can move its accuracy by up to %.3g. More masks (decide=true, "
+                    "a larger max_masks) decide them.", task, s["undecided"], s["questions"],
+                    s["z_threshold"], s["undecided_share"])
+        return {"mptlml": {
+            "model": self.model.name, **self.model.placement(),
+            "num_masks": self.num_masks,
+            "target_se": self.target_se, "max_masks": self.max_masks, "decide": self.decide,
+            "seed": self.seed, "token_budget": self.token_budget, "greedy": self.greedy,
+            "world_size": self.world_size,
+            "mc_log": None if self.log.path is None else str(self.log.path),
+            "monte_carlo": summary}}
+
+    # ------------------------------------------------------------------ requests
+    def _everyone(self, keys: list[_Key]) -> list[_Key]:
+        """Every process's requests, without repeats, in one canonical order."""
+        allk = [k for part in gather(keys, self._ctx) for k in part]
+        return sorted(set(allk))
+
+    # ---------------------------------------------------------------- loglikelihood
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False
+                      ) -> list[tuple[float, bool]]:
+        """log p(continuation | context) and is_greedy for each (context, continuation)."""
+        keys = [_key(r) for r in requests]
+        if not keys and self.world_size == 1:
+            return []
+        everyone = self._everyone(keys)
+        records = self._score_pairs(everyone)
+        self.log.add([records[k] for k in everyone])
+        return [(float(records[k]["loglikelihood"]), bool(records[k]["is_greedy"]))
+                for k in keys]
+
+    def _pair_ids(self, keys: list[_Key]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Context and continuation ids of each pair: the joined text, tokenised by the model."""
+        ids, nctx = encode_with_context(_Unbounded(self.model), [k.args[0] for k in keys],
+                                        [k.args[1] for k in keys])
+        return [t[:n] for t, n in zip(ids, nctx, strict=True)], [
+            t[n:] for t, n in zip(ids, nctx, strict=True)]
+
+    def _score_pairs(self, keys: list[_Key]) -> dict[_Key, dict[str, Any]]:
+        """Records of (context, continuation) requests: one question per document and context."""
+        ctx_ids, cont_ids = self._pair_ids(keys)
+        limit = self.model.max_content_length
+        groups: dict[tuple[str, int, str], list[int]] = defaultdict(list)
+        for i, k in enumerate(keys):
+            groups[(k.task, k.doc_id, k.args[0])].append(i)
+        questions = list(groups.values())
+        kept: dict[int, torch.Tensor] = {}
+        for members in questions:
+            longest = max(len(cont_ids[i]) for i in members)
+            if longest > limit:
+                k = keys[members[0]]
+                raise ValueError(
+                    f"task {k.task!r}, document {k.doc_id}: a continuation of {longest} tokens "
+                    f"is longer than the model's {limit} content tokens; mptlml cannot score it "
+                    "given its context (loglikelihood_rolling windows long texts).")
+            room = limit - longest  # the context's last tokens that fit beside the longest
+            for i in members:
+                c = ctx_ids[i]
+                kept[i] = c[len(c) - room:] if len(c) > room else c
+        cmp = mptlml.compare(
+            self.model, [kept[m[0]].tolist() for m in questions],
+            [[cont_ids[i].tolist() for i in m] for m in questions],
+            seed=[_content_seed(self.seed, [keys[i].args for i in m]) for m in questions],
+            **self._compare_options())
+        records: dict[_Key, dict[str, Any]] = {}
+        for q, members in enumerate(questions):
+            self._questions += 1
+            k_q = len(members)
+            rows = int(cmp.num_masked_rows[q])
+            question = None
+            if k_q > 1:
+                question = {
+                    "id": self._questions, "choice": keys[members[cmp.choice[q]]].idx,
+                    "decided": bool(cmp.decided[q]), "margin_z": float(cmp.margin_z[q]),
+                    "z_threshold": float(cmp.z_threshold), "candidates": k_q,
+                    "masked_inputs": rows}
+            for j, i in enumerate(members):
+                k = keys[i]
+                records[k] = {
+                    "request": "loglikelihood", "task": k.task, "doc_id": k.doc_id,
+                    "idx": k.idx, "loglikelihood": float(cmp.scores[q][j]),
+                    "stderr": float(cmp.stderr[q][j]),
+                    "masked_inputs": rows // k_q,  # every candidate gets the same masks
+                    "num_tokens": len(cont_ids[i]), "context_tokens": len(kept[i]),
+                    "context_tokens_dropped": len(ctx_ids[i]) - len(kept[i]),
+                    "stderr_dof": float(cmp.stderr_dof[q]), "rounds": int(cmp.rounds[q]),
+                    "stop_reason": str(cmp.stop_reason[q])}
+                if question is not None:
+                    records[k]["paired_stderr"] = float(cmp.paired_stderr[q][j])
+                    records[k]["question"] = question
+        greedy = self._greedy(keys, kept, cont_ids)
+        for k, g in zip(keys, greedy, strict=True):
+            records[k]["is_greedy"] = g
+        return records
+
+    def _compare_options(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"token_budget": self.token_budget, "progress": self.progress,
+                              "decide": self.decide}
+        for name in ("num_masks", "target_se", "max_masks", "batch_size"):
+            if getattr(self, name) is not None:
+                kw[name] = getattr(self, name)
+        return kw
+
+    def _greedy(self, keys: list[_Key], kept: dict[int, torch.Tensor],
+                cont_ids: list[torch.Tensor]) -> list[bool | None]:
+        """is_greedy of each pair, the pairs shared out between the processes."""
+        if not self.greedy:
+            if not self._announced_greedy:
+                warnings.warn("greedy=false: every is_greedy is False, so metrics built on it "
+                              "(the acc of a loglikelihood task such as LAMBADA, exact_match) "
+                              "read 0; leave greedy on for them.", UserWarning, stacklevel=3)
+                self._announced_greedy = True
+            return [None] * len(keys)
+        mine = shard(list(range(len(keys))), self._ctx)
+        ids = [torch.cat([kept[i], cont_ids[i]]) for i in mine]
+        got = greedy_reproduces(self.model, ids, [len(kept[i]) for i in mine],
+                                token_budget=self.token_budget, batch_size=self.batch_size)
+        out: dict[int, bool] = {}
+        for part in gather(dict(zip(mine, got, strict=True)), self._ctx):
+            out.update(part)
+        return [out[i] for i in range(len(keys))]
+
+    # ---------------------------------------------------------------- rolling
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False
+                              ) -> list[float]:
+        """The MPT bound of log p(text) for each (text,), long texts in windows."""
+        keys = [_key(r) for r in requests]
+        if not keys and self.world_size == 1:
+            return []
+        everyone = self._everyone(keys)
+        ids = _Unbounded(self.model).encode([k.args[0] for k in everyone]) if everyone else []
+        limit = self.model.max_content_length
+        spans = [_windows(len(t), limit) for t in ids]
+        targets = [[t[s:e].tolist()] for t, sp in zip(ids, spans, strict=True) for _, s, e in sp]
+        contexts = [t[c:s].tolist() for t, sp in zip(ids, spans, strict=True) for c, s, _ in sp]
+        seeds = [_content_seed(self.seed, [k.args, (str(w),)])
+                 for k, sp in zip(everyone, spans, strict=True) for w in range(len(sp))]
+        ll, se, rows = np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
+        stops: list[str] = []
+        if targets:
+            cmp = mptlml.compare(self.model, contexts, targets, seed=seeds,
+                                 **self._compare_options())
+            ll = np.array([float(v[0]) for v in cmp.scores])
+            se = np.array([float(v[0]) for v in cmp.stderr])
+            rows = np.array(cmp.num_masked_rows, dtype=np.int64)
+            stops = list(cmp.stop_reason)
+        records: dict[_Key, dict[str, Any]] = {}
+        w = 0
+        for k, t, sp in zip(everyone, ids, spans, strict=True):
+            n = len(sp)
+            text = k.args[0]
+            records[k] = {
+                "request": "loglikelihood_rolling", "task": k.task, "doc_id": k.doc_id,
+                "idx": k.idx, "loglikelihood": float(ll[w:w + n].sum()),
+                "stderr": float(math.sqrt((se[w:w + n] ** 2).sum())),
+                "masked_inputs": int(rows[w:w + n].sum()), "num_tokens": len(t), "windows": n,
+                "stop_reason": _worst(stops[w:w + n]),
+                "words": len(re.split(r"\s+", text)), "bytes": len(text.encode("utf-8"))}
+            w += n
+        self.log.add([records[k] for k in everyone])
+        return [records[k]["loglikelihood"] for k in keys]
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        raise NotImplementedError(
+            "mptlml scores text and does not generate: it answers loglikelihood "
+            "(multiple-choice) and loglikelihood_rolling (perplexity) tasks. Run generation "
+            "tasks (generate_until, e.g. gsm8k) with a model that generates, such as lm-eval's "
+            "'hf' backend or a masked-diffusion LM's own sampler.")
+
+
+def _worst(reasons: list[str]) -> str | None:
+    """The stop reason of a text scored in windows: "budget" if any window ran out."""
+    if not reasons:
+        return None
+    return "budget" if "budget" in reasons else reasons[0]
+
+
+def _windows(n: int, limit: int) -> list[tuple[int, int, int]]:
+    """(context start, start, end) of the windows of a text of n tokens, at most ``limit`` each.
+
+    One window when the text fits; else the first ``limit`` tokens, then windows of
+    ``limit - limit // 2`` tokens, each given the ``limit - its length`` tokens before it.
+    An empty text has no window.
+    """
+    if n <= limit:
+        return [(0, 0, n)] if n else []
+    out = [(0, 0, limit)]
+    step = limit - limit // 2
+    start = limit
+    while start < n:
+        end = min(start + step, n)
+        out.append((max(0, start - (limit - (end - start))), start, end))
+        start = end
+    return out

@@ -1,0 +1,211 @@
+"""The Monte Carlo side of an lm-eval run: one record per request, and how much is noise.
+
+lm-eval logs each request's response (``resps``) but has no place for its
+uncertainty, and its metric standard errors are bootstrapped over documents
+(perplexities get none). The MPT bound is a Monte Carlo estimate, so every
+request here gets a record, written as one JSON line (``mc_log``, by default
+``mptlml_monte_carlo_<date>.jsonl`` beside lm-eval's ``--output_path``):
+
+``task, doc_id, idx``
+    lm-eval's keys of the request (join with its logged samples on them).
+``request``
+    ``"loglikelihood"`` or ``"loglikelihood_rolling"``.
+``loglikelihood, stderr``
+    The MPT bound of log p(continuation | context) (of the text, for rolling)
+    and its Monte Carlo standard error.
+``masked_inputs``
+    The cost: masked inputs scored for the request.
+``num_tokens, context_tokens, context_tokens_dropped``
+    T and C of the scored pair (tokens), and the context tokens cut on the left
+    to fit the model's length (lm-eval's causal models cut the same way).
+``is_greedy``
+    What was returned as ``is_greedy`` (:mod:`mptlml.lm_eval.greedy`); null when
+    not computed (``greedy=false``).
+``stderr_dof, rounds, stop_reason``
+    Effective degrees of freedom of the standard error; rounds of draws;
+    why drawing stopped (:func:`mptlml.compare`: ``"one round"``, ``"target"``,
+    ``"decided"`` or ``"budget"``, ``max_masks`` spent first).
+``paired_stderr, question``
+    For a multiple-choice document (K >= 2 candidates after one context): the
+    standard error of (leader minus this candidate) on common masks, and the
+    question: ``id``, ``choice`` (the leader's ``idx``), ``margin_z`` (the
+    smallest (leader - other) / paired SE), ``z_threshold`` and ``decided``
+    (``margin_z > z_threshold``: :func:`mptlml.compare`'s rule), ``candidates``,
+    ``masked_inputs`` (all candidates), ``rounds`` and ``stop_reason``.
+``windows, words, bytes``
+    Rolling requests: the windows scored, and lm-eval's word and byte counts of the text.
+
+:func:`summarize` turns the records of a run into what the run's metrics owe to
+Monte Carlo noise, per task: the share of multiple-choice decisions not
+decided, the Monte Carlo standard error of the accuracy (at most
+sqrt(sum_q p_q (1 - p_q)) / Q, p_q = Phi(-margin_z_q) the chance that question
+q's leader and its closest rival swap under a normal approximation; a swap
+changes the accuracy only when one of them is the gold answer; the decision on
+the log-likelihoods themselves, lm-eval's ``acc``, not ``acc_norm``'s
+length-normalised one), and of the perplexities (the delta method on the summed
+log-likelihood). It is the last line of the
+file (``{"summary": ...}``) and goes into lm-eval's results
+(``results["config"]["mptlml"]``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RecordLog", "summarize", "summary_lines"]
+
+def _phi(z: float) -> float:
+    """Standard normal CDF."""
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every non-finite float as null (strict JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per task: the Monte Carlo standard errors of its metrics and the undecided decisions.
+
+    Parameters
+    ----------
+    records : iterable of dict
+        Request records (module docstring); other lines (a summary) are skipped.
+
+    Returns
+    -------
+    dict
+        task -> ``requests``, ``documents``, ``masked_inputs``, ``stderr_mean``,
+        ``stderr_max`` (per request), ``budget_spent`` (requests that spent
+        ``max_masks`` before their target or decision); with multiple-choice questions also
+        ``questions``, ``undecided``, ``undecided_share``, ``z_threshold``,
+        ``accuracy_mc_stderr``;
+        with single ``loglikelihood`` requests ``perplexity_mc_rel_stderr`` (of
+        exp(-mean log-likelihood)); with rolling requests ``loglikelihood``
+        (summed), ``loglikelihood_mc_stderr``, ``word_perplexity_mc_rel_stderr``,
+        ``byte_perplexity_mc_rel_stderr`` (relative: SE(ppl) / ppl) and
+        ``bits_per_byte_mc_stderr``.
+    """
+    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        if "request" in r:
+            by_task[str(r["task"])].append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for task, rs in sorted(by_task.items()):
+        ses = [float(r["stderr"]) for r in rs]
+        s: dict[str, Any] = {
+            "requests": len(rs),
+            "documents": len({r["doc_id"] for r in rs}),
+            "masked_inputs": int(sum(int(r["masked_inputs"]) for r in rs)),
+            "stderr_mean": sum(ses) / len(ses),
+            "stderr_max": max(ses),
+            "budget_spent": sum(r.get("stop_reason") == "budget" for r in rs),
+        }
+        questions = {r["question"]["id"]: r["question"] for r in rs if r.get("question")}
+        if questions:
+            flips = [0.0 if q["margin_z"] is None else _phi(-float(q["margin_z"]))
+                     for q in questions.values()]  # null: an infinite margin (strict JSON)
+            undecided = sum(not q["decided"] for q in questions.values())
+            s.update(questions=len(questions), undecided=undecided,
+                     undecided_share=undecided / len(questions),
+                     z_threshold=max(float(q["z_threshold"]) for q in questions.values()),
+                     accuracy_mc_stderr=math.sqrt(sum(p * (1 - p) for p in flips))
+                     / len(questions))
+        single = [r for r in rs if r["request"] == "loglikelihood" and not r.get("question")]
+        if single:
+            var = sum(float(r["stderr"]) ** 2 for r in single)
+            s["perplexity_mc_rel_stderr"] = math.sqrt(var) / len(single)
+        rolling = [r for r in rs if r["request"] == "loglikelihood_rolling"]
+        if rolling:
+            se = math.sqrt(sum(float(r["stderr"]) ** 2 for r in rolling))
+            words = sum(int(r["words"]) for r in rolling)
+            nbytes = sum(int(r["bytes"]) for r in rolling)
+            s.update(loglikelihood=sum(float(r["loglikelihood"]) for r in rolling),
+                     loglikelihood_mc_stderr=se,
+                     word_perplexity_mc_rel_stderr=se / words if words else math.nan,
+                     byte_perplexity_mc_rel_stderr=se / nbytes if nbytes else math.nan,
+                     bits_per_byte_mc_stderr=se / (nbytes * math.log(2)) if nbytes else math.nan)
+        out[task] = s
+    return out
+
+
+def summary_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per task saying what its metrics owe to Monte Carlo noise (for the log)."""
+    lines = []
+    for task, s in summary.items():
+        parts = [f"{task}: {s['requests']} requests, {s['masked_inputs']:,} masked inputs, "
+                 f"per-request MC stderr mean {s['stderr_mean']:.3g} (max {s['stderr_max']:.3g})"]
+        if s["budget_spent"]:
+            parts.append(f"{s['budget_spent']} requests spent max_masks before their target")
+        if "questions" in s:
+            parts.append(f"{s['undecided']}/{s['questions']} multiple-choice decisions "
+                         f"({100 * s['undecided_share']:.1f}%) not decided at "
+                         f"{s['z_threshold']:.3g} paired SE; accuracy MC stderr <= "
+                         f"{s['accuracy_mc_stderr']:.3g}")
+        if "perplexity_mc_rel_stderr" in s:
+            parts.append(f"perplexity MC stderr {100 * s['perplexity_mc_rel_stderr']:.3g}% "
+                         "of its value")
+        if "loglikelihood_mc_stderr" in s:
+            parts.append(f"summed log-likelihood {s['loglikelihood']:.6g} +/- "
+                         f"{s['loglikelihood_mc_stderr']:.3g} (MC); word perplexity MC stderr "
+                         f"{100 * s['word_perplexity_mc_rel_stderr']:.3g}% of its value, "
+                         f"bits per byte +/- {s['bits_per_byte_mc_stderr']:.3g}")
+        lines.append("; ".join(parts))
+    return lines
+
+
+class RecordLog:
+    """The records of a run, kept in memory and (on the main process) written as JSON lines.
+
+    Parameters
+    ----------
+    path : path, optional
+        The JSON-lines file; created (or emptied) on the first write. None: in memory only.
+    write : bool
+        Whether this process writes (the main rank does; the others keep records only).
+    """
+
+    def __init__(self, path: str | os.PathLike | None, *, write: bool = True) -> None:
+        self.path = None if path is None else Path(path)
+        self.write = bool(write) and self.path is not None
+        self.records: list[dict[str, Any]] = []
+        self._started = False
+
+    def _append(self, lines: list[dict[str, Any]]) -> None:
+        if not self.write or self.path is None:
+            return
+        if not self._started:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
+            self._started = True
+        with self.path.open("a", encoding="utf-8") as f:
+            for r in lines:
+                f.write(json.dumps(_plain(r), allow_nan=False) + "\n")
+
+    def add(self, records: list[dict[str, Any]]) -> None:
+        """Keep (and write) the records of one batch of requests."""
+        self.records.extend(records)
+        self._append(records)
+
+    def close_run(self) -> dict[str, dict[str, Any]]:
+        """The summary of the records since the last call; written as the file's last line."""
+        summary = summarize(self.records)
+        self._append([{"summary": summary}])
+        self.records = []
+        return summary

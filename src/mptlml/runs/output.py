@@ -1,0 +1,47 @@
+"""What a run shows besides its files: printed tables (stdout) and figures (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._optional import require
+
+__all__ = ["print_table", "pyplot"]
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (figures go to files only)."""
+    require("matplotlib", "a run's figures")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
+                title: str | None = None) -> str:
+    """Format rows as a plain-text table, print it and return it."""
+    if not rows:
+        return ""
+    cols = list(columns) if columns is not None else list(rows[0].keys())
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return "nan" if not math.isfinite(v) else f"{v:.4g}" if abs(v) < 1e-3 else f"{v:.4f}"
+        return str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = []
+    if title:
+        lines.append(title)
+    lines.append("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells)
+    text = "\n".join(lines)
+    print(text)
+    return text

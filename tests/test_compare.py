@@ -1,0 +1,128 @@
+"""``mptlml.compare``: candidates scored on common masks, paired standard errors, a stop rule.
+
+References: the exhaustive conditional MPT sum of a short continuation, computed here with
+``BertForMaskedLM`` called directly (every mask of every size inside the continuation, the
+context visible), and the spread of many independently seeded runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import mptlml
+
+CONTEXT = "the cat sat on"
+CANDIDATES = [" a mat", " a tree", " the red house"]
+
+
+def exhaustive_conditional(lm, context: str, continuation: str) -> float:
+    """sum_M mean over masks of size M in T of (1/M) sum log p(x_j | rest), by direct forwards."""
+    tok, model = lm.tokenizer, lm.model
+    c = tok(context, add_special_tokens=False)["input_ids"]
+    full = tok(context + continuation, add_special_tokens=False)["input_ids"]
+    assert full[:len(c)] == c
+    ids = torch.tensor([tok.cls_token_id, *full, tok.sep_token_id])
+    scored = list(range(1 + len(c), 1 + len(full)))
+    total = 0.0
+    for m in range(1, len(scored) + 1):
+        subsets = list(itertools.combinations(scored, m))
+        x = ids.repeat(len(subsets), 1)
+        for r, s in enumerate(subsets):
+            x[r, list(s)] = tok.mask_token_id
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=x).logits.double(), -1)
+        vals = [sum(float(lp[r, j, ids[j]]) for j in s) / m for r, s in enumerate(subsets)]
+        total += float(np.mean(vals))
+    return total
+
+
+@pytest.fixture(scope="module")
+def runs(tiny):
+    """200 seeded runs of one question in one call (one seed per copy of the question)."""
+    n = 200
+    res = mptlml.compare(tiny, [CONTEXT] * n, [CANDIDATES] * n, num_masks=6,
+                         seed=list(range(n)))
+    ind = mptlml.compare(tiny, [CONTEXT] * n, [CANDIDATES] * n, num_masks=6,
+                         seed=list(range(n)), common_masks=False)
+    return res, ind
+
+
+def test_each_candidate_is_centred_on_the_exhaustive_conditional_sum(tiny, runs):
+    res, _ = runs
+    scores = np.stack(res.scores)  # (runs, K)
+    ref = np.array([exhaustive_conditional(tiny, CONTEXT, c) for c in CANDIDATES])
+    spread = scores.std(0, ddof=1) / math.sqrt(len(scores))
+    assert np.all(np.abs(scores.mean(0) - ref) < 4 * spread), (scores.mean(0), ref, spread)
+
+
+def test_standard_errors_and_paired_standard_errors_are_calibrated(runs):
+    res, _ = runs
+    scores, se = np.stack(res.scores), np.stack(res.stderr)
+    ratio = scores.std(0, ddof=1) / np.sqrt((se ** 2).mean(0))
+    assert np.all((ratio > 0.8) & (ratio < 1.25)), ratio
+    diff = scores[:, 0] - scores[:, 2]
+    lead = np.array(res.choice)
+    # the paired SE is reported to the leader; take the runs where candidate 0 leads
+    pse = np.array([p[2] for p, c in zip(res.paired_stderr, lead, strict=True) if c == 0])
+    assert len(pse) > 50
+    ratio = diff.std(ddof=1) / math.sqrt((pse ** 2).mean())
+    assert 0.75 < ratio < 1.33, ratio
+
+
+def test_common_masks_shrink_the_spread_of_a_difference(runs):
+    """At equal cost, the difference on common masks has well below the independent spread.
+
+    Candidates 0 and 1 differ in their last word: common masks give both the same sizes
+    and positions, so the scores of the shared word cancel in the difference.
+    """
+    res, ind = runs
+    assert res.num_masked_rows == ind.num_masked_rows
+    common = np.stack(res.scores)[:, 0] - np.stack(res.scores)[:, 1]
+    indep = np.stack(ind.scores)[:, 0] - np.stack(ind.scores)[:, 1]
+    assert common.std() < 0.6 * indep.std(), (common.std(), indep.std())
+    # the naive sqrt(se_a^2 + se_b^2) overstates the paired SE
+    se = np.stack(res.stderr)
+    naive = np.sqrt(se[:, 0] ** 2 + se[:, 1] ** 2)
+    assert naive.mean() > 1.3 * common.std()
+
+
+def test_a_clear_question_stops_early_and_a_tie_spends_the_budget(tiny):
+    clear = mptlml.compare(tiny, [CONTEXT], [[" a mat", " the the the the the"]],
+                           num_masks=8, decide=True, max_masks=128, seed=0)
+    tie = mptlml.compare(tiny, [CONTEXT], [[" a mat", " a mat"]], num_masks=8, decide=True,
+                         max_masks=128, seed=0)
+    assert clear.stop_reason == ["decided"] and clear.rounds == [1]
+    assert tie.stop_reason == ["budget"] and tie.rounds == [16]
+    assert tie.num_masked_rows[0] > 8 * clear.num_masked_rows[0]
+    assert not tie.decided[0]
+
+
+def test_target_se_is_met(tiny):
+    res = mptlml.compare(tiny, [CONTEXT], [CANDIDATES], num_masks=8, target_se=0.3,
+                         max_masks=512, seed=1)
+    assert res.stop_reason == ["target"]
+    assert float(res.stderr[0].max()) <= 0.3
+
+
+def test_no_context_scores_the_whole_sequence(tiny):
+    res = mptlml.compare(tiny, ["", ""], [["the cat sat"], ["a mat"]], num_masks=4, seed=0)
+    assert [len(s) for s in res.scores] == [1, 1]
+    assert res.decided == [True, True]  # one candidate: nothing to decide against
+
+
+def test_refusals(tiny):
+    with pytest.raises(ValueError, match="even"):
+        mptlml.compare(tiny, [CONTEXT], [CANDIDATES], num_masks=5)
+    with pytest.raises(ValueError, match="one list of candidates per context"):
+        mptlml.compare(tiny, [CONTEXT, CONTEXT], [CANDIDATES])
+    with pytest.raises(ValueError, match="at least one candidate"):
+        mptlml.compare(tiny, [CONTEXT], [[]])
+    with pytest.raises(ValueError, match="target_se"):
+        mptlml.compare(tiny, [CONTEXT], [CANDIDATES], target_se=-1.0)
+    with pytest.raises(ValueError, match="max_masks"):
+        mptlml.compare(tiny, [CONTEXT], [CANDIDATES], num_masks=8, max_masks=4)
