@@ -175,3 +175,60 @@ def test_mptloss_feeds_the_statistics_with_or_without_shared_masks(ppca, shared)
     est = loss.estimator_
     assert float(est._count.sum()) == (3 if shared else 3 * x.shape[0])
     assert int((~torch.isnan(est.bin_rms())).sum()) >= 1
+
+
+def test_observe_refuses_sizes_that_cannot_have_been_drawn_and_takes_lists():
+    """Before: M > D and M with D = 0 were recorded, 2.7 truncated to 2, lists a traceback."""
+    est = AdaptiveSize(num_bins=4)
+    before = est.fingerprint()
+    for sizes, d, what in (([5], 4, "M=5 of D=4"), ([2], [0], "M=2 of D=0"),
+                           ([-1], 4, "M=-1"), ([2.7], 4, "whole numbers")):
+        with pytest.raises(ValueError, match=what):
+            est.observe(sizes, [-1.0], d)
+    assert est.fingerprint() == before  # nothing recorded
+    est.observe([1, 4], [-2.0, -3.0], 4)  # lists: bins ceil(4 * M / D) - 1 = 0 and 3
+    torch.testing.assert_close(est.bin_rms(), torch.tensor([2.0, math.nan, math.nan, 3.0],
+                                                           dtype=torch.float64), equal_nan=True)
+    with pytest.raises(TypeError, match="scores must be a tensor or a list"):
+        est.observe([1], {"a": 1}, 4)
+
+
+def test_a_finite_score_whose_square_overflows_is_refused_not_nan():
+    """Before: observe(1e200) left every later q NaN (the square overflowed to inf)."""
+    est = AdaptiveSize()
+    with pytest.raises(ValueError, match="square overflows"):
+        est.observe(torch.tensor([1]), torch.tensor([1e200], dtype=torch.float64), 4)
+    q = est.size_probs(4)  # untouched: uniform, finite
+    torch.testing.assert_close(q, torch.full((4,), 0.25, dtype=torch.float64))
+
+
+def test_num_bins_is_bounded_before_anything_is_allocated():
+    """Before: AdaptiveSize(num_bins=10**8) allocated 1.6 GB when built."""
+    from mptlml.estimators.adaptive_size import MAX_BINS
+
+    with pytest.raises(ValueError, match=f"num_bins <= {MAX_BINS}"):
+        AdaptiveSize(num_bins=10**8)
+    assert AdaptiveSize(num_bins=MAX_BINS).num_bins == MAX_BINS
+
+
+def test_stratified_adaptive_sizes_are_stratified_per_batch_and_q_per_position():
+    """Before: stratified=True was dropped for a non-uniform q on sequences (one size each).
+
+    Stratified, the B uniforms of a batch fall in the B quantile strata once each, so
+    #{i : M_i <= m} = #{i : U_i < cdf(m)} is floor or ceil of B cdf(m) for every m; and
+    each position, over draws, still has M ~ q (its stratum is random).
+    """
+    est = AdaptiveSize(eps=0.2, num_bins=4, stratified=True)
+    m = torch.arange(1, 9)
+    est.observe(m, -(m.double() ** 2), 8)
+    d, b = 8, 6
+    q = est.size_probs(d)
+    cdf = q.cumsum(0)
+    g = torch.Generator().manual_seed(0)
+    reps = 3000
+    sizes = torch.stack([est.sizes(torch.full((b,), d), generator=g) for _ in range(reps)])
+    below = (sizes[:, :, None] <= torch.arange(1, d + 1)).sum(1).double()  # (reps, D)
+    assert ((below >= torch.floor(b * cdf - 1e-9)) & (below <= torch.ceil(b * cdf + 1e-9))).all()
+    for i in range(b):
+        counts = torch.bincount(sizes[:, i], minlength=d + 1)[1:].double()
+        assert stats.chisquare(counts.numpy(), (q * reps).numpy()).pvalue > 1e-3, i

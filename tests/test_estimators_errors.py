@@ -105,3 +105,17 @@ def test_masks_are_uniform_subsets():
     assert all_masks(5, 2).shape == (10, 5)
     per = sample_masks(7, torch.randint(1, 8, (4, 3)), num_data=3, generator=1)
     assert per.shape == (4, 3, 7)
+
+
+def test_an_instance_keeps_its_num_masks_when_the_caller_passes_none(setup):
+    """Before: estimate_lml(m, x, create(..., num_masks=4)) was refused for a "num_masks"
+    the caller never passed (the default 1 differed from the instance's 4)."""
+    from mptlml.estimators import create
+    from mptlml.objectives import MPTLoss
+
+    model, x = setup
+    est = mptlml.estimate_lml(model, x, create("random-size", num_masks=4), seed=0)
+    assert est.num_masks == 4 and est.num_masked_rows == 4 * x.shape[0]
+    assert MPTLoss(model, create("random-size", num_masks=3)).num_masks == 3
+    with pytest.raises(TypeError, match="carries its options"):
+        mptlml.estimate_lml(model, x, create("random-size", num_masks=4), num_masks=2)

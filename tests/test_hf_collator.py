@@ -316,3 +316,97 @@ def test_trainer_five_steps_lower_the_loss(tiny, tmp_path):
     with pytest.raises(ValueError, match="mpt_weights"):
         trainer.compute_loss(model, {"input_ids": probe["input_ids"],
                                      "mpt_labels": probe["mpt_labels"]})
+
+
+# ---------------------------------------------------------------------- size-rule conformance
+def _rule(name, sizes_fn, weights_fn=None):
+    """A user's estimator with the given per-sequence size rule (not registered)."""
+    from mptlml.estimators import RandomSize
+
+    def weights(self, sizes, num_tokens):
+        if weights_fn is None:
+            return RandomSize.weights(self, sizes, num_tokens)
+        return weights_fn(sizes, num_tokens)
+
+    cls = type(name, (RandomSize,), {"name": name,
+                                      "sizes": lambda self, d, **kw: sizes_fn(d),
+                                      "weights": weights})
+    return cls()
+
+
+@pytest.mark.parametrize("sizes_fn, weights_fn, match", [
+    (lambda d: d + 1, None, "drew M=.* only .* tokens can be masked"),
+    (lambda d: torch.zeros_like(d), None, "M=0 .* a mask of 0 tokens scores nothing"),
+    (lambda d: d.double(), None, "integer tensor"),
+    (lambda d: d.clone(), lambda m, d: torch.full(m.shape, float("nan")), "weights.. gave nan"),
+    (lambda d: d.clone(), lambda m, d: -d.double(), r"weights.. gave -\d"),
+])
+def test_collator_refuses_a_size_rule_that_breaks_the_contract(tiny, sizes_fn, weights_fn,
+                                                               match):
+    """Before: M > D_i masked D_i tokens weighted D_i/M_i; M = 0, NaN or negative weights
+    trained silently (MPTTrainer reported training_loss 0.0 with NaN parameters)."""
+    _, tok = tiny
+    coll = DataCollatorForMPT(tok, estimator=_rule("user-rule", sizes_fn, weights_fn), seed=0)
+    with pytest.raises(ValueError, match=match):
+        coll(_examples(tok))
+
+
+def test_estimate_refuses_a_size_rule_that_breaks_the_contract():
+    """The same check guards the estimators' own draws (dense data)."""
+    from mptlml.models import PPCA
+
+    model = PPCA.random(5, 2, sigma2=0.3, seed=0)
+    x = model.sample(4, generator=0)
+    bad = _rule("too-big", lambda d: torch.full((1,), 9))
+    bad.sizes = lambda d, num_data=None, generator=None: torch.full((1, num_data), 9)
+    with pytest.raises(ValueError, match="M=9 .* D=5"):
+        estimate_lml(model, x, bad, seed=0)
+
+
+def test_collator_refuses_estimator_options_it_would_not_use(tiny):
+    """Before: num_masks=4 and share_masks=True of an instance were silently dropped."""
+    _, tok = tiny
+    with pytest.raises(ValueError, match="num_masks=4, which it would not use"):
+        DataCollatorForMPT(tok, estimator=create("random-size", num_masks=4))
+    with pytest.raises(ValueError, match="share_masks=True, which it would not use"):
+        DataCollatorForMPT(tok, estimator=create("random-size", share_masks=True))
+
+
+def test_collator_names_labels_and_text_fields(tiny):
+    """Before: transformers' "activate truncation and/or padding" for both."""
+    _, tok = tiny
+    ex = [dict(tok(s)) for s in SENTENCES[:2]]
+    with pytest.raises(ValueError, match="'labels' field: the collator makes its own targets"):
+        DataCollatorForMPT(tok, seed=0)([{**e, "labels": e["input_ids"]} for e in ex])
+    with pytest.raises(ValueError, match="text field 'text'"):
+        DataCollatorForMPT(tok, seed=0)([{**e, "text": s} for e, s in zip(ex, SENTENCES,
+                                                                          strict=False)])
+
+
+@pytest.mark.parametrize("estimator", ["random-size", "adaptive-size"])
+def test_every_stratified_size_draw_per_position(tiny, estimator):
+    """Stratified sizes through the collator, per sequence whatever its batch position.
+
+    A batch of B sequences of one length D: the B uniforms cover the B quantile
+    strata once each (#{i: M_i <= m} is floor or ceil of B cdf(m) in every batch),
+    and every position, over draws, sees each size with probability q(M) (its
+    stratum is random: a position tied to one stratum would fail the chi-square).
+    """
+    _, tok = tiny
+    text = SENTENCES[0]
+    d = _content_counts(tok, [text])[0]
+    b = 4
+    coll = DataCollatorForMPT(tok, estimator=estimator, stratified=True, seed=3)
+    q = (torch.full((d,), 1.0 / d, dtype=torch.float64) if estimator == "random-size"
+         else coll.size_rule.size_probs(d))
+    cdf = q.cumsum(0)
+    ex = _examples(tok, [text] * b)
+    reps = 2000
+    sizes = torch.stack([(coll(ex)["mpt_labels"] != -100).sum(1) for _ in range(reps)])
+    below = (sizes[:, :, None] <= torch.arange(1, d + 1)).sum(1).double()
+    assert ((below >= torch.floor(b * cdf - 1e-9)) & (below <= torch.ceil(b * cdf + 1e-9))).all()
+    from scipy import stats
+
+    for i in range(b):
+        counts = torch.bincount(sizes[:, i], minlength=d + 1)[1:].double()
+        assert stats.chisquare(counts.numpy(), (q * reps).numpy()).pvalue > 1e-3, i

@@ -63,8 +63,8 @@ def test_a_plain_trainer_cannot_train_the_unweighted_loss(tiny, tmp_path):
     assert "labels" not in batch and model(**batch).get("loss") is None
     trainer = Trainer(model=model, args=_args(tmp_path, max_steps=1), data_collator=coll,
                       train_dataset=_examples(tok))
-    with pytest.raises(ValueError, match="did not return a loss"):
-        trainer.train()
+    with pytest.raises(TypeError, match="plain Trainer.* mptlml.hf.MPTTrainer"):
+        trainer.train()  # before: transformers' generic "did not return a loss"
 
 
 # ---------------------------------------------------------------------- accumulation
@@ -244,3 +244,61 @@ def test_token_scores_to_pandas(tiny):
     assert len(df) == sum(len(t) for t in res.tokens)
     assert list(df.columns[:5]) == ["sequence", "position", "token", "log_prob", "model"]
     assert df.groupby("sequence")["log_prob"].sum().tolist() == pytest.approx(res.total.tolist())
+
+
+# ---------------------------------------------------------------------- data MPTTrainer refuses
+def test_data_without_a_maskable_token_is_refused_before_training(tiny, tmp_path):
+    """Before: all-empty data trained nothing and reported training_loss 0.0 / eval_loss 0.0."""
+    from mptlml.hf import MPTTrainer
+
+    path, tok = tiny
+    model = _model(path)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    empty = _examples(tok, ["", ""])  # [CLS] [SEP] only
+    trainer = MPTTrainer(model=model, args=_args(tmp_path, max_steps=2, weight_decay=0.1),
+                         data_collator=DataCollatorForMPT(tok, seed=0), train_dataset=empty,
+                         eval_dataset=empty)
+    with pytest.raises(ValueError, match="training dataset .2 examples. has no maskable token"):
+        trainer.train()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="evaluation dataset .2 examples. has no maskable"):
+        trainer.evaluate()
+    # one non-empty sequence is enough (scanned up to it)
+    MPTTrainer(model=model, args=_args(tmp_path, max_steps=1),
+               data_collator=DataCollatorForMPT(tok, seed=0),
+               train_dataset=empty + _examples(tok, SENTENCES[:1])).train()
+
+
+def test_a_batch_longer_than_the_position_table_is_named(tmp_path):
+    """Before: a tensor-size mismatch from inside the embeddings."""
+    from transformers import AutoTokenizer
+
+    from mptlml.hf import MPTTrainer
+
+    path = make_tiny_bert(tmp_path / "short", seed=5, max_position_embeddings=8)
+    tok = AutoTokenizer.from_pretrained(path)
+    trainer = MPTTrainer(model=_model(path), args=_args(tmp_path / "out", max_steps=1),
+                         data_collator=DataCollatorForMPT(tok, seed=0),
+                         train_dataset=_examples(tok, [SENTENCES[-1]] * 2))
+    length = len(tok(SENTENCES[-1])["input_ids"])  # > 8 positions
+    with pytest.raises(ValueError, match=f"inputs of {length} tokens .* position table covers 8"):
+        trainer.train()
+
+
+def test_each_process_masks_its_micro_batches_from_its_own_reproducible_stream(tiny):
+    """(seed, step, micro-batch, process) seeds the masks: processes differ, reruns agree."""
+    from types import SimpleNamespace
+
+    from mptlml.hf import MPTTrainer
+
+    _, tok = tiny
+    coll = DataCollatorForMPT(tok, seed=0)
+    batch = coll.pad(_examples(tok, [SENTENCES[-1]] * 8))
+
+    def masks(rank):
+        fake = SimpleNamespace(model=None, mpt_collator=coll, mask_seed=11,
+                               args=SimpleNamespace(process_index=rank))
+        return MPTTrainer._mask(fake, batch, 0, 3, 0)["mpt_labels"] != -100
+
+    assert torch.equal(masks(0), masks(0)) and torch.equal(masks(1), masks(1))
+    assert not torch.equal(masks(0), masks(1))

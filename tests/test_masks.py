@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mptlml.masks import sample_masks
+from mptlml.masks import fixed_rate_size, sample_masks
 
 
 def test_masks_exact_sizes_mixed_groups_and_reproducible():
@@ -133,3 +133,30 @@ def test_mask_thread_pool_is_closable_and_restarts_lazily():
         torch.set_num_threads(before)
         shutdown_mask_pool()
     assert not _mask_threads()
+
+
+def test_fixed_rate_size_is_the_documented_floor_where_rounding_rules_differ():
+    """M = max(1, floor(rate * D)), exactly (decimal rate as a fraction), on every path.
+
+    Checked at every D in 1..300 for rates where floor, round-half-even,
+    floor(x + 0.5) and ceil disagree (a planted round() or ceil() must fail), on the
+    rule itself, the dense estimator and per-sequence sizes (the collator's).
+    """
+    from fractions import Fraction
+
+    from mptlml.estimators import create
+
+    lengths = list(range(1, 301))
+    for rate in ("0.15", "0.2", "0.25", "0.3", "0.5", "0.85"):
+        r = float(rate)
+        want = [max(1, math.floor(Fraction(rate) * d)) for d in lengths]
+        exact = [Fraction(rate) * d for d in lengths]
+        halves = [x for x in exact if x.denominator == 2]
+        assert any(round(x) != math.floor(x) for x in exact)  # round differs somewhere
+        assert any(math.ceil(x) != math.floor(x) for x in exact)
+        if halves:  # round-half-even and floor(x + 0.5) differ on half of them
+            assert any(round(x) != math.floor(x + Fraction(1, 2)) for x in halves)
+        assert [fixed_rate_size(r, d) for d in lengths] == want
+        est = create("fixed-rate", rate=r)
+        assert [int(est.sizes(d)[0]) for d in lengths] == want
+        assert est.sizes(torch.tensor(lengths)).tolist() == want

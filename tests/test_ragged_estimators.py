@@ -194,3 +194,61 @@ def test_checkpoints_of_draws_are_reused_and_belong_to_their_estimator(tiny, tmp
     assert torch.equal(first.per_sample, again.per_sample) and again.num_model_calls == 0
     with pytest.raises(CheckpointError, match="different run"):
         mptlml.estimate_lml(tiny, TEXTS, "random-size", stratified=True, **kw)
+
+
+def test_library_errors_give_no_command_line_advice_and_name_a_negative_seed(tiny, tmp_path):
+    """Before: a checkpoint of another run said "pass --overwrite" to a Python caller;
+    seed=-1 surfaced numpy's "expected non-negative integer"."""
+    kw = dict(num_masks=2, seed=2, checkpoint_dir=tmp_path)
+    mptlml.estimate_lml(tiny, TEXTS, "random-size", **kw)
+    with pytest.raises(CheckpointError, match="empty checkpoint_dir") as err:
+        mptlml.estimate_lml(tiny, TEXTS, "random-size", stratified=True, **kw)
+    assert "--" not in str(err.value)
+    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+        mptlml.estimate_lml(tiny, TEXTS, "random-size", seed=-1)
+
+
+def test_parallel_ranks_draw_each_sequence_s_own_reproducible_masks(monkeypatch):
+    """The masks of sequence i come from (seed, i) alone: the same whether one process or
+    two ranks score it, and distinct between sequences (identical texts included) and
+    seeds. A rank- or chunk-seeded generator would repeat masks across ranks or differ
+    from the single process."""
+    from mptlml._scoring import ragged
+    from mptlml._scoring.distributed import DistContext
+
+    class Recorder:
+        """Returns, per mask, its bits as a number plus the generator's next uniform."""
+
+        def ragged_masked_log_prob(self, ids, masks, gens, token_budget, progress):
+            return [(m.long() * 2 ** torch.arange(m.shape[1])).sum(1).double()
+                    + torch.rand(m.shape[0], generator=g, dtype=torch.float64)
+                    for m, g in zip(masks, gens, strict=True)]
+
+    n = 6
+    ids = [torch.arange(5, 13)] * n  # identical sequences of 8 tokens
+
+    def masks(i, d, g):
+        return sample_masks(d, torch.full((4,), 3), generator=g)
+
+    def run(seed):
+        out = ragged.run_pairs(Recorder(), ids, masks, seed=seed, tag="t", spec={},
+                               chunk_size=2)
+        return [np.asarray(v) for v in out.sums]
+
+    single = run(7)
+    assert len({tuple(v) for v in single}) == n  # every sequence its own draws
+    assert all(not np.array_equal(a, b) for a, b in zip(single, run(8), strict=True))
+    for v in single:
+        bits = np.floor(v).astype(np.int64)
+        assert all(bin(int(b)).count("1") == 3 for b in bits)
+    world = 2
+    for rank in range(world):
+        monkeypatch.setattr(ragged, "distributed_context",
+                            lambda cpu=None, r=rank: DistContext(rank=r, world=world))
+        monkeypatch.setattr(ragged, "shard", lambda items, ctx: items[ctx.rank::ctx.world])
+        monkeypatch.setattr(ragged, "gather", lambda obj, ctx: [obj, (
+            {i: np.full(4, np.nan) for i in range(n) if i not in obj[0]}, 0)])
+        part = run(7)
+        mine = [i for c in range(rank, n // 2, world) for i in (2 * c, 2 * c + 1)]  # chunks
+        for i in mine:
+            np.testing.assert_array_equal(part[i], single[i])

@@ -11,6 +11,7 @@ transformers directly, never through mptlml's scoring.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -141,3 +142,74 @@ def test_cli_curve_target_se(tiny_dir, tmp_path):
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
     assert res["config"]["target_se"] == 0.5
+
+
+def test_rows_per_datum_sum_to_the_total_with_a_pilot_on_a_subset():
+    """Before: with N > PILOT_DATA the pilot scored a subset but its rows were spread over
+    every datum, so num_masked_rows_per_sample did not sum to num_masked_rows; and the
+    curve's table showed the largest count for every size."""
+    from mptlml.estimators.allocation import PILOT_DATA
+
+    model = PPCA.random(6, 2, sigma2=0.2, seed=0)
+    n = PILOT_DATA + 36
+    x = model.sample(n, generator=0)
+    est = mptlml.estimate_lml(model, x, "cumulative", target_se=0.05, seed=0)
+    rows = est.num_masked_rows_per_sample
+    assert int(rows.sum()) == est.num_masked_rows
+    fresh = sum(est.masks_per_size)  # one mask of its size per count, every datum
+    assert sorted(set(rows.tolist())) == [fresh, fresh + (est.num_masked_rows - fresh * n)
+                                          // PILOT_DATA]
+    assert int((rows > fresh).sum()) == PILOT_DATA
+    curve = mptlml.mpt_curve(model, x, target_se=0.05, seed=0)
+    assert int(curve.num_masked_rows_per_sample.sum()) == curve.num_masked_rows
+    table = curve.to_pandas()
+    assert table["num_masks"].tolist() == curve.extra["masks_per_size"]
+    assert len(set(curve.extra["masks_per_size"])) > 1  # the check has something to see
+
+
+def test_a_target_beyond_reach_or_the_cap_is_refused_before_the_draws(caplog):
+    """Before: target_se=1e-12 overflowed int64 ("num_masks must be a positive integer,
+    got -9223372036854775808"); target_se=1e-4 and num_masks=10**6 ran unbounded."""
+    import logging
+
+    from mptlml import settings
+
+    model = PPCA.random(6, 2, sigma2=0.2, seed=0)
+    x = model.sample(20, generator=0)
+    with pytest.raises(ValueError, match="target_se=1e-12 would need about .* masked inputs"):
+        mptlml.estimate_lml(model, x, "random-size", target_se=1e-12, seed=0)
+    with settings.max_masked_inputs(10_000), caplog.at_level(logging.INFO):
+        with pytest.raises(ValueError, match="max_masked_inputs = 10,000; raise target_se"):
+            mptlml.estimate_lml(model, x, "random-size", target_se=1e-3, seed=0)
+        assert "the plan draws" in caplog.text  # the cost was shown before the refusal
+        with pytest.raises(ValueError, match="would score 20,000,000 masked inputs"):
+            mptlml.estimate_lml(model, x, "random-size", num_masks=10**6, seed=0)
+        with pytest.raises(ValueError, match="would score 120,000 masked inputs"):
+            mptlml.mpt_curve(model, x, num_masks=1000, seed=0)
+    with pytest.raises(TypeError, match="num_masks=.2, 3. with target_se="):
+        mptlml.mpt_curve(model, x, target_se=0.1, num_masks=[2, 3], seed=0)
+
+
+def test_one_datum_warns_that_the_spread_over_data_is_unknown():
+    """Before: N = 1 gave stderr_data and the curve's SEs NaN without a word."""
+    model = PPCA.random(6, 2, sigma2=0.2, seed=0)
+    x = model.sample(1, generator=0)
+    with pytest.warns(RuntimeWarning, match="one datum: stderr_data"):
+        est = mptlml.estimate_lml(model, x, "cumulative", num_masks=3, seed=0)
+    assert math.isnan(est.stderr_data) and math.isfinite(est.stderr)
+    with pytest.warns(RuntimeWarning, match="one datum: stderr and area_stderr"):
+        curve = mptlml.mpt_curve(model, x, num_masks=3, seed=0)
+    assert math.isnan(curve.area_stderr)
+
+
+@pytest.mark.parametrize("length", [-512, 0, float("nan"), float("inf"), True])
+def test_masked_lm_curve_refuses_a_nominal_length_that_is_not_a_length(tiny, length):
+    """Before: a negative L flipped the area's sign, 0 gave 0, NaN went unannounced."""
+    with pytest.raises(ValueError, match="nominal_length must be a positive number"):
+        mptlml.mpt_curve(tiny, SENTENCES[:2], rates=[0.5], nominal_length=length, seed=0)
+
+
+def test_masked_lm_curve_table_shows_each_rate_s_own_count(tiny):
+    """An allocation over the rates shows per rate in the table (before: the largest)."""
+    c = mptlml.mpt_curve(tiny, SENTENCES[:2], rates=[0.2, 0.8], num_masks=[2, 5], seed=0)
+    assert c.to_pandas()["num_masks"].tolist() == [2, 5]

@@ -36,6 +36,7 @@ __all__ = [
     "sample_masks",
     "shutdown_mask_pool",
     "uniform_sizes",
+    "unit_uniforms",
 ]
 
 
@@ -50,6 +51,21 @@ def fixed_rate_size(rate: float, num_tokens: int) -> int:
     return max(1, min(num_tokens, int(math.floor(r * num_tokens + 1e-9))))
 
 
+def unit_uniforms(shape: tuple[int, ...], generator: torch.Generator | None,
+                  stratified: bool = False) -> torch.Tensor:
+    """U ~ U[0, 1) elementwise (float64); ``stratified``: U = (pi + V) / B over the B elements.
+
+    pi is a uniformly random permutation of 0..B-1 and V ~ U[0, 1): every
+    element is still U[0, 1), and the B elements fall in the B quantile
+    strata once each, each element in a random one.
+    """
+    u = torch.rand(shape, generator=generator, dtype=torch.float64)
+    n = u.numel()
+    if stratified and n > 1:
+        u = (torch.randperm(n, generator=generator).double().view(shape) + u) / n
+    return u
+
+
 def uniform_sizes(num_tokens: torch.Tensor, generator: torch.Generator | None,
                   stratified: bool = False, probs: torch.Tensor | None = None) -> torch.Tensor:
     """M ~ U{1..D} elementwise, ``floor(U * D) + 1`` with U ~ U[0, 1); 0 where D = 0.
@@ -61,9 +77,7 @@ def uniform_sizes(num_tokens: torch.Tensor, generator: torch.Generator | None,
     ``q = probs`` over 1..D, by inverting its distribution function at U.
     """
     d = num_tokens
-    u = torch.rand(d.shape, generator=generator, dtype=torch.float64)
-    if stratified and d.numel() > 1:
-        u = (torch.randperm(d.numel(), generator=generator).double().view(d.shape) + u) / d.numel()
+    u = unit_uniforms(d.shape, generator, stratified)
     if probs is not None:
         cdf = probs.double().cumsum(0)
         m = torch.searchsorted(cdf / cdf[-1], u.reshape(-1), right=True).view(d.shape) + 1

@@ -13,8 +13,9 @@ Each setting is a context manager that changes a value for the code inside its
 ``mask_bytes``      bytes of masks drawn in one call by the grid scorer (several
                     blocks at once: fewer, larger draws on the mask threads).
 ``max_masks``       default cap on the masks the exhaustive estimator enumerates.
-``max_masked_inputs`` cap on the masked inputs one run on ragged sequences may score
-                    (a run past it is refused up front, with its cost).
+``max_masked_inputs`` cap on the masked inputs one run (ragged sequences or dense
+                    data, a planned target included) may score (a run past it is
+                    refused up front, with its cost).
 
 They change how the work is cut, not what is estimated: the masks of one block
 (or group of blocks) are drawn in one call, so with other block sizes a seed
@@ -87,7 +88,7 @@ class mask_bytes(_ValueContext):  # noqa: N801
 
 
 class max_masked_inputs(_ValueContext):  # noqa: N801
-    """Cap on the masked inputs one run on ragged sequences may score (default 10^7)."""
+    """Cap on the masked inputs one run (ragged or dense) may score (default 10^7)."""
 
     _global_value = 10_000_000
 

@@ -13,7 +13,7 @@ keys and array bytes. Every chunk a run reuses is checked first:
 
 and ``meta.json`` must be a JSON object equal to the run's fingerprint. A
 failed check raises :class:`CheckpointError` naming the file and saying what
-to do: pass ``--overwrite`` (start afresh) or delete the file.
+to do: start afresh in an empty checkpoint directory, or delete the file.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ class CheckpointError(ValueError):
 
 
 def _remedy(path: Path) -> str:
-    return (f"pass --overwrite to start afresh, or delete {path} to recompute only "
-            "that part")
+    return (f"start afresh with an empty checkpoint_dir, or "
+            f"delete {path} to recompute only that part")
 
 
 def _digest(arrays: Mapping[str, np.ndarray]) -> np.ndarray:

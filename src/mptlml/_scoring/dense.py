@@ -28,12 +28,28 @@ from ..models.base import MaskedModel
 __all__ = [
     "Counter",
     "blocks",
+    "check_masked_inputs",
     "rows_per_block",
     "score_fixed_masks",
     "score_grid",
     "score_masks",
     "score_nested",
 ]
+
+
+def check_masked_inputs(total: int, what: str, remedy: str) -> None:
+    """Refuse, before any work, a run of more than ``settings.max_masked_inputs`` masked inputs.
+
+    ``total`` (mask, datum) pairs, or (sequence, masked input) pairs, would be
+    scored by ``what``; past the cap the run is refused with its cost and
+    ``remedy`` (what to lower), dense data and ragged sequences alike.
+    """
+    cap = settings.max_masked_inputs.value()
+    if total > cap:
+        raise ValueError(
+            f"{what} would score {total:,} masked inputs, more than "
+            f"mptlml.settings.max_masked_inputs = {cap:,}; {remedy}, or raise that setting "
+            "(with mptlml.settings.max_masked_inputs(n): ...) if you mean it.")
 
 
 class Counter:

@@ -38,12 +38,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import settings
 from .._progress import progress_bar
 from .._validation import check_positive_int
 from ..models.protocols import RaggedMaskedModel, WordMaskedModel
 from ..models.sequence_input import encode, normalise_sequences
 from .checkpoints import CheckpointError, check_meta, load_chunk, save_chunk
+from .dense import check_masked_inputs
 from .distributed import DistContext, barrier, distributed_context, gather, shard
 
 __all__ = ["MAX_SEQUENCE_MASK_BYTES", "RunOutput", "check_run_size", "encode_units", "run_pairs",
@@ -207,12 +207,8 @@ def check_run_size(rows_per_sequence: Sequence[int], lengths: Sequence[int], wha
     need = [int(r) * max(int(d), 1) for r, d in zip(rows_per_sequence, lengths, strict=True)]
     i = max(range(len(need)), key=need.__getitem__)
     total = sum(int(r) for r in rows_per_sequence)
-    cap = settings.max_masked_inputs.value()
-    if total > cap:
-        raise ValueError(
-            f"{what} would score {total:,} masked inputs (up to {max(rows_per_sequence):,} "
-            f"per sequence), more than mptlml.settings.max_masked_inputs = {cap:,}; lower "
-            "num_masks (or the number of rates), or raise that setting if you mean it.")
+    check_masked_inputs(total, f"{what} (up to {max(rows_per_sequence):,} per sequence)",
+                        "lower num_masks (or the number of rates)")
     if need[i] > MAX_SEQUENCE_MASK_BYTES:
         raise ValueError(
             f"{what} would draw {int(rows_per_sequence[i]):,} masked copies of sequence {i} "

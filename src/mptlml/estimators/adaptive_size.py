@@ -44,7 +44,21 @@ from .._validation import check_positive_int
 from .api import register
 from .random_size import RandomSize
 
-__all__ = ["AdaptiveSize"]
+__all__ = ["MAX_BINS", "AdaptiveSize"]
+
+#: most rate bins of :class:`AdaptiveSize` (two float64 statistics each)
+MAX_BINS = 65536
+
+
+def _as_cpu(value: Any, name: str) -> torch.Tensor:
+    """``value`` (a tensor, list or number) as a detached CPU tensor, refused if not numeric."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"observe: {name} must be a tensor or a list of numbers, got "
+                        f"{type(value).__name__}.") from None
 
 
 @register
@@ -110,6 +124,10 @@ class AdaptiveSize(RandomSize):
             raise ValueError(f"decay must be a number in (0, 1], got {decay!r}.")
         self.eps = float(eps)
         self.num_bins = check_positive_int(num_bins, "num_bins")
+        if self.num_bins > MAX_BINS:
+            raise ValueError(f"num_bins={num_bins} is more rate bins than any sequence has "
+                             f"sizes to fill (at most {MAX_BINS}); bins finer than 1/D share "
+                             f"no statistics. Pass num_bins <= {MAX_BINS} (default 16).")
         self.decay = float(decay)
         self._sum2 = torch.zeros(self.num_bins, dtype=torch.float64)
         self._count = torch.zeros(self.num_bins, dtype=torch.float64)
@@ -132,7 +150,7 @@ class AdaptiveSize(RandomSize):
 
         Parameters
         ----------
-        sizes : LongTensor
+        sizes : LongTensor (or a list)
             The sizes of the draw (``(R,)`` or ``(R, N)`` rows of dense data;
             ``(B,)`` for sequences, 0 where D_i = 0 is skipped).
         scores : Tensor
@@ -141,19 +159,31 @@ class AdaptiveSize(RandomSize):
         num_tokens : int or LongTensor ``(B,)``
             D, or D_i per sequence.
         """
-        s = scores.detach().to(device="cpu", dtype=torch.float64)
-        m = sizes.detach().cpu().long()
+        s = _as_cpu(scores, "scores").double()
+        m = _as_cpu(sizes, "sizes")
+        if m.dtype.is_floating_point and bool((m != m.round()).any()):
+            bad = m[m != m.round()][0]
+            raise ValueError(f"observe: sizes must be whole numbers of masked tokens, got "
+                             f"{float(bad):g}; pass the sizes that were drawn.")
+        m = m.long()
         if m.ndim == 1 and s.ndim == 2:
             m = m[:, None].expand_as(s)
         if m.shape != s.shape:
             raise ValueError(f"observe: sizes {tuple(m.shape)} and scores {tuple(s.shape)} "
                              "do not match (one score per drawn size).")
-        d = num_tokens.detach().cpu().long() if isinstance(num_tokens, torch.Tensor) \
-            else torch.tensor(check_positive_int(num_tokens, "num_tokens"))
+        d = (_as_cpu(num_tokens, "num_tokens").long()
+             if isinstance(num_tokens, torch.Tensor | list | tuple)
+             else torch.tensor(check_positive_int(num_tokens, "num_tokens")))
         d = d.expand_as(m) if d.ndim == 0 else d
         if d.shape != m.shape:
             raise ValueError(f"observe: num_tokens {tuple(d.shape)} must be an int or one "
                              f"per size {tuple(m.shape)}.")
+        bad = (m < 0) | (m > d.clamp_min(0)) | ((d <= 0) & (m != 0))
+        if bool(bad.any()):
+            k = tuple(int(v) for v in bad.nonzero()[0])
+            raise ValueError(f"observe: size M={int(m[k])} of D={int(d[k])} tokens (at {k}) "
+                             "cannot have been drawn (1 <= M <= D, 0 where D = 0); pass the "
+                             "sizes, scores and D of one draw.")
         keep = m > 0
         s, m, d = s[keep], m[keep], d[keep]
         if not bool(torch.isfinite(s).all()):
@@ -161,9 +191,21 @@ class AdaptiveSize(RandomSize):
             raise ValueError(f"observe: score {float(s[bad])} at size M={int(m[bad])} of "
                              f"D={int(d[bad])} is not finite; the size distribution cannot "
                              "adapt to it (check the model's log-probabilities).")
-        b = self.bins(m, d)
-        self._sum2.mul_(self.decay).index_add_(0, b, s.square())
-        self._count.mul_(self.decay).index_add_(0, b, torch.ones_like(s))
+        sq = s.square()
+        if not bool(torch.isfinite(sq).all()):
+            bad = int((~torch.isfinite(sq)).nonzero()[0, 0])
+            raise ValueError(f"observe: score {float(s[bad])} at size M={int(m[bad])} of "
+                             f"D={int(d[bad])} is too large: its square overflows float64, "
+                             "and the running RMS of the scores would become NaN. Scores are "
+                             "mean log-probabilities per masked token (check the model).")
+        total = self._sum2 * self.decay
+        total.index_add_(0, self.bins(m, d), sq)
+        if not bool(torch.isfinite(total).all()):
+            raise ValueError("observe: the running sum of squared scores overflows float64; "
+                             "the scores are far too large for log-probabilities (check the "
+                             "model), or call reset().")
+        self._sum2.copy_(total)
+        self._count.mul_(self.decay).index_add_(0, self.bins(m, d), torch.ones_like(s))
 
     def fingerprint(self) -> dict[str, Any]:
         """Name, options and the statistics q is fitted to (they decide the sizes drawn)."""

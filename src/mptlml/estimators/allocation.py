@@ -46,15 +46,18 @@ the spread); the last two warn
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 
 import numpy as np
 import torch
 
-__all__ = ["ALLOCATIONS", "PILOT_DATA", "PLAN_FACTOR", "RATE_BINS", "check_target", "fresh_seed",
-           "pilot_data", "pilot_masks", "pilot_subset", "plan_counts", "rate_bin", "stop_reason",
-           "stratum_variances"]
+__all__ = ["ALLOCATIONS", "MAX_PLAN", "PILOT_DATA", "PLAN_FACTOR", "RATE_BINS", "check_target",
+           "fresh_seed", "pilot_data", "pilot_masks", "pilot_subset", "plan_counts", "rate_bin",
+           "show_plan", "stop_reason", "stratum_variances"]
+
+_log = logging.getLogger(__name__)
 
 #: allocations of masks over strata
 ALLOCATIONS = ("neyman", "uniform")
@@ -67,6 +70,8 @@ PILOT_MAX = 16
 PLAN_FACTOR = 0.9
 #: fewest masks per stratum (its spread must stay estimable)
 MIN_COUNT = 2
+#: most masked inputs per datum a plan may ask for (beyond it the target is refused)
+MAX_PLAN = 2.0 ** 53
 
 
 def pilot_masks(num_masks: int, pooled_over: int) -> int:
@@ -133,20 +138,47 @@ def plan_counts(variances: np.ndarray, costs: np.ndarray, target_se: float, allo
         raw = np.sqrt(v / c) * np.sqrt(v * c).sum() / t2
     else:
         raw = np.full(v.shape, v.sum() / t2)
-    counts = np.maximum(np.ceil(raw - 1e-9), MIN_COUNT).astype(np.int64)
-    wanted = float((counts * c).sum())
+    with np.errstate(over="ignore", invalid="ignore"):
+        counts_f = np.maximum(np.ceil(raw - 1e-9), MIN_COUNT)  # float: no int64 overflow
+        wanted = float((counts_f * c).sum())
     if budget is None or wanted <= budget:
-        return counts, False, wanted
+        if not wanted <= MAX_PLAN:
+            raise ValueError(
+                f"target_se={target_se:g} would need about {wanted:.3g} masked inputs per datum "
+                f"(the pilot's spread over the target squared), far beyond what can run; raise "
+                f"target_se, or pass max_masks= to spend at most that many (the result then says "
+                f"how close it got).")
+        return counts_f.astype(np.int64), False, wanted
     floor_cost = float(MIN_COUNT * c.sum())
     if budget < floor_cost:
         raise ValueError(
             f"max_masks is too small: after the pilot, {budget:.0f} masked inputs per datum are "
             f"left, but every stratum needs at least {MIN_COUNT} masks ({floor_cost:.0f}). "
             f"Raise max_masks by at least {math.ceil(floor_cost - budget)}.")
-    scaled = np.maximum(np.floor(counts * (budget / wanted)), MIN_COUNT).astype(np.int64)
+    scaled = np.maximum(np.floor(counts_f * (budget / wanted)), MIN_COUNT).astype(np.int64)
     while float((scaled * c).sum()) > budget:  # the floors overshot: trim the largest
         scaled[int(np.argmax(np.where(scaled > MIN_COUNT, scaled, -1)))] -= 1
     return scaled, True, wanted
+
+
+def show_plan(what: str, target_se: float, allocation: str, counts: np.ndarray,
+              per_datum: float, spent: float, num_data: int, capped: bool,
+              progress: bool) -> None:
+    """Say what a target will cost before it is spent: logged (INFO), and shown with ``progress``.
+
+    The package decides this cost itself (from the pilot), so the user sees it,
+    and can bound it with ``max_masks`` (masked inputs per datum).
+    """
+    msg = (f"{what} at target_se={target_se:g} ({allocation}): the pilot scored "
+           f"{spent:.0f} masked inputs per datum; the plan draws {int(counts.min())}.."
+           f"{int(counts.max())} per stratum over {len(counts)} strata, {per_datum:,.0f} masked "
+           f"inputs per datum ({per_datum * num_data:,.0f} in all)"
+           + ("; cut to max_masks" if capped else "") + ".")
+    _log.info(msg)
+    if progress:
+        from tqdm.auto import tqdm
+
+        tqdm.write(msg)
 
 
 def stop_reason(stderr: float, target_se: float, capped: bool) -> str:
@@ -157,12 +189,15 @@ def stop_reason(stderr: float, target_se: float, capped: bool) -> str:
 
 
 # ---------------------------------------------------------------------- the pilot
-def pilot_data(x: torch.Tensor, shared: bool, generator: torch.Generator) -> torch.Tensor:
-    """The data a dense pilot scores: all with shared masks, else at most :data:`PILOT_DATA`."""
+def pilot_data(x: torch.Tensor, shared: bool,
+               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The data a dense pilot scores and their indices: all (None) with shared masks, else
+    at most :data:`PILOT_DATA` at random."""
     n = x.shape[0]
     if shared or n <= PILOT_DATA:
-        return x
-    return x[torch.randperm(n, generator=generator)[:PILOT_DATA].to(x.device)]
+        return x, None
+    idx = torch.randperm(n, generator=generator)[:PILOT_DATA]
+    return x[idx.to(x.device)], idx
 
 
 def stratum_variances(pilot: torch.Tensor, num_data: int, shared: bool) -> np.ndarray:

@@ -164,13 +164,17 @@ def ragged_seed(seed: Any) -> int:
     if seed is None:
         return int(torch.randint(0, 2**31 - 1, ()).item())
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        if int(seed) < 0:
+            raise ValueError(f"seed must be a non-negative int (the masks of sequence i come "
+                             f"from (seed, i)), got {seed}.")
         return int(seed)
     raise TypeError(f"for ragged sequences (a masked LM) pass an int seed (or None), got "
                     f"{type(seed).__name__}.")
 
 
 def estimate_lml(model: Any, x: Any, estimator: str | Estimator = "cumulative", *,
-                 num_masks: int = 1, rate: float | None = None, mask_size: int | None = None,
+                 num_masks: int | None = None, rate: float | None = None,
+                 mask_size: int | None = None,
                  seed: int | torch.Generator | None = None, share_masks: bool = False,
                  nested: bool = False, max_masks: int | None = None,
                  target_se: float | None = None, allocation: str | None = None,
@@ -199,10 +203,10 @@ def estimate_lml(model: Any, x: Any, estimator: str | Estimator = "cumulative", 
         the size-drawing estimators draw each sequence's sizes from its own
         D_i. ``mptlml.estimators.available()`` lists them (and any registered
         by the user).
-    num_masks : int
+    num_masks : int, optional
         P: masks per size (cumulative), draws of (M, mask) (random-size,
         adaptive-size), masks (fixed-rate) or orders (chain-rule) per datum.
-        Exhaustive: only 1.
+        Exhaustive: only 1. Default 1 (an Estimator instance: its own).
     rate : float in (0, 1)
         Masking rate of ``"fixed-rate"``; M = max(1, floor(rate * D)) (D_i
         per sequence).

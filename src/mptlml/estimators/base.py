@@ -61,12 +61,12 @@ from .._validation import check_positive_int, make_generator
 from ..masks import sample_masks
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
-from .allocation import check_target, plan_counts
+from .allocation import check_target, plan_counts, show_plan
 from .results import LMLEstimate
 from .runs import start_run
 from .stats import mean_stderr, sum_stderr, welch_dof
 
-__all__ = ["Draws", "Estimator", "RaggedScores", "accepted_options"]
+__all__ = ["Draws", "Estimator", "RaggedScores", "accepted_options", "check_size_rule"]
 
 
 @dataclass
@@ -263,6 +263,7 @@ class Estimator:
                     mean_over_data: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         n, d = x.shape[0], model.num_tokens
         rows = self.sizes(d, num_data=None if self.share_masks else n, generator=g)
+        check_size_rule(self, rows, d)
         s = score_masks(model, x, rows, share_masks=self.share_masks, generator=g,
                         progress=progress, counter=counter, mean_over_data=mean_over_data)
         return rows, s
@@ -272,7 +273,9 @@ class Estimator:
 
     def _cells(self, rows: torch.Tensor, s: torch.Tensor, d: int) -> torch.Tensor:
         """The weighted scores by (row of a draw, draw, ...): ``(rows_per_draw, P, ...)``."""
-        w = self.weights(rows, d).to(device=s.device, dtype=s.dtype)
+        w = self.weights(rows, d)
+        check_size_rule(self, rows, d, w)
+        w = w.to(device=s.device, dtype=s.dtype)
         y = w.reshape(*w.shape, *([1] * (s.ndim - w.ndim))) * s
         return y.view(-1, self.num_masks, *y.shape[1:])
 
@@ -351,7 +354,9 @@ class Estimator:
         draws = [int(c[0]) for c in counts]
 
         def draw_sizes(i: int, d: int, g: torch.Generator) -> torch.Tensor:
-            return self.sizes(torch.full((draws[i],), d), generator=g)
+            m = self.sizes(torch.full((draws[i],), d), generator=g)
+            check_size_rule(self, m, torch.full((draws[i],), d))
+            return m
 
         def masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
             return sample_masks(d, draw_sizes(i, d, g), generator=g)
@@ -365,6 +370,7 @@ class Estimator:
             # the same sizes again, from the same generator
             m = draw_sizes(i, int(d), torch.Generator().manual_seed(seq_seed(seed, i)))
             w = self.weights(m, torch.full_like(m, int(d)))
+            check_size_rule(self, m, torch.full_like(m, int(d)), w)
             cells.append([(w * torch.as_tensor(s, dtype=torch.float64) / m).numpy()])
         return cells, out.num_model_calls
 
@@ -434,6 +440,8 @@ class Estimator:
         variances, costs, spent = data.pilot()
         plan, capped, wanted = plan_counts(variances, costs, target_se, allocation,
                                            None if budget is None else budget - spent)
+        show_plan(f"the {self.name!r} estimate", target_se, allocation, plan,
+                  float((plan * costs).sum()), spent, data.n, capped, progress)
         return data.result(plan, capped=capped, wanted=wanted + spent, target_se=target_se,
                              allocation=allocation)
 
@@ -504,3 +512,79 @@ def accepted_options(cls: type[Estimator]) -> tuple[str, ...]:
     return tuple(p for p in params if p != "self"
                  and params[p].kind not in (inspect.Parameter.VAR_POSITIONAL,
                                             inspect.Parameter.VAR_KEYWORD))
+
+
+def check_size_rule(est: Estimator, sizes: Any, num_tokens: int | torch.Tensor,
+                    weights: Any = None) -> None:
+    """Refuse mask sizes (and weights) that break the contract of a size rule.
+
+    A draw of Proposition 1's estimators is ``sum_rows weight * S_hat(x; M_row)``
+    with ``S_hat(x; M) = (1/M) sum_{j in mask} log p(x_j | x_R)`` over a uniform
+    mask of M of the D tokens (Moreno-Munoz, Recasens & Hauberg, NeurIPS 2023,
+    Proposition 1). That needs, for every row:
+
+    - an integer size ``1 <= M <= D`` (per sequence ``1 <= M_i <= D_i``, and
+      ``M_i = 0`` exactly where ``D_i = 0``: the empty sum);
+    - a finite weight ``> 0`` where ``M >= 1`` (e.g. ``1 / q(M)`` or ``D``).
+
+    :meth:`Estimator.sizes` / :meth:`Estimator.weights` of any estimator (a
+    user's included) are checked here before their draws are used: by the
+    estimate, by :class:`~mptlml.objectives.MPTLoss` and by
+    :class:`mptlml.hf.DataCollatorForMPT`.
+
+    Parameters
+    ----------
+    est : Estimator
+        Whose rule drew them (named in the error).
+    sizes : LongTensor
+        ``(R,)`` or ``(R, N)`` rows of dense data, or one size per sequence.
+    num_tokens : int or LongTensor
+        D, or D_i per size (``sizes``' shape).
+    weights : Tensor, optional
+        The weights of ``sizes`` (:meth:`Estimator.weights`).
+
+    Raises
+    ------
+    ValueError
+        Naming the estimator, the offending size (or weight) and its D.
+    """
+    who = f"{type(est).__name__} ({est.name!r})"
+    fix = "fix its sizes() / weights() (mptlml.estimators.Estimator documents the contract)."
+    if not isinstance(sizes, torch.Tensor) or sizes.dtype.is_floating_point \
+            or sizes.dtype.is_complex or sizes.dtype == torch.bool:
+        raise ValueError(f"{who}.sizes() must return an integer tensor of mask sizes, got "
+                         f"{type(sizes).__name__} {getattr(sizes, 'dtype', '')}; {fix}")
+    m = sizes.detach().cpu().long()
+    d = (num_tokens.detach().cpu().long() if isinstance(num_tokens, torch.Tensor)
+         else torch.tensor(int(num_tokens)))
+    if d.ndim and d.numel() == m.numel():
+        d = d.reshape(m.shape)
+    else:
+        d = d.expand_as(m) if d.ndim == 0 else d
+    if d.shape != m.shape:
+        raise ValueError(f"{who}.sizes() returned shape {tuple(m.shape)} for "
+                         f"{tuple(d.shape)} lengths; one size per sequence (or row) is needed; "
+                         f"{fix}")
+    bad = ((d > 0) & ((m < 1) | (m > d))) | ((d <= 0) & (m != 0))
+    if bool(bad.any()):
+        k = tuple(int(v) for v in bad.nonzero()[0])
+        mk, dk = int(m[k]), int(d[k])
+        why = ("a mask of 0 tokens scores nothing" if mk == 0 else
+               "there is nothing to mask" if dk == 0 else
+               f"only {dk} tokens can be masked" if mk > dk else "a size is positive")
+        raise ValueError(f"{who}.sizes() drew M={mk} for a datum of D={dk} maskable tokens "
+                         f"(at {k}); {why}: a size rule must draw 1 <= M <= D (0 only where "
+                         f"D = 0). {fix[0].upper()}{fix[1:]}")
+    if weights is None:
+        return
+    w = torch.as_tensor(weights).detach().cpu().double()
+    if w.shape != m.shape:
+        raise ValueError(f"{who}.weights() returned shape {tuple(w.shape)} for sizes of shape "
+                         f"{tuple(m.shape)}; one weight per size is needed; {fix}")
+    bad = (m > 0) & ~(torch.isfinite(w) & (w > 0))
+    if bool(bad.any()):
+        k = tuple(int(v) for v in bad.nonzero()[0])
+        raise ValueError(f"{who}.weights() gave {float(w[k])} to size M={int(m[k])} of "
+                         f"D={int(d[k])} (at {k}); every drawn size needs a finite weight > 0 "
+                         f"(1/q(M) for a size drawn with probability q(M)). "
+                         f"{fix[0].upper()}{fix[1:]}")

@@ -8,7 +8,9 @@ T_1..T_K. For each, Proposition 1 applied to p(x_T | x_C) gives
 
 S_T the mean log-probability of M tokens masked inside T, the context always
 visible. The M = |T| term has a single mask (everything in T): it is scored
-once, exactly. The other sizes are drawn by importance sampling over a rate
+once, exactly. A short continuation, whose 2^|T| - 2 other masks are no more
+than ``max(num_masks, 2^EXACT_LENGTH - 2)``, is scored on every mask: its bound
+is exact, with standard error 0. The other sizes are drawn by importance sampling over a rate
 density q on (0, 1): a rate r gives M = ceil(r (|T| - 1)), so q(M) is the
 q-mass of ((M-1)/(|T|-1), M/(|T|-1)].
 
@@ -30,9 +32,11 @@ Variance reduction, all unbiased:
 With ``decide=True`` a question keeps drawing rounds only while its leader is
 not ahead of every other candidate by ``z`` paired standard errors, with
 ``z = t_{nu}^{-1}(1 - alpha / (2 R))`` for R the most rounds it may take
-(Bonferroni over the looks): with calibrated standard errors, the chance that
-a question is declared decided for a candidate that is not the best under the
-bound is at most ``alpha``. A clear question stops after one round; a near
+(Bonferroni over the looks) and nu the effective degrees of freedom of the
+paired standard errors so far (Welch-Satterthwaite over the rounds' strata):
+with calibrated standard errors, the chance that a question is declared
+decided for a candidate that is not the best under the bound is at most
+``alpha``. A clear question stops after one round; a near
 tie spends up to ``max_masks``.
 
 Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
@@ -42,6 +46,7 @@ Marginal Likelihood", NeurIPS 2023, Proposition 1 (conditionally).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +59,7 @@ from .._optional import require
 from .._scoring.ragged import run_pairs
 from .._validation import check_positive_int
 from ..models.sequence_input import encode_with_context
-from .results import _Result, announce_nonfinite
+from .results import MIN_STDERR_DOF, _Result, announce_nonfinite
 from .stats import welch_dof
 
 __all__ = ["Comparison", "compare"]
@@ -63,6 +68,8 @@ __all__ = ["Comparison", "compare"]
 NUM_RATE_BINS = 10
 #: the learned density never falls below this share of its largest bin (keeps every rate)
 DENSITY_FLOOR = 0.1
+#: continuations of at most this many tokens are scored on every mask (exact, SE 0)
+EXACT_LENGTH = 4
 
 
 @dataclass
@@ -85,16 +92,23 @@ class Comparison(_Result):
     decided : list of bool
         Whether the leader is ahead of every other candidate by ``z_threshold``
         paired standard errors.
-    z_threshold : float
-        The threshold of ``decided`` (:func:`compare`'s sequential rule).
+    z_threshold : list of float
+        The threshold of ``decided`` of each question (:func:`compare`'s
+        sequential rule: a t quantile at the paired SEs' degrees of freedom).
+    exact : list of arrays ``(K_q,)`` of bool
+        Whether a candidate's bound is an exact sum over every mask (a short
+        continuation): its standard error 0 is then exact, not an estimate.
     stderr_dof : list of float
         Effective degrees of freedom of each question's standard errors (smallest).
     num_masked_rows : list of int
         Masked inputs scored for each question (all its candidates): its cost.
+    candidate_masked_rows : list of int arrays ``(K_q,)``
+        The same per candidate (an exact candidate's cost is its 2^T - 1 masks).
     rounds : list of int
         Rounds of draws each question took.
     stop_reason : list of str
-        ``"one round"`` (no target), ``"decided"``, ``"target"`` or ``"budget"``.
+        ``"one round"`` (no target), ``"decided"``, ``"target"``, ``"budget"``, or
+        ``"exact"`` (every candidate short enough to be scored on every mask).
     num_model_calls : int
         Forward passes of the whole call.
     """
@@ -107,9 +121,11 @@ class Comparison(_Result):
     paired_stderr: list[np.ndarray]
     margin_z: list[float]
     decided: list[bool]
-    z_threshold: float
+    z_threshold: list[float]
+    exact: list[np.ndarray]
     stderr_dof: list[float]
     num_masked_rows: list[int]
+    candidate_masked_rows: list[np.ndarray]
     rounds: list[int]
     stop_reason: list[str]
     num_model_calls: int = 0
@@ -119,7 +135,10 @@ class Comparison(_Result):
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_pandas(self) -> Any:
-        """One row per (question, candidate): score, SE, paired SE to the leader, choice, cost."""
+        """One row per (question, candidate): score, SE, paired SE to the leader, choice, cost.
+
+        ``num_masked_rows`` is the candidate's own cost (``candidate_masked_rows``).
+        """
         require("pandas", "Comparison.to_pandas()")
         import pandas as pd
 
@@ -133,8 +152,9 @@ class Comparison(_Result):
                     "score": float(self.scores[q][k]), "stderr": float(self.stderr[q][k]),
                     "diff_to_leader": float(self.scores[q][k] - self.scores[q][lead]),
                     "paired_stderr": float(self.paired_stderr[q][k]),
-                    "chosen": k == lead, "decided": bool(self.decided[q]),
-                    "num_masked_rows": int(self.num_masked_rows[q]),
+                    "exact": bool(self.exact[q][k]), "chosen": k == lead,
+                    "decided": bool(self.decided[q]),
+                    "num_masked_rows": int(self.candidate_masked_rows[q][k]),
                     "stop_reason": self.stop_reason[q]})
         return pd.DataFrame(rows)
 
@@ -200,7 +220,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
             num_masks: int = 16, decide: bool = False, target_se: float | None = None,
             alpha: float = 0.05, max_masks: int = 512, allocation: str = "learned",
             common_masks: bool = True, seed: int | Sequence[int] = 0,
-            token_budget: int = 8192, batch_size: int | None = None,
+            token_budget: int = 8192, batch_size: int | None = None, chunk_size: int = 64,
             progress: bool = False) -> Comparison:
     """Score the K candidate continuations of each question on common masks, and choose.
 
@@ -238,15 +258,28 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         when questions are split across processes).
     token_budget, batch_size, progress
         As for :func:`mptlml.estimate_lml`.
+    chunk_size : int
+        Candidates whose masks go to the model together (batched under
+        ``token_budget`` across questions; the unit of work split across
+        processes).
 
     Returns
     -------
     Comparison
+
+    Warns
+    -----
+    RuntimeWarning
+        When a question was not decided, or missed ``target_se``, within
+        ``max_masks``; when a standard error that is not exact came out 0
+        (coinciding draws) or rests on fewer than
+        :data:`~mptlml.estimators.results.MIN_STDERR_DOF` degrees of freedom.
     """
     p = check_positive_int(num_masks, "num_masks")
     if p % 2:
         raise ValueError(f"num_masks must be even (two masks per rate stratum); got {p}.")
     max_masks = check_positive_int(max_masks, "max_masks")
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
     if max_masks < p:
         raise ValueError(f"max_masks ({max_masks}) is below num_masks ({p}); raise it.")
     if allocation not in ("learned", "uniform"):
@@ -274,14 +307,17 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     ids, nctx = encode_with_context(model, flat_ctx, flat_cand)
     lengths = np.array([len(t) - n for t, n in zip(ids, nctx, strict=True)])
     members = [[i for i, (qq, _) in enumerate(owner) if qq == q] for q in range(len(cands))]
+    exact = (2.0 ** lengths - 2 <= max(p, 2 ** EXACT_LENGTH - 2)) | (lengths <= 1)
     max_rounds = max_masks // p
-    if decide:
-        z = float(sps.norm.ppf(1 - alpha / (2 * max_rounds)))
-    else:
-        z = float(sps.norm.ppf(1 - alpha / 2))
+    tail = alpha / (2 * max_rounds) if decide else alpha / 2
+
+    def threshold(dof: float) -> float:
+        """The z a leader must clear: a t quantile at the paired SEs' dof."""
+        return float(sps.norm.isf(tail) if not math.isfinite(dof) else sps.t.isf(tail, dof))
 
     tallies = [_Tally() for _ in ids]
     rows = np.zeros(len(cands), dtype=np.int64)
+    cand_rows = np.zeros(len(ids), dtype=np.int64)
     rounds_done = np.zeros(len(cands), dtype=np.int64)
     active = list(range(len(cands)))
     density = _Density(np.ones(NUM_RATE_BINS))
@@ -300,39 +336,52 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                     seeds[q][0], seeds[q][1] * 1_000_003 + j + 1, r)
                 g = torch.Generator().manual_seed(_question_seed(*key))
                 strata, rates, order = _draw(g, p, tmax, density)
-                m, sizes = _masks(int(lengths[i]), rates, order)
-                if r == 0:  # the one mask of the whole continuation: S_T(x; |T|) exactly
+                if exact[i]:  # every mask, once, in the first round; nothing after
+                    meta[i] = (strata, rates, np.zeros(0))
+                    if r > 0:
+                        continue
+                    m = _every_mask(int(lengths[i]))
+                else:
+                    m, sizes = _masks(int(lengths[i]), rates, order)
+                    meta[i] = (strata, rates, sizes)
+                if r == 0 and not exact[i]:  # the whole continuation: S_T(x; |T|) exactly
                     m = torch.cat([m, torch.ones(1, int(lengths[i]), dtype=torch.bool)])
                 masks[i] = torch.cat([torch.zeros(m.shape[0], nctx[i], dtype=torch.bool), m],
                                      dim=1)
-                meta[i] = (strata, rates, sizes)
                 rows[q] += m.shape[0]
+                cand_rows[i] += m.shape[0]
         todo = sorted(masks)
         out = run_pairs(model, [ids[i] for i in todo],
                         lambda k, d, g, todo=todo, masks=masks: masks[todo[k]], seed=0,
                         tag="compare",
                         spec={"kind": "compare", "round": r,
                               "total_pairs": int(sum(masks[i].shape[0] for i in todo))},
-                        token_budget=token_budget, batch_size=batch_size, progress=progress,
-                        desc="comparing candidates")
+                        chunk_size=chunk_size, token_budget=token_budget, batch_size=batch_size,
+                        progress=progress, desc="comparing candidates")
         calls += out.num_model_calls
-        for i, sums in zip(todo, out.sums, strict=True):
+        sums_of = dict(zip(todo, out.sums, strict=True))
+        for i in sorted(meta):
             t = int(lengths[i])
             strata, rates, sizes = meta[i]
-            s = np.asarray(sums, dtype=np.float64)
+            if exact[i]:  # the exact sum is the constant; its draws are zeros
+                if r == 0:
+                    m = masks[i][:, nctx[i]:]
+                    size = m.sum(1).numpy()
+                    s = np.asarray(sums_of[i], dtype=np.float64)
+                    tallies[i].exact_top = float(sum(s[size == k].mean() / k
+                                                     for k in range(1, t + 1)))
+                tallies[i].rounds.append((p, np.zeros(p), strata))
+                continue
+            s = np.asarray(sums_of[i], dtype=np.float64)
             if r == 0:
                 tallies[i].exact_top = float(s[-1]) / t
                 s = s[:-1]
-            if t == 1:
-                y = np.zeros(p)
-            else:
-                y = s / (sizes * density.size_probs(sizes, t))
-                score = s / sizes
-                b = np.minimum((rates * NUM_RATE_BINS).astype(int), NUM_RATE_BINS - 1)
-                pair = score.reshape(-1, 2)
-                np.add.at(spread_sum, b.reshape(-1, 2)[:, 0],
-                          (pair[:, 0] - pair[:, 1]) ** 2 / 2)
-                np.add.at(spread_n, b.reshape(-1, 2)[:, 0], 1)
+            y = s / (sizes * density.size_probs(sizes, t))
+            score = s / sizes
+            b = np.minimum((rates * NUM_RATE_BINS).astype(int), NUM_RATE_BINS - 1)
+            pair = score.reshape(-1, 2)
+            np.add.at(spread_sum, b.reshape(-1, 2)[:, 0], (pair[:, 0] - pair[:, 1]) ** 2 / 2)
+            np.add.at(spread_n, b.reshape(-1, 2)[:, 0], 1)
             tallies[i].rounds.append((p, y, strata))
         for q in active:
             rounds_done[q] += 1
@@ -344,7 +393,9 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         still = []
         for q in active:
             res = _question(tallies, members[q])
-            if decide and res["margin"] > z:
+            if exact[members[q]].all():  # every candidate an exact sum: nothing to draw
+                status[q] = "exact"
+            elif decide and res["margin"] > threshold(res["pair_dof"]):
                 status[q] = "decided"
             elif target_se is not None and float(res["se"].max()) <= target_se and not decide:
                 status[q] = "target"
@@ -357,19 +408,52 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         active = still
 
     out_rows = [_question(tallies, members[q]) for q in range(len(cands))]
+    z = [threshold(o["pair_dof"]) for o in out_rows]
     res = Comparison(
         contexts=ctxs, candidates=cands, scores=[o["est"] for o in out_rows],
         stderr=[o["se"] for o in out_rows], choice=[int(o["lead"]) for o in out_rows],
         paired_stderr=[o["pse"] for o in out_rows], margin_z=[o["margin"] for o in out_rows],
-        decided=[bool(o["margin"] > z) for o in out_rows], z_threshold=z,
+        decided=[bool(o["margin"] > zq) for o, zq in zip(out_rows, z, strict=True)],
+        z_threshold=z, exact=[exact[m] for m in members],
         stderr_dof=[o["dof"] for o in out_rows], num_masked_rows=rows.tolist(),
+        candidate_masked_rows=[cand_rows[m] for m in members],
         rounds=rounds_done.tolist(), stop_reason=status, num_model_calls=calls,
         common_masks=common_masks, seed=seed, model=getattr(model, "name", None),
         extra={"allocation": allocation, "num_masks": p, "max_masks": max_masks,
                "alpha": alpha, "target_se": target_se,
                "rate_density": density.mass.tolist()})
     announce_nonfinite(np.concatenate(res.scores), "the candidates' scores", "candidates")
+    _announce(res, decide, target_se, max_masks)
     return res
+
+
+def _announce(res: Comparison, decide: bool, target_se: float | None, max_masks: int) -> None:
+    """Warn about what a comparison could not settle: budgets spent, SEs not to trust."""
+    n = len(res.scores)
+    spent = [q for q, s in enumerate(res.stop_reason) if s == "budget"]
+    if spent:
+        what = ("not decided", "their choice may flip on other masks (see margin_z and "
+                "paired_stderr)") if decide else (
+            f"still above target_se={target_se}", "their standard errors are larger than asked")
+        warnings.warn(
+            f"{len(spent)} of {n} questions (first: {spent[:5]}) were {what[0]} after "
+            f"max_masks={max_masks} masks per candidate: {what[1]}; raise max_masks to spend "
+            "more on them.", RuntimeWarning, stacklevel=3)
+    zero = [q for q in range(n)
+            if np.any((res.stderr[q] == 0) & ~res.exact[q])]
+    if zero:
+        warnings.warn(
+            f"{len(zero)} of {n} questions (first: {zero[:5]}) have a candidate whose standard "
+            "error came out 0 although its bound is not an exact sum (every draw of a stratum "
+            "fell on the same mask): that 0 understates the Monte Carlo error; use more masks "
+            "(num_masks).", RuntimeWarning, stacklevel=3)
+    few = [q for q in range(n) if res.stderr_dof[q] < MIN_STDERR_DOF]
+    if few:
+        warnings.warn(
+            f"{len(few)} of {n} questions (first: {few[:5]}) have standard errors resting on "
+            f"fewer than {MIN_STDERR_DOF} effective degrees of freedom (stderr_dof): an error "
+            "beyond 2 SE will happen far more often than 5% of the time; use more masks "
+            "(num_masks, or decide=/target_se= for more rounds).", RuntimeWarning, stacklevel=3)
 
 
 def _draw(g: torch.Generator, p: int, tmax: int, density: _Density
@@ -387,8 +471,6 @@ def _masks(length: int, rates: np.ndarray, order: torch.Tensor
            ) -> tuple[torch.Tensor, np.ndarray]:
     """Masks ``(P, T)`` of sizes ceil(r (T-1)) on the first positions of the shared order."""
     p = len(rates)
-    if length == 1:
-        return torch.zeros(0, 1, dtype=torch.bool), np.zeros(0)
     sizes = np.clip(np.ceil(rates * (length - 1)), 1, length - 1).astype(np.int64)
     keep = order[order < length].reshape(p, length)  # the shared order restricted to T
     rank = torch.empty_like(keep)
@@ -397,10 +479,17 @@ def _masks(length: int, rates: np.ndarray, order: torch.Tensor
     return m, sizes
 
 
+def _every_mask(length: int) -> torch.Tensor:
+    """Every non-empty subset of ``length`` positions, the whole one last: ``(2^T - 1, T)``."""
+    codes = torch.arange(1, 2 ** length)
+    m = (codes[:, None] >> torch.arange(length)) & 1
+    return m.bool()
+
+
 def _question(tallies: list[_Tally], idx: list[int]) -> dict[str, Any]:
     """Estimates, SEs, paired SEs to the leader and the margin of one question."""
     k = len(idx)
-    est, se, dof = np.zeros(k), np.zeros(k), []
+    est, se, dof, pair_dof = np.zeros(k), np.zeros(k), [], []
     for j, i in enumerate(idx):
         e, s, d = _combine(tallies[i].rounds, lambda y: y)
         est[j], se[j] = e + tallies[i].exact_top, s
@@ -416,7 +505,9 @@ def _question(tallies: list[_Tally], idx: list[int]) -> dict[str, Any]:
         _, ps, d = _combine(diff, lambda y: y)
         pse[j] = ps
         dof.append(d)
+        pair_dof.append(d)
         gap = est[lead] - est[j]
         margin = min(margin, gap / ps if ps > 0 else (math.inf if gap > 0 else 0.0))
     return {"est": est, "se": se, "lead": lead, "pse": pse,
-            "margin": margin if k > 1 else math.inf, "dof": float(min(dof))}
+            "margin": margin if k > 1 else math.inf, "dof": float(min(dof)),
+            "pair_dof": float(min(pair_dof, default=math.inf))}

@@ -29,6 +29,8 @@ Marginal Likelihood", NeurIPS 2023, Proposition 1, Sec. 4, Fig. 4, Table 2, Fig.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -36,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._scoring.dense import score_nested
+from .._scoring.dense import check_masked_inputs, score_nested
 from .._validation import check_size
 from ..models.base import MaskedModel
 from ..models.conditional import with_context
@@ -48,15 +50,22 @@ from .allocation import (
     pilot_masks,
     pilot_subset,
     plan_counts,
+    show_plan,
     stop_reason,
     stratum_variances,
 )
 from .api import given, ragged_seed, refuse_for_ragged
 from .cumulative import Cumulative
 from .rates import rate_widths
-from .results import MPTCurve, announce_nonfinite, as_float64, warn_target_missed
+from .results import (
+    MPTCurve,
+    announce_nonfinite,
+    as_float64,
+    warn_single_datum,
+    warn_target_missed,
+)
 from .riemann import rate_grid_scores
-from .runs import DenseRun
+from .runs import DenseRun, rows_per_datum
 from .stats import mean_stderr, strata_stderr, sum_stderr
 
 __all__ = ["mpt_curve"]
@@ -149,6 +158,15 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
         if whole_word:
             raise ValueError("context= does not combine with whole_word=True; score tokens.")
         model = with_context(model, context)
+    if nominal_length is not None and (
+            isinstance(nominal_length, bool) or not isinstance(nominal_length, numbers.Real)
+            or not math.isfinite(float(nominal_length)) or float(nominal_length) <= 0):
+        raise ValueError(f"nominal_length must be a positive number of tokens (L of the area "
+                         f"L * sum_k w_k curve_k; the paper's 512), got {nominal_length!r}.")
+    if target_se is not None and not isinstance(num_masks, numbers.Integral):
+        raise TypeError(f"num_masks={num_masks!r} with target_se=: the masks per size (rate) "
+                        "are then planned for the target; pass an int (the pilot's masks per "
+                        "size, at least 2), or drop target_se to give the counts yourself.")
     if max_masks is not None and target_se is None:
         raise ValueError("max_masks applies to mpt_curve with target_se= only (the budget of "
                          "the masks allocated for a target standard error).")
@@ -165,7 +183,8 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
         curve = dict(rates=rates, nominal_length=nominal_length, exact=exact,
                      whole_word=whole_word, ids=ids)
         if target_se is None:
-            return _ragged_curve(model, x, num_masks, ragged_seed(seed), **curve, **run)
+            return _announce(_ragged_curve(model, x, num_masks, ragged_seed(seed), **curve,
+                                           **run))
         return _announce(_ragged_curve_to_target(model, x, target_se, max_masks, allocation_,
                                                  num_masks, ragged_seed(seed), curve, run))
     data = DenseRun(Cumulative(num_masks, share_masks=share_masks, nested=nested), model, x,
@@ -174,7 +193,9 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
 
 
 def _announce(res: MPTCurve) -> MPTCurve:
-    """Say when a curve's target standard error was not reached."""
+    """Say when a curve's target standard error was not reached, or rests on one datum."""
+    warn_single_datum(int(res.per_sample.shape[0]), "the curve", "stderr and area_stderr",
+                      stacklevel=4)
     warn_target_missed("the curve's Monte Carlo standard error", res.stop_reason,
                        res.lml_stderr_mean, res.target_se)
     return res
@@ -203,6 +224,7 @@ def _dense_curve(data: DenseRun, sizes: Sequence[int] | None, target_se: float |
     coef = 1.0 if all_sizes else d / len(size_list)
     target: dict[str, Any] = {}
     per_se = None
+    pilot_rows, pilot_idx = 0, None
     with torch.no_grad(), model.reuse_data():
         if est.nested:
             if target_se is not None:
@@ -215,7 +237,7 @@ def _dense_curve(data: DenseRun, sizes: Sequence[int] | None, target_se: float |
         else:
             counts = [p] * len(size_list)
             if target_se is not None:  # a pilot, then the counts for the target
-                sub = pilot_data(xt, est.share_masks, g)
+                sub, pilot_idx = pilot_data(xt, est.share_masks, g)
                 p0 = pilot_masks(p, 1 if est.share_masks else sub.shape[0])
                 pilot = torch.stack(est.stratum_draws(model, sub, [p0] * len(size_list), g,
                                                       counter, progress, sizes=size_list)) * coef
@@ -224,6 +246,13 @@ def _dense_curve(data: DenseRun, sizes: Sequence[int] | None, target_se: float |
                                               np.ones(len(size_list)), target_se, allocation,
                                               left)
                 counts, target = plan.tolist(), {"counts": plan.tolist(), "capped": capped}
+                pilot_rows = counter.rows
+                show_plan("the curve", target_se, allocation, plan, float(plan.sum()),
+                          pilot_rows / n, n, capped, progress)
+            check_masked_inputs(sum(counts) * n, f"the curve of {n} data "
+                                f"({sum(counts):,} masked inputs per datum)",
+                                "lower num_masks" if target_se is None else
+                                "raise target_se, or pass max_masks= (masked inputs per datum)")
             cells = [c * coef for c in est.stratum_draws(model, xt, counts, g, counter,
                                                          progress, sizes=size_list)]
             per_sample = torch.stack([c.mean(0) for c in cells], 1).cpu() / coef  # (N, S)
@@ -239,7 +268,7 @@ def _dense_curve(data: DenseRun, sizes: Sequence[int] | None, target_se: float |
         area_is_exact_sum=all_sizes, num_tokens=d,
         num_masks=int(max(target["counts"])) if target else p,
         num_model_calls=counter.calls, num_masked_rows=counter.rows,
-        num_masked_rows_per_sample=torch.full((n,), counter.rows // n, dtype=torch.long),
+        num_masked_rows_per_sample=rows_per_datum(counter.rows, n, pilot_rows, pilot_idx),
         lml_stderr_mean=mc_se, nested=est.nested, per_sample_stderr=per_se,
         seed=data.seed, lml=area_ps)
     if target:
@@ -292,6 +321,8 @@ def _ragged_curve(model: RaggedMaskedModel, sequences: Any, num_masks: Any, seed
         res.num_model_calls += calls
         rows = rows + lengths * p
     res.num_masked_rows, res.num_masked_rows_per_sample = int(rows.sum()), torch.from_numpy(rows)
+    if len(set(counts.tolist())) > 1:  # an allocation over the rates
+        res.extra["masks_per_rate"] = counts.tolist()
     return res
 
 
@@ -324,6 +355,8 @@ def _ragged_curve_to_target(model: RaggedMaskedModel, sequences: Any, target_se:
     v = np.nanmean((d_sub[:, None] / k) ** 2 * s2, axis=0) / n
     left = None if max_masks is None else max_masks - pilot.num_masked_rows / n
     counts, capped, wanted = plan_counts(v, np.ones(k), target_se, allocation, left)
+    show_plan("the curve", target_se, allocation, counts, float(counts.sum()),
+              pilot.num_masked_rows / n, n, capped, bool(run.get("progress")))
     res = _ragged_curve(model, seqs, counts, fresh_seed(seed), **curve, **run)
     assert res.num_masked_rows_per_sample is not None and res.lml_stderr_mean is not None
     rows = res.num_masked_rows_per_sample.clone()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .._validation import check_positive_int
-from ..masks import uniform_sizes
+from ..masks import uniform_sizes, unit_uniforms
 from .api import register
 from .base import Estimator
 
@@ -89,8 +89,15 @@ class RandomSize(Estimator):
             d = self.sequence_lengths(num_tokens)
             if self._uniform():
                 return uniform_sizes(d, generator, self.stratified)
-            return torch.stack([uniform_sizes(di.view(1), generator, False, self._q(int(di)))[0]
-                                if int(di) > 0 else di for di in d]) if d.numel() else d
+            # each sequence inverts its own q_i at its U_i (stratified over the batch or not)
+            u = unit_uniforms(tuple(d.shape), generator, self.stratified)
+            out = torch.zeros_like(d)
+            for i, di in enumerate(d.tolist()):
+                if di > 0:
+                    cdf = self._q(di).cumsum(0)
+                    k = torch.searchsorted(cdf / cdf[-1], u[i:i + 1], right=True)
+                    out[i] = min(int(k[0]) + 1, di)
+            return out
         d = check_positive_int(num_tokens, "num_tokens")
         p = self.num_masks
         shape = (p,) if num_data is None else (p, check_positive_int(num_data, "num_data"))

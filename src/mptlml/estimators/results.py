@@ -25,7 +25,8 @@ from .._io import jsonable
 from .._optional import require
 
 __all__ = ["MIN_STDERR_DOF", "LMLEstimate", "MPTCurve", "NonFiniteWarning", "TokenScores",
-           "announce_estimate", "announce_nonfinite", "as_float64", "warn_target_missed"]
+           "announce_estimate", "announce_nonfinite", "as_float64", "warn_single_datum",
+           "warn_target_missed"]
 
 #: below this many effective degrees of freedom the reported standard error is flagged
 #: (Student's t with 5 dof exceeds 2 in 10% of runs, with 3 in 14%, with 1 in 30%)
@@ -246,12 +247,21 @@ class MPTCurve(_Result):
     corruption: str | None = None
     ids: list[str] | None = field(default=None, repr=False)
 
+    def masks_per_point(self) -> list[int] | int:
+        """Masks per datum of each size (rate): the allocation after a target (or a list of
+        counts), else ``num_masks`` for every one."""
+        counts = self.extra.get("masks_per_size", self.extra.get("masks_per_rate"))
+        if counts is not None and len(counts) == len(self.rates):
+            return [int(c) for c in counts]
+        return self.num_masks
+
     def to_pandas(self, per_sample: bool = False) -> Any:
         """A tidy ``pandas.DataFrame`` of the curve.
 
         By default one row per size (dense models) or rate (ragged sequences):
         ``rate``, ``size`` (dense only, else None), ``mean``, ``stderr`` and
-        ``num_masks``, ``model``. With ``per_sample=True``, one row per
+        ``num_masks`` (each point's own, :meth:`masks_per_point`), ``model``.
+        With ``per_sample=True``, one row per
         (datum, size/rate): ``datum``, ``id`` (ragged, when given), ``rate``,
         ``size``, ``score`` (S_hat(x_n; M)) and ``score_stderr`` (ragged; NaN
         where unknown).
@@ -266,7 +276,7 @@ class MPTCurve(_Result):
                 "rate": rates, "size": list(self.sizes) if dense else [None] * len(rates),
                 "mean": np.asarray(_numpy(self.mean), dtype=np.float64),
                 "stderr": np.asarray(_numpy(self.stderr), dtype=np.float64),
-                "num_masks": self.num_masks, "model": self.model,
+                "num_masks": self.masks_per_point(), "model": self.model,
             })
         scores = np.asarray(_numpy(self.per_sample), dtype=np.float64)  # (N, S)
         n, s = scores.shape
@@ -404,6 +414,22 @@ def announce_nonfinite(values: Any, what: str, unit: str = "data", stacklevel: i
     return k
 
 
+def warn_single_datum(num_data: int, what: str, spread: str, stacklevel: int = 4) -> bool:
+    """Warn that one datum leaves the spread over data unknown (its standard error NaN).
+
+    With N = 1 the sample variance over data has no degree of freedom, so
+    ``spread`` (e.g. ``stderr_data``) is NaN; the Monte Carlo standard error
+    (over masks) is still defined. Returns whether it warned.
+    """
+    if num_data != 1:
+        return False
+    warnings.warn(f"{what} rests on one datum: {spread} (the spread over data) cannot be "
+                  "computed and is NaN; the Monte Carlo standard error over masks is not "
+                  "affected. Pass two or more data to know how the estimate varies over data.",
+                  RuntimeWarning, stacklevel=stacklevel)
+    return True
+
+
 def warn_target_missed(what: str, reason: str | None, stderr: float, target: float | None, *,
                        wanted: float | None = None, stacklevel: int = 4) -> bool:
     """Warn when a target standard error was not reached (estimates and curves alike).
@@ -438,6 +464,8 @@ def announce_estimate(est: LMLEstimate) -> LMLEstimate:
     """
     bad = announce_nonfinite(est.per_sample, f"the {est.estimator!r} estimate of log p(x)",
                              stacklevel=6)
+    warn_single_datum(int(np.asarray(_numpy(est.per_sample)).size),
+                      f"the {est.estimator!r} estimate", "stderr_data", stacklevel=6)
     if not bad and math.isnan(est.stderr):
         warnings.warn(
             f"the standard error of the {est.estimator!r} estimate cannot be computed from "

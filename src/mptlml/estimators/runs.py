@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._scoring.dense import Counter
+from .._scoring.dense import Counter, check_masked_inputs
 from .._validation import make_generator
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
@@ -55,7 +55,18 @@ from .allocation import (
 from .results import LMLEstimate, announce_estimate, as_float64
 from .stats import mean_stderr, strata_stderr, sum_stderr, welch_dof
 
-__all__ = ["DenseRun", "RaggedRun", "start_run"]
+__all__ = ["DenseRun", "RaggedRun", "rows_per_datum", "start_run"]
+
+
+def rows_per_datum(rows: int, n: int, pilot_rows: int = 0,
+                   pilot_idx: torch.Tensor | None = None) -> torch.Tensor:
+    """Masked inputs scored per datum: the fresh draws' (the same for every datum) plus the
+    pilot's on the data it scored (``pilot_idx``; None: every datum). Sums to ``rows``."""
+    out = torch.full((n,), (rows - pilot_rows) // n, dtype=torch.long)
+    if pilot_rows:
+        idx = torch.arange(n) if pilot_idx is None else pilot_idx.cpu()
+        out[idx] += pilot_rows // len(idx)
+    return out
 
 
 def start_run(est: Any, model: Any, x: Any, *, seed: Any, progress: bool,
@@ -96,6 +107,8 @@ class DenseRun:
         self.n, self.d = self.x.shape[0], model.num_tokens
         est.check_num_tokens(self.d)
         self.counter = Counter()
+        self._pilot_idx: torch.Tensor | None = None  # the data of the pilot (None: all)
+        self._pilot_rows = 0
         #: the mask size of each stratum of a draw, or None for one stratum
         self.strata = est.strata(self.d)
         self.num_strata = 1 if self.strata is None else len(self.strata)
@@ -105,10 +118,11 @@ class DenseRun:
         est = self.est
         h = self.num_strata
         with torch.no_grad(), self.model.reuse_data():
-            sub = pilot_data(self.x, est.share_masks, self.generator)
+            sub, self._pilot_idx = pilot_data(self.x, est.share_masks, self.generator)
             p0 = pilot_masks(est.num_masks, 1 if est.share_masks else sub.shape[0])
             pilot = torch.stack(est.stratum_draws(self.model, sub, [p0] * h, self.generator,
                                                   self.counter, self.progress))
+        self._pilot_rows = self.counter.rows
         costs = np.full(h, est.masks_per_draw(self.d) / h)
         return stratum_variances(pilot, self.n, est.share_masks), costs, self.counter.rows / self.n
 
@@ -117,6 +131,13 @@ class DenseRun:
                  allocation: str | None = None) -> LMLEstimate:
         """The estimate: ``num_masks`` draws per stratum, or ``plan[h]`` after a pilot."""
         est, x, n, d, counter = self.est, self.x, self.n, self.d, self.counter
+        per_datum = (est.num_masks * est.masks_per_draw(d) if plan is None
+                     else int(round(float((plan * est.masks_per_draw(d) / self.num_strata)
+                                          .sum()))))
+        check_masked_inputs(per_datum * n, f"the {est.name!r} estimate of {n} data "
+                            f"({per_datum:,} masked inputs per datum)",
+                            "lower num_masks" if plan is None
+                            else "raise target_se, or pass max_masks= (masked inputs per datum)")
         with torch.no_grad(), self.model.reuse_data():
             if plan is None:
                 out = est.evaluate(self.model, x, self.generator, counter, self.progress)
@@ -152,7 +173,8 @@ class DenseRun:
             mean=mean, stderr=stderr, stderr_data=float(mean_stderr(per_sample)[1]),
             sizes=sizes, size_scores=size_scores, num_masks=num_masks,
             num_model_calls=counter.calls, num_masked_rows=counter.rows,
-            num_masked_rows_per_sample=torch.full((n,), counter.rows // n, dtype=torch.long),
+            num_masked_rows_per_sample=rows_per_datum(counter.rows, n, self._pilot_rows,
+                                                      self._pilot_idx),
             stderr_dof=dof, rate=est.recorded_rate(d), exact=exact,
             bias=None if exact is None else mean - exact,
             shared_masks=est.share_masks or exact_draws,

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from ..estimators import Estimator, accepted_options, available, create, get
+from ..estimators.base import check_size_rule
 from ..models.mlm_inputs import CORRUPTIONS, corrupt
 from ..models.sequence_input import as_token_ids
 from ..models.tokenizer_checks import MAX_UNKNOWN_FRACTION, check_round_trip
@@ -169,6 +170,7 @@ class DataCollatorForMPT:
         self.size_rule = create(estimator, rate=DEFAULT_RATE if rate is None and takes_rate
                                 and not isinstance(estimator, Estimator) else rate,
                                 stratified=stratified, hints=_HINTS)
+        _check_collator_rule(self.size_rule)
         rate = getattr(self.size_rule, "rate", None) or DEFAULT_RATE
         if return_tensors != "pt":
             raise ValueError(f"only return_tensors='pt' is supported, got {return_tensors!r}.")
@@ -183,6 +185,8 @@ class DataCollatorForMPT:
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token first.")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise TypeError(f"seed must be an int or None, got {seed!r}.")
+        if seed is not None and int(seed) < 0:
+            raise ValueError(f"seed must be a non-negative int or None, got {seed}.")
         check_round_trip(tokenizer, allow_unknown=bool(allow_unknown))
         self.tokenizer = tokenizer
         self.estimator = self.size_rule.name
@@ -250,6 +254,7 @@ class DataCollatorForMPT:
         how = "pass tokenizer outputs (tokenizer(text)) or lists of integer ids"
         if isinstance(examples[0], Mapping):
             keys = set(examples[0])
+            _check_fields(examples[0])
             feats = []
             for i, e in enumerate(examples):
                 if not isinstance(e, Mapping) or "input_ids" not in e:
@@ -324,6 +329,7 @@ class DataCollatorForMPT:
         g = generator
         d = ok.sum(1)
         m = self.size_rule.sizes(d, generator=g)
+        check_size_rule(self.size_rule, m, d)
         # uniform subset of size M_i among the maskable positions: the M_i smallest keys
         keys = torch.rand(ids.shape, generator=g, dtype=torch.float64)
         keys = keys.masked_fill(~ok, 2.0)
@@ -336,9 +342,76 @@ class DataCollatorForMPT:
         batch[LABELS] = labels
         # the estimator weighs S_hat = (1/M) sum_mask log q; per masked token: weight / M
         w = self.size_rule.weights(m, d)
+        check_size_rule(self.size_rule, m, d, w)
         weights = torch.where(m > 0, w / m.clamp_min(1).double(), 0.0)
         batch[WEIGHTS] = weights.float()
         return batch
 
     def __call__(self, examples: Sequence[Any]) -> dict[str, torch.Tensor]:
+        _refuse_plain_trainer()
         return self.apply_masks(self.pad(examples), self.generator)
+
+
+def _check_collator_rule(rule: Estimator) -> None:
+    """Refuse the options of an estimator that the collator would not carry out.
+
+    The collator draws ONE size and ONE mask per sequence per batch, from
+    :meth:`Estimator.sizes` with a tensor of D_i: ``num_masks`` (P draws per
+    datum) and ``share_masks`` (one mask for all data) have no meaning there.
+    """
+    if rule.num_masks != 1:
+        raise ValueError(
+            f"the collator draws one mask per sequence per batch, but {rule!r} has "
+            f"num_masks={rule.num_masks}, which it would not use; pass an estimator with "
+            "num_masks=1 (more draws per sequence: repeat the sequence in the dataset, or "
+            "MPTTrainer(eval_num_draws=) for evaluation).")
+    if rule.share_masks:
+        raise ValueError(
+            f"the collator draws each sequence's own mask (sequences differ in length), but "
+            f"{rule!r} has share_masks=True, which it would not use; pass share_masks=False.")
+
+
+def _check_fields(example: Mapping[str, Any]) -> None:
+    """Refuse fields ``tokenizer.pad`` cannot pad, or that would change the objective."""
+    if "labels" in example:
+        raise ValueError(
+            "the examples have a 'labels' field: the collator makes its own targets "
+            "('mpt_labels', the masked tokens) and a model given 'labels' would compute another "
+            "loss. Drop that field (datasets: dataset.remove_columns('labels')).")
+    for k, v in example.items():
+        if isinstance(v, str | bytes) or (isinstance(v, Sequence) and v
+                                          and isinstance(v[0], str | bytes)):
+            raise ValueError(
+                f"the examples have a text field {k!r}: the collator pads token ids only. "
+                f"Tokenize it and drop the text (datasets: dataset.map(tokenize, "
+                f"remove_columns=[{k!r}])).")
+
+
+def _refuse_plain_trainer(depth: int = 40) -> None:
+    """Refuse a direct call from a plain ``transformers.Trainer`` (it would find no loss).
+
+    The collator's batches carry their targets as ``mpt_labels``, which no model
+    turns into a loss, so ``Trainer`` would stop at its first step with "The model
+    did not return a loss". :class:`~mptlml.hf.MPTTrainer` calls :meth:`pad` and
+    :meth:`apply_masks` instead of this, so a ``Trainer`` among the callers
+    (the DataLoader of the main process) is a plain one when it keeps
+    ``Trainer.compute_loss``.
+    """
+    import sys
+
+    tr = sys.modules.get("transformers")
+    trainer = getattr(tr, "Trainer", None) if tr is not None else None
+    if trainer is None:
+        return
+    f = sys._getframe(2)
+    for _ in range(depth):
+        if f is None:
+            return
+        obj = f.f_locals.get("self")
+        if isinstance(obj, trainer) and type(obj).compute_loss is trainer.compute_loss:
+            raise TypeError(
+                f"DataCollatorForMPT is used by a plain {type(obj).__name__}: its batches carry "
+                "the MPT targets as 'mpt_labels' with per-sequence weights, from which the "
+                "model computes no loss. Train with mptlml.hf.MPTTrainer(model, args, "
+                "data_collator=collator, ...), which computes the weighted MPT loss.")
+        f = f.f_back

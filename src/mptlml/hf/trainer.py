@@ -41,8 +41,10 @@ What it guarantees
   tok), texts, "cumulative")``.
 - **Refused.** A collator other than :class:`DataCollatorForMPT`, a model
   that is not a masked LM (a causal LM), ``label_smoothing_factor`` (it would
-  change the objective away from a likelihood bound) and
-  ``compute_loss_func`` (it cannot see the weights).
+  change the objective away from a likelihood bound),
+  ``compute_loss_func`` (it cannot see the weights), training or evaluation
+  data without a single maskable token (the loss would be the empty sum, 0)
+  and batches longer than the model's position table.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ import torch
 
 from .._optional import require
 from .._validation import check_positive_int
-from ..models.hf_loading import check_masked_lm
+from ..models.hf_loading import check_masked_lm, position_limit
 from .collator import DataCollatorForMPT, stream_seed
 from .loss import LABELS, WEIGHTS, _logits_of, mpt_loss
 
@@ -126,9 +128,52 @@ class MPTTrainer(Trainer):
         return int(self.args.seed if s is None else s)
 
     def _mask(self, batch: Any, *keys: int) -> dict[str, Any]:
+        limit = None if self.model is None else position_limit(self.model)
+        length = int(batch["input_ids"].shape[1])
+        if limit is not None and length > limit:
+            raise ValueError(
+                f"a batch holds inputs of {length} tokens (special tokens and padding included) "
+                f"but the model's position table covers {limit}; truncate the examples when "
+                f"tokenizing (tokenizer(text, truncation=True, max_length={limit})) or split "
+                "long texts into chunks" + (", and keep pad_to_multiple_of within it"
+                                           if self.mpt_collator.pad_to_multiple_of else "") + ".")
         g = torch.Generator().manual_seed(stream_seed(self.mask_seed, *keys,
                                                       self.args.process_index))
         return self.mpt_collator.apply_masks(batch, g)
+
+    def _check_maskable(self, dataset: Any, what: str) -> None:
+        """Refuse a dataset without a single maskable token (its MPT loss is the empty sum, 0).
+
+        Scans the examples of a sized dataset until the first that has one
+        (usually the first); an iterable dataset is not scanned.
+        """
+        if dataset is None or not hasattr(dataset, "__len__") \
+                or not hasattr(dataset, "__getitem__"):
+            return
+        coll = self.mpt_collator
+        keep = ("input_ids", "special_tokens_mask", "attention_mask")
+        for i in range(len(dataset)):
+            ex = dataset[i]
+            ex = {k: ex[k] for k in keep if k in ex} if isinstance(ex, dict) else ex
+            if bool(coll.maskable(coll.pad([ex])).any()):
+                return
+        raise ValueError(
+            f"the {what} dataset ({len(dataset)} examples) has no maskable token: every "
+            "sequence is empty or special tokens only, so the MPT loss is the empty sum 0 and "
+            f"nothing would be {'trained' if what == 'training' else 'evaluated'}. Check the "
+            "tokenization (e.g. a text column that was never tokenized, or empty lines).")
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train``, refusing training data without a maskable token first."""
+        self._check_maskable(self.train_dataset, "training")
+        return super().train(*args, **kwargs)
+
+    def evaluate(self, eval_dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.evaluate``, refusing evaluation data without a maskable token first."""
+        data = self.eval_dataset if eval_dataset is None else eval_dataset
+        for part in (data.values() if isinstance(data, dict) else [data]):
+            self._check_maskable(part, "evaluation")
+        return super().evaluate(eval_dataset, *args, **kwargs)
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int,
                           device: torch.device) -> tuple[list, Any]:

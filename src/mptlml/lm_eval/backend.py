@@ -415,15 +415,15 @@ class MPTLM(LM):
                 question = {
                     "id": self._questions, "choice": keys[members[cmp.choice[q]]].idx,
                     "decided": bool(cmp.decided[q]), "margin_z": float(cmp.margin_z[q]),
-                    "z_threshold": float(cmp.z_threshold), "candidates": k_q,
+                    "z_threshold": float(cmp.z_threshold[q]), "candidates": k_q,
                     "masked_inputs": rows}
             for j, i in enumerate(members):
                 k = keys[i]
                 records[k] = {
                     "request": "loglikelihood", "task": k.task, "doc_id": k.doc_id,
                     "idx": k.idx, "loglikelihood": float(cmp.scores[q][j]),
-                    "stderr": float(cmp.stderr[q][j]),
-                    "masked_inputs": rows // k_q,  # every candidate gets the same masks
+                    "stderr": float(cmp.stderr[q][j]), "exact": bool(cmp.exact[q][j]),
+                    "masked_inputs": int(cmp.candidate_masked_rows[q][j]),
                     "num_tokens": len(cont_ids[i]), "context_tokens": len(kept[i]),
                     "context_tokens_dropped": len(ctx_ids[i]) - len(kept[i]),
                     "stderr_dof": float(cmp.stderr_dof[q]), "rounds": int(cmp.rounds[q]),
@@ -479,6 +479,7 @@ class MPTLM(LM):
         seeds = [_content_seed(self.seed, [k.args, (str(w),)])
                  for k, sp in zip(everyone, spans, strict=True) for w in range(len(sp))]
         ll, se, rows = np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
+        exact = np.zeros(0, dtype=bool)
         stops: list[str] = []
         if targets:
             cmp = mptlml.compare(self.model, contexts, targets, seed=seeds,
@@ -486,6 +487,7 @@ class MPTLM(LM):
             ll = np.array([float(v[0]) for v in cmp.scores])
             se = np.array([float(v[0]) for v in cmp.stderr])
             rows = np.array(cmp.num_masked_rows, dtype=np.int64)
+            exact = np.array([bool(v[0]) for v in cmp.exact])
             stops = list(cmp.stop_reason)
         records: dict[_Key, dict[str, Any]] = {}
         w = 0
@@ -496,6 +498,7 @@ class MPTLM(LM):
                 "request": "loglikelihood_rolling", "task": k.task, "doc_id": k.doc_id,
                 "idx": k.idx, "loglikelihood": float(ll[w:w + n].sum()),
                 "stderr": float(math.sqrt((se[w:w + n] ** 2).sum())),
+                "exact": bool(exact[w:w + n].all()),
                 "masked_inputs": int(rows[w:w + n].sum()), "num_tokens": len(t), "windows": n,
                 "stop_reason": _worst(stops[w:w + n]),
                 "words": len(re.split(r"\s+", text)), "bytes": len(text.encode("utf-8"))}
@@ -515,7 +518,9 @@ def _worst(reasons: list[str]) -> str | None:
     """The stop reason of a text scored in windows: "budget" if any window ran out."""
     if not reasons:
         return None
-    return "budget" if "budget" in reasons else reasons[0]
+    if "budget" in reasons:
+        return "budget"
+    return next((r for r in reasons if r != "exact"), reasons[0])
 
 
 def _windows(n: int, limit: int) -> list[tuple[int, int, int]]:

@@ -24,7 +24,11 @@ request here gets a record, written as one JSON line (``mc_log``, by default
 ``stderr_dof, rounds, stop_reason``
     Effective degrees of freedom of the standard error; rounds of draws;
     why drawing stopped (:func:`mptlml.compare`: ``"one round"``, ``"target"``,
-    ``"decided"`` or ``"budget"``, ``max_masks`` spent first).
+    ``"decided"``, ``"budget"`` (``max_masks`` spent first) or ``"exact"``).
+``exact``
+    Whether the log-likelihood is an exact sum over every mask (a continuation
+    of a few tokens: :data:`mptlml.estimators.compare.EXACT_LENGTH`); its
+    standard error 0 is then exact.
 ``paired_stderr, question``
     For a multiple-choice document (K >= 2 candidates after one context): the
     standard error of (leader minus this candidate) on common masks, and the

@@ -42,9 +42,9 @@ class MPTLoss(Objective):
         A trainable estimator (``mptlml.estimators.available(trainable=True)``):
         ``"cumulative"``, ``"random-size"``, ``"fixed-rate"``, or one
         registered by the user; or an instance.
-    num_masks : int
+    num_masks : int, optional
         P: masks per size (cumulative) or per datum (random-size, fixed-rate),
-        redrawn at every call.
+        redrawn at every call. Default 1 (an Estimator instance: its own).
     rate : float in (0, 1), optional
         Masking rate of ``"fixed-rate"`` (e.g. 0.15 for BERT, 0.2 in Fig. 2);
         M = max(1, floor(rate * D)).
@@ -74,8 +74,9 @@ class MPTLoss(Objective):
     name = "mpt"
 
     def __init__(self, model: MaskedModel, estimator: str | Estimator = "cumulative", *,
-                 num_masks: int = 1, rate: float | None = None, mask_size: int | None = None,
-                 share_masks: bool = False, **options: Any) -> None:
+                 num_masks: int | None = None, rate: float | None = None,
+                 mask_size: int | None = None, share_masks: bool = False,
+                 **options: Any) -> None:
         super().__init__(model)
         cls = get(estimator)
         if not cls.trainable or not cls.dense:
