@@ -18,13 +18,26 @@ _ROLE = re.compile(
 )
 
 
+#: reStructuredText's escaped space joins a role to the text after it (``:meth:`observe`\ s``);
+#: Markdown leaves the backslash and the space: drop them
+_RST_JOIN = re.compile(r"(</code>(?:</autoref>)?)\\ ")
+
+
+#: reStructuredText's ``text::`` introduces a literal block and shows as ``text:``
+_RST_LITERAL = re.compile(r"(?<![\s:])::</p>")
+
+#: names a package provides lazily (a module ``__getattr__``), which the docs' static
+#: analysis cannot see: a reference to them goes to where they are defined
+_LAZY = {"mptlml.hf.MPTTrainer": "mptlml.hf.trainer.MPTTrainer"}
+
+
 def _replace(match: re.Match[str], package: str | None) -> str:
     target = match["target"].strip()
     shown = target.rsplit(".", 1)[-1] if match["tilde"] else target.lstrip(".")
     if "." in target and not target.startswith("."):
-        identifier = target
+        identifier = _LAZY.get(target, target)
     elif package is not None and "." not in target:  # a bare name on an API page: its package
-        identifier = f"{package}.{target}"
+        identifier = _LAZY.get(f"{package}.{target}", f"{package}.{target}")
     else:
         return f"<code>{shown}</code>"
     return f'<autoref identifier="{identifier}" optional><code>{shown}</code></autoref>'
@@ -32,8 +45,7 @@ def _replace(match: re.Match[str], package: str | None) -> str:
 
 def on_page_content(html: str, page: Any, **kwargs: Any) -> str:
     """Rewrite the roles of one rendered page (before autorefs resolves its references)."""
-    src = page.file.src_uri  # api/estimators.md documents mptlml.estimators
-    stem = src.removeprefix("api/").removesuffix(".md") if src.startswith("api/") else None
-    package = None if stem in (None, "index") else (
-        "mptlml" if stem == "mptlml" else f"mptlml.{stem}")
-    return _ROLE.sub(lambda m: _replace(m, package), html)
+    package = page.meta.get("package")  # an API page's front matter: the package it documents
+    html = _ROLE.sub(lambda m: _replace(m, package), html)
+    html = _RST_JOIN.sub(r"\1", html)
+    return _RST_LITERAL.sub(":</p>", html)

@@ -42,6 +42,7 @@ PACKAGE = SRC / "mptlml"
 #: ``(root)`` is ``mptlml/__init__.py``. A new room must be placed here.
 FLOORS: dict[str, int] = {
     "_io": 0, "_markdown": 0, "_linalg": 0, "_validation": 0, "_progress": 0, "_heap": 0,
+    "_optional": 0,
     "settings": 0,
     "masks": 1,
     "models": 2,

@@ -45,6 +45,7 @@ from typing import Any
 
 from ._io import atomic_write_text, jsonable
 from ._markdown import md_cell
+from ._optional import require
 from .reproduce.claims import STATUSES, status_of
 from .reproduce.parts import PARTS, get_part
 from .runs.config import execution_settings
@@ -377,6 +378,7 @@ def _md_link(path: str) -> str:
 
 
 def _render(rep: Report, template: str, out_dir: Path) -> str:
+    require("jinja2", "a report (report.html, report.md)")
     import jinja2
 
     env = jinja2.Environment(

@@ -95,14 +95,16 @@ def score_masks(model: MaskedModel, x: torch.Tensor, sizes: torch.Tensor, *,
         the model's ``masked_log_prob_mean`` (shared masks only; a model may compute
         it from sufficient statistics of the data). The masks drawn are the same.
 
-    The masks depend only on the generator, the sizes and ``share_masks``
-    (they are drawn in chunks of ``settings.mask_bytes``, whatever the model's
-    block size), so two models scored from one seed see the same masks.
-
     Returns
     -------
     torch.Tensor, (B, N) or (B,) float64
         Differentiable with respect to the model's parameters.
+
+    Notes
+    -----
+    The masks depend only on the generator, the sizes and ``share_masks``
+    (they are drawn in chunks of ``settings.mask_bytes``, whatever the model's
+    block size), so two models scored from one seed see the same masks.
     """
     n, d = x.shape[0], model.num_tokens
     g = make_generator(generator)

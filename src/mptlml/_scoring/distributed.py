@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from .._optional import require
 from .._validation import check_device
 
 __all__ = ["DistContext", "barrier", "default_device", "distributed_context", "gather",
@@ -82,6 +83,7 @@ def distributed_context(*, cpu: bool | None = None) -> DistContext:
         if cpu is None:
             cpu = not torch.cuda.is_available()
         return DistContext(device=torch.device("cpu" if cpu else "cuda"))
+    require("accelerate", "a run on several processes (torchrun, accelerate launch)")
     from accelerate import PartialState
 
     if cpu is None:
@@ -109,6 +111,7 @@ def shard(items: list[T], ctx: DistContext) -> list[T]:
     """
     if ctx.world == 1:
         return list(items)
+    require("accelerate", "a run on several processes (torchrun, accelerate launch)")
     from accelerate import PartialState
 
     order = [items[k] for r in range(ctx.world) for k in range(r, len(items), ctx.world)]
@@ -120,6 +123,7 @@ def gather(obj: Any, ctx: DistContext) -> list[Any]:
     """``obj`` of every rank, in rank order, on every rank (accelerate's ``gather_object``)."""
     if ctx.world == 1:
         return [obj]
+    require("accelerate", "a run on several processes (torchrun, accelerate launch)")
     from accelerate.utils import gather_object
 
     return list(gather_object([obj]))
@@ -128,6 +132,7 @@ def gather(obj: Any, ctx: DistContext) -> list[Any]:
 def barrier(ctx: DistContext) -> None:
     """Wait for every rank (a no-op in a single process)."""
     if ctx.world > 1:
+        require("accelerate", "a run on several processes (torchrun, accelerate launch)")
         from accelerate import PartialState
 
         PartialState().wait_for_everyone()

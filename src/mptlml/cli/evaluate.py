@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import click
 
+from .._optional import require
+
 __all__ = ["evaluate"]
 
 
@@ -26,10 +28,9 @@ def evaluate() -> click.Command:
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     def command(args: tuple[str, ...]) -> int:
         try:
-            import lm_eval  # noqa: F401
-        except ImportError as exc:
-            raise click.UsageError(
-                "mptlml eval needs lm-evaluation-harness: pip install 'mptlml[lm-eval]'.") from exc
+            require("lm_eval", "mptlml eval (the lm-evaluation-harness command line)")
+        except ModuleNotFoundError as exc:
+            raise click.UsageError(str(exc)) from exc
         from ..lm_eval import main
 
         return main(list(args))

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._optional import require
 from .._validation import check_positive_int
 
 __all__ = ["IMAGE_DATASETS", "IMAGE_SOURCES", "binarize", "describe_images", "load_images",
@@ -129,8 +130,9 @@ def _read_array(path: Path, split: str) -> np.ndarray:
 def _from_hub(name: str, split: str) -> np.ndarray:
     hub_ids = IMAGE_DATASETS[name]["hub"]
     try:
+        require("datasets", "loading images from the Hugging Face hub")
         import datasets
-    except ImportError as exc:  # pragma: no cover - datasets is a dependency
+    except ImportError as exc:  # datasets comes with the hf extra
         why = f"'datasets' is not installed: {exc}"
         raise FileNotFoundError(_missing_message(name, why)) from exc
     errors = []

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._optional import require
 from .._validation import check_positive_int
 
 __all__ = ["GLUE_FIELDS", "TextData", "bundled_antibodies", "load_texts"]
@@ -94,6 +95,7 @@ def _read_fasta(path: Path) -> TextData:
 
 def _load_dataset(*args: Any, **kwargs: Any) -> Any:
     """``datasets.load_dataset`` without progress bars."""
+    require("datasets", "loading GLUE, .parquet or .jsonl texts")
     import datasets
 
     was_off = datasets.is_progress_bar_enabled() is False

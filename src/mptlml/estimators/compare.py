@@ -55,6 +55,7 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
+from .._optional import require
 from .._scoring.ragged import run_pairs
 from .._validation import check_positive_int
 from ..models.sequence_input import encode_with_context
@@ -138,6 +139,7 @@ class Comparison(_Result):
 
         ``num_masked_rows`` is the candidate's own cost (``candidate_masked_rows``).
         """
+        require("pandas", "Comparison.to_pandas()")
         import pandas as pd
 
         rows = []

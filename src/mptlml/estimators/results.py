@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .._io import jsonable
+from .._optional import require
 
 __all__ = ["MIN_STDERR_DOF", "LMLEstimate", "MPTCurve", "NonFiniteWarning", "TokenScores",
            "announce_estimate", "announce_nonfinite", "as_float64", "warn_single_datum",
@@ -142,6 +143,7 @@ class LMLEstimate(_Result):
         ``estimator``, ``model``, ``num_masks``, ``rate``, ``seed``. The
         aggregate (``mean``, ``stderr``, ...) stays on the object.
         """
+        require("pandas", "to_pandas()")
         import pandas as pd
 
         lml = np.asarray(_numpy(self.per_sample), dtype=np.float64).reshape(-1)
@@ -264,6 +266,7 @@ class MPTCurve(_Result):
         ``size``, ``score`` (S_hat(x_n; M)) and ``score_stderr`` (ragged; NaN
         where unknown).
         """
+        require("pandas", "to_pandas()")
         import pandas as pd
 
         rates = np.asarray(self.rates, dtype=np.float64)
@@ -330,6 +333,7 @@ class TokenScores:
         ``model``, ``variant``, ``unit``; ``word`` for word-level runs and
         ``id`` when ``ids`` are given. ``log_prob`` summed per sequence is ``total``.
         """
+        require("pandas", "TokenScores.to_pandas()")
         import pandas as pd
 
         if len(self.tokens) != len(self.log_probs):

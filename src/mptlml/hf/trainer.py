@@ -52,12 +52,18 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import Trainer
 
+from .._optional import require
 from .._validation import check_positive_int
 from ..models.hf_loading import check_masked_lm, position_limit
 from .collator import DataCollatorForMPT, stream_seed
 from .loss import LABELS, WEIGHTS, _logits_of, mpt_loss
+
+try:
+    from transformers import Trainer
+except ImportError:
+    require("transformers", "mptlml.hf.MPTTrainer")  # names the extra when it is missing
+    raise
 
 __all__ = ["MPTTrainer"]
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .._optional import require
 from .._scoring.distributed import distributed_context, resolve_device
 from ..estimators import MPTCurve, mpt_curve, pll
 from ..estimators.rates import check_rates, rate_grid, rate_widths
@@ -257,6 +258,7 @@ def plot_paired_curves(curves: Mapping[str, tuple[np.ndarray, np.ndarray, Any]],
     band), ``reference`` curves are drawn thin in their group's colour. The
     legend sits beside the axes, so it never covers a curve. Returns the figure.
     """
+    require("matplotlib", "a run's figures")
     from matplotlib.lines import Line2D
 
     plt = pyplot()

@@ -27,17 +27,11 @@ with no context), both through :func:`mptlml.compare`; every request's Monte
 Carlo standard error and cost go to a JSON-lines file beside lm-eval's output
 (:mod:`mptlml.lm_eval.records`), and the run's summary into lm-eval's results.
 
-lm-eval is an optional dependency: ``pip install 'mptlml[lm-eval]'``.
+lm-eval is an optional dependency: ``pip install "mptlml[lm-eval]"`` (importing this
+package without it raises ``ModuleNotFoundError`` naming the extra).
 """
 
 from __future__ import annotations
-
-try:
-    import lm_eval as _lm_eval  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "mptlml.lm_eval is the lm-evaluation-harness backend and needs the lm-eval package: "
-        "pip install 'mptlml[lm-eval]' (lm-eval>=0.4.8).") from exc
 
 from .backend import MPTLM
 from .command import main

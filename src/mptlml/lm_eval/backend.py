@@ -47,11 +47,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from lm_eval.api.model import LM
-from lm_eval.api.registry import register_model
 
 import mptlml
 
+from .._optional import require
 from .._scoring.distributed import (
     barrier,
     distributed_context,
@@ -65,6 +64,13 @@ from ..models import MaskedLM
 from ..models.sequence_input import encode_with_context, tokenize
 from .greedy import greedy_reproduces
 from .records import RecordLog, summary_lines
+
+try:
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+except ImportError:
+    require("lm_eval", "mptlml.lm_eval (the lm-evaluation-harness backend)")  # names the extra
+    raise
 
 __all__ = ["MPTLM"]
 
@@ -146,10 +152,12 @@ class MPTLM(LM):
     pretrained : str, path or MaskedLM
         A model directory or hub id for :meth:`mptlml.models.MaskedLM.from_pretrained`,
         or a ready :class:`~mptlml.models.MaskedLM` (the Python route).
-    tokenizer, mask_token_id, trust_remote_code, dtype, add_special_tokens, revision, autocast, \
-attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
-        As for ``MaskedLM.from_pretrained`` (``mask_token_id`` and
-        ``trust_remote_code`` for a masked-diffusion LM such as LLaDA).
+    **loading
+        ``tokenizer``, ``mask_token_id``, ``trust_remote_code``, ``dtype``,
+        ``add_special_tokens``, ``revision``, ``autocast``, ``attn_implementation``,
+        ``local_files_only``, ``cache_dir``, ``corruption``, ``allow_unknown``: as for
+        ``MaskedLM.from_pretrained`` (``mask_token_id`` and ``trust_remote_code`` for a
+        masked-diffusion LM such as LLaDA); any other name is refused.
     device : str, optional
         ``"cuda"``, ``"cpu"``, ...; under ``accelerate launch`` each process takes
         ``cuda:LOCAL_RANK`` (or the CPU). Default: lm-eval's ``--device`` (a CUDA
@@ -255,6 +263,7 @@ attn_implementation, local_files_only, cache_dir, corruption, allow_unknown
     def create_from_arg_string(cls, arg_string: str,
                                additional_config: dict | None = None) -> MPTLM:
         """``--model_args k=v,...`` plus lm-eval's ``--device`` / ``--batch_size``."""
+        require("lm_eval", "mptlml.lm_eval (the lm-evaluation-harness backend)")
         from lm_eval.utils import simple_parse_args_string
 
         return cls._create(simple_parse_args_string(arg_string), additional_config)

@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .._optional import require
 from .._scoring.distributed import shutdown_distributed
 from .backend import MPTLM
 
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     lm-eval reads ``sys.argv``, so it is set to ``argv`` for the run and put back after.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    require("lm_eval", "mptlml eval (the lm-evaluation-harness command line)")
     from lm_eval.__main__ import cli_evaluate
 
     out = output_dir(args)

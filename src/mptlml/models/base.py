@@ -197,6 +197,8 @@ class MaskedModel(nn.Module):
         context : bool mask ``(D,)`` or indices
             C, the always-visible dimensions; T is the rest.
 
+        Notes
+        -----
         Needs :meth:`log_marginal` and, for a non-empty context, :meth:`marginal`.
         This is what the conditional MPT sum over masks drawn inside T estimates
         (Proposition 1 applied to p(x_T | x_C)).

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .._optional import require
 from .._validation import env_flag
 
 __all__ = ["DTYPES", "check_masked_lm", "check_model_source", "dtype_name", "hf_offline_mode",
@@ -67,6 +68,7 @@ def hf_offline_mode() -> Iterator[None]:
     and ``datasets.config``) so that a cache-first lookup makes no network
     request, then restores them.
     """
+    require("huggingface_hub", "Hugging Face's offline mode")
     import huggingface_hub.constants as hub_constants
 
     targets: list[Any] = [hub_constants]
@@ -130,6 +132,7 @@ def check_masked_lm(model: Any, what: str) -> None:
     or whose class transformers lists as a causal LM and not as a masked LM.
     Classes transformers does not list (custom models) are accepted.
     """
+    require("transformers", "a Hugging Face masked LM")
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
@@ -228,6 +231,7 @@ def space_residues(seq: str) -> str:
 
 
 def _load_tokenizer(src: str, tokenizer: Any, shared: dict[str, Any]) -> Any:
+    require("transformers", "a Hugging Face masked LM")
     from transformers import AutoTokenizer
 
     if tokenizer is not None and not isinstance(tokenizer, str | os.PathLike):
@@ -247,6 +251,7 @@ class _NotMaskedLM(ValueError):
 
 
 def _has_masked_lm_class(config: Any) -> bool:
+    require("transformers", "a Hugging Face masked LM")
     from transformers import MODEL_FOR_MASKED_LM_MAPPING
 
     return type(config) in MODEL_FOR_MASKED_LM_MAPPING or "AutoModelForMaskedLM" in (
@@ -306,6 +311,7 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
     -------
     (model, tokenizer, label)
     """
+    require("transformers", "a Hugging Face masked LM")
     from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
 
     src = str(name_or_dir)
@@ -370,6 +376,7 @@ def load_antiberty(*, random_init: bool = False, init_seed: int = 0) -> tuple[An
             "MaskedLM.antiberty() needs the antiberty package: "
             "pip install 'mptlml[antibody]' (antiberty==0.1.3)."
         ) from exc
+    require("transformers", "MaskedLM.antiberty()")
     from transformers import BertConfig, BertForMaskedLM, BertTokenizer
     from transformers.utils import logging as hf_logging
 

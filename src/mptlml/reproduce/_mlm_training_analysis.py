@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._optional import require
 from ..estimators.stats import mean_stderr, sum_stderr
 from ..runs.rundir import RunDir
 
@@ -124,6 +125,7 @@ def undecided_note(d: dict[str, Any], what: str) -> str:
 def figures(cfg: Any, run_dir: RunDir, evals: dict, refs: dict,
             samples: dict[str, torch.Tensor], test_x: torch.Tensor) -> None:
     """``mpt_curve.png`` (curves and LML per seed) and ``samples.png`` (random-order samples)."""
+    require("matplotlib", "a run's figures")
     import matplotlib
 
     matplotlib.use("Agg")

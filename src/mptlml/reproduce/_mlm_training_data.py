@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._optional import require
 from ..data.images import load_images
 from ..hf.orders import sample_random_order
 from ..models import BernoulliLVM, MaskedLM
@@ -44,6 +45,7 @@ def _pixel_tokens(levels: int) -> list[str]:
 
 def tokenizer(levels: int) -> Any:
     """A WordPiece tokenizer over BERT's specials and the ``levels`` pixel values."""
+    require("transformers", "reproduce mlm-training")
     from transformers import BertTokenizerFast
 
     vocab = _SPECIALS + _pixel_tokens(levels)
@@ -77,6 +79,7 @@ def pixel_ids(x: torch.Tensor, tok: Any, levels: int) -> torch.Tensor:
 
 def new_model(cfg: Any, seed: int, vocab_size: int) -> Any:
     """A freshly initialised small ``BertForMaskedLM`` (the same for every objective of a seed)."""
+    require("transformers", "reproduce mlm-training")
     from transformers import BertConfig, BertForMaskedLM
 
     conf = BertConfig(vocab_size=vocab_size, hidden_size=cfg.hidden_size,
@@ -91,6 +94,7 @@ def new_model(cfg: Any, seed: int, vocab_size: int) -> Any:
 
 def collator(objective: str, tok: Any, rate: float, seed: int) -> Any:
     """transformers' own collator for ``bert-15``; :class:`mptlml.hf.DataCollatorForMPT` else."""
+    require("transformers", "reproduce mlm-training")
     from transformers import DataCollatorForLanguageModeling
 
     from ..hf import DataCollatorForMPT

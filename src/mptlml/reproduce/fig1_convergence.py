@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._optional import require
 from ..estimators import Cumulative, FixedRate
 from ..estimators.stats import mean_stderr
 from ..masks import fixed_rate_size
@@ -280,6 +281,7 @@ def _setup_summary(cfg: Config, name: str, panels: dict[str, dict[str, Any]]) ->
 def _figure(cfg: Config, panels: dict[str, dict[str, Any]], run_dir: RunDir) -> None:
     plt = pyplot()
 
+    require("matplotlib", "a run's figures")
     from matplotlib.lines import Line2D
 
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.0), squeeze=False)

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._optional import require
 from ..masks import fixed_rate_size
 from ..models import PPCA
 from ..objectives import MPTLoss
@@ -216,6 +217,7 @@ def _figures(cfg: Config, run_dir: RunDir, rows: list[dict[str, Any]], gt_lml: f
         a = np.array(pts, dtype=np.float64).reshape(-1, 2)
         return a[:, 0], a[:, 1]
 
+    require("matplotlib", "a run's figures")
     from matplotlib.lines import Line2D
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from .. import estimate_lml, mpt_curve, pll
+from .._optional import require
 from ..estimators.rates import rate_grid
 from ..masks import fixed_rate_size
 from ..models import MaskedLM
@@ -267,6 +268,7 @@ def _job(cfg: Config, objective: str, seed: int) -> dict[str, Any]:
     forked RNG, the evaluation masks from ``eval_seed``, the samples from
     ``seed``, so a job's numbers do not depend on which process runs it or when.
     """
+    require("transformers", "reproduce mlm-training")
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()

@@ -6,11 +6,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._optional import require
+
 __all__ = ["print_table", "pyplot"]
 
 
 def pyplot() -> Any:
     """``matplotlib.pyplot`` on the non-interactive Agg backend (figures go to files only)."""
+    require("matplotlib", "a run's figures")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_bytes, atomic_write_text, jsonable
+from .._optional import require
 
 _log = logging.getLogger(__name__)
 
@@ -540,6 +541,7 @@ class RunDir:
     def write_csv(self, name: str, rows: Iterable[Mapping[str, Any]],
                   columns: Sequence[str] | None = None) -> Path:
         """Atomically write a CSV from a list of dict rows (missing and None cells empty)."""
+        require("pandas", "a run's CSV files")
         import pandas as pd
 
         rows = [jsonable(r) for r in rows]
@@ -553,6 +555,7 @@ class RunDir:
     def save_figure(self, fig: Any, stem: str,
                     formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
         """Save a matplotlib figure as PNG and PDF (atomically) and close it."""
+        require("matplotlib", "a run's figures")
         import matplotlib.pyplot as plt
 
         out = []

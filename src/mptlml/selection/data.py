@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._optional import require
 from .._validation import check_positive_int
 from ..models import PPCA
 from .families import FAMILIES
@@ -135,6 +136,7 @@ def _read_table(p: Path, sep: str) -> np.ndarray:
     """A numeric table through pandas, with header and index detection (see load_matrix)."""
     import warnings
 
+    require("pandas", "reading a .csv or .tsv matrix")
     import pandas as pd
 
     try:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._optional import require
 from .._validation import check_data, check_positive_int
 from ..estimators import Cumulative
 from ..estimators.stats import mean_stderr
@@ -96,6 +97,7 @@ class SelectionResult:
 
     def to_pandas(self) -> Any:
         """A ``pandas.DataFrame`` with one row per K (the columns of :meth:`rows`)."""
+        require("pandas", "SelectionResult.to_pandas()")
         import pandas as pd
 
         return pd.DataFrame(self.rows())

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_text, jsonable
+from .._optional import require
 
 __all__ = ["HISTORY_FORMAT", "History"]
 
@@ -81,6 +82,7 @@ class History:
         Columns are :attr:`columns` (or ``columns``); a monitor that returns a
         list (e.g. a curve) keeps it as one cell.
         """
+        require("pandas", "History.to_pandas()")
         import pandas as pd
 
         cols = list(columns) if columns is not None else self.columns

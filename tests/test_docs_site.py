@@ -1,0 +1,149 @@
+"""The documentation site's reference and the test suite's own index are complete.
+
+- every public name (``__all__``) of every public package is documented on an API
+  page: some ``::: path`` directive of ``docs/api/*.md`` resolves, by import, to the
+  same object (so ``mptlml.hf.MPTTrainer``, which the package provides lazily, is
+  found through ``mptlml.hf.trainer.MPTTrainer``);
+- every directive names something that exists;
+- every docstring of the package parses as numpydoc without a warning of griffe (the
+  parser of the API pages), on a page or not yet, so a page added later builds strictly;
+- the site loads nothing from a CDN (KaTeX ships in ``docs/javascripts/``);
+- ``tests/README.md`` names every test file and helper of ``tests/``.
+
+``make docs`` (``mkdocs build --strict``, without ``--quiet``) fails on any warning of
+the build itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mptlml
+
+ROOT = Path(__file__).resolve().parents[1]
+API = ROOT / "docs" / "api"
+
+#: packages of mptlml that are not library API: the command line, the paper's parts and
+#: the run plumbing behind them (documented in the guides, not in the API reference)
+NOT_API = {"cli", "report", "reproduce", "jobs", "runs"}
+
+_DIRECTIVE = re.compile(r"^::: (\S+)", re.MULTILINE)
+
+
+def _public_packages() -> list[str]:
+    names = ["mptlml"]
+    for info in pkgutil.iter_modules(mptlml.__path__):
+        if not info.name.startswith("_") and info.name not in NOT_API:
+            names.append(f"mptlml.{info.name}")
+    return names
+
+
+def _resolve(path: str) -> Any:
+    """The object a dotted path names: the longest importable module, then attributes."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(path)
+
+
+def _directives() -> dict[str, Path]:
+    found = {}
+    for page in sorted(API.glob("*.md")):
+        for path in _DIRECTIVE.findall(page.read_text(encoding="utf-8")):
+            found[path] = page
+    return found
+
+
+def test_every_directive_names_an_object():
+    for path, page in _directives().items():
+        try:
+            _resolve(path)
+        except (ImportError, AttributeError) as exc:
+            raise AssertionError(f"{page.relative_to(ROOT)}: ::: {path} does not exist") from exc
+
+
+@pytest.mark.parametrize("package", _public_packages())
+def test_every_public_name_is_on_an_api_page(package):
+    directives = _directives()
+    documented = {path: _resolve(path) for path in directives}
+    module = importlib.import_module(package)
+    missing = []
+    for name in module.__all__:
+        path = f"{package}.{name}"
+        obj = getattr(module, name)
+        if path in documented or any(o is obj for o in documented.values()):
+            continue
+        if isinstance(obj, type(mptlml)) and any(p.startswith(obj.__name__ + ".")
+                                                 for p in documented):
+            continue  # a subpackage: documented by its own page
+        if name == "__version__":
+            continue
+        missing.append(name)
+    assert not missing, (f"{package}: {missing} are public (__all__) but on no API page; "
+                         "add a `::: path` directive to a page of docs/api/")
+
+
+def test_every_docstring_parses_without_a_warning():
+    """griffe's numpydoc parser, which ``mkdocs build --strict`` fails on, over every module."""
+    import logging
+
+    import griffe
+
+    messages: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger("griffe")
+    handler = _Collect(level=logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        package = griffe.load("mptlml", search_paths=[str(ROOT / "src")],
+                              resolve_aliases=False)
+
+        def parse(obj: Any) -> None:
+            if obj.docstring is not None:
+                obj.docstring.parse("numpy")
+            for member in obj.members.values():
+                if not member.is_alias:
+                    parse(member)
+
+        parse(package)
+    finally:
+        logger.removeHandler(handler)
+    assert not messages, "griffe warns (move prose out of Parameters into Notes):\n" + \
+        "\n".join(sorted(set(messages)))
+
+
+def test_the_site_loads_nothing_from_a_cdn():
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert "://" not in "".join(line.split("#")[0] for line in config.splitlines()
+                                 if line.strip().startswith("- ") and (".js" in line
+                                                                      or ".css" in line))
+    init = (ROOT / "docs" / "javascripts" / "katex-init.js").read_text(encoding="utf-8")
+    assert "katex.render" in init
+    for shipped in ("katex.min.js", "katex.min.css", "LICENSE"):
+        assert (ROOT / "docs" / "javascripts" / "katex" / shipped).is_file()
+    css = (ROOT / "docs" / "javascripts" / "katex" / "katex.min.css").read_text(encoding="utf-8")
+    for font in set(re.findall(r"url\((fonts/[^)]+\.woff2)\)", css)):
+        assert (ROOT / "docs" / "javascripts" / "katex" / font).is_file(), font
+
+
+def test_tests_readme_names_every_test_file():
+    readme = (ROOT / "tests" / "README.md").read_text(encoding="utf-8")
+    files = sorted(p.name for p in (ROOT / "tests").glob("*.py") if p.name != "__init__.py")
+    missing = [name for name in files if f"`{name}`" not in readme]
+    assert not missing, f"tests/README.md does not name {missing}"

@@ -1,0 +1,192 @@
+"""The package a user installs: a light core, extras that name themselves, one version.
+
+- ``pip install mptlml`` without extras estimates a PPCA LML: the README's first
+  example runs in a fresh interpreter in which transformers, datasets, accelerate,
+  huggingface_hub, pandas, jinja2, matplotlib and lm_eval cannot be imported (a
+  ``sys.meta_path`` blocker), and every library package imports there;
+- a feature that needs an extra says which (``pip install "mptlml[hf]"``), checked in the
+  same interpreter, and every import of an optional package in ``src/`` follows a
+  ``require`` of it (read from the source);
+- ``pyproject.toml`` declares what the blocker assumes: those packages are in the extras,
+  not in the core; the version is ``mptlml.__version__`` and nowhere else; the licence is
+  an SPDX expression with its file; ``py.typed`` ships.
+
+A fresh virtual environment with ``pip install .`` checks the same for real (see the
+closing note of the packaging change); this file lets every test run check it without one.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from mptlml._optional import EXTRAS
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "mptlml"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+#: the library's packages and the command line (click is in the core), which must import
+#: with the core alone
+LIBRARY = ["mptlml", "mptlml.models", "mptlml.estimators", "mptlml.objectives",
+           "mptlml.training", "mptlml.selection", "mptlml.data", "mptlml.masks",
+           "mptlml.settings", "mptlml.testing", "mptlml.hf", "mptlml.cli"]
+
+_BLOCKER = """
+import importlib.abc, sys
+BLOCKED = set({blocked!r})
+class _Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked)", name=name)
+        return None
+sys.meta_path.insert(0, _Blocker())
+"""
+
+
+def _readme_ppca_example() -> str:
+    """The first Python block of README.md (the PPCA example)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```python\n(.*?)```", text, re.DOTALL)
+    assert block and "PPCA" in block[1], "README.md's first example is no longer the PPCA one"
+    return block[1]
+
+
+@pytest.fixture(scope="module")
+def core_only() -> dict:
+    """Run the README example and the extras' doors in an interpreter without the extras."""
+    probe = _BLOCKER.format(blocked=sorted(EXTRAS)) + textwrap.dedent(f"""
+        import importlib, json, tempfile
+        for name in {LIBRARY!r}:
+            importlib.import_module(name)
+        print("----- README")
+        exec(compile({_readme_ppca_example()!r}, "README.md", "exec"))
+        print("----- doors")
+        from mptlml.models import MaskedLM
+        doors = {{
+            "to_pandas": lambda: est.to_pandas(),
+            "MaskedLM.from_pretrained": lambda: MaskedLM.from_pretrained(tempfile.mkdtemp()),
+            "MPTTrainer": lambda: importlib.import_module("mptlml.hf").MPTTrainer,
+            "report": lambda: importlib.import_module("mptlml.report")._render(None, "", None),
+            "lm_eval": lambda: importlib.import_module("mptlml.lm_eval"),
+        }}
+        out = {{}}
+        for name, door in doors.items():
+            try:
+                door()
+                out[name] = "no error"
+            except ImportError as exc:
+                out[name] = str(exc)
+        out["imported"] = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+        print(json.dumps(out))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"),
+                                                        os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    readme, doors = run.stdout.split("----- README\n")[1].split("----- doors\n")
+    return {"readme": readme, **json.loads(doors)}
+
+
+def test_the_readme_ppca_example_runs_with_the_core_alone(core_only):
+    printed = core_only["readme"]
+    assert re.search(r"MPT estimate -?\d+\.\d\d \+/- \d+\.\d\d, exact -?\d+\.\d\d", printed)
+    assert "area under the MPT curve" in printed
+    assert core_only["imported"] == []
+
+
+@pytest.mark.parametrize("door, extra", [("to_pandas", "report"),
+                                         ("MaskedLM.from_pretrained", "hf"),
+                                         ("MPTTrainer", "hf"), ("report", "report"),
+                                         ("lm_eval", "lm-eval")])
+def test_a_missing_extra_is_named(core_only, door, extra):
+    assert f'pip install "mptlml[{extra}]"' in core_only[door], core_only[door]
+
+
+def _guarded(node: ast.AST, parents: dict[ast.AST, ast.AST], top: str) -> bool:
+    """An import that follows ``require(top, ...)``, sits in ``try/except ImportError``,
+    or runs only when ``top`` is already in ``sys.modules``."""
+    child, parent = node, parents.get(node)
+    while parent is not None:
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(parent, field, None)
+            if isinstance(stmts, list) and child in stmts:
+                for prev in stmts[:stmts.index(child)]:
+                    if (isinstance(prev, ast.Expr) and isinstance(prev.value, ast.Call)
+                            and getattr(prev.value.func, "id", None) == "require"
+                            and isinstance(prev.value.args[0], ast.Constant)
+                            and prev.value.args[0].value == top):
+                        return True
+        if isinstance(parent, ast.Try) and child in parent.body and any(
+                "ImportError" in ast.unparse(h.type or ast.Name("BaseException"))
+                for h in parent.handlers):
+            return True
+        if isinstance(parent, ast.If) and "sys.modules" in ast.unparse(parent.test) \
+                and top in ast.unparse(parent.test):
+            return True
+        child, parent = parent, parents.get(parent)
+    return False
+
+
+def test_every_optional_import_follows_a_require():
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                tops = {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                tops = {node.module.split(".")[0]}
+            else:
+                continue
+            for top in tops & set(EXTRAS):
+                if not _guarded(node, parents, top):
+                    bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno} imports {top}")
+    assert not bad, ("an optional package is imported without `require(name, purpose)` "
+                     "before it (mptlml._optional):\n" + "\n".join(bad))
+
+
+def _name(req: str) -> str:
+    return re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_the_extras_hold_what_the_core_does_not():
+    project = PYPROJECT["project"]
+    core = {_name(r) for r in project["dependencies"]}
+    extras = project["optional-dependencies"]
+    for module, extra in EXTRAS.items():
+        dist = module.replace("_", "-")
+        assert dist not in core, f"{dist} is optional (extra {extra!r}) but in the core"
+        assert dist in {_name(r) for r in extras[extra]}, f"{dist} missing from [{extra}]"
+    assert {"torch", "numpy", "scipy", "scikit-learn", "tqdm"} <= core
+    assert extras["all"] == ["mptlml[hf,report,mnist,lm-eval]"]  # every optional feature
+
+
+def test_one_version_an_spdx_licence_and_typed():
+    project = PYPROJECT["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "mptlml.__version__"}
+    init = (PACKAGE / "__init__.py").read_text(encoding="utf-8")
+    assert len(re.findall(r"^__version__ = ", init, re.MULTILINE)) == 1
+    assert not re.search(r"^version:", (ROOT / "CITATION.cff").read_text(encoding="utf-8"),
+                         re.MULTILINE)
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
+    assert "MIT License" in (ROOT / "LICENSE").read_text(encoding="utf-8")
+    requires = PYPROJECT["build-system"]["requires"]
+    assert any(re.fullmatch(r"setuptools>=(\d+)", r) and int(r.split(">=")[1]) >= 77
+               for r in requires)
+    assert (PACKAGE / "py.typed").is_file()
+    assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"]["mptlml"]
