@@ -100,7 +100,8 @@ def test_a_clear_question_stops_early_and_a_tie_spends_the_budget(tiny):
         tie = mptlml.compare(tiny, [CONTEXT], [[CANDIDATES[0]] * 2], num_masks=8, decide=True,
                              max_masks=128, seed=0)
     assert clear.stop_reason == ["decided"] and clear.rounds[0] <= 2
-    assert tie.stop_reason == ["budget"] and tie.rounds == [16]
+    assert tie.stop_reason == ["budget"] and tie.rounds == [5]  # 8, 8, 16, 32, 64 masks
+    assert tie.num_masked_rows[0] == 2 * (128 + 1)
     assert tie.num_masked_rows[0] > 4 * clear.num_masked_rows[0]
     assert not tie.decided[0]
 

@@ -263,10 +263,11 @@ def test_a_clear_question_stops_early(tiny, tmp_path):
     assert len(questions) == len(LONG_MC_DOCS)
     for q, r in questions.values():
         assert q["decided"] == (r["stop_reason"] == "decided")
-        assert q["masked_inputs"] == q["candidates"] * (r["rounds"] * 8 + 1)
-    # clear questions stop before the budget (256 / 8 = 32 rounds), the clearest soon
-    assert all(q["decided"] and r["rounds"] < 32 for q, r in questions.values())
-    assert min(r["rounds"] for _, r in questions.values()) <= 4
+        # rounds of 8, 8, 16, 32, ... masks: the total doubles each round
+        assert q["masked_inputs"] == q["candidates"] * (8 * 2 ** (r["rounds"] - 1) + 1)
+    # clear questions stop before the budget (256 = 8 * 2^5: 6 rounds), the clearest soon
+    assert all(q["decided"] and r["rounds"] < 6 for q, r in questions.values())
+    assert min(r["rounds"] for _, r in questions.values()) <= 2
     questions = {k: q for k, (q, _) in questions.items()}
     assert all(r["is_greedy"] is None for r in records)  # not computed: greedy=false
     assert summary["toy_mc"]["undecided"] == sum(not q["decided"] for q in questions.values())

@@ -27,7 +27,13 @@ Variance reduction, all unbiased:
 - **an allocation learned as the run goes**: after the first (uniform) round,
   q is proportional to the spread of a mask's score by rate, pooled over
   every candidate of the call (no pilot per sequence); each round is
-  unbiased on its own and rounds are combined with fixed weights.
+  unbiased on its own and rounds are combined with weights in proportion
+  to their draws.
+
+Rounds double the draws so far (P, P, 2P, 4P, ... masks per candidate), so a
+question looks at its result about log2(max_masks / P) times, not
+max_masks / P times: the threshold below stays low, and the degrees of
+freedom of the standard errors grow fast.
 
 With ``decide=True`` a question keeps drawing rounds only while its leader is
 not ahead of every other candidate by ``z`` paired standard errors, with
@@ -234,8 +240,9 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     candidates : list of lists of str (or token-id lists)
         The K_q candidate continuations of question q (K_q >= 1).
     num_masks : int
-        Masks per candidate per round (even: two per rate stratum), besides the
-        one mask of the whole continuation scored in the first round.
+        Masks per candidate in the first round (even: two per rate stratum),
+        besides the one mask of the whole continuation; later rounds double the
+        total (``num_masks``, then ``2 num_masks``, ``4 num_masks``, ...).
     decide : bool
         Keep drawing rounds, per question, until its leader is decided (the
         sequential rule of the module docstring) or ``max_masks`` is spent.
@@ -245,7 +252,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     alpha : float
         Error rate of the sequential rule (``decide``); also sets ``decided``.
     max_masks : int
-        Most masks per candidate (rounds of ``num_masks``).
+        Most masks per candidate (the last round takes what is left).
     allocation : {"learned", "uniform"}
         ``"learned"``: rounds after the first draw rates in proportion to the
         pooled spread by rate; ``"uniform"``: rates uniform every round.
@@ -308,7 +315,8 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     lengths = np.array([len(t) - n for t, n in zip(ids, nctx, strict=True)])
     members = [[i for i, (qq, _) in enumerate(owner) if qq == q] for q in range(len(cands))]
     exact = (2.0 ** lengths - 2 <= max(p, 2 ** EXACT_LENGTH - 2)) | (lengths <= 1)
-    max_rounds = max_masks // p
+    sizes_of_rounds = _round_sizes(p, max_masks)
+    max_rounds = len(sizes_of_rounds)
     tail = alpha / (2 * max_rounds) if decide else alpha / 2
 
     def threshold(dof: float) -> float:
@@ -327,6 +335,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     spread_n = np.zeros(NUM_RATE_BINS)
     r = 0
     while active:
+        pr = sizes_of_rounds[r]
         masks: dict[int, torch.Tensor] = {}
         meta: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for q in active:
@@ -335,7 +344,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                 key = (seeds[q][0], seeds[q][1], r) if common_masks else (
                     seeds[q][0], seeds[q][1] * 1_000_003 + j + 1, r)
                 g = torch.Generator().manual_seed(_question_seed(*key))
-                strata, rates, order = _draw(g, p, tmax, density)
+                strata, rates, order = _draw(g, pr, tmax, density)
                 if exact[i]:  # every mask, once, in the first round; nothing after
                     meta[i] = (strata, rates, np.zeros(0))
                     if r > 0:
@@ -370,7 +379,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                     s = np.asarray(sums_of[i], dtype=np.float64)
                     tallies[i].exact_top = float(sum(s[size == k].mean() / k
                                                      for k in range(1, t + 1)))
-                tallies[i].rounds.append((p, np.zeros(p), strata))
+                tallies[i].rounds.append((pr, np.zeros(pr), strata))
                 continue
             s = np.asarray(sums_of[i], dtype=np.float64)
             if r == 0:
@@ -382,7 +391,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
             pair = score.reshape(-1, 2)
             np.add.at(spread_sum, b.reshape(-1, 2)[:, 0], (pair[:, 0] - pair[:, 1]) ** 2 / 2)
             np.add.at(spread_n, b.reshape(-1, 2)[:, 0], 1)
-            tallies[i].rounds.append((p, y, strata))
+            tallies[i].rounds.append((pr, y, strata))
         for q in active:
             rounds_done[q] += 1
         if allocation == "learned" and spread_n.min() > 0:
@@ -447,13 +456,33 @@ def _announce(res: Comparison, decide: bool, target_se: float | None, max_masks:
             "error came out 0 although its bound is not an exact sum (every draw of a stratum "
             "fell on the same mask): that 0 understates the Monte Carlo error; use more masks "
             "(num_masks).", RuntimeWarning, stacklevel=3)
-    few = [q for q in range(n) if res.stderr_dof[q] < MIN_STDERR_DOF]
+    # a decided question's threshold already is a t quantile at its dof: only SEs reported
+    # without a decision are flagged
+    few = [q for q in range(n) if res.stderr_dof[q] < MIN_STDERR_DOF
+           and not (decide and res.decided[q])]
     if few:
         warnings.warn(
             f"{len(few)} of {n} questions (first: {few[:5]}) have standard errors resting on "
             f"fewer than {MIN_STDERR_DOF} effective degrees of freedom (stderr_dof): an error "
             "beyond 2 SE will happen far more often than 5% of the time; use more masks "
             "(num_masks, or decide=/target_se= for more rounds).", RuntimeWarning, stacklevel=3)
+
+
+def _round_sizes(p: int, max_masks: int) -> list[int]:
+    """Masks per candidate of each round: p, p, 2p, 4p, ... (the total doubles), <= max_masks.
+
+    Few looks (about log2(max_masks / p)) keep the Bonferroni threshold low, and
+    every round's pairs add degrees of freedom fast; the last round takes what is left
+    of ``max_masks`` (rounded down to an even count).
+    """
+    sizes, total = [p], p
+    while total < max_masks:
+        nxt = min(total, max_masks - total) // 2 * 2
+        if nxt < 2:
+            break
+        sizes.append(nxt)
+        total += nxt
+    return sizes
 
 
 def _draw(g: torch.Generator, p: int, tmax: int, density: _Density
