@@ -233,7 +233,6 @@ def test_former_names_are_refused_naming_the_valid_ones():
 def test_curve_flags_are_the_settings(tmp_path, monkeypatch, capsys):
     """Every `curve` flag is a setting of CurveConfig (one declaration); --limit is gone."""
     import mptlml.runs.job
-
     from mptlml.jobs.curve import CurveConfig
 
     seen = {}
@@ -320,10 +319,9 @@ def test_a_new_part_is_its_module_plus_one_registry_line(tmp_path, monkeypatch, 
 
 def test_a_new_command_is_its_job_module_plus_one_line(tmp_path, monkeypatch, capsys):
     """A job (config, run) becomes a command with its settings as flags: one line."""
-    from mptlml.runs.job import Job
-
     import mptlml.cli
     from mptlml.cli.command import job_command
+    from mptlml.runs.job import Job
 
     config, run = _toy_config()
     job = Job(config=config, run=run, help="a toy job")

@@ -67,6 +67,8 @@ PILOT_MAX = 16
 PLAN_FACTOR = 0.9
 #: fewest masks per stratum (its spread must stay estimable)
 MIN_COUNT = 2
+#: most masks per stratum a plan holds (beyond every budget; no int64 overflow)
+MAX_COUNT = 2 ** 40
 
 
 def pilot_masks(num_masks: int, pooled_over: int) -> int:
@@ -133,7 +135,8 @@ def plan_counts(variances: np.ndarray, costs: np.ndarray, target_se: float, allo
         raw = np.sqrt(v / c) * np.sqrt(v * c).sum() / t2
     else:
         raw = np.full(v.shape, v.sum() / t2)
-    counts = np.maximum(np.ceil(raw - 1e-9), MIN_COUNT).astype(np.int64)
+    # a tiny target asks for more masks than an int64 holds: cap them far above any budget
+    counts = np.maximum(np.ceil(np.minimum(raw, MAX_COUNT) - 1e-9), MIN_COUNT).astype(np.int64)
     wanted = float((counts * c).sum())
     if budget is None or wanted <= budget:
         return counts, False, wanted

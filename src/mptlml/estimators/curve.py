@@ -29,6 +29,7 @@ Marginal Likelihood", NeurIPS 2023, Proposition 1, Sec. 4, Fig. 4, Table 2, Fig.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -60,6 +61,8 @@ from .runs import DenseRun
 from .stats import mean_stderr, strata_stderr, sum_stderr
 
 __all__ = ["mpt_curve"]
+
+_log = logging.getLogger(__name__)
 
 
 def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int = 1,
@@ -324,6 +327,7 @@ def _ragged_curve_to_target(model: RaggedMaskedModel, sequences: Any, target_se:
     v = np.nanmean((d_sub[:, None] / k) ** 2 * s2, axis=0) / n
     left = None if max_masks is None else max_masks - pilot.num_masked_rows / n
     counts, capped, wanted = plan_counts(v, np.ones(k), target_se, allocation, left)
+    _announce_plan(counts, n, target_se, pilot.num_masked_rows, capped)
     res = _ragged_curve(model, seqs, counts, fresh_seed(seed), **curve, **run)
     assert res.num_masked_rows_per_sample is not None and res.lml_stderr_mean is not None
     rows = res.num_masked_rows_per_sample.clone()
@@ -336,3 +340,22 @@ def _ragged_curve_to_target(model: RaggedMaskedModel, sequences: Any, target_se:
     res.extra["masks_per_rate"] = counts.tolist()
     res.extra["masks_wanted"] = wanted + pilot.num_masked_rows / n
     return res
+
+
+def _announce_plan(counts: np.ndarray, n: int, target_se: float, pilot_rows: int,
+                   capped: bool) -> None:
+    """Log the plan for a target SE before its draws; refuse one over ``max_masked_inputs``."""
+    from .. import settings
+
+    per = sum(int(c) for c in counts)  # masked inputs per sequence: one per mask and rate
+    total, cap = per * n, settings.max_masked_inputs.value()
+    if total > cap:
+        raise ValueError(
+            f"target_se={target_se:g} needs {total:,} masked inputs after its pilot ({per:,} per "
+            f"sequence), more than mptlml.settings.max_masked_inputs = {cap:,}; ask for a larger "
+            "target_se, bound the plan with max_masks= (--max-masks: masked inputs per "
+            "sequence), or raise that setting if you mean it.")
+    cut = ", cut to max_masks" if capped else ""
+    _log.info(f"target_se={target_se:g}: the pilot scored {pilot_rows:,} masked inputs; the plan "
+              f"scores {total:,} more ({per:,} per sequence{cut}); max_masks= (--max-masks) "
+              "bounds it")
