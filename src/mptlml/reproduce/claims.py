@@ -156,6 +156,9 @@ def full_size_table_from_report(report: dict[str, Any], *, date: str, machine: s
     if not isinstance(report, dict):
         raise ValueError(f"the report holds a JSON {type(report).__name__}, not a report "
                          f"object; {rebuild}.")
+    if "mode" in report and report.get("mode") != "full":
+        raise ValueError(f"the report is of a {report.get('mode')!r} run; the full-size table "
+                         "takes a full run only (mptlml reproduce all without --quick).")
     lacking = [k for k in ("mode", "claims", "parts", "missing") if k not in report]
     if lacking:
         raise ValueError(f"the report has no {', '.join(lacking)}: it was not written by "
@@ -172,9 +175,6 @@ def full_size_table_from_report(report: dict[str, Any], *, date: str, machine: s
                          f" ({', '.join(missing)}); the full-size table stands for every part "
                          "of `mptlml reproduce all`: finish them (mptlml reproduce all --out "
                          "DIR --resume) and rebuild the report (mptlml report DIR).")
-    if report.get("mode") != "full":
-        raise ValueError(f"the report is of a {report.get('mode')!r} run; the full-size table "
-                         "takes a full run only (mptlml reproduce all without --quick).")
     out: dict[str, dict[str, Any]] = {}
     for c in report["claims"]:
         rec = {"status": c["status"], "ours": c["ours"]}
