@@ -151,6 +151,10 @@ def test_curve_cli_and_bad_inputs(tiny_dir, texts_file, tmp_path, capsys):
     res = json.loads((out / "results.json").read_text())
     summary = res["results"]["models"]["pretrained"]
     assert summary["num_sequences"] == 10
+    # every entry of the run directory is listed, the checkpoint chunks (--resume) too
+    assert sorted(p.name + "/" * p.is_dir() for p in out.iterdir()
+                  if p.name != "results.json") == res["files"]
+    assert "checkpoint/" in res["files"]
     # the summary is the command's result: on stdout even under -q (which silences logs)
     printed = capsys.readouterr().out
     assert "curve: summary" in printed
