@@ -274,7 +274,7 @@ def test_curve_target_se_records_the_mc_se_the_stop_and_the_plan(tiny_dir, texts
     assert s["masks_per_rate"] == direct.extra["masks_per_rate"]
     assert s["num_masked_inputs"] == direct.num_masked_rows
     assert "stop_reason" in printed and f"{s['mc_se']:.4f}" in printed
-    assert "the plan scores" in caplog.text and "--max-masks" in caplog.text
+    assert "target_se=0.5" in caplog.text and "the pilot scored" in caplog.text
     # a budget below the plan: cut to it, and said so
     assert _curve(tiny_dir, texts_file, tmp_path / "b", "--target-se", "0.01",
                   "--max-masks", "60") == 0
@@ -313,7 +313,7 @@ def test_curve_refuses_conflicts_and_unbounded_work_before_any_work(tiny_dir, te
     monkeypatch.setattr(curve_job, "load_model", real)
     assert _curve(tiny_dir, texts_file, tmp_path / "tiny", "--target-se", "1e-12") == 2
     err = capsys.readouterr().err
-    assert "target_se=1e-12 needs" in err and "--max-masks" in err and "-9223" not in err
+    assert "target_se=1e-12" in err and "max_masks" in err and "-9223" not in err
     assert not (tmp_path / "tiny").exists()
 
 

@@ -327,7 +327,8 @@ def _ragged_curve_to_target(model: RaggedMaskedModel, sequences: Any, target_se:
     v = np.nanmean((d_sub[:, None] / k) ** 2 * s2, axis=0) / n
     left = None if max_masks is None else max_masks - pilot.num_masked_rows / n
     counts, capped, wanted = plan_counts(v, np.ones(k), target_se, allocation, left)
-    _announce_plan(counts, n, target_se, pilot.num_masked_rows, capped)
+    _refuse_oversized_plan(counts, n, target_se)
+    _log_plan(counts, n, target_se, pilot.num_masked_rows, capped)
     res = _ragged_curve(model, seqs, counts, fresh_seed(seed), **curve, **run)
     assert res.num_masked_rows_per_sample is not None and res.lml_stderr_mean is not None
     rows = res.num_masked_rows_per_sample.clone()
@@ -342,9 +343,12 @@ def _ragged_curve_to_target(model: RaggedMaskedModel, sequences: Any, target_se:
     return res
 
 
-def _announce_plan(counts: np.ndarray, n: int, target_se: float, pilot_rows: int,
-                   capped: bool) -> None:
-    """Log the plan for a target SE before its draws; refuse one over ``max_masked_inputs``."""
+def _refuse_oversized_plan(counts: np.ndarray, n: int, target_se: float) -> None:
+    """Refuse, before its draws, a plan for a target SE over ``max_masked_inputs``.
+
+    The plan is the package's, not the caller's: the message names the target
+    and the budget (``max_masks``), not ``num_masks``.
+    """
     from .. import settings
 
     per = sum(int(c) for c in counts)  # masked inputs per sequence: one per mask and rate
@@ -355,7 +359,13 @@ def _announce_plan(counts: np.ndarray, n: int, target_se: float, pilot_rows: int
             f"sequence), more than mptlml.settings.max_masked_inputs = {cap:,}; ask for a larger "
             "target_se, bound the plan with max_masks= (--max-masks: masked inputs per "
             "sequence), or raise that setting if you mean it.")
+
+
+def _log_plan(counts: np.ndarray, n: int, target_se: float, pilot_rows: int,
+              capped: bool) -> None:
+    """Log the plan for a target SE before its draws (INFO)."""
+    per = sum(int(c) for c in counts)
     cut = ", cut to max_masks" if capped else ""
     _log.info(f"target_se={target_se:g}: the pilot scored {pilot_rows:,} masked inputs; the plan "
-              f"scores {total:,} more ({per:,} per sequence{cut}); max_masks= (--max-masks) "
+              f"scores {per * n:,} more ({per:,} per sequence{cut}); max_masks= (--max-masks) "
               "bounds it")
