@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -46,31 +45,28 @@ def make_tiny_bert(path: Path, *, seed: int = 0, max_position_embeddings: int = 
     return path
 
 
-def minicons_scorer(model_dir: Path | str):
-    """minicons' ``MaskedLMScorer`` for a local model directory, on the CPU.
+def transformers_pll(model_dir: Path | str, texts: Sequence[str]) -> list[float]:
+    """PLL of each text by transformers directly: every content token masked alone.
 
-    minicons 0.3.39 calls ``tokenizer.batch_encode_plus``, which transformers 5
-    removed; for a list of texts it is the tokenizer's ``__call__``, so the
-    scorer's tokenizer gets that alias when it lacks the method.
+    ``PLL(x) = sum_j log p(x_j | x_{-j})`` (Salazar et al. 2020; minicons'
+    ``sequence_score`` with a sum reduction): one masked copy of the text per
+    token between [CLS] and [SEP], each run through ``BertForMaskedLM`` itself
+    with its own tokenizer (never through mptlml): the independent reference of
+    :func:`mptlml.pll`.
     """
-    from minicons import scorer
+    from transformers import BertForMaskedLM, BertTokenizer
 
-    mc = scorer.MaskedLMScorer(str(model_dir), "cpu")
-    if not hasattr(mc.tokenizer, "batch_encode_plus"):
-        mc.tokenizer.batch_encode_plus = mc.tokenizer.__call__
-    return mc
-
-
-def minicons_pll(model: Any, texts: list[str], batch_size: int = 8) -> list[float]:
-    """PLL of each text by minicons (sum reduction): an independent scorer.
-
-    ``model`` is a local model directory or a scorer from :func:`minicons_scorer`.
-    """
-    mc = minicons_scorer(model) if isinstance(model, str | Path) else model
-    out: list[float] = []
-    for s in range(0, len(texts), batch_size):
-        out.extend(mc.sequence_score(texts[s:s + batch_size],
-                                     reduction=lambda lp: lp.sum(0).item()))
+    tok = BertTokenizer.from_pretrained(model_dir)
+    net = BertForMaskedLM.from_pretrained(model_dir).eval()
+    out = []
+    for text in texts:
+        ids = torch.tensor(tok(text)["input_ids"])
+        pos = torch.arange(1, len(ids) - 1)  # between [CLS] and [SEP]
+        x = ids.repeat(len(pos), 1)
+        x[torch.arange(len(pos)), pos] = tok.mask_token_id
+        with torch.no_grad():
+            lp = net(input_ids=x).logits.double().log_softmax(-1)
+        out.append(float(lp[torch.arange(len(pos)), pos, ids[pos]].sum()))
     return out
 
 

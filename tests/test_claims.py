@@ -426,7 +426,7 @@ def test_full_size_table_is_well_formed():
     rep = {"mode": "full", "claims": [
         {"section": "training", "claim": "a", "status": "holds", "ours": "1"},
         {"section": "mlm-training", "claim": "b (bert-15)", "key": "b", "status": "undecided",
-         "ours": "2"}]}
+         "ours": "2"}], "parts": [], "missing": []}
     t = full_size_table_from_report(rep, date="2026-01-01", machine="m")
     assert t["claims"] == {"training": {"a": {"status": "holds", "ours": "1"}},
                            "mlm-training": {"b": {"status": "undecided", "ours": "2"}}}

@@ -313,7 +313,7 @@ def test_a_new_part_is_its_module_plus_one_registry_line(tmp_path, monkeypatch, 
     assert main(["reproduce", "toy", "--quick", "--out", str(out), "--set", "num_data=4"]) == 0
     assert json.loads((out / "results.json").read_text())["results"]["n"] == 4
     assert main(["report", str(out)]) == 0
-    md = (out / "report.md").read_text()
+    md = (tmp_path / "toy-report" / "report.md").read_text()  # beside the part's run
     assert "## Figure 9: a toy part" in md and "| N \\> 0 | N \\> 0 | 4 | ✅ holds |" in md
 
 

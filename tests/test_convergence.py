@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -40,8 +41,13 @@ def test_files_and_keys(quick_run):
             assert key in pan
         assert len(pan["estimates"]) == cfg.num_seeds
     table = _csv(out / "table1.csv")
-    assert {"panel", "D", "P", "mean_estimate", "sd_over_seeds", "estimate",
+    assert {"panel", "D", "P", "mean_estimate", "sd_over_seeds", "se_of_mean",
             "exact_lml"} <= set(table[0])
+    # numbers, not text: a value and its spread in their own columns ("-5.96 ± 0.22" is no cell)
+    assert "estimate" not in table[0]
+    for r in table:
+        assert float(r["se_of_mean"]) == pytest.approx(
+            float(r["sd_over_seeds"]) / np.sqrt(int(r["num_seeds"])), rel=1e-12)
     assert sorted({int(r["P"]) for r in table}) == [1, 10, 100]
     series = _csv(out / "series.csv")
     assert {"panel", "seed", "P", "estimate", "exact_lml"} <= set(series[0])

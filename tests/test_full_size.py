@@ -31,6 +31,7 @@ def _report(mode: str = "full") -> dict:
                   {"name": "select", "wall_time_s": 3725.0, "git_commit": "abc"}],
         "environment": {"cpu": "AMD EPYC", "cpu_count": 2, "python": "3.11.7",
                         "versions": {"torch": "2.13.0+cpu"}},
+        "missing": [],
     }
 
 
@@ -81,3 +82,42 @@ def test_main_writes_the_table_and_the_docs_region(tmp_path):
         full_size.main([str(tmp_path)])
     with pytest.raises(ValueError, match="one line"):
         full_size.replace_region("no markers", "x")
+
+
+def test_a_report_with_missing_parts_is_refused():
+    """A report of one part (eight missing) is no table of `reproduce all`."""
+    rep = {**_report(), "missing": ["latent", "training", "vae"]}
+    with pytest.raises(ValueError, match=r"lacks 3 parts \(latent, training, vae\).*--resume"):
+        full_size_table_from_report(rep, date="d", machine="m")
+
+
+@pytest.mark.parametrize("content, msg", [
+    ("{not json", "is not valid JSON"),
+    ("[1, 2]", "holds a JSON list"),
+    (json.dumps({k: v for k, v in _report().items() if k != "claims"}), "has no claims"),
+    (json.dumps({**_report(), "claims": []}), "claims are empty"),
+    (json.dumps({**_report(), "missing": ["vae"]}), "lacks 1 part (vae)"),
+])
+def test_main_refuses_a_broken_report_with_a_message(content, msg, tmp_path, capsys):
+    run = tmp_path / "all"
+    run.mkdir()
+    (run / "report.json").write_text(content)
+    out = tmp_path / "table.json"
+    with pytest.raises(SystemExit) as exc:
+        full_size.main([str(run), "--json", str(out), "--date", "2026-11-26"])
+    assert exc.value.code == 2
+    assert msg in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_main_refuses_a_bad_date_and_a_missing_docs_page_before_writing(tmp_path, capsys):
+    run = tmp_path / "all"
+    run.mkdir()
+    (run / "report.json").write_text(json.dumps(_report()))
+    out = tmp_path / "table.json"
+    for extra, msg in [(["--date", "not-a-date"], "is not a date"),
+                       (["--docs", str(tmp_path / "nope.md")], "does not exist")]:
+        with pytest.raises(SystemExit) as exc:
+            full_size.main([str(run), "--json", str(out), *extra])
+        assert exc.value.code == 2 and msg in capsys.readouterr().err
+        assert not out.exists()

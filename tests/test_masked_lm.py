@@ -13,7 +13,7 @@ from mptlml import mpt_curve, pll
 from mptlml.estimators.rates import mask_sizes, mpt_area
 from mptlml.models import MaskedLM
 
-from .mlm_helpers import SENTENCES, make_tiny_bert, minicons_pll
+from .mlm_helpers import SENTENCES, make_tiny_bert, transformers_pll
 
 
 def _assert_pll_per_token(got: torch.Tensor, ref, lengths: np.ndarray) -> None:
@@ -75,9 +75,10 @@ def test_pll_equals_independent_one_copy_per_token(tiny):
     np.testing.assert_allclose(got.numpy(), ref, atol=1e-5 * lengths.max(), rtol=0)
 
 
-def test_pll_equals_minicons_sequence_score(tiny_dir, tiny):
-    """mptlml.pll against minicons' MaskedLMScorer (sum reduction) on a local model dir."""
-    ref = minicons_pll(tiny_dir, SENTENCES)
+def test_pll_equals_transformers_directly(tiny_dir, tiny):
+    """mptlml.pll against BertForMaskedLM and its tokenizer loaded from the directory, one
+    masked copy per token (tests/mlm_helpers.transformers_pll: no mptlml code)."""
+    ref = transformers_pll(tiny_dir, SENTENCES)
     got = mptlml.pll(tiny, SENTENCES)
     _assert_pll_per_token(got, ref, np.array([len(t) for t in tiny.encode(SENTENCES)],
                                              dtype=float))

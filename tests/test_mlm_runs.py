@@ -151,6 +151,10 @@ def test_curve_cli_and_bad_inputs(tiny_dir, texts_file, tmp_path, capsys):
     res = json.loads((out / "results.json").read_text())
     summary = res["results"]["models"]["pretrained"]
     assert summary["num_sequences"] == 10
+    # every entry of the run directory is listed, the checkpoint chunks (--resume) too
+    assert sorted(p.name + "/" * p.is_dir() for p in out.iterdir()
+                  if p.name != "results.json") == res["files"]
+    assert "checkpoint/" in res["files"]
     # the summary is the command's result: on stdout even under -q (which silences logs)
     printed = capsys.readouterr().out
     assert "curve: summary" in printed
@@ -244,3 +248,121 @@ def test_rate_grids_are_one_definition_and_say_what_is_wrong():
         parse_rates("0.1:x:0.1")
     with pytest.raises(ValueError, match="stop must lie strictly between 0 and 1"):
         parse_rates("0.1:1.0:0.1")  # readable, but 1.0 is no masking rate: said so
+
+
+# ---------------------------------------------------------------------- curve: cost, ids, context
+def _curve(tiny_dir, data, out, *extra):
+    return main(["curve", "--model", str(tiny_dir), "--data", str(data), "--out", str(out),
+                 "--rates", "0.1:0.9:0.2", "--no-progress", *extra])
+
+
+def test_curve_target_se_records_the_mc_se_the_stop_and_the_plan(tiny_dir, texts_file, tmp_path,
+                                                                  capsys, caplog):
+    """--target-se: results.json and the summary give the MC SE, the target and stop_reason;
+    the plan is logged before its draws; --max-masks bounds it (stop_reason 'budget')."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="mptlml")
+    assert _curve(tiny_dir, texts_file, tmp_path / "t", "--target-se", "0.5") == 0
+    printed = capsys.readouterr().out
+    s = json.loads((tmp_path / "t" / "results.json").read_text())["results"]["models"]
+    s = s["pretrained"]
+    direct = mpt_curve(MaskedLM.from_pretrained(tiny_dir), SENTENCES * 2,
+                       rates=[0.1, 0.3, 0.5, 0.7, 0.9], seed=0, target_se=0.5)
+    assert s["mc_se"] == pytest.approx(direct.lml_stderr_mean, rel=1e-9)
+    assert s["target_se"] == 0.5 and s["stop_reason"] == direct.stop_reason
+    assert s["masks_per_rate"] == direct.extra["masks_per_rate"]
+    assert s["num_masked_inputs"] == direct.num_masked_rows
+    assert "stop_reason" in printed and f"{s['mc_se']:.4f}" in printed
+    assert "target_se=0.5" in caplog.text and "the pilot scored" in caplog.text
+    # a budget below the plan: cut to it, and said so
+    assert _curve(tiny_dir, texts_file, tmp_path / "b", "--target-se", "0.01",
+                  "--max-masks", "60") == 0
+    s = json.loads((tmp_path / "b" / "results.json").read_text())["results"]["models"]
+    s = s["pretrained"]
+    assert s["stop_reason"] == "budget" and s["mc_se"] > 0.01
+    assert s["num_masked_inputs"] <= 60 * len(SENTENCES * 2)
+
+
+def test_curve_refuses_conflicts_and_unbounded_work_before_any_work(tiny_dir, texts_file,
+                                                                    tmp_path, capsys,
+                                                                    monkeypatch):
+    """Conflicting or unbounded settings are refused before the model is loaded; a target
+    so small that its plan overflows is refused with the plan's cost, not an int64 array."""
+    import mptlml.jobs.curve as curve_job
+
+    real = curve_job.load_model
+    cases = [
+        (["--whole-word", "--pll", "--pll-variant", "word_l2r"], "pass one of the two"),
+        (["--max-masks", "100"], "give --target-se too"),
+        (["--target-se", "0.1", "--exact"], "does not combine with --target-se"),
+        (["--rates", "0.00000001:0.99999999:0.000000001"], "larger STEP"),
+        (["--context-column", "context", "--whole-word"], "does not combine"),
+    ]
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr(curve_job, "load_model", no_model)
+    for i, (extra, msg) in enumerate(cases):
+        capsys.readouterr()
+        assert _curve(tiny_dir, texts_file, tmp_path / f"c{i}", *extra) == 2, extra
+        err = capsys.readouterr().err
+        assert msg in err, (extra, err)
+        assert not (tmp_path / f"c{i}").exists()
+    monkeypatch.setattr(curve_job, "load_model", real)
+    assert _curve(tiny_dir, texts_file, tmp_path / "tiny", "--target-se", "1e-12") == 2
+    err = capsys.readouterr().err
+    assert "target_se=1e-12" in err and "max_masks" in err and "-9223" not in err
+    assert not (tmp_path / "tiny").exists()
+
+
+def test_curve_ids_from_an_id_column_and_the_models_name_in_the_csvs(tiny_dir, tmp_path):
+    data = tmp_path / "t.csv"
+    data.write_text("id,text,n\n" + "".join(f"s{i},{t},{i}\n" for i, t in enumerate(SENTENCES)))
+    assert _curve(tiny_dir, data, tmp_path / "a", "--column", "text") == 0
+    rows = _per_seq(tmp_path / "a")
+    assert [r["id"] for r in rows] == [f"s{i}" for i in range(len(SENTENCES))]
+    name = MaskedLM.from_pretrained(tiny_dir).name
+    assert {r["model"] for r in rows} == {name} and {r["weights"] for r in rows} == {"pretrained"}
+    with open(tmp_path / "a" / "curve.csv") as f:
+        assert {r["model"] for r in csv.DictReader(f)} == {name}
+    assert _curve(tiny_dir, data, tmp_path / "b", "--column", "text", "--id-column", "n") == 0
+    assert [r["id"] for r in _per_seq(tmp_path / "b")] == [str(i) for i in range(len(SENTENCES))]
+    assert _curve(tiny_dir, data, tmp_path / "c", "--column", "text", "--id-column", "nope") == 2
+    dup = tmp_path / "d.csv"
+    dup.write_text("id,text\na,the cat\na,the dog\n")
+    with pytest.raises(ValueError, match="repeats the id 'a'"):
+        load_texts(dup, column="text")
+
+
+def test_curve_given_a_context_column_equals_mpt_curve_with_context(tiny_dir, tmp_path, capsys):
+    """--context-column (default 'context'): the CLI's numbers are mpt_curve(..., context=)'s
+    and pll(..., context=)'s; the outputs say the curve is conditional."""
+    # joined as written (lm-eval's convention): the space ends the context
+    contexts = ["the big dog ", "a cat ", "the red house ", "the blue tree ", "a mat "]
+    conts = ["sat on a mat", "ran far away", "was small", "and the house", "was red"]
+    data = tmp_path / "c.csv"
+    data.write_text("text,context\n"
+                    + "".join(f"{t},{c}\n" for t, c in zip(conts, contexts, strict=True)))
+    assert _curve(tiny_dir, data, tmp_path / "r", "--column", "text", "--num-masks", "2",
+                  "--pll", "--seed", "3") == 0
+    printed = capsys.readouterr().out
+    res = json.loads((tmp_path / "r" / "results.json").read_text())["results"]
+    lm = MaskedLM.from_pretrained(tiny_dir)
+    direct = mpt_curve(lm, conts, context=contexts, rates=[0.1, 0.3, 0.5, 0.7, 0.9],
+                       num_masks=2, seed=3)
+    rows = _per_seq(tmp_path / "r")
+    assert [r["context"] for r in rows] == contexts
+    np.testing.assert_allclose([float(r["lml_riemann"]) for r in rows], direct.lml.numpy(),
+                               rtol=1e-12)
+    np.testing.assert_allclose([float(r["num_tokens"]) for r in rows], direct.num_tokens.numpy())
+    np.testing.assert_allclose([float(r["pll"]) for r in rows],
+                               mptlml.pll(lm, conts, context=contexts).numpy(), rtol=1e-12)
+    s = res["models"]["pretrained"]
+    assert res["context_column"] == "context" and "context" in s["conditional"]
+    assert s["area"] == pytest.approx(direct.area, rel=1e-12)
+    assert "given" in printed and "context" in printed
+    # the unconditional curve of the same texts differs (the context is used)
+    plain = mpt_curve(lm, conts, rates=[0.1, 0.3, 0.5, 0.7, 0.9], num_masks=2, seed=3)
+    assert not np.allclose(plain.lml.numpy(), direct.lml.numpy())

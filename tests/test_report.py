@@ -16,7 +16,7 @@ from mptlml.runs.rundir import RESULTS_FORMAT, RunDir, load_results
 def _fake_run(path, name, results=None):
     run = RunDir(path, name)
     run.write_csv("series.csv", [{"a": 1, "b": 2.5}])
-    run.write_results({"k": 1}, results or {"value": 1.0}, seed=0)
+    run.write_results({"k": 1}, results or {"value": 1.0, "quick": True}, seed=0)
     return path
 
 
@@ -63,6 +63,36 @@ def test_report_cli(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert "none of the run directories exist" in capsys.readouterr().err
     assert not (tmp_path / "nope").exists()
+
+
+def test_report_of_one_quick_run_goes_beside_it_and_says_how_to_run_the_rest(tmp_path, capsys):
+    """A single part's run directory is replaced by its next run: the report goes beside it;
+    the missing parts are suggested in the run's (quick) mode; "1 part", not "1 parts"."""
+    run = _fake_run(tmp_path / "c", "convergence")
+    before = sorted(p.name for p in run.iterdir())
+    assert main(["report", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == before  # nothing written into the run
+    assert (tmp_path / "c-report" / "report.md").is_file()
+    assert "c-report/report.html" in err and ": 1 part;" in err
+    assert "missing: training (run `mptlml reproduce training --quick`)" in err
+
+
+@pytest.mark.parametrize("results, why", [
+    ({}, "holds no results"),
+    ({"value": 1.0}, "records no mode"),
+])
+def test_a_hollow_results_json_is_an_error_not_a_bug_in_the_check(results, why, tmp_path,
+                                                                   capsys):
+    d = tmp_path / "area"
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(
+        {"format": RESULTS_FORMAT, "experiment": "area", "config": {}, "results": results}))
+    assert main(["report", str(d), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert why in err and "run `mptlml reproduce area` again" in err
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert "bug in the check" not in md + err and "Full mode" not in md
 
 
 def test_run_dir_refuses_non_empty(tmp_path):

@@ -29,7 +29,7 @@ def test_report_renders_in_headless_chromium(tmp_path):
     fig, ax = plt.subplots()
     ax.plot([0, 1], [0, 1])
     run.save_figure(fig, "figure1")
-    run.write_results({}, {"value": 1.0})
+    run.write_results({}, {"value": 1.0, "quick": True})
     from mptlml.reproduce import fig2_training as training
     from tests.test_claims import _training_good
 

@@ -51,8 +51,8 @@ from .reproduce.parts import PARTS, get_part
 from .runs.config import execution_settings
 from .runs.rundir import environment, load_results
 
-__all__ = ["ERRATA", "STATUSES", "Report", "build_report", "collect_runs", "errata",
-           "report_json"]
+__all__ = ["ERRATA", "STATUSES", "Report", "build_report", "collect_runs", "default_out",
+           "errata", "report_json"]
 
 def errata() -> list[str]:
     """The errata of the paper's text, one Markdown string per erratum.
@@ -82,6 +82,8 @@ class Report:
     sections: list[dict[str, Any]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: the directory the report files were written to
+    out: Path | None = None
 
     @property
     def claims(self) -> list[dict[str, Any]]:
@@ -189,8 +191,36 @@ def collect_runs(paths: Sequence[str | Path]) -> tuple[dict[str, tuple[Path, dic
             if kind not in PARTS:
                 problems.append(_not_a_reproduction(d, kind))
                 continue
+            hollow = _hollow(res)
+            if hollow:
+                problems.append(f"{d / 'results.json'} {hollow}: the run did not record its "
+                                f"numbers, so its claims cannot be checked; run `mptlml "
+                                f"reproduce {kind}` again into {d}")
+                continue
             found[kind] = (d, res)
     return found, problems
+
+
+def _hollow(res: dict[str, Any]) -> str:
+    """What a part's results.json lacks that every finished part records (``""``: nothing)."""
+    results = res.get("results")
+    if not isinstance(results, dict) or not results:
+        return "holds no results"
+    if not isinstance(results.get("quick"), bool):
+        return "records no mode (quick or full)"
+    if not isinstance(res.get("config"), dict):
+        return "records no settings"
+    return ""
+
+
+def default_out(path: str | Path) -> Path:
+    """Where a report goes by default: a ``reproduce all`` directory itself; beside one run.
+
+    A single part's run directory is replaced as a whole by its next run, so
+    its report goes to ``RUN_DIR-report`` beside it, not into it.
+    """
+    p = Path(path)
+    return p.parent / f"{p.name}-report" if (p / "results.json").is_file() else p
 
 
 def _not_a_reproduction(d: Path, kind: Any) -> str:
@@ -296,7 +326,9 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
     ----------
     paths : run directories, or directories holding run sub-directories
         (``mptlml reproduce all`` writes one sub-directory per part).
-    out : directory for the report files (default: the first path).
+    out : directory for the report files (default :func:`default_out` of the
+        first path: a ``reproduce all`` directory itself, ``RUN_DIR-report``
+        beside a single run).
     """
     if not paths:
         raise ValueError("pass at least one run directory.")
@@ -334,7 +366,8 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
             "seed": res.get("seed"), "environment": res.get("environment", {}),
             "notes": res.get("results", {}).get("notes"),
         })
-    out_dir = Path(out) if out is not None else Path(paths[0])
+    out_dir = Path(out) if out is not None else default_out(paths[0])
+    rep.out = out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "report.md", _render(rep, "report.md.jinja", out_dir))
     atomic_write_text(out_dir / "report.html", _render(rep, "report.html.jinja", out_dir))

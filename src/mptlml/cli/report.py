@@ -17,21 +17,26 @@ def _run(runs: tuple[str, ...], out: str | None) -> int:
     from ..report import build_report
 
     rep = build_report(list(runs), out)
-    where = out or runs[0]
+    where, n = rep.out, len(rep.sections)
     _log.info(f"report written to {where}/report.html and {where}/report.md: "
-              f"{len(rep.sections)} parts; {rep.summary_line()}")
+              f"{n} part{'' if n == 1 else 's'}; {rep.summary_line()}")
+    quick = " --quick" if rep.mode == "quick" else ""  # the missing parts in the same mode
     for m in rep.missing:
-        _log.warning(f"missing: {m} (run `mptlml reproduce {m}`)")
+        _log.warning(f"missing: {m} (run `mptlml reproduce {m}{quick}`)")
     for p in rep.problems:
         _log.warning(f"problem: {p}")
-    return 0 if rep.sections else 1  # nothing could be read: not a success
+    if not rep.sections:  # nothing could be read: not a success
+        _log.error("no part could be reported; see the problems above.")
+        return 1
+    return 0
 
 
 def report() -> click.Command:
     """The command ``mptlml report RUN_DIR...``."""
     params = [click.Argument(["runs"], nargs=-1, required=True, metavar="RUN_DIR..."),
               click.Option(["--out"], default=None, metavar="DIR",
-                           help="where to write the report (default: the first RUN_DIR)")]
+                           help="where to write the report (default: a `reproduce all` RUN_DIR "
+                                "itself; RUN_DIR-report beside a single part's RUN_DIR)")]
     return command("report", _run, params,
                    help="build report.html/report.md from run directories",
                    description="Build report.html, report.md and report.json from run "

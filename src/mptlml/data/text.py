@@ -16,6 +16,11 @@ Sources:
   GLUE's are. A file is one split: ``split`` is refused for files. A field
   holding a list or a dict (JSON), or an empty cell, is refused, naming the
   file, the line (row, record) and the value: its Python repr is no text.
+  The identifiers come from ``id_column`` (default ``id``, else ``idx``, when
+  the table has one; else the row numbers), and must be unique; a
+  ``context_column`` (default ``context`` when the table has one) gives each
+  text the context it is scored after (:func:`mptlml.mpt_curve` with
+  ``context=``).
 - ``.txt``: one sequence per line (a blank line is an error: empty sequence);
   ``.fasta`` / ``.fa``: one sequence per record (ids from the headers).
 
@@ -54,9 +59,21 @@ class TextData:
     texts: list[str]
     ids: list[str]
     source: str
+    #: one context per text (always visible, never scored), or None
+    contexts: list[str] | None = None
+    #: the column the contexts came from
+    context_column: str | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def head(self, limit: int | None) -> TextData:
+        """The first ``limit`` texts (all with None), with their ids and contexts."""
+        if limit is None:
+            return self
+        ctx = None if self.contexts is None else self.contexts[:limit]
+        return TextData(self.texts[:limit], self.ids[:limit], self.source, ctx,
+                        self.context_column)
 
 
 def bundled_antibodies(limit: int | None = None) -> TextData:
@@ -64,10 +81,7 @@ def bundled_antibodies(limit: int | None = None) -> TextData:
     if limit is not None:
         limit = check_positive_int(limit, "limit")
     path = Path(__file__).with_name("antibody_germline_v.fasta")
-    data = _read_fasta(path)
-    if limit is not None:
-        data = TextData(data.texts[:limit], data.ids[:limit], data.source)
-    return data
+    return _read_fasta(path).head(limit)
 
 
 def _read_fasta(path: Path) -> TextData:
@@ -147,7 +161,8 @@ _BUILDERS = {".csv": "csv", ".tsv": "csv", ".parquet": "parquet", ".jsonl": "jso
              ".json": "json"}
 
 
-def _table(path: Path, ext: str, column: str | None) -> TextData:
+def _table(path: Path, ext: str, column: str | None, id_column: str | None = None,
+           context_column: str | None = None) -> TextData:
     """A CSV/TSV/parquet/JSON(L) table through ``datasets``; ``column`` may join several."""
     cols = [c.strip() for c in column.split(",") if c.strip()] if column else None
     kwargs: dict[str, Any] = {}
@@ -169,11 +184,19 @@ def _table(path: Path, ext: str, column: str | None) -> TextData:
         else:
             raise ValueError(f"{path} has columns {names}; pass column=NAME (--column) to say "
                              "which holds the text (NAME1,NAME2 joins a sentence pair).")
-    for c in cols:
-        if c not in names:
-            what = "field" if ext in (".jsonl", ".json") else "column"
+    what = "field" if ext in (".jsonl", ".json") else "column"
+    for c, flag in [*((c, "--column") for c in cols), (id_column, "--id-column"),
+                    (context_column, "--context-column")]:
+        if c is not None and c not in names:
             raise ValueError(f"{what} {c!r} not in {path} (has {names}); pass one of these with "
-                             "--column.")
+                             f"{flag}.")
+    if id_column is None:
+        id_column = next((c for c in ("id", "idx") if c in names and c not in cols), None)
+    if context_column is None:
+        context_column = "context" if "context" in names and "context" not in cols else None
+    elif context_column in cols:
+        raise ValueError(f"{what} {context_column!r} is both the text (--column) and the context "
+                         "(--context-column); a context is never scored: pass two columns.")
     values = [ds[c] for c in cols]
     texts = []
     unit = {".jsonl": "line", ".json": "record"}.get(ext, "row")
@@ -190,12 +213,35 @@ def _table(path: Path, ext: str, column: str | None) -> TextData:
                     "(join a list of sentences into one text), or name a text field with "
                     "--column.")
         texts.append(" ".join(str(v) for v in row))
-    ids = [str(v) for v in ds["idx"]] if "idx" in names else [str(i) for i in range(len(texts))]
-    return TextData(texts, ids, f"{ext[1:]}:{path}:{'+'.join(cols)}")
+    ids = [str(i) for i in range(len(texts))]
+    if id_column is not None:
+        ids = [str(v) for v in ds[id_column]]
+        seen: dict[str, int] = {}
+        for r, v in enumerate(ids):
+            if v in seen:
+                raise ValueError(f"{path}: {what} {id_column!r} repeats the id {v!r} ({unit}s "
+                                 f"{seen[v] + 1} and {r + 1}); ids name one text each: make them "
+                                 "unique, or pass another column with --id-column.")
+            seen[v] = r
+    contexts = None
+    if context_column is not None:
+        contexts = []
+        for r, v in enumerate(ds[context_column]):
+            if v is None or (isinstance(v, float) and math.isnan(v)) or isinstance(
+                    v, list | tuple | dict):
+                raise ValueError(f"{path}: {unit} {r + 1} has no text in the context {what} "
+                                 f"{context_column!r} ({v!r}); give every row a context (an "
+                                 "empty string for none), or drop the column.")
+            contexts.append(str(v))
+    source = f"{ext[1:]}:{path}:{'+'.join(cols)}"
+    if context_column is not None:
+        source += f" given {context_column}"
+    return TextData(texts, ids, source, contexts, context_column)
 
 
 def load_texts(source: str | Path, *, column: str | None = None, split: str | None = None,
-               limit: int | None = None) -> TextData:
+               limit: int | None = None, id_column: str | None = None,
+               context_column: str | None = None) -> TextData:
     """Load texts from a local file or ``glue:TASK``.
 
     Parameters
@@ -209,6 +255,12 @@ def load_texts(source: str | Path, *, column: str | None = None, split: str | No
         GLUE split (default ``validation``; ``test`` for AX); refused for files.
     limit : int, optional
         Keep the first ``limit`` texts.
+    id_column : str, optional
+        Tables: the column of the identifiers (unique); default ``id``, else
+        ``idx``, when present, else the row numbers.
+    context_column : str, optional
+        Tables: the column of each text's context (``TextData.contexts``);
+        default ``context`` when present.
 
     Raises
     ------
@@ -219,6 +271,11 @@ def load_texts(source: str | Path, *, column: str | None = None, split: str | No
     if limit is not None:
         limit = check_positive_int(limit, "limit")  # a negative limit is no slice
     s = str(source)
+    table = Path(s).suffix.lower() in _BUILDERS and not s.lower().startswith("glue")
+    for key, value in (("id_column", id_column), ("context_column", context_column)):
+        if value is not None and not table:
+            raise ValueError(f"{key}={value!r} (--{key.replace('_', '-')}) applies to a table "
+                             f"(.csv/.tsv/.parquet/.jsonl/.json), not to {s}.")
     if s.lower().startswith("glue:") or s.lower().startswith("glue/"):
         data = _glue(s[5:], split)
     else:
@@ -241,14 +298,13 @@ def load_texts(source: str | Path, *, column: str | None = None, split: str | No
             data = TextData([ln.strip() for ln in lines], [str(i) for i in range(len(lines))],
                             f"txt:{path}")
         elif ext in _BUILDERS:
-            data = _table(path, ext, column)
+            data = _table(path, ext, column, id_column, context_column)
         elif ext in (".fasta", ".fa", ".faa"):
             data = _read_fasta(path)
         else:
             raise ValueError(f"unknown data format {ext!r} for {path}; use .txt, .csv, .tsv, "
                              ".parquet, .jsonl, .json or .fasta, or glue:TASK.")
-    if limit is not None:
-        data = TextData(data.texts[:limit], data.ids[:limit], data.source)
+    data = data.head(limit)
     if not data.texts:
         raise ValueError(f"no texts found in {source}.")
     return data

@@ -355,6 +355,7 @@ def _ragged_curve_to_target(model: RaggedMaskedModel, sequences: Any, target_se:
     v = np.nanmean((d_sub[:, None] / k) ** 2 * s2, axis=0) / n
     left = None if max_masks is None else max_masks - pilot.num_masked_rows / n
     counts, capped, wanted = plan_counts(v, np.ones(k), target_se, allocation, left)
+    _refuse_oversized_plan(counts, n, target_se)
     show_plan("the curve", target_se, allocation, counts, float(counts.sum()),
               pilot.num_masked_rows / n, n, capped, bool(run.get("progress")))
     res = _ragged_curve(model, seqs, counts, fresh_seed(seed), **curve, **run)
@@ -369,3 +370,16 @@ def _ragged_curve_to_target(model: RaggedMaskedModel, sequences: Any, target_se:
     res.extra["masks_per_rate"] = counts.tolist()
     res.extra["masks_wanted"] = wanted + pilot.num_masked_rows / n
     return res
+
+
+def _refuse_oversized_plan(counts: np.ndarray, n: int, target_se: float) -> None:
+    """Refuse, before its draws, a plan for a target SE over ``max_masked_inputs``.
+
+    The plan is the package's, not the caller's: the message names the target
+    and the budget (``max_masks``), not ``num_masks``.
+    """
+    per = sum(int(c) for c in counts)  # masked inputs per sequence: one per mask and rate
+    check_masked_inputs(
+        per * n, f"target_se={target_se:g} after its pilot ({per:,} per sequence)",
+        "ask for a larger target_se, or bound the plan with max_masks= (--max-masks: masked "
+        "inputs per sequence)")

@@ -6,13 +6,23 @@ The job :data:`JOB` (:class:`CurveConfig`, :func:`load_curve`,
 (:func:`score_models`, :func:`write_curves`). All three take the settings of
 :class:`MLMRunConfig`. Files:
 
-- ``curve.csv``: model, rate, mean log-prob of the masked tokens, standard error;
-- ``per_sequence.csv``: model, id, D_i, LML estimate D_i * mean_k S_ik (and
-  the exact cumulative sum when computed), PLL when computed;
-- ``pll_tokens.csv`` (with the PLL): model, id, position, token, log_prob per
-  token (per word with whole-word masking; a ``word`` column for word-level runs);
+- ``curve.csv``: model (its name), weights (``pretrained`` or ``random_init``),
+  rate, mean log-prob of the masked tokens, standard error;
+- ``per_sequence.csv``: model, weights, id, D_i, LML estimate D_i * mean_k S_ik
+  (and the exact cumulative sum when computed), PLL when computed; with
+  contexts (a conditional curve, log p(x_T | x_C)), a ``context`` column;
+- ``pll_tokens.csv`` (with the PLL, unconditional runs): model, weights, id,
+  position, token, log_prob per token (per word with whole-word masking; a
+  ``word`` column for word-level runs);
 - ``mpt_curve.png/.pdf``: the curves with +-1 standard error bands;
-- ``checkpoint/``: finished chunks, so an interrupted run resumes (``--resume``).
+- ``checkpoint/``: finished chunks, so an interrupted run resumes (``--resume``);
+  listed in results.json's ``files``.
+
+With ``--target-se`` the masks per rate are planned after a pilot; the plan
+(masked inputs in all) is logged before the draws, ``--max-masks`` bounds it,
+and results.json and the printed summary give the Monte Carlo standard error
+of the mean LML that the target is about, the target and ``stop_reason``
+(``target``, ``budget`` or ``missed``).
 
 Under ``torchrun``/``accelerate launch`` every process scores its share of
 the sequences on its own device and only rank 0 writes the result files.
@@ -35,13 +45,15 @@ from .._optional import require
 from .._scoring.distributed import distributed_context, resolve_device
 from ..estimators import MPTCurve, mpt_curve, pll
 from ..estimators.rates import check_rates, rate_grid, rate_widths
+from ..models.conditional import with_context
 from ..models.masked_lm import MaskedLM
 from ..runs.config import RunConfig, setting
 from ..runs.job import Job
 from ..runs.output import pyplot
 from ..runs.rundir import RunDir
 
-__all__ = ["DEVICE_SETTINGS", "JOB", "CurveConfig", "CurveInputs", "MLMRunConfig", "curve_summary",
+__all__ = ["DEVICE_SETTINGS", "JOB", "MAX_RATES", "CurveConfig", "CurveInputs", "MLMRunConfig",
+           "curve_summary",
            "load_curve", "load_model", "parse_rates", "plot_paired_curves", "run_curve",
            "score_models", "write_curves", "write_pll_tokens"]
 
@@ -100,17 +112,26 @@ class MLMRunConfig(RunConfig):
         return check_rates(parse_rates(self.rates))
 
     def validate(self) -> None:
-        """The rates parse; a PLL variant needs the PLL."""
+        """The rates parse; a PLL variant needs the PLL and masks tokens, not whole words."""
         super().validate()
         self.rate_grid()
         if self.pll_variant != "original" and not self.pll:
             raise ValueError(f"pll_variant {self.pll_variant} applies to the PLL; add --pll "
                              "(pll=true).")
+        if self.pll_variant != "original" and self.whole_word:
+            raise ValueError(f"--whole-word masks each word's sub-tokens together (the curve "
+                             f"and the PLL), but --pll-variant {self.pll_variant} scores them "
+                             "one by one: pass one of the two (whole_word=true or "
+                             f"pll_variant={self.pll_variant}).")
 
 
 #: the settings of :class:`MLMRunConfig` that say where and how a model runs
 #: (``mptlml reproduce`` takes them as flags too: ``--device``, ``--dtype``, ...).
 DEVICE_SETTINGS = ("device", "dtype", "autocast", "batch_size")
+
+#: the most masking rates a grid may hold (the paper's has 99; a finer grid than
+#: 1 / D_i repeats sizes, and each rate costs a masked input per sequence)
+MAX_RATES = 10_000
 
 
 def parse_rates(text: str | None) -> np.ndarray | None:
@@ -125,6 +146,11 @@ def parse_rates(text: str | None) -> np.ndarray | None:
     except ValueError as exc:
         raise ValueError(f"cannot read rates {text!r}; pass START:STOP:STEP (e.g. "
                          "0.01:0.99:0.01) or a comma list (e.g. 0.15,0.5).") from exc
+    if s > 0 and np.isfinite([a, b, s]).all() and (b - a) / s + 1 > MAX_RATES:
+        raise ValueError(f"rates {text!r} is a grid of about {(b - a) / s + 1:,.0f} rates, more "
+                         f"than {MAX_RATES:,} (each rate costs at least one masked input per "
+                         "sequence and mask); take a larger STEP, e.g. 0.01:0.99:0.01 (the "
+                         "paper's 99 rates).")
     try:
         return rate_grid(a, s, stop=b)
     except ValueError as exc:  # readable, but not a grid of rates in (0, 1)
@@ -132,14 +158,18 @@ def parse_rates(text: str | None) -> np.ndarray | None:
 
 
 def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], cfg: MLMRunConfig, *,
-                 run_dir: RunDir, ids: list[str] | None = None) -> dict[str, dict[str, Any]]:
+                 run_dir: RunDir, ids: list[str] | None = None,
+                 contexts: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Curve (and, with ``cfg.pll``, PLL) of each model; checkpoints under ``run_dir/checkpoint``.
 
-    Every setting of the scoring comes from ``cfg`` (:class:`MLMRunConfig`).
-    Each entry also holds ``placement``: the model's device, dtype, autocast
-    and the world size, which :func:`write_curves` records; with the PLL,
+    Every setting of the scoring comes from ``cfg`` (:class:`MLMRunConfig`;
+    ``target_se`` and ``max_masks`` when it has them). Each entry also holds
+    ``placement``: the model's device, dtype, autocast and the world size,
+    which :func:`write_curves` records; with the PLL of an unconditional run,
     ``pll_tokens`` (:class:`~mptlml.estimators.results.TokenScores`) for
-    :func:`write_pll_tokens`.
+    :func:`write_pll_tokens`. ``contexts`` (one per text) make every score
+    conditional, ``log p(text | context)`` (``context=`` of :func:`mpt_curve`
+    and :func:`pll`).
     """
     out: dict[str, dict[str, Any]] = {}
     world = distributed_context().world
@@ -149,16 +179,20 @@ def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], cfg: MLMR
                    batch_size=cfg.batch_size, checkpoint_dir=run_dir.path / "checkpoint" / label,
                    progress=cfg.progress)
         target_se = getattr(cfg, "target_se", None)
-        curve = partial(mpt_curve, target_se=target_se)
+        curve = partial(mpt_curve, target_se=target_se, max_masks=getattr(cfg, "max_masks", None))
         res = curve(model, texts, rates=rates, num_masks=cfg.num_masks, seed=cfg.seed,
                     nominal_length=cfg.nominal_length, exact=cfg.exact, ids=ids,
-                    whole_word=cfg.whole_word, **run)
+                    whole_word=cfg.whole_word, context=contexts, **run)
         entry: dict[str, Any] = {"curve": res, "placement": {**model.placement(),
                                                              "world_size": world}}
-        if cfg.pll:
+        if cfg.pll and contexts is not None:  # the conditional PLL: per sequence only
+            entry["pll"] = pll(model, texts, context=contexts, **run)
+        elif cfg.pll:
             tokens = pll(model, texts, per_token=True, whole_word=cfg.whole_word,
                          variant=cfg.pll_variant, **run)
             entry["pll"], entry["pll_tokens"] = tokens.total, tokens
+        if contexts is not None:
+            entry["contexts"] = contexts
         out[label] = entry
     return out
 
@@ -169,23 +203,35 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
                  baseline: tuple[float, str] | None = None) -> dict[str, Any]:
     """Write curve.csv, per_sequence.csv and the figure; return the summary numbers.
 
-    ``reference`` curves (e.g. the authors') are drawn thin beside ours;
-    ``baseline`` ``(value, label)`` is drawn as a dotted horizontal line.
+    The CSVs' ``model`` column is the model's name and ``weights`` the entry's
+    label (``pretrained``, ``random_init``), so the CSVs of two runs can be
+    combined. The summary of each entry holds ``mc_se``, the Monte Carlo
+    standard error of the mean LML (over the masks), and with a target
+    standard error ``target_se``, ``stop_reason``, the masks per rate and the
+    masked inputs scored. ``reference`` curves (e.g. the authors') are drawn
+    thin beside ours; ``baseline`` ``(value, label)`` is drawn as a dotted
+    horizontal line.
     """
     curve_rows, seq_rows, summary = [], [], {}
     drawn: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
     for label, entry in scored.items():
         res: MPTCurve = entry["curve"]
         lengths = res.num_tokens.numpy()  # type: ignore[union-attr]
+        name = _model_name(res.model)
+        who = {"model": name, "weights": label}
         for r, c, s in zip(res.rates, res.mean.tolist(), res.stderr.tolist(), strict=True):
-            curve_rows.append({"model": label, "rate": float(r), "mean_log_prob": float(c),
+            curve_rows.append({**who, "rate": float(r), "mean_log_prob": float(c),
                                "stderr": float(s)})
         ids = res.ids or [str(i) for i in range(len(lengths))]
         p = entry.get("pll")
+        contexts = entry.get("contexts")
         widths = rate_widths(res.rates)  # the paper's area, per sequence
         scores = res.per_sample.numpy()
         for i, sid in enumerate(ids):
-            row = {"model": label, "id": sid, "num_tokens": int(lengths[i]),
+            row = {**who, "id": sid}
+            if contexts is not None:
+                row["context"] = contexts[i]
+            row |= {"num_tokens": int(lengths[i]),
                    "lml_riemann": float(res.lml[i]),  # type: ignore[index]
                    "lml_riemann_se": float(res.lml_stderr[i]),  # type: ignore[index]
                    "area": float(res.nominal_length * (scores[i] * widths).sum())}
@@ -196,15 +242,25 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
                 row["pll"] = float(p[i])
             seq_rows.append(row)
         summary[label] = {
-            "model": res.model, "area": res.area, "area_se": res.area_stderr,
+            "model": name, "area": res.area, "area_se": res.area_stderr,
             "nominal_length": res.nominal_length, "num_sequences": int(len(lengths)),
             "mean_num_tokens": float(lengths.mean()),
             "mean_lml_riemann": float(res.lml.mean()),  # type: ignore[union-attr]
             "mean_log_prob_per_token": float(res.mean.mean()),
             "rates": res.rates, "curve": res.mean.numpy(), "curve_se": res.stderr.numpy(),
             "num_masks": res.num_masks, "corruption": res.corruption,
+            "mc_se": res.lml_stderr_mean, "num_masked_inputs": res.num_masked_rows,
+            "num_model_calls": res.num_model_calls,
             **entry.get("placement", {}),
         }
+        if contexts is not None:
+            summary[label]["conditional"] = "log p(text | context): masks drawn in the text"
+        if res.target_se is not None:
+            summary[label] |= {"target_se": res.target_se, "stop_reason": res.stop_reason,
+                               "allocation": res.allocation,
+                               "masks_per_rate": res.extra.get("masks_per_rate"),
+                               "masked_inputs_wanted_per_sequence":
+                                   res.extra.get("masks_wanted")}
         if res.lml_exact is not None:
             summary[label]["mean_lml_exact"] = float(res.lml_exact.mean())
         if p is not None:
@@ -222,10 +278,17 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
 def write_pll_tokens(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]],
                      ids: list[str] | None = None) -> None:
     """``pll_tokens.csv``: one row per token (word) of each sequence and model, if scored."""
-    rows = [r for label, e in scored.items() if "pll_tokens" in e
+    rows = [{"model": _model_name(e["curve"].model), "weights": label,
+             **{k: v for k, v in r.items() if k != "model"}}
+            for label, e in scored.items() if "pll_tokens" in e
             for r in e["pll_tokens"].rows(label, ids)]
     if rows:
         run_dir.write_csv("pll_tokens.csv", rows, columns=list(rows[0]))
+
+
+def _model_name(name: str | None) -> str | None:
+    """A model's name without the ``" | context"`` of its conditional view."""
+    return None if name is None else name.removesuffix(" | context")
 
 
 def _pair_key(label: str) -> tuple[str, bool]:
@@ -340,13 +403,34 @@ class CurveConfig(MLMRunConfig):
     target_se: float | None = setting(None, "allocate masks per rate (Neyman) for this Monte "
                                       "Carlo standard error of the mean LML, in nats; "
                                       "num_masks is then the pilot", gt=0)
+    max_masks: int | None = setting(None, "with --target-se: the most masked inputs per "
+                                    "sequence, the pilot included (the plan is cut to it; "
+                                    "stop_reason then says 'budget')", min=1)
+    id_column: str | None = setting(None, "column/field of the sequence ids in a table (default "
+                                    "'id', else 'idx', when present; else the row numbers)")
+    context_column: str | None = setting(None, "column/field of each text's context in a table "
+                                         "(default 'context' when present): the curve is then "
+                                         "log p(text | context), the context always visible; "
+                                         "context and text are joined as written (end the "
+                                         "context with a space where a word ends)")
 
     def validate(self) -> None:
-        """A model and data are given; the shared checks."""
+        """A model and data are given; the shared checks; no two settings that conflict."""
         super().validate()
         for key in ("model", "data"):
             if not getattr(self, key):
                 raise ValueError(f"{key} is empty; give --{key}.")
+        if self.max_masks is not None and self.target_se is None:
+            raise ValueError("--max-masks bounds the masks that --target-se plans; give "
+                             "--target-se too, or set the masks yourself with --num-masks.")
+        if self.target_se is not None and self.exact:
+            raise ValueError("--exact does not combine with --target-se (the exact cumulative "
+                             "sum is a separate estimate at --num-masks per size); drop one.")
+        if self.context_column is not None and (self.whole_word
+                                                or self.pll_variant != "original"):
+            raise ValueError(f"--context-column {self.context_column} scores the text's tokens "
+                             "given its context; it does not combine with --whole-word or "
+                             "--pll-variant word_l2r.")
 
 
 @dataclass
@@ -361,12 +445,27 @@ def load_curve(cfg: CurveConfig) -> CurveInputs:
     """Load and check the model and every sequence (empty, too long, no words) up front."""
     from ..data.text import bundled_antibodies, load_texts
 
+    if cfg.data == "antibodies":
+        for key in ("id_column", "context_column"):
+            if getattr(cfg, key) is not None:
+                raise ValueError(f"--{key.replace('_', '-')} applies to a table, not to the "
+                                 "bundled antibodies.")
+        texts = bundled_antibodies(cfg.num_sequences)
+    else:  # the texts first: a bad file is refused before the model is loaded
+        texts = load_texts(cfg.data, column=cfg.column, split=cfg.split,
+                           limit=cfg.num_sequences, id_column=cfg.id_column,
+                           context_column=cfg.context_column)
+    if texts.contexts is not None and (cfg.whole_word or cfg.pll_variant != "original"):
+        raise ValueError(f"{cfg.data} has a context column {texts.context_column!r}: the curve "
+                         "is then scored given it, which does not combine with --whole-word or "
+                         "--pll-variant word_l2r (drop those, or pass another --context-column).")
     lm = load_model(cfg.model, cfg, random_init=cfg.random_init, tokenizer=cfg.tokenizer,
                     allow_unknown=cfg.allow_unknown)
-    texts = (bundled_antibodies(cfg.num_sequences) if cfg.data == "antibodies"
-             else load_texts(cfg.data, column=cfg.column, split=cfg.split,
-                             limit=cfg.num_sequences))
-    lm.encode(texts.texts)  # raises on empty / too long sequences before any file is made
+    # raises on empty / too long sequences (with their contexts) before any file is made
+    with_context(lm, texts.contexts).encode(texts.texts)
+    if texts.contexts is not None:
+        _log.info(f"scoring log p(text | context): the contexts are {cfg.data}'s column "
+                  f"{texts.context_column!r}, always visible and never scored")
     if cfg.whole_word or cfg.pll_variant != "original":
         lm.encode_words(texts.texts)  # and on a tokenizer without words
     return CurveInputs(lm, texts)
@@ -376,22 +475,36 @@ def run_curve(cfg: CurveConfig, run_dir: RunDir, inputs: CurveInputs) -> dict[st
     """Score the model; write curve.csv, per_sequence.csv, pll_tokens.csv and the figure."""
     lm, texts = inputs.model, inputs.texts
     label = "random_init" if cfg.random_init else "pretrained"
-    scored = score_models({label: lm}, texts.texts, cfg, run_dir=run_dir, ids=texts.ids)
+    scored = score_models({label: lm}, texts.texts, cfg, run_dir=run_dir, ids=texts.ids,
+                          contexts=texts.contexts)
     if not distributed_context().main:
         return {}
-    summ = write_curves(run_dir, scored, title=f"MPT curve: {lm.name}")
+    given = "" if texts.contexts is None else f" given {texts.context_column}"
+    summ = write_curves(run_dir, scored, title=f"MPT curve: {lm.name}{given}")
     write_pll_tokens(run_dir, scored, texts.ids)
-    return {"data": texts.source, "models": summ}
+    out: dict[str, Any] = {"data": texts.source, "models": summ}
+    if texts.contexts is not None:
+        out["context_column"] = texts.context_column
+    return out
 
 
 def curve_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows ``mptlml curve`` prints to stdout (even under ``-q``): area, SE, L, mean LML."""
+    """The rows ``mptlml curve`` prints to stdout (even under ``-q``).
+
+    Area, SE, L, mean LML and its Monte Carlo SE (``mc_se``, over the masks);
+    with a context column, ``given``; with a target SE, the target and
+    ``stop_reason``.
+    """
     rows = []
     for s in results["models"].values():
-        row = {"model": s.get("model"), "sequences": s["num_sequences"], "area": s["area"],
-               "area_se": s["area_se"], "L": s["nominal_length"],
-               "mean_lml_riemann": s["mean_lml_riemann"]}
-        row.update({k: s[k] for k in ("mean_lml_exact", "mean_pll") if k in s})
+        row = {"model": s.get("model")}
+        if results.get("context_column") is not None:
+            row["given"] = results["context_column"]
+        row |= {"sequences": s["num_sequences"], "area": s["area"], "area_se": s["area_se"],
+                "L": s["nominal_length"], "mean_lml_riemann": s["mean_lml_riemann"],
+                "mc_se": s.get("mc_se")}
+        row.update({k: s[k] for k in ("mean_lml_exact", "mean_pll", "target_se", "stop_reason")
+                    if k in s})
         rows.append(row)
     return rows
 

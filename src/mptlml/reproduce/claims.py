@@ -144,10 +144,37 @@ def full_size_table_from_report(report: dict[str, Any], *, date: str, machine: s
     of a quick or mixed run: only full sizes go in the table. Write the
     result to ``src/mptlml/data/full_size_claims.json``
     (``json.dumps(table, indent=1, ensure_ascii=False)``).
+
+    Raises
+    ------
+    ValueError
+        If ``report`` is not a report (not an object, or without ``claims``,
+        ``parts`` or ``missing``), lists missing parts (the table stands for
+        every part of ``reproduce all``), or is of a quick or mixed run.
     """
-    if report.get("mode") != "full":
+    rebuild = "rebuild it with `mptlml report DIR` from the run of `mptlml reproduce all`"
+    if not isinstance(report, dict):
+        raise ValueError(f"the report holds a JSON {type(report).__name__}, not a report "
+                         f"object; {rebuild}.")
+    if "mode" in report and report.get("mode") != "full":
         raise ValueError(f"the report is of a {report.get('mode')!r} run; the full-size table "
                          "takes a full run only (mptlml reproduce all without --quick).")
+    lacking = [k for k in ("mode", "claims", "parts", "missing") if k not in report]
+    if lacking:
+        raise ValueError(f"the report has no {', '.join(lacking)}: it was not written by "
+                         f"`mptlml report`; {rebuild}.")
+    claims = report["claims"]
+    if not isinstance(claims, list) or not claims or not all(
+            isinstance(c, dict) and {"section", "claim", "status", "ours"} <= set(c)
+            for c in claims):
+        raise ValueError(f"the report's claims are {'empty' if claims == [] else 'malformed'} "
+                         f"(each needs section, claim, status and ours); {rebuild}.")
+    if report["missing"]:
+        missing = [str(m) for m in report["missing"]]
+        raise ValueError(f"the report lacks {len(missing)} part{'s' if len(missing) > 1 else ''}"
+                         f" ({', '.join(missing)}); the full-size table stands for every part "
+                         "of `mptlml reproduce all`: finish them (mptlml reproduce all --out "
+                         "DIR --resume) and rebuild the report (mptlml report DIR).")
     out: dict[str, dict[str, Any]] = {}
     for c in report["claims"]:
         rec = {"status": c["status"], "ours": c["ours"]}

@@ -225,7 +225,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
                     "setup": setup, "noise": st["noise"], "share_masks": st["share_masks"],
                     "panel": name, "D": pan["D"], "estimator": pan["estimator"],
                     "mask_size": "all", "P": p, "mean_estimate": mean, "sd_over_seeds": sd,
-                    "estimate": _fmt(mean, sd), "exact_lml": pan["exact_lml"],
+                    "se_of_mean": sd / math.sqrt(cfg.num_seeds), "exact_lml": pan["exact_lml"],
                     "mean_minus_exact": mean - pan["exact_lml"], "num_seeds": cfg.num_seeds,
                 })
     for name, pan in panels.items():
@@ -237,7 +237,8 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
                     "setup": this, "noise": cfg.noise, "share_masks": cfg.share_masks,
                     "panel": name, "D": pan["D"], "estimator": pan["estimator"],
                     "mask_size": pan["mask_size"], "P": p, "mean_estimate": mean,
-                    "sd_over_seeds": sd, "estimate": _fmt(mean, sd), "exact_lml": pan["exact_lml"],
+                    "sd_over_seeds": sd, "se_of_mean": sd / math.sqrt(cfg.num_seeds),
+                    "exact_lml": pan["exact_lml"],
                     "mean_minus_exact": mean - pan["exact_lml"], "num_seeds": cfg.num_seeds,
                 })
         for s, path in enumerate(pan["estimates"]):
@@ -319,7 +320,7 @@ def _figure(cfg: Config, panels: dict[str, dict[str, Any]], run_dir: RunDir) -> 
 def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Table 1 rows: panel, P, mean ± sd over seeds, exact LML."""
     return [{"setup": r.get("setup", ""), "panel": r["panel"], "P": r["P"],
-             "MPT estimate": r["estimate"],
+             "MPT estimate": _fmt(r["mean_estimate"], r["sd_over_seeds"]),
              "exact LML": round(r["exact_lml"], 3)} for r in results["table1"]]
 
 

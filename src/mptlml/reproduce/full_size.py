@@ -38,7 +38,7 @@ END = "<!-- end of the generated full-size table -->"
 def machine_of(report: dict[str, Any]) -> str:
     """``"2 CPU cores (AMD EPYC), torch 2.13.0+cpu, Python 3.11.7"`` from a report's environment."""
     env = report.get("environment") or {}
-    if not env:
+    if not isinstance(env, dict) or not env:
         raise ValueError("report.json has no environment; rebuild it with this version "
                          "(mptlml report DIR), or pass --machine.")
     gpu = f", GPU {env['gpu']}" if env.get("gpu") else ""
@@ -64,20 +64,34 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, help="write the table here (the packaged file: "
                     "src/mptlml/data/full_size_claims.json)")
     ap.add_argument("--docs", type=Path, help="replace the generated region of this page")
-    ap.add_argument("--date", default=dt.date.today().isoformat(), help="default: today")
+    ap.add_argument("--date", default=dt.date.today().isoformat(),
+                    help="the run's date, YYYY-MM-DD (default: today)")
     ap.add_argument("--machine", help="default: read from the report's environment")
     ap.add_argument("--note", action="append", default=[], metavar="PART=TEXT",
                     help="the conditions of one part's wall time (e.g. what ran beside it); "
                          "repeatable")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        dt.date.fromisoformat(args.date)
+    except ValueError:
+        ap.error(f"--date {args.date!r} is not a date; write YYYY-MM-DD (e.g. 2026-11-26).")
     path = args.run / "report.json"
     if not path.is_file():
         ap.error(f"{path} does not exist; run `mptlml report {args.run}` first.")
-    report = json.loads(path.read_text(encoding="utf-8"))
+    if args.docs is not None and not args.docs.is_file():
+        ap.error(f"--docs {args.docs} does not exist; pass the documentation page to update "
+                 "(docs/results/full-reproduction.md).")
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        ap.error(f"{path} is not valid JSON ({exc}); rebuild it with `mptlml report {args.run}`.")
     bad = [n for n in args.note if "=" not in n]
     if bad:
         ap.error(f"--note {bad[0]!r}: write PART=TEXT, e.g. --note 'area=beside antibody'.")
+    if not isinstance(report, dict):
+        ap.error(f"{path} holds a JSON {type(report).__name__}, not a report; rebuild it with "
+                 f"`mptlml report {args.run}`.")
     try:
         table = full_size_table_from_report(
             report, date=args.date, machine=args.machine or machine_of(report),
@@ -85,15 +99,17 @@ def main(argv: list[str] | None = None) -> None:
             notes=dict(n.split("=", 1) for n in args.note))
     except ValueError as exc:
         ap.error(f"{path}: {exc}")
+    page = None
+    if args.docs:  # checked before anything is written
+        try:
+            page = replace_region(args.docs.read_text(encoding="utf-8"),
+                                  full_size_markdown(table), where=str(args.docs))
+        except (ValueError, UnicodeDecodeError) as exc:
+            ap.error(str(exc))
     if args.json:
         atomic_write_text(args.json, json.dumps(table, indent=1, ensure_ascii=False) + "\n")
         _log.info("wrote %s", args.json)
-    if args.docs:
-        page = args.docs.read_text(encoding="utf-8")
-        try:
-            page = replace_region(page, full_size_markdown(table), where=str(args.docs))
-        except ValueError as exc:
-            ap.error(str(exc))
+    if args.docs and page is not None:
         atomic_write_text(args.docs, page)
         _log.info("wrote %s", args.docs)
     if not (args.json or args.docs):

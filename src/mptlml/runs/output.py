@@ -24,17 +24,24 @@ def pyplot() -> Any:
 
 def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
                 title: str | None = None) -> str:
-    """Format rows as a plain-text table, print it and return it."""
+    """Format rows as a plain-text table, print it and return it.
+
+    Floats take one format per column: four decimals when the column's largest
+    magnitude is at least 1e-3 (so a rounding-level 3.9e-16 beside 0.0424
+    reads 0.0000), else four significant digits in scientific notation.
+    """
     if not rows:
         return ""
     cols = list(columns) if columns is not None else list(rows[0].keys())
+    fixed = {c: max((abs(v) for r in rows if isinstance(v := r.get(c), float)
+                     and math.isfinite(v)), default=1.0) >= 1e-3 for c in cols}
 
-    def fmt(v: Any) -> str:
+    def fmt(v: Any, col: str) -> str:
         if isinstance(v, float):
-            return "nan" if not math.isfinite(v) else f"{v:.4g}" if abs(v) < 1e-3 else f"{v:.4f}"
-        return str(v)
+            return str(v) if not math.isfinite(v) else f"{v:.4f}" if fixed[col] else f"{v:.4g}"
+        return "" if v is None else str(v)
 
-    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    cells = [[fmt(r.get(c, ""), c) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     lines = []
     if title:

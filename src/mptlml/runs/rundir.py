@@ -4,8 +4,9 @@ Every job (a reproduction of the paper, ``mptlml demo``, ``curve``, ``select``)
 writes into one run directory, :class:`RunDir`:
 
 - ``results.json``: format version, the job's name, config, seed, package
-  versions, hardware, wall time, and the job's own numbers (:func:`load_results`
-  reads it back, checking the format);
+  versions, hardware, wall time, the files the run wrote (``checkpoint/``
+  among them when it kept checkpoint chunks) and the job's own numbers
+  (:func:`load_results` reads it back, checking the format);
 - one CSV per plotted series;
 - each figure as PNG and PDF.
 
@@ -579,13 +580,17 @@ class RunDir:
             "seed": seed,
             "wall_time_s": round(time.perf_counter() - self._t0, 3),
             "environment": environment(),
-            "files": sorted(set(self.files)),
+            "files": sorted({*self.files, *self._checkpoints()}),
             "results": jsonable(results),
         }
         self.write_json("results.json", data)
         self._tx.commit()
         self.path = self.final
         return self.path / "results.json"
+
+    def _checkpoints(self) -> list[str]:
+        """``["checkpoint/"]`` when the run kept checkpoint chunks (reused by ``--resume``)."""
+        return [f"{CHECKPOINT_DIR}/"] if (self.path / CHECKPOINT_DIR).is_dir() else []
 
     def _track(self, name: str) -> None:
         if name != "results.json":
