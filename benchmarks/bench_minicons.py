@@ -1,9 +1,10 @@
 """PLL against minicons' ``MaskedLMScorer`` (run by hand; not a test).
 
-minicons 0.3.39 (a test dependency) calls ``tokenizer.batch_encode_plus``,
-which transformers 5 removed; ``tests/mlm_helpers.minicons_pll`` aliases it to
-the tokenizer's ``__call__`` when missing, so this runs in the project's
-environment::
+minicons is a peer, not a dependency: install it by hand
+(``pip install -c constraints.txt minicons==0.3.39``). It calls
+``tokenizer.batch_encode_plus``, which transformers 5 removed;
+:func:`minicons_scorer` here aliases it to the tokenizer's ``__call__`` when
+missing, so this runs in the project's environment::
 
     PYTHONPATH=src python benchmarks/bench_minicons.py --num-sequences 40
 
@@ -36,6 +37,7 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,6 +53,31 @@ from _timing import check_same, ratio, time_sides  # noqa: E402
 ATOL = 1e-4
 
 
+
+def minicons_scorer(model_dir: Path | str) -> Any:
+    """minicons' ``MaskedLMScorer`` for a local model directory, on the CPU.
+
+    minicons 0.3.39 calls ``tokenizer.batch_encode_plus``, which transformers 5
+    removed; for a list of texts it is the tokenizer's ``__call__``, so the
+    scorer's tokenizer gets that alias when it lacks the method.
+    """
+    from minicons import scorer
+
+    mc = scorer.MaskedLMScorer(str(model_dir), "cpu")
+    if not hasattr(mc.tokenizer, "batch_encode_plus"):
+        mc.tokenizer.batch_encode_plus = mc.tokenizer.__call__
+    return mc
+
+
+def minicons_pll(model: Any, texts: list[str], batch_size: int = 8) -> list[float]:
+    """PLL of each text by minicons (sum reduction), from a directory or a scorer."""
+    mc = minicons_scorer(model) if isinstance(model, str | Path) else model
+    out: list[float] = []
+    for s in range(0, len(texts), batch_size):
+        out.extend(mc.sequence_score(texts[s:s + batch_size],
+                                     reduction=lambda lp: lp.sum(0).item()))
+    return out
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-sequences", type=int, default=10)
@@ -65,11 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import minicons  # noqa: F401
     except ImportError:
-        print("minicons is not installed here: pip install -e '.[test]' (see the docstring).")
+        print("minicons is not installed here: pip install -c constraints.txt "
+              "minicons==0.3.39 (see the docstring).")
         return 2
     import transformers
 
-    from mlm_helpers import SENTENCES, make_tiny_bert, minicons_pll, minicons_scorer
+    from mlm_helpers import SENTENCES, make_tiny_bert
 
     if args.threads:
         torch.set_num_threads(args.threads)
