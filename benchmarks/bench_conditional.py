@@ -27,8 +27,10 @@ independently (each its own masks).
 **mptlml**: :func:`mptlml.compare` with its defaults (16 masks per round on
 stratified rates, the rate density learned over the call, common masks across
 the candidates of a question, the whole continuation scored once) and
-``decide=True`` (rounds only while the leader is not ahead by the sequential
-rule's threshold, at most ``--max-masks`` per candidate).
+``decide=True`` (a candidate stops drawing once it is behind the leader
+beyond the sequential rule's threshold, a question once every other
+candidate has), at most ``--max-masks`` per candidate: by default 128, the
+budget LLaDA's scheme spends on every candidate.
 
 Reported, per set: masked inputs per question, the ratio to LLaDA's, and how often
 the chosen candidate agrees with LLaDA's and with the exhaustive one.
@@ -192,7 +194,7 @@ def single_bound(model: MaskedLM, genes: list[str], length: int, args: argparse.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         cmp = mptlml.compare(model, [""] * len(seqs), [[s] for s in seqs], target_se=target,
-                             max_masks=args.max_masks * 4, seed=args.seed)
+                             max_masks=4096, seed=args.seed)
     got = np.array([float(s[0]) for s in cmp.scores])
     got_se = np.array([float(s[0]) for s in cmp.stderr])
     llada_cost = 128 * (se_one / target) ** 2
@@ -242,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--short", type=int, default=5)
     p.add_argument("--bound-length", type=int, default=40)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--max-masks", type=int, default=256)
+    p.add_argument("--max-masks", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="2 genes, 1 repeat")
     p.add_argument("--out", type=Path, default=None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -154,3 +155,31 @@ def test_refusals(tiny):
         mptlml.compare(tiny, [CONTEXT], [CANDIDATES], target_se=-1.0)
     with pytest.raises(ValueError, match="max_masks"):
         mptlml.compare(tiny, [CONTEXT], [CANDIDATES], num_masks=8, max_masks=4)
+
+
+def test_a_candidate_far_behind_stops_drawing_while_the_close_ones_go_on(tiny):
+    """Successive elimination: only the candidates still in contention pay for more rounds."""
+    cands = [CANDIDATES[0], CANDIDATES[1], " the the the the the"]
+    res = mptlml.compare(tiny, [CONTEXT], [cands], num_masks=8, decide=True, max_masks=256,
+                         seed=0)
+    rows = res.candidate_masked_rows[0]
+    assert res.rounds[0] > 1
+    assert rows[2] <= 2 * 8 + 1  # out after a round or two (8 masks each, the full one once)
+    assert rows[0] == rows[1] > 4 * rows[2]
+    # its paired SE comes from the rounds it drew in, with the leader's draws of those rounds
+    assert res.paired_stderr[0][2] > 0
+
+
+def test_the_sequential_rule_rarely_decides_for_the_wrong_candidate(tiny):
+    """A near tie (0.16 nats apart): over 200 seeds, wrong decisions stay below alpha = 0.05."""
+    cands = [CANDIDATES[0], CANDIDATES[1]]
+    ref = np.array([exhaustive_conditional(tiny, CONTEXT, c) for c in cands])
+    n = 200
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # undecided questions are expected
+        res = mptlml.compare(tiny, [CONTEXT] * n, [cands] * n, num_masks=4, decide=True,
+                             max_masks=64, seed=list(range(n)))
+    assert abs(ref[0] - ref[1]) < 0.2
+    decided = np.array(res.decided)
+    wrong = decided & (np.array(res.choice) != int(np.argmax(ref)))
+    assert wrong.mean() <= 0.08, wrong.mean()  # alpha = 0.05, with binomial slack

@@ -35,11 +35,12 @@ question looks at its result about log2(max_masks / P) times, not
 max_masks / P times: the threshold below stays low, and the degrees of
 freedom of the standard errors grow fast.
 
-With ``decide=True`` a question keeps drawing rounds only while its leader is
-not ahead of every other candidate by ``z`` paired standard errors, with
+With ``decide=True`` a candidate stops drawing once it is behind the leader by
+more than ``z`` paired standard errors (successive elimination), and a
+question stops once every other candidate has, with
 ``z = t_{nu}^{-1}(1 - alpha / (2 R))`` for R the most rounds it may take
-(Bonferroni over the looks) and nu the effective degrees of freedom of the
-paired standard errors so far (Welch-Satterthwaite over the rounds' strata):
+(Bonferroni over the looks) and nu the effective degrees of freedom of that
+pair's paired standard error (Welch-Satterthwaite over the rounds' strata):
 with calibrated standard errors, the chance that a question is declared
 decided for a candidate that is not the best under the bound is at most
 ``alpha``. A clear question stops after one round; a near
@@ -196,8 +197,8 @@ class _Tally:
     """Per-candidate sums over rounds: estimates, variances, dof pieces, paired draws."""
 
     exact_top: float = 0.0
-    rounds: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
-    """(draws, y (P,), stratum id (P,)) per round"""
+    rounds: dict[int, tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    """round index -> (draws, y (P,), stratum id (P,)), for the rounds it drew in"""
 
 
 def _round_stats(y: np.ndarray, strata: np.ndarray) -> tuple[float, float, np.ndarray]:
@@ -208,17 +209,41 @@ def _round_stats(y: np.ndarray, strata: np.ndarray) -> tuple[float, float, np.nd
     return float(y.mean()), float(pieces.sum()), pieces
 
 
-def _combine(rounds: list[tuple[int, np.ndarray, np.ndarray]], y_of: Any
-             ) -> tuple[float, float, float]:
-    """Fixed-weight combination of rounds: estimate, standard error, Welch dof."""
-    total = sum(n for n, _, _ in rounds)
+def _weighted(rounds: dict[int, tuple[int, np.ndarray, np.ndarray]]
+              ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each round's draws times its weight (its share of the candidate's draws)."""
+    total = sum(n for n, _, _ in rounds.values())
+    return {r: (y * (n / total), s) for r, (n, y, s) in rounds.items()} if total else {}
+
+
+def _pair(lead: _Tally, other: _Tally) -> tuple[float, float, float]:
+    """``lead - other`` on the rounds both drew in (paired draws): estimate, SE, dof.
+
+    A candidate that stopped drawing (behind the leader, or exact) is compared
+    on its own rounds, the leader's draws of those rounds weighted the same:
+    the difference stays paired. An exact candidate (no rounds) is compared
+    with all the leader's rounds.
+    """
+    ra, rb = set(lead.rounds), set(other.rounds)
+    common = ra & rb if ra and rb else ra | rb
+    a = _weighted({r: lead.rounds[r] for r in common if r in ra})
+    b = _weighted({r: other.rounds[r] for r in common if r in rb})
+    diff = [((a[r][0] if r in a else 0.0) - (b[r][0] if r in b else 0.0),
+             (a[r] if r in a else b[r])[1]) for r in sorted(common)]
+    est, se, dof = _combine(diff)
+    return est + lead.exact_top - other.exact_top, se, dof
+
+
+def _combine(terms: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float, float]:
+    """Sum of stratified rounds' means (weighted draws): estimate, standard error, Welch dof."""
+    if not terms:
+        return 0.0, 0.0, math.inf
     est, var, pieces = 0.0, 0.0, []
-    for n, y, s in rounds:
-        m, v, p = _round_stats(y_of(y), s)
-        w = n / total
-        est += w * m
-        var += w * w * v
-        pieces.append(w * w * p)
+    for z, s in terms:
+        m, v, p = _round_stats(z, s)
+        est += m
+        var += v
+        pieces.append(p)
     return est, math.sqrt(var), welch_dof(torch.from_numpy(np.concatenate(pieces)), 1.0)
 
 
@@ -333,6 +358,10 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     status = ["one round"] * len(cands)
     spread_sum = np.zeros(NUM_RATE_BINS)
     spread_n = np.zeros(NUM_RATE_BINS)
+    # the candidates that still draw: all at first; then, with decide, those not yet
+    # behind the leader beyond the threshold, with target_se those above it
+    drawing = [set(m) for m in members]
+    behind: list[set[int]] = [set() for _ in members]  # positions found behind (decide)
     r = 0
     while active:
         pr = sizes_of_rounds[r]
@@ -341,14 +370,14 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         for q in active:
             tmax = int(lengths[members[q]].max())
             for j, i in enumerate(members[q]):
+                if i not in drawing[q] or (exact[i] and r > 0):
+                    continue
                 key = (seeds[q][0], seeds[q][1], r) if common_masks else (
                     seeds[q][0], seeds[q][1] * 1_000_003 + j + 1, r)
                 g = torch.Generator().manual_seed(_question_seed(*key))
                 strata, rates, order = _draw(g, pr, tmax, density)
                 if exact[i]:  # every mask, once, in the first round; nothing after
                     meta[i] = (strata, rates, np.zeros(0))
-                    if r > 0:
-                        continue
                     m = _every_mask(int(lengths[i]))
                 else:
                     m, sizes = _masks(int(lengths[i]), rates, order)
@@ -379,7 +408,6 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                     s = np.asarray(sums_of[i], dtype=np.float64)
                     tallies[i].exact_top = float(sum(s[size == k].mean() / k
                                                      for k in range(1, t + 1)))
-                tallies[i].rounds.append((pr, np.zeros(pr), strata))
                 continue
             s = np.asarray(sums_of[i], dtype=np.float64)
             if r == 0:
@@ -391,7 +419,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
             pair = score.reshape(-1, 2)
             np.add.at(spread_sum, b.reshape(-1, 2)[:, 0], (pair[:, 0] - pair[:, 1]) ** 2 / 2)
             np.add.at(spread_n, b.reshape(-1, 2)[:, 0], 1)
-            tallies[i].rounds.append((pr, y, strata))
+            tallies[i].rounds[r] = (pr, y, strata)
         for q in active:
             rounds_done[q] += 1
         if allocation == "learned" and spread_n.min() > 0:
@@ -401,10 +429,18 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         r += 1
         still = []
         for q in active:
-            res = _question(tallies, members[q])
+            res = _question(tallies, members[q], behind[q])
+            passed = _passed(res, threshold)
+            if decide:  # a candidate behind the leader beyond its threshold stops drawing
+                behind[q] |= passed - {res["lead"]}
+                drawing[q] = {i for j, i in enumerate(members[q])
+                              if j not in behind[q] and not exact[i]}
+            elif target_se is not None:  # a candidate at its target stops
+                drawing[q] = {i for j, i in enumerate(members[q])
+                              if res["se"][j] > target_se and not exact[i]}
             if exact[members[q]].all():  # every candidate an exact sum: nothing to draw
                 status[q] = "exact"
-            elif decide and res["margin"] > threshold(res["pair_dof"]):
+            elif decide and len(passed) == len(members[q]):
                 status[q] = "decided"
             elif target_se is not None and float(res["se"].max()) <= target_se and not decide:
                 status[q] = "target"
@@ -416,13 +452,14 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                 still.append(q)
         active = still
 
-    out_rows = [_question(tallies, members[q]) for q in range(len(cands))]
-    z = [threshold(o["pair_dof"]) for o in out_rows]
+    out_rows = [_question(tallies, members[q], behind[q]) for q in range(len(cands))]
+    # the threshold of the runner-up (the smallest margin); decided: every pair past its own
+    z = [threshold(float(o["pair_dof"][int(np.argmin(o["z"]))])) for o in out_rows]
     res = Comparison(
         contexts=ctxs, candidates=cands, scores=[o["est"] for o in out_rows],
         stderr=[o["se"] for o in out_rows], choice=[int(o["lead"]) for o in out_rows],
         paired_stderr=[o["pse"] for o in out_rows], margin_z=[o["margin"] for o in out_rows],
-        decided=[bool(o["margin"] > zq) for o, zq in zip(out_rows, z, strict=True)],
+        decided=[len(_passed(o, threshold)) == len(o["z"]) for o in out_rows],
         z_threshold=z, exact=[exact[m] for m in members],
         stderr_dof=[o["dof"] for o in out_rows], num_masked_rows=rows.tolist(),
         candidate_masked_rows=[cand_rows[m] for m in members],
@@ -466,6 +503,12 @@ def _announce(res: Comparison, decide: bool, target_se: float | None, max_masks:
             f"fewer than {MIN_STDERR_DOF} effective degrees of freedom (stderr_dof): an error "
             "beyond 2 SE will happen far more often than 5% of the time; use more masks "
             "(num_masks, or decide=/target_se= for more rounds).", RuntimeWarning, stacklevel=3)
+
+
+def _passed(res: dict[str, Any], threshold: Any) -> set[int]:
+    """The leader and every candidate behind it by more than its pair's threshold."""
+    return {j for j, (z, d) in enumerate(zip(res["z"], res["pair_dof"], strict=True))
+            if z > threshold(float(d))}
 
 
 def _round_sizes(p: int, max_masks: int) -> list[int]:
@@ -515,28 +558,29 @@ def _every_mask(length: int) -> torch.Tensor:
     return m.bool()
 
 
-def _question(tallies: list[_Tally], idx: list[int]) -> dict[str, Any]:
-    """Estimates, SEs, paired SEs to the leader and the margin of one question."""
+def _question(tallies: list[_Tally], idx: list[int], out: set[int] | None = None
+              ) -> dict[str, Any]:
+    """Estimates, SEs, paired SEs to the leader and the margin of one question.
+
+    ``out``: the positions (in ``idx``) of candidates already found behind,
+    which cannot lead.
+    """
     k = len(idx)
-    est, se, dof, pair_dof = np.zeros(k), np.zeros(k), [], []
+    est, se, dof = np.zeros(k), np.zeros(k), []
     for j, i in enumerate(idx):
-        e, s, d = _combine(tallies[i].rounds, lambda y: y)
+        e, s, d = _combine(list(_weighted(tallies[i].rounds).values()))
         est[j], se[j] = e + tallies[i].exact_top, s
         dof.append(d)
-    lead = int(np.argmax(est))
+    out = out or set()
+    lead = max((j for j in range(k) if j not in out), key=lambda j: est[j])
     pse = np.zeros(k)
-    margin = math.inf
-    for j, i in enumerate(idx):
+    zs, pair_dof = np.full(k, math.inf), np.full(k, math.inf)  # the leader's own: inf
+    for j in range(k):
         if j == lead:
             continue
-        a, b = tallies[idx[lead]].rounds, tallies[i].rounds
-        diff = [(n, ya - yb, s) for (n, ya, s), (_, yb, _) in zip(a, b, strict=True)]
-        _, ps, d = _combine(diff, lambda y: y)
-        pse[j] = ps
+        g, ps, d = _pair(tallies[idx[lead]], tallies[idx[j]])
+        pse[j], pair_dof[j] = ps, d
+        zs[j] = g / ps if ps > 0 else (math.inf if g > 0 else 0.0)
         dof.append(d)
-        pair_dof.append(d)
-        gap = est[lead] - est[j]
-        margin = min(margin, gap / ps if ps > 0 else (math.inf if gap > 0 else 0.0))
-    return {"est": est, "se": se, "lead": lead, "pse": pse,
-            "margin": margin if k > 1 else math.inf, "dof": float(min(dof)),
-            "pair_dof": float(min(pair_dof, default=math.inf))}
+    return {"est": est, "se": se, "lead": lead, "pse": pse, "z": zs, "pair_dof": pair_dof,
+            "margin": float(zs.min()), "dof": float(min(dof))}
