@@ -331,7 +331,7 @@ def test_curve_refuses_conflicts_and_unbounded_work_before_any_work(tiny_dir, te
         (["--whole-word", "--pll", "--pll-variant", "word_l2r"], "pass one of the two"),
         (["--max-masks", "100"], "give --target-se too"),
         (["--target-se", "0.1", "--exact"], "does not combine with --target-se"),
-        (["--rates", "0.00000001:0.99999999:0.000000001"], "larger STEP"),
+        (["--rates", "0.00000001:0.99999999:0.000000001"], "take a larger step"),
         (["--context-column", "context", "--whole-word"], "does not combine"),
     ]
 
