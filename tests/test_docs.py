@@ -10,6 +10,10 @@ The pages under ``docs/`` and ``README.md`` are read as a user reads them:
   ``...`` stands for anything, runs of spaces are one space;
 - every ``mptlml ...`` line of a ```` ```bash ```` block parses with the
   command's own parser (a flag that does not exist fails here);
+- a text block preceded by ``<!-- docs-test: pinned REASON -->`` (on the line
+  between it and its Python block) restates a reference: an exact LML,
+  scikit-learn's value, a closed form. :func:`update_outputs` never rewrites
+  it: when the example prints something else, it refuses to write the page;
 - a block preceded by ``<!-- docs-test: no-run REASON -->`` (it needs a GPU,
   the Hugging Face hub, or hours) is not run but checked: it compiles, and
   every function it calls through a name the page defined exists and takes
@@ -39,6 +43,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<ticks>`{3,})(?P<info>[^`]*)$")
 _NO_RUN = re.compile(r"<!--\s*docs-test:\s*no-run\s+(?P<reason>.*?)\s*-->")
+_PINNED = re.compile(r"^\s*<!--\s*docs-test:\s*pinned\s+(?P<reason>\S.*?)\s*-->\s*$")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
 
@@ -52,10 +57,12 @@ class Block:
     code: str
     no_run: str | None = None  # why the block is checked without running
     output: str | None = None  # the text block that follows a python block
+    pinned: str | None = None  # why that output restates a reference (never rewritten)
 
     @property
     def id(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
+        page = self.page.relative_to(ROOT) if self.page.is_relative_to(ROOT) else self.page
+        return f"{page}:{self.line}"
 
 
 def read_blocks(page: Path) -> list[Block]:
@@ -63,6 +70,8 @@ def read_blocks(page: Path) -> list[Block]:
     lines = page.read_text(encoding="utf-8").splitlines()
     blocks: list[Block] = []
     i, last_text, prev_end = 0, "", -1
+    pinned_used: set[int] = set()
+    fenced: set[int] = set()  # 0-based lines inside code blocks (a mark shown there is text)
     while i < len(lines):
         m = _FENCE.match(lines[i])
         if not m:
@@ -78,20 +87,32 @@ def read_blocks(page: Path) -> list[Block]:
             j += 1
         if j == len(lines):
             raise AssertionError(f"{page}:{i + 1}: code block never closed")
+        fenced.update(range(i, j + 1))
         no_run = _NO_RUN.search(last_text)
         block = Block(page, i + 1, lang, "\n".join(body) + "\n",
                       no_run=no_run["reason"] if no_run else None)
-        # a text block right after a python block (blank lines only between) is its output
+        # a text block right after a python block (blank lines, or a pinned mark, between)
+        # is its output
         prev = blocks[-1] if blocks else None
         between = lines[prev_end + 1:i] if prev is not None else []
+        marks = [_PINNED.match(s) for s in between if _PINNED.match(s)]
         if (lang == "text" and prev is not None and prev.lang == "python"
-                and not any(s.strip() for s in between)):
+                and all(not s.strip() or _PINNED.match(s) for s in between)):
             prev.output = block.code
+            prev.pinned = marks[-1]["reason"] if marks else None
+            pinned_used.update(prev_end + 1 + k for k, s in enumerate(between)
+                               if _PINNED.match(s))
         else:
             blocks.append(block)
         prev_end = j
         last_text = ""
         i = j + 1
+    stray = [k + 1 for k, s in enumerate(lines) if "docs-test: pinned" in s
+             and s.lstrip().startswith("<!--") and k not in pinned_used | fenced]
+    if stray:  # a mark that pins nothing would let the rewriting tool change what it meant
+        raise AssertionError(f"{page}:{stray[0]}: a `<!-- docs-test: pinned REASON -->` mark "
+                             "must stand between a python block and its text block, with a "
+                             "reason")
     return blocks
 
 
@@ -325,21 +346,42 @@ def test_no_page_points_outside_the_repository():
 
 
 # ---------------------------------------------------------------- refreshing the outputs
+class PinnedOutputChanged(RuntimeError):
+    """The page-rewriting tool would change an output pinned to a reference."""
+
+
 def update_outputs(page: Path, workdir: Path) -> int:
     """Run a page's examples and write what each prints into its ```text block.
 
     For a maintainer whose change moves a printed number: ``python
     tests/test_docs.py docs/PAGE.md``, then read the diff before committing it
     (the numbers of an example are documentation, not a test of correctness).
+
+    A pinned output (``<!-- docs-test: pinned REASON -->`` before it) restates a
+    reference, so it is never rewritten: when its example prints something that
+    does not match it, :class:`PinnedOutputChanged` is raised and the page is not
+    written at all. A change there is a change of behaviour, to be checked against
+    the reference and edited by hand.
     """
     lines = page.read_text(encoding="utf-8").splitlines(keepends=True)
-    edits = []
+    edits, changed = [], []
     for block in read_blocks(page):
         if block.lang != "python" or block.no_run:
             continue
         printed = _run(block, workdir)
-        if block.output is not None or printed.strip():
+        if block.pinned is not None:
+            if not outputs_match(block.output, printed):
+                changed.append(f"{block.id} (pinned: {block.pinned}) now prints\n{printed}"
+                               f"but the page pins\n{block.output}")
+        elif block.output is not None or printed.strip():
             edits.append((block, printed))
+    if changed:
+        raise PinnedOutputChanged(
+            f"{page.relative_to(ROOT) if page.is_relative_to(ROOT) else page}: not written: "
+            f"{len(changed)} pinned output(s) would change. A pinned output restates a "
+            "reference (an exact value, scikit-learn, a closed form): find why the code "
+            "disagrees with it; if the change is intended, check it against the reference "
+            "and edit the block by hand.\n\n" + "\n".join(changed))
     for block, printed in reversed(edits):
         end = block.line  # find the closing fence of the python block, then its text block
         while not lines[end].strip().startswith("```"):
@@ -361,6 +403,54 @@ def update_outputs(page: Path, workdir: Path) -> int:
     return len(edits)
 
 
+def _page(tmp_path: Path, pinned_output: str, mark: str = "<!-- docs-test: pinned exact -->"):
+    page = tmp_path / "page.md"
+    page.write_text("```python\nprint(2 + 2)\n```\n\n" + mark + "\n```text\n"
+                    + pinned_output + "\n```\n\n```python\nprint('new')\n```\n\n"
+                    "```text\nold\n```\n", encoding="utf-8")
+    return page
+
+
+def test_the_rewriting_tool_refuses_to_change_a_pinned_output(tmp_path):
+    """A pinned output that the code no longer prints stops the rewrite of the whole page."""
+    page = _page(tmp_path, "7")
+    before = page.read_text(encoding="utf-8")
+    blocks = read_blocks(page)
+    assert blocks[0].pinned == "exact" and blocks[0].output == "7\n" and blocks[1].pinned is None
+    with pytest.raises(PinnedOutputChanged, match=r"(?s)pinned: exact\) now prints\n4\n"
+                                                  r".*pins\n7"):
+        update_outputs(page, tmp_path)
+    assert page.read_text(encoding="utf-8") == before  # nothing written, not even the free block
+
+
+def test_the_rewriting_tool_keeps_a_matching_pinned_output_and_rewrites_the_rest(tmp_path):
+    page = _page(tmp_path, "4.0")
+    assert update_outputs(page, tmp_path) == 1
+    text = page.read_text(encoding="utf-8")
+    assert "<!-- docs-test: pinned exact -->\n```text\n4.0\n```" in text  # as written
+    assert "```text\nnew\n```" in text and "old" not in text
+
+
+def test_a_pinned_mark_that_pins_nothing_is_refused(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("Some text.\n\n<!-- docs-test: pinned exact -->\n\n```python\nx = 1\n"
+                    "```\n", encoding="utf-8")
+    with pytest.raises(AssertionError, match="must stand between a python block"):
+        read_blocks(page)
+    no_reason = _page(tmp_path, "4", mark="<!-- docs-test: pinned -->")
+    with pytest.raises(AssertionError, match="with a reason"):
+        read_blocks(no_reason)
+
+
+def test_the_outputs_that_restate_a_reference_are_pinned():
+    """The examples whose printed numbers are a reference (an exact LML, scikit-learn's
+    value, Proposition 1's identity) cannot be rewritten by the tool."""
+    pinned = {b.id.split(":")[0] for b in PYTHON if b.pinned}
+    for page in ("README.md", "docs/index.md", "docs/getting-started.md",
+                 "docs/concepts/proposition-1.md", "docs/guides/your-model.md"):
+        assert page in pinned, f"{page} has no pinned output"
+
+
 if __name__ == "__main__":  # python tests/test_docs.py PAGE.md ...
     import sys
     import tempfile
@@ -371,5 +461,9 @@ if __name__ == "__main__":  # python tests/test_docs.py PAGE.md ...
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         for arg in sys.argv[1:]:
-            n = update_outputs(Path(arg).resolve(), Path(tmp))
+            try:
+                n = update_outputs(Path(arg).resolve(), Path(tmp))
+            except PinnedOutputChanged as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                sys.exit(1)
             print(f"{arg}: {n} outputs written")

@@ -8,7 +8,8 @@
 - every docstring of the package parses as numpydoc without a warning of griffe (the
   parser of the API pages), on a page or not yet, so a page added later builds strictly;
 - the site loads nothing from a CDN (KaTeX ships in ``docs/javascripts/``);
-- ``tests/README.md`` names every test file and helper of ``tests/``.
+- ``tests/README.md`` names every test file and helper of ``tests/``, and its table
+  "Source module -> test files" names every module of ``src/mptlml``.
 
 ``make docs`` (``mkdocs build --strict``, without ``--quiet``) fails on any warning of
 the build itself.
@@ -147,3 +148,26 @@ def test_tests_readme_names_every_test_file():
     files = sorted(p.name for p in (ROOT / "tests").glob("*.py") if p.name != "__init__.py")
     missing = [name for name in files if f"`{name}`" not in readme]
     assert not missing, f"tests/README.md does not name {missing}"
+
+
+def test_tests_readme_maps_every_source_module_to_its_tests():
+    """Every module of src/mptlml has a row (its dotted name in the first cell) in the
+    table "Source module -> test files", naming test files that exist."""
+    readme = (ROOT / "tests" / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Source module -> test files", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        m = re.match(r"^\| `(mptlml[\w.]*)` \| (.*?) \|", line)
+        if m:
+            rows[m[1]] = re.findall(r"`([\w]+\.py)`", m[2])
+    src = ROOT / "src"
+    modules = sorted(".".join(p.relative_to(src).with_suffix("").parts).removesuffix(".__init__")
+                     for p in (src / "mptlml").rglob("*.py"))
+    missing = [m for m in modules if m not in rows]
+    assert not missing, f"tests/README.md's module table has no row for {missing}"
+    stale = [m for m in rows if m not in modules]
+    assert not stale, f"tests/README.md's module table names modules that do not exist: {stale}"
+    for module, files in rows.items():
+        assert files, f"{module}: no test file named"
+        gone = [f for f in files if not (ROOT / "tests" / f).is_file()]
+        assert not gone, f"{module}: {gone} are not files of tests/"

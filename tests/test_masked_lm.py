@@ -149,6 +149,16 @@ def test_curve_formulas(tiny):
     assert res.to_dict()["area"] == res.area
 
 
+def test_curve_area_defaults_to_the_mean_token_count(tiny):
+    """Without nominal_length the area's L is the mean number of scored tokens per sequence,
+    counted here with the tokenizer itself (the masked-LM guide printed it, L = 21.5)."""
+    counts = [len(tiny.tokenizer(s, add_special_tokens=False)["input_ids"]) for s in SENTENCES]
+    res = mpt_curve(tiny, SENTENCES, rates=[0.25, 0.75], num_masks=2, seed=0)
+    assert res.nominal_length == pytest.approx(np.mean(counts))
+    assert list(res.num_tokens) == counts
+    assert res.area == pytest.approx(mpt_area(res.mean, [0.25, 0.75], np.mean(counts)))
+
+
 def test_exact_cumulative_with_m1_term(tiny):
     # D=2 sentence: sum over M=1..2 with P masks; M=2 is the single full mask
     res = mpt_curve(tiny, ["blue tree"], rates=[0.5], num_masks=4, exact=True, seed=0)

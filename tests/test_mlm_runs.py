@@ -250,6 +250,41 @@ def test_rate_grids_are_one_definition_and_say_what_is_wrong():
         parse_rates("0.1:1.0:0.1")  # readable, but 1.0 is no masking rate: said so
 
 
+def test_a_grid_of_too_many_rates_is_refused_before_any_work(tiny, tmp_path, capsys,
+                                                             monkeypatch):
+    """One cap (MAX_RATES) for the library and the command line, checked before the grid is
+    built or scored: before, rate_grid(0.01, 1e-9) built 980 M rates and mpt_curve scored
+    any grid, while only the command line refused."""
+    from mptlml.estimators.rates import MAX_RATES, check_rates, rate_grid
+    from mptlml.jobs.curve import parse_rates
+
+    assert MAX_RATES == 10_000
+    assert rate_grid(0.0001, 0.0001, stop=1.0 - 1e-9).size == 9_999
+    with pytest.raises(ValueError, match=r"a grid of 262,145 masking rates is more than "
+                                         r"10,000 .*take a larger step"):
+        rate_grid(0.5, 2.0 ** -20, stop=0.75)
+    with pytest.raises(ValueError, match=r"a grid of 9\d\d,\d{3},\d{3} masking rates"):
+        rate_grid(0.01, 1e-9)  # not built: 980 M rates
+    fine = np.arange(1, MAX_RATES + 2) / (MAX_RATES + 2)  # 10,001 rates
+    with pytest.raises(ValueError, match="a grid of 10,001 masking rates"):
+        check_rates(fine)
+    grid = "0.5:0.75:0.0000152587890625"  # step 2^-16: 16,385 rates
+    with pytest.raises(ValueError, match=f"rates '{grid}': a grid of 16,385 masking rates"):
+        parse_rates(grid)
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the model was called")
+
+    monkeypatch.setattr(tiny.model, "forward", no_work)
+    with pytest.raises(ValueError, match="a grid of 10,001 masking rates"):
+        mpt_curve(tiny, SENTENCES, rates=fine, num_masks=1, seed=0)
+    capsys.readouterr()
+    assert main(["curve", "--model", "no-such-dir", "--data", "antibodies", "--rates", grid,
+                 "--out", str(tmp_path / "r")]) == 2
+    assert "a grid of 16,385 masking rates" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
 # ---------------------------------------------------------------------- curve: cost, ids, context
 def _curve(tiny_dir, data, out, *extra):
     return main(["curve", "--model", str(tiny_dir), "--data", str(data), "--out", str(out),
@@ -296,7 +331,7 @@ def test_curve_refuses_conflicts_and_unbounded_work_before_any_work(tiny_dir, te
         (["--whole-word", "--pll", "--pll-variant", "word_l2r"], "pass one of the two"),
         (["--max-masks", "100"], "give --target-se too"),
         (["--target-se", "0.1", "--exact"], "does not combine with --target-se"),
-        (["--rates", "0.00000001:0.99999999:0.000000001"], "larger STEP"),
+        (["--rates", "0.00000001:0.99999999:0.000000001"], "take a larger step"),
         (["--context-column", "context", "--whole-word"], "does not combine"),
     ]
 

@@ -179,7 +179,8 @@ def test_a_target_beyond_reach_or_the_cap_is_refused_before_the_draws(caplog):
     with pytest.raises(ValueError, match="target_se=1e-12 would need about .* masked inputs"):
         mptlml.estimate_lml(model, x, "random-size", target_se=1e-12, seed=0)
     with settings.max_masked_inputs(10_000), caplog.at_level(logging.INFO):
-        with pytest.raises(ValueError, match="max_masked_inputs = 10,000; raise target_se"):
+        with pytest.raises(ValueError,
+                           match="max_masked_inputs = 10,000; ask for a larger target_se"):
             mptlml.estimate_lml(model, x, "random-size", target_se=1e-3, seed=0)
         assert "the plan draws" in caplog.text  # the cost was shown before the refusal
         with pytest.raises(ValueError, match="would score 20,000,000 masked inputs"):
@@ -213,3 +214,49 @@ def test_masked_lm_curve_table_shows_each_rate_s_own_count(tiny):
     """An allocation over the rates shows per rate in the table (before: the largest)."""
     c = mptlml.mpt_curve(tiny, SENTENCES[:2], rates=[0.2, 0.8], num_masks=[2, 5], seed=0)
     assert c.to_pandas()["num_masks"].tolist() == [2, 5]
+
+
+def test_a_masked_lm_run_too_large_names_what_the_caller_can_lower(tiny, caplog):
+    """Each refusal of a ragged run names what the caller can change for it. Before: every
+    one said "lower num_masks (or the number of rates)", also for a target where no
+    num_masks was given, and a masked-LM estimate at a target beyond the cap died in the
+    allocator (a raw "can't allocate memory" of 244 GB) instead of being refused."""
+    import logging
+
+    from mptlml import settings
+    from mptlml._scoring.ragged import MAX_SEQUENCE_MASK_BYTES
+
+    def refusal(call) -> str:
+        with settings.max_masked_inputs(2000), pytest.raises(ValueError) as info:
+            call()
+        return str(info.value)
+
+    # the pilot of a curve at a target: its counts are the package's; only the rates are not
+    msg = refusal(lambda: mptlml.mpt_curve(tiny, SENTENCES, target_se=1e-5, seed=0))
+    assert "take fewer rates (the pilot of target_se draws" in msg and "num_masks" not in msg
+    # the plan of an estimate at a target: the target and its budget
+    with caplog.at_level(logging.INFO):
+        msg = refusal(lambda: mptlml.estimate_lml(tiny, SENTENCES, "cumulative", target_se=1e-5,
+                                                  seed=0))
+    assert "the plan draws" in caplog.text  # shown before the refusal
+    assert "target_se=1e-05 after its pilot" in msg and "num_masks" not in msg
+    assert "ask for a larger target_se, or bound the plan with max_masks=" in msg
+    # the caller's own counts
+    msg = refusal(lambda: mptlml.mpt_curve(tiny, SENTENCES, num_masks=10**4, seed=0))
+    assert "lower num_masks or take fewer rates (now 99)" in msg
+    msg = refusal(lambda: mptlml.mpt_curve(tiny, SENTENCES, rates=np.arange(1, 451) / 451,
+                                           seed=0))
+    assert "; take fewer rates (now 450)" in msg and "num_masks" not in msg
+    msg = refusal(lambda: mptlml.estimate_lml(tiny, SENTENCES, "cumulative", num_masks=100,
+                                              seed=0))
+    assert "; lower num_masks, or score fewer sequences" in msg
+    # one draw of every size: num_masks=1 cannot be lowered, the data can
+    msg = refusal(lambda: mptlml.estimate_lml(tiny, SENTENCES * 100, "cumulative", seed=0))
+    assert "; score fewer sequences" in msg and "num_masks" not in msg
+    # the memory of one sequence's masks, under a cap raised out of the way
+    d = len(tiny.tokenizer(SENTENCES[0], add_special_tokens=False)["input_ids"])
+    many = MAX_SEQUENCE_MASK_BYTES // d + 1
+    with settings.max_masked_inputs(10**15), pytest.raises(ValueError) as info:
+        mptlml.estimate_lml(tiny, SENTENCES[:1], "random-size", num_masks=many, seed=0)
+    assert "GiB of masks at once" in str(info.value)
+    assert str(info.value).endswith("lower num_masks, or score shorter sequences.")

@@ -195,26 +195,31 @@ class RunOutput:
 MAX_SEQUENCE_MASK_BYTES = 1 << 30
 
 
-def check_run_size(rows_per_sequence: Sequence[int], lengths: Sequence[int], what: str) -> None:
-    """Refuse, before anything runs, a run whose masks for one sequence would not fit in memory.
+def check_run_size(rows_per_sequence: Sequence[int], lengths: Sequence[int], what: str,
+                   remedy: str | None) -> None:
+    """Refuse, before anything runs, a run too large for ``max_masked_inputs`` or memory.
 
     ``rows_per_sequence[i]`` masked inputs of ``lengths[i]`` tokens each are drawn for
-    sequence i at once; past :data:`MAX_SEQUENCE_MASK_BYTES` of masks for one sequence the
-    run would grow memory until the machine fails, so it is refused with its cost.
+    sequence i at once; past ``settings.max_masked_inputs`` in all, or past
+    :data:`MAX_SEQUENCE_MASK_BYTES` of masks for one sequence (the run would grow memory
+    until the machine fails), it is refused with its cost. ``remedy`` is what the caller
+    can lower for these counts (``"lower num_masks"``; for a plan of the package's,
+    :func:`~mptlml.estimators.allocation.plan_remedy`), or None where nothing but the
+    data can (one draw of an estimator that scores every size, a pilot's own counts).
     """
     if not len(lengths):
         return
     need = [int(r) * max(int(d), 1) for r, d in zip(rows_per_sequence, lengths, strict=True)]
     i = max(range(len(need)), key=need.__getitem__)
     total = sum(int(r) for r in rows_per_sequence)
+    first = "" if remedy is None else f"{remedy}, or "
     check_masked_inputs(total, f"{what} (up to {max(rows_per_sequence):,} per sequence)",
-                        "lower num_masks (or the number of rates)")
+                        f"{first}score fewer sequences")
     if need[i] > MAX_SEQUENCE_MASK_BYTES:
         raise ValueError(
             f"{what} would draw {int(rows_per_sequence[i]):,} masked copies of sequence {i} "
             f"({int(lengths[i])} tokens: {need[i] / 2**30:.1f} GiB of masks at once) and score "
-            f"{total:,} masked inputs in all; lower num_masks (or the number of rates), or "
-            "score shorter sequences.")
+            f"{total:,} masked inputs in all; {first}score shorter sequences.")
 
 
 def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],

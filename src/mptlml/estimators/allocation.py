@@ -55,7 +55,7 @@ import torch
 
 __all__ = ["ALLOCATIONS", "MAX_PLAN", "PILOT_DATA", "PLAN_FACTOR", "RATE_BINS", "check_target",
            "fresh_seed", "pilot_data", "pilot_masks", "pilot_subset", "plan_counts", "rate_bin",
-           "show_plan", "stop_reason", "stratum_variances"]
+           "plan_remedy", "show_plan", "stop_reason", "stratum_variances"]
 
 _log = logging.getLogger(__name__)
 
@@ -72,6 +72,16 @@ PLAN_FACTOR = 0.9
 MIN_COUNT = 2
 #: most masked inputs per datum a plan may ask for (beyond it the target is refused)
 MAX_PLAN = 2.0 ** 53
+
+
+def plan_remedy(unit: str) -> str:
+    """What to do when a plan for a target standard error is too large: the plan is the
+    package's, so the remedy names the target and its budget, not ``num_masks``.
+
+    ``unit`` is what ``max_masks`` counts per: ``"datum"`` or ``"sequence"``.
+    """
+    return f"ask for a larger target_se, or bound the plan with max_masks= (masked inputs per " \
+           f"{unit})"
 
 
 def pilot_masks(num_masks: int, pooled_over: int) -> int:

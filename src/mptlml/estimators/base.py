@@ -485,7 +485,8 @@ class Estimator:
         p = self.num_masks
         strata, _ = self.ragged_strata(lengths)
         rows = np.array([self.masks_per_draw(int(d)) for d in lengths], dtype=np.int64) * p
-        check_run_size(rows.tolist(), lengths, f"the {self.name!r} estimate")
+        check_run_size(rows.tolist(), lengths, f"the {self.name!r} estimate",
+                       "lower num_masks" if p > 1 else None)
         cells, calls = self.ragged_cells(model, toks, [np.full(len(s), p) for s in strata], seed,
                                          tag=self.ragged_tag, progress=progress, **run)
         tot, tse, var = [], [], []

@@ -50,13 +50,14 @@ from .allocation import (
     pilot_masks,
     pilot_subset,
     plan_counts,
+    plan_remedy,
     show_plan,
     stop_reason,
     stratum_variances,
 )
 from .api import given, ragged_seed, refuse_for_ragged
 from .cumulative import Cumulative
-from .rates import rate_widths
+from .rates import check_rates, rate_widths
 from .results import (
     MPTCurve,
     announce_nonfinite,
@@ -252,7 +253,7 @@ def _dense_curve(data: DenseRun, sizes: Sequence[int] | None, target_se: float |
             check_masked_inputs(sum(counts) * n, f"the curve of {n} data "
                                 f"({sum(counts):,} masked inputs per datum)",
                                 "lower num_masks" if target_se is None else
-                                "raise target_se, or pass max_masks= (masked inputs per datum)")
+                                plan_remedy("datum"))
             cells = [c * coef for c in est.stratum_draws(model, xt, counts, g, counter,
                                                          progress, sizes=size_list)]
             per_sample = torch.stack([c.mean(0) for c in cells], 1).cpu() / coef  # (N, S)
@@ -282,10 +283,14 @@ def _dense_curve(data: DenseRun, sizes: Sequence[int] | None, target_se: float |
 def _ragged_curve(model: RaggedMaskedModel, sequences: Any, num_masks: Any, seed: int, *,
                   rates: Any = None, nominal_length: float | None = None, exact: bool = False,
                   whole_word: bool = False, ids: list[str] | None = None,
-                  **run: Any) -> MPTCurve:
-    """The curve, area and per-sequence LML of ragged sequences (the Riemann draws)."""
+                  remedy: str | None = None, **run: Any) -> MPTCurve:
+    """The curve, area and per-sequence LML of ragged sequences (the Riemann draws).
+
+    ``remedy``: what to lower when the run is too large (default: the caller's
+    ``num_masks`` or rates; :func:`~mptlml.estimators.riemann.rate_grid_scores`).
+    """
     grid, toks, words = rate_grid_scores(model, sequences, rates, num_masks, seed,
-                                         whole_word=whole_word, **run)
+                                         whole_word=whole_word, remedy=remedy, **run)
     lengths, scores, counts = grid.lengths, grid.scores, grid.counts
     p = int(counts.max())
     length = float(lengths.mean()) if nominal_length is None else float(nominal_length)
@@ -347,9 +352,13 @@ def _ragged_curve_to_target(model: RaggedMaskedModel, sequences: Any, target_se:
     p0 = pilot_masks(num_masks, len(sub))
     pilot_curve = {k: v for k, v in curve.items() if k != "ids"}
     pilot_run = {k: v for k, v in run.items() if k != "checkpoint_dir"}
-    pilot = _ragged_curve(model, [seqs[i] for i in sub], p0, seed, **pilot_curve, **pilot_run)
+    k = len(check_rates(curve.get("rates")))
+    # the pilot's counts are the package's unless num_masks (the pilot's masks per rate) set them
+    own = "lower num_masks or " if p0 == num_masks and p0 > 2 else ""
+    pilot = _ragged_curve(model, [seqs[i] for i in sub], p0, seed, **pilot_curve, **pilot_run,
+                          remedy=f"{own}take fewer rates (the pilot of target_se draws {p0} "
+                                 f"masks at each of {k} rates)")
     assert pilot.per_sample_stderr is not None
-    k = len(pilot.rates)
     d_sub = np.asarray(pilot.num_tokens, dtype=np.float64)
     s2 = (pilot.per_sample_stderr.numpy() ** 2) * p0  # (n_sub, K): variance of one mask
     v = np.nanmean((d_sub[:, None] / k) ** 2 * s2, axis=0) / n
@@ -358,7 +367,8 @@ def _ragged_curve_to_target(model: RaggedMaskedModel, sequences: Any, target_se:
     _refuse_oversized_plan(counts, n, target_se)
     show_plan("the curve", target_se, allocation, counts, float(counts.sum()),
               pilot.num_masked_rows / n, n, capped, bool(run.get("progress")))
-    res = _ragged_curve(model, seqs, counts, fresh_seed(seed), **curve, **run)
+    res = _ragged_curve(model, seqs, counts, fresh_seed(seed), **curve, **run,
+                        remedy=plan_remedy("sequence"))
     assert res.num_masked_rows_per_sample is not None and res.lml_stderr_mean is not None
     rows = res.num_masked_rows_per_sample.clone()
     rows[torch.as_tensor(sub)] += int(pilot.num_masked_rows // max(len(sub), 1))
@@ -379,7 +389,5 @@ def _refuse_oversized_plan(counts: np.ndarray, n: int, target_se: float) -> None
     and the budget (``max_masks``), not ``num_masks``.
     """
     per = sum(int(c) for c in counts)  # masked inputs per sequence: one per mask and rate
-    check_masked_inputs(
-        per * n, f"target_se={target_se:g} after its pilot ({per:,} per sequence)",
-        "ask for a larger target_se, or bound the plan with max_masks= (--max-masks: masked "
-        "inputs per sequence)")
+    check_masked_inputs(per * n, f"target_se={target_se:g} after its pilot ({per:,} per sequence)",
+                        plan_remedy("sequence"))

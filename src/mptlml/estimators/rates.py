@@ -21,7 +21,21 @@ import numpy as np
 
 from .._validation import check_positive_int, check_rate
 
-__all__ = ["check_rates", "default_rates", "mask_sizes", "mpt_area", "rate_grid", "rate_widths"]
+__all__ = ["MAX_RATES", "check_rates", "default_rates", "mask_sizes", "mpt_area", "rate_grid",
+           "rate_widths"]
+
+#: the most masking rates a grid may hold (the paper's has 99; a grid finer than
+#: 1 / D_i repeats sizes, and each rate costs a masked input per sequence and mask)
+MAX_RATES = 10_000
+
+
+def _check_grid_size(size: float) -> None:
+    """Refuse a grid of more than :data:`MAX_RATES` rates, before it is built or scored."""
+    if size > MAX_RATES:
+        raise ValueError(f"a grid of {size:,.0f} masking rates is more than {MAX_RATES:,} (each "
+                         "rate costs at least one masked input per sequence and mask); take a "
+                         "larger step, e.g. start 0.01, step 0.01 (the paper's 99 rates), or "
+                         "fewer rates.")
 
 
 def default_rates() -> np.ndarray:
@@ -34,6 +48,7 @@ def rate_grid(start: float, step: float, stop: float = 0.99) -> np.ndarray:
 
     ``rate_grid(0.01, 0.01)`` is the paper's grid (:func:`default_rates`). A
     ``stop`` that the steps miss by less than 1e-9 of a step is still included.
+    A grid of more than :data:`MAX_RATES` rates is refused before it is built.
     """
     check_rate(float(start), "start")
     check_rate(float(stop), "stop")
@@ -41,17 +56,23 @@ def rate_grid(start: float, step: float, stop: float = 0.99) -> np.ndarray:
         raise ValueError(f"step must lie in (0, 1), got {step!r}.")
     if start > stop:
         raise ValueError(f"start={start} lies above stop={stop}; the grid would be empty.")
-    n = int(np.floor((stop - start) / step + 1e-9)) + 1
+    size = np.floor((stop - start) / step + 1e-9) + 1
+    _check_grid_size(size)
+    n = int(size)
     return np.round(start + step * np.arange(n), 10)
 
 
 def check_rates(rates: Any) -> np.ndarray:
-    """The rates as a strictly increasing 1-D float array in (0, 1) (None: the paper's grid)."""
+    """The rates as a strictly increasing 1-D float array in (0, 1) (None: the paper's grid).
+
+    At most :data:`MAX_RATES` rates.
+    """
     if rates is None:
         return default_rates()
     r = np.atleast_1d(np.asarray(rates, dtype=np.float64))
     if r.ndim != 1 or r.size == 0:
         raise ValueError("rates must be a non-empty 1-D list of masking rates in (0, 1).")
+    _check_grid_size(r.size)
     for v in r:
         check_rate(float(v), "every masking rate")
     if np.any(np.diff(r) <= 0):

@@ -85,12 +85,15 @@ def rate_counts(num_masks: int | Sequence[int] | np.ndarray, num_rates: int) -> 
 
 def rate_grid_scores(model: RaggedMaskedModel, sequences: Any, rates: Any,
                      num_masks: int | Sequence[int] | np.ndarray, seed: int, *,
-                     whole_word: bool = False, **run: Any
+                     whole_word: bool = False, remedy: str | None = None, **run: Any
                      ) -> tuple[GridScores, list[torch.Tensor], list[torch.Tensor] | None]:
     """P uniform masks of M_ik units per (sequence, rate), scored: the Riemann draws.
 
     Returns the scores, the content ids and (``whole_word``) the word of each
-    token: the units of the run, for a further sum over every size.
+    token: the units of the run, for a further sum over every size. A run too
+    large is refused first (:func:`~mptlml._scoring.ragged.check_run_size`) with
+    ``remedy``; by default the caller's own counts: lower ``num_masks`` or take
+    fewer rates.
     """
     r = check_rates(rates)
     counts = rate_counts(num_masks, r.size)
@@ -101,7 +104,9 @@ def rate_grid_scores(model: RaggedMaskedModel, sequences: Any, rates: Any,
         raise TypeError(f"whole_word must be bool, got {whole_word!r}.")
     toks, words, _ = encode_units(model, sequences, words=whole_word)
     lengths = unit_counts(toks, words)
-    check_run_size([r.size * p] * len(lengths), lengths, "this MPT curve")
+    if remedy is None:
+        remedy = f"{'lower num_masks or ' if p > 1 else ''}take fewer rates (now {r.size})"
+    check_run_size([int(counts.sum())] * len(lengths), lengths, "this MPT curve", remedy)
     sizes = np.stack([mask_sizes(int(d), r) for d in lengths])  # (N, K)
     k = r.size
     unit = {"unit": "word"} if whole_word else {}

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from .._scoring.dense import Counter, check_masked_inputs
+from .._scoring.ragged import check_run_size
 from .._validation import make_generator
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
@@ -49,6 +50,7 @@ from .allocation import (
     pilot_data,
     pilot_masks,
     pilot_subset,
+    plan_remedy,
     stop_reason,
     stratum_variances,
 )
@@ -136,8 +138,7 @@ class DenseRun:
                                           .sum()))))
         check_masked_inputs(per_datum * n, f"the {est.name!r} estimate of {n} data "
                             f"({per_datum:,} masked inputs per datum)",
-                            "lower num_masks" if plan is None
-                            else "raise target_se, or pass max_masks= (masked inputs per datum)")
+                            "lower num_masks" if plan is None else plan_remedy("datum"))
         with torch.no_grad(), self.model.reuse_data():
             if plan is None:
                 out = est.evaluate(self.model, x, self.generator, counter, self.progress)
@@ -223,6 +224,10 @@ class RaggedRun:
         est, strata, h = self.est, self.strata, self.num_strata
         sub = pilot_subset(self.n, self.seed)
         p0 = pilot_masks(est.num_masks, sum(len(strata[i]) for i in sub) // h)
+        check_run_size([p0 * est.masks_per_draw(int(self.lengths[i])) for i in sub],
+                       [int(self.lengths[i]) for i in sub], f"the pilot of the {est.name!r} "
+                       "estimate", "lower num_masks (the pilot's draws per row)"
+                       if p0 == est.num_masks and p0 > 2 else None)
         cells, calls = est.ragged_cells(self.model, [self.toks[i] for i in sub],
                                         [np.full(len(strata[i]), p0) for i in sub], self.seed,
                                         tag=est.ragged_tag + "_pilot", progress=self.progress,
@@ -263,6 +268,10 @@ class RaggedRun:
         assert self._pilot is not None, "a planned estimate follows its pilot"
         sub, pilot_rows, pilot_calls = self._pilot
         per_seq = [plan[s] for s in self.strata]
+        rows = np.array([int(round(float((p * c).sum())))
+                         for p, c in zip(per_seq, self.row_cost, strict=True)], dtype=np.int64)
+        check_run_size(rows.tolist(), self.lengths.tolist(), f"the {est.name!r} estimate at "
+                       f"target_se={target_se:g} after its pilot", plan_remedy("sequence"))
         cells, calls = est.ragged_cells(self.model, self.toks, per_seq, fresh_seed(self.seed),
                                         tag=est.ragged_tag + "_target", progress=self.progress,
                                         **self.run)
@@ -273,8 +282,6 @@ class RaggedRun:
         dofs = np.concatenate([np.array([c.size - 1 for c in cell], dtype=np.float64)
                                for cell in cells]) if n else np.zeros(0)
         stderr = float(np.sqrt(terms.sum())) if terms.size else 0.0
-        rows = np.array([int(round(float((p * c).sum())))
-                         for p, c in zip(per_seq, self.row_cost, strict=True)], dtype=np.int64)
         rows[sub] += pilot_rows
         return announce_estimate(LMLEstimate(
             estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se_i),
