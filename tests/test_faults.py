@@ -400,6 +400,9 @@ def test_sigint_mid_run_then_resume_gives_identical_results(tiny, tmp_path):
     for name in ("curve.csv", "per_sequence.csv"):
         assert (out / name).read_bytes() == (ref / name).read_bytes(), name
     a, b = load_results(out)["results"], load_results(ref)["results"]
+    # the forwards this process made: a resumed run makes fewer (the rest came from checkpoints)
+    for r in (a, b):
+        r["models"]["pretrained"].pop("num_model_calls")
     assert a == b
 
 

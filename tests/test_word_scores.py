@@ -300,7 +300,7 @@ def test_cli_curve_pll_tokens_csv(wp_dir, tmp_path):
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     rows = list(csv.DictReader((out / "pll_tokens.csv").open()))
     assert [r["token"] for r in rows] == [w for t in TEXTS for w in t.split()]
-    assert set(rows[0]) == {"model", "id", "position", "token", "log_prob", "word"}
+    assert set(rows[0]) == {"model", "weights", "id", "position", "token", "log_prob", "word"}
     res = json.loads((out / "results.json").read_text())
     assert res["config"]["whole_word"] is True
     seq = list(csv.DictReader((out / "per_sequence.csv").open()))

@@ -78,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result fails the run with exit code 1 before anything is written; Ctrl-C
     exits with 130.
     """
+    from .._scoring.checkpoints import CheckpointError
     from .._scoring.distributed import shutdown_distributed
     from ..estimators.results import NonFiniteWarning
 
@@ -98,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a non-finite result (the model's fault, exit 1) fails the run before anything is kept
         nonfinite = isinstance(exc, NonFiniteWarning)
         tail = " Nothing was written: the run directory (if any) is unchanged." if nonfinite else ""
+        if isinstance(exc, CheckpointError):  # the library's advice, said as the CLI's flags
+            tail = " On the command line: pass --overwrite to start afresh."
         print(f"mptlml: error: {exc}{tail}", file=sys.stderr)
         return 1 if nonfinite else 2
     except (KeyboardInterrupt, click.exceptions.Abort):
