@@ -1,4 +1,4 @@
-"""Fixtures shared by the test modules, and the session's offline switch.
+"""Fixtures shared by the test modules, the session's offline switch, and threads per worker.
 
 The tests never download: ``HF_HUB_OFFLINE`` (Hugging Face's own switch) is
 read when ``huggingface_hub``/``datasets`` are imported, so it is set here,
@@ -15,6 +15,11 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per core (pytest-xdist):
+    # each worker's torch then keeps to its share of the cores, no oversubscription
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(
+        os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
 @pytest.fixture

@@ -217,6 +217,7 @@ def _assert_equal_runs(one: Path, two: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("launchers")  # one launcher at a time (ports)
 def test_torchrun_two_processes_equal_one(one_process, tmp_path):
     one, common, env = one_process
     _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
@@ -239,6 +240,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("launchers")  # one launcher at a time (ports)
 def test_a_late_main_rank_meets_no_worker_chunks(one_process, tmp_path):
     """Workers wait for the main rank's checkpoint fingerprint before writing any chunk.
 
@@ -255,6 +257,7 @@ def test_a_late_main_rank_meets_no_worker_chunks(one_process, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("launchers")  # one launcher at a time (ports)
 def test_accelerate_launch_two_processes_equal_one(one_process, tmp_path):
     """The README's CPU line: accelerate launch --multi_gpu --num_processes 2 (no GPU here)."""
     one, common, env = one_process

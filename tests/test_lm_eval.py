@@ -568,6 +568,7 @@ def _launch(args: list[str], *, processes: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("launchers")  # one launcher at a time (ports)
 def test_two_processes_give_the_numbers_of_one(tiny_dir, tasks, tmp_path):
     """accelerate launch splits the documents; the numbers do not move, bit for bit on the CPU."""
     common = ["--model", "mptlml", "--model_args", f"pretrained={tiny_dir},num_masks=4,seed=5",
