@@ -11,6 +11,9 @@
   not in the core; the version is ``mptlml.__version__`` and nowhere else; the licence is
   an SPDX expression with its file; ``py.typed`` ships.
 
+- with the ``hf`` extra alone (every other extra blocked) a masked LM is scored, its PLL
+  equal to one masked forward per token written with transformers directly.
+
 A fresh virtual environment with ``pip install .`` checks the same for real (see the
 closing note of the packaging change); this file lets every test run check it without one.
 """
@@ -190,3 +193,50 @@ def test_one_version_an_spdx_licence_and_typed():
                for r in requires)
     assert (PACKAGE / "py.typed").is_file()
     assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"]["mptlml"]
+
+
+def test_the_hf_extra_alone_scores_a_masked_lm(tiny_dir):
+    """With ``mptlml[hf]`` and no other extra, a masked LM is scored: PLL, an MPT bound, compare.
+
+    The report, mnist and lm-eval extras are blocked from import; the tiny BERT is saved to a
+    temporary directory; the PLL is checked against one masked forward per token, written with
+    transformers directly.
+    """
+    blocked = sorted(m for m, extra in EXTRAS.items() if extra != "hf")
+    d = str(tiny_dir)
+    # not installed, as transformers' own probes see it (importlib.util.find_spec -> None)
+    block = f"import sys\nBLOCKED = set({blocked!r})\nsys.modules.update(dict.fromkeys(BLOCKED))\n"
+    probe = block + textwrap.dedent(f"""
+        import json, torch, mptlml
+        from transformers import BertForMaskedLM, BertTokenizer
+        from mptlml.models import MaskedLM
+        lm = MaskedLM.from_pretrained({d!r})
+        text = "the cat sat on a mat"
+        pll = float(mptlml.pll(lm, [text])[0])
+        tok = BertTokenizer.from_pretrained({d!r})
+        bert = BertForMaskedLM.from_pretrained({d!r}).eval()
+        ids = tok(text, return_tensors="pt")["input_ids"][0]
+        ref = 0.0
+        for j in range(1, len(ids) - 1):
+            x = ids.clone()
+            x[j] = tok.mask_token_id
+            with torch.no_grad():
+                lp = torch.log_softmax(bert(input_ids=x[None]).logits[0, j].double(), -1)
+            ref += float(lp[ids[j]])
+        est = mptlml.estimate_lml(lm, [text], "cumulative", num_masks=2, seed=0)
+        cmp = mptlml.compare(lm, ["the cat sat on"], [[" a mat", " a tree"]], seed=0)
+        gone = sorted(m for m, v in sys.modules.items()
+                      if m.split(".")[0] in BLOCKED and v is not None)
+        print(json.dumps({{"pll": pll, "ref": ref, "lml": float(est.mean),
+                          "choice": cmp.choice[0], "imported": gone}}))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"),
+                                                        os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["pll"] == pytest.approx(out["ref"], abs=1e-4)
+    assert out["lml"] < 0 and out["choice"] in (0, 1)
+    assert out["imported"] == []
