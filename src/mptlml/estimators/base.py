@@ -473,6 +473,17 @@ class Estimator:
     def check_num_tokens(self, num_tokens: int) -> None:
         """Refuse options that do not fit data of ``num_tokens`` tokens (e.g. M > D)."""
 
+    def sequence_cells(self, model: RaggedMaskedModel, toks: list[torch.Tensor],
+                       counts: Sequence[np.ndarray], seed: int,
+                       **run: Any) -> tuple[list[list[np.ndarray]], int]:
+        """The cells of a plain (untargeted) estimate: :meth:`ragged_cells` unless overridden.
+
+        Each cell holds independent draws of one term; the estimate of sequence i
+        sums its cells' means, its variance their variances of the mean (each
+        cell of n draws giving n - 1 degrees of freedom).
+        """
+        return self.ragged_cells(model, toks, counts, seed, tag=self.ragged_tag, **run)
+
     def score_sequences(self, model: RaggedMaskedModel, toks: list[torch.Tensor], seed: int,
                         progress: bool, run: dict[str, Any]) -> RaggedScores:
         """Per-sequence estimates on ragged sequences (their content ids): P draws per row.
@@ -487,9 +498,9 @@ class Estimator:
         rows = np.array([self.masks_per_draw(int(d)) for d in lengths], dtype=np.int64) * p
         check_run_size(rows.tolist(), lengths, f"the {self.name!r} estimate",
                        "lower num_masks" if p > 1 else None)
-        cells, calls = self.ragged_cells(model, toks, [np.full(len(s), p) for s in strata], seed,
-                                         tag=self.ragged_tag, progress=progress, **run)
-        tot, tse, var = [], [], []
+        cells, calls = self.sequence_cells(model, toks, [np.full(len(s), p) for s in strata],
+                                           seed, progress=progress, **run)
+        tot, tse, var, dofs = [], [], [], []
         for cell in cells:
             stats = [mean_stderr(c) for c in cell]
             mean = np.array([m for m, _ in stats])
@@ -497,8 +508,9 @@ class Estimator:
             tot.append(float(mean.sum()))
             tse.append(float(sum_stderr(se if p > 1 else None, mean)))
             var.append(se ** 2)
-        dof = (welch_dof(torch.from_numpy(np.concatenate(var)), float(p - 1))
-               if p > 1 and var else None)
+            dofs.append(np.array([c.size - 1 for c in cell], dtype=np.float64))
+        dof = (welch_dof(torch.from_numpy(np.concatenate(var)),
+                         torch.from_numpy(np.concatenate(dofs))) if p > 1 and var else None)
         return RaggedScores(np.array(tot), np.array(tse), calls, int(rows.sum()), rows, dof)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

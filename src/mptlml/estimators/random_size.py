@@ -16,12 +16,18 @@ masked-diffusion bound whose 1/t weight is D/M (see ``docs/notes.md``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 import torch
 
+from .._scoring.ragged import run_pairs, seq_seed
 from .._validation import check_positive_int
-from ..masks import uniform_sizes, unit_uniforms
+from ..masks import sample_masks, uniform_sizes, unit_uniforms
+from ..models.protocols import RaggedMaskedModel
 from .api import register
-from .base import Estimator
+from .base import Estimator, check_size_rule
 
 __all__ = ["RandomSize"]
 
@@ -39,7 +45,13 @@ class RandomSize(Estimator):
     stratified : bool
         Spread the sizes of a batch of sequences (the collator) or of the data
         over the quantile strata of q, one each: same distribution per
-        element, less spread across the batch.
+        element, less spread across the batch. On sequences, with an even
+        ``num_masks`` = P, the P sizes of each sequence are systematic
+        instead: two in each of P/2 quantile strata of q, so that the pairs
+        give a calibrated standard error (P/2 degrees of freedom at most); the
+        rule LLaDA-style evaluations use (systematic mask counts), with its
+        error. An odd P keeps one size per stratum and reports the i.i.d.
+        standard error, which then is conservative.
 
     Examples
     --------
@@ -102,6 +114,51 @@ class RandomSize(Estimator):
         p = self.num_masks
         shape = (p,) if num_data is None else (p, check_positive_int(num_data, "num_data"))
         return uniform_sizes(torch.full(shape, d), generator, self.stratified, self._q(d))
+
+    def sequence_cells(self, model: RaggedMaskedModel, toks: list[torch.Tensor],
+                       counts: Sequence[np.ndarray], seed: int,
+                       **run: Any) -> tuple[list[list[np.ndarray]], int]:
+        """Stratified with an even P: P/2 cells of two draws per sequence (systematic sizes).
+
+        Draw p of sequence i falls in stratum ``pi_p // 2`` of q (pi a random
+        permutation of the P draws): ``U_p = (pi_p // 2 + V_p) / (P / 2)``,
+        ``M_p = F_q^{-1}(U_p)``. The estimate is the mean of the P terms
+        ``w(M_p) S_hat(x_i; M_p)``, i.e. the sum over strata of each pair's
+        mean over P/2; each pair's two draws are i.i.d. within its stratum.
+        """
+        p = self.num_masks
+        if not self.stratified or p < 2 or p % 2:
+            return super().sequence_cells(model, toks, counts, seed, **run)
+        h = p // 2
+
+        def draw(d: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+            stratum = torch.randperm(p, generator=g) // 2
+            u = (stratum.double() + torch.rand(p, generator=g, dtype=torch.float64)) / h
+            q = self._q(d)
+            if q is None:
+                m = (u * d).floor().long() + 1
+            else:
+                cdf = q.cumsum(0)
+                m = torch.searchsorted(cdf / cdf[-1], u, right=True) + 1
+            m = m.clamp(1, d)
+            check_size_rule(self, m, torch.full((p,), d))
+            return m, stratum
+
+        def masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
+            return sample_masks(d, draw(d, g)[0], generator=g)
+
+        out = run_pairs(model, toks, masks, seed=seed, tag=self.ragged_tag,
+                        spec={"kind": "draws", "estimator": self.fingerprint(),
+                              "num_masks": p, "total_pairs": p * len(toks)},
+                        desc=f"{self.name} draws", **run)
+        cells = []
+        for i, (s, d) in enumerate(zip(out.sums, out.lengths, strict=True)):
+            # the same sizes and strata again, from the same generator
+            m, stratum = draw(int(d), torch.Generator().manual_seed(seq_seed(seed, i)))
+            w = self.weights(m, torch.full_like(m, int(d)))
+            terms = (w * torch.as_tensor(s, dtype=torch.float64) / m).numpy() / h
+            cells.append([terms[(stratum == k).numpy()] for k in range(h)])
+        return cells, out.num_model_calls
 
     def weights(self, sizes: torch.Tensor, num_tokens: int | torch.Tensor) -> torch.Tensor:
         if isinstance(num_tokens, torch.Tensor):  # one size per sequence
