@@ -64,7 +64,7 @@ from ..models.protocols import RaggedMaskedModel
 from .allocation import check_target, plan_counts, show_plan
 from .results import LMLEstimate
 from .runs import start_run
-from .stats import mean_stderr, sum_stderr, welch_dof
+from .stats import cell_sums, welch_dof
 
 __all__ = ["Draws", "Estimator", "RaggedScores", "accepted_options", "check_size_rule"]
 
@@ -500,15 +500,9 @@ class Estimator:
                        "lower num_masks" if p > 1 else None)
         cells, calls = self.sequence_cells(model, toks, [np.full(len(s), p) for s in strata],
                                            seed, progress=progress, **run)
-        tot, tse, var, dofs = [], [], [], []
-        for cell in cells:
-            stats = [mean_stderr(c) for c in cell]
-            mean = np.array([m for m, _ in stats])
-            se = np.array([e for _, e in stats])
-            tot.append(float(mean.sum()))
-            tse.append(float(sum_stderr(se if p > 1 else None, mean)))
-            var.append(se ** 2)
-            dofs.append(np.array([c.size - 1 for c in cell], dtype=np.float64))
+        sums = [cell_sums(c, p == 1) for c in cells]
+        tot, tse = [t for t, _, _, _ in sums], [e for _, e, _, _ in sums]
+        var, dofs = [v for _, _, v, _ in sums], [d for _, _, _, d in sums]
         dof = (welch_dof(torch.from_numpy(np.concatenate(var)),
                          torch.from_numpy(np.concatenate(dofs))) if p > 1 and var else None)
         return RaggedScores(np.array(tot), np.array(tse), calls, int(rows.sum()), rows, dof)

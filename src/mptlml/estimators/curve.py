@@ -67,7 +67,7 @@ from .results import (
 )
 from .riemann import rate_grid_scores
 from .runs import DenseRun, rows_per_datum
-from .stats import mean_stderr, strata_stderr, sum_stderr
+from .stats import cell_sums, mean_stderr, strata_stderr
 
 __all__ = ["mpt_curve"]
 
@@ -314,13 +314,8 @@ def _ragged_curve(model: RaggedMaskedModel, sequences: Any, num_masks: Any, seed
         cells, calls = Cumulative(p).ragged_cells(
             model, toks, [np.full(int(d), p) for d in lengths], seed, tag="exact", units=words,
             **run)
-        tot, tse = [], []
-        for cell in cells:
-            stats = [mean_stderr(c) for c in cell]
-            mean = np.array([m for m, _ in stats])
-            se = np.array([e for _, e in stats])
-            tot.append(float(mean.sum()))
-            tse.append(float(sum_stderr(se if p > 1 else None, mean)))
+        sums = [cell_sums(c, p == 1) for c in cells]
+        tot, tse = [t for t, _, _, _ in sums], [e for _, e, _, _ in sums]
         res.lml_exact, res.lml_exact_stderr = as_float64(tot), as_float64(tse)
         announce_nonfinite(tot, "the cumulative sum over M", "sequences", stacklevel=4)
         res.num_model_calls += calls

@@ -38,7 +38,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-__all__ = ["mean_stderr", "strata_stderr", "sum_stderr", "welch_dof"]
+__all__ = ["cell_sums", "mean_stderr", "strata_stderr", "sum_stderr", "welch_dof"]
 
 A = TypeVar("A", torch.Tensor, np.ndarray)
 
@@ -103,6 +103,23 @@ def sum_stderr(stderrs: A | None, values: A | None = None, axis: int = -1) -> A 
         return float("nan")
     var = float(np.mean(np.diff(v) ** 2) / 2.0)  # one draw per term: local variance
     return math.sqrt(v.size * var)
+
+
+def cell_sums(cell: Sequence[np.ndarray], single_draws: bool = False
+              ) -> tuple[float, float, np.ndarray, np.ndarray]:
+    """One sequence's sum of independent terms, each the mean of its own draws (a cell).
+
+    Returns the sum of the cells' means, its standard error
+    (:func:`sum_stderr`; with ``single_draws``, one draw per cell, from the
+    successive differences of the means), each cell's variance of the mean and
+    its degrees of freedom (its draws minus one).
+    """
+    stats = [mean_stderr(c) for c in cell]
+    mean = np.array([m for m, _ in stats])
+    se = np.array([e for _, e in stats])
+    total_se = sum_stderr(None if single_draws else se, mean)
+    dofs = np.array([c.size - 1 for c in cell], dtype=np.float64)
+    return float(mean.sum()), float(total_se), se ** 2, dofs
 
 
 def welch_dof(variances: torch.Tensor, dofs: torch.Tensor | float) -> float:
