@@ -35,6 +35,7 @@ __all__ = [
     "random_orders",
     "sample_masks",
     "shutdown_mask_pool",
+    "sizes_at",
     "uniform_sizes",
     "unit_uniforms",
 ]
@@ -52,17 +53,20 @@ def fixed_rate_size(rate: float, num_tokens: int) -> int:
 
 
 def unit_uniforms(shape: tuple[int, ...], generator: torch.Generator | None,
-                  stratified: bool = False) -> torch.Tensor:
+                  stratified: bool = False, per_stratum: int = 1) -> torch.Tensor:
     """U ~ U[0, 1) elementwise (float64); ``stratified``: U = (pi + V) / B over the B elements.
 
     pi is a uniformly random permutation of 0..B-1 and V ~ U[0, 1): every
     element is still U[0, 1), and the B elements fall in the B quantile
-    strata once each, each element in a random one.
+    strata once each, each element in a random one. ``per_stratum`` = k
+    (dividing B): B / k strata, k elements in each, ``U = (pi // k + V) / (B / k)``
+    (pairs, k = 2, give a variance estimate); the stratum of U is ``floor(U B / k)``.
     """
     u = torch.rand(shape, generator=generator, dtype=torch.float64)
     n = u.numel()
     if stratified and n > 1:
-        u = (torch.randperm(n, generator=generator).double().view(shape) + u) / n
+        h = n // per_stratum
+        u = (torch.randperm(n, generator=generator).view(shape) // per_stratum + u) / h
     return u
 
 
@@ -76,8 +80,17 @@ def uniform_sizes(num_tokens: torch.Tensor, generator: torch.Generator | None,
     ``probs`` (one D for every element): draw M ~ q instead, with
     ``q = probs`` over 1..D, by inverting its distribution function at U.
     """
+    return sizes_at(unit_uniforms(num_tokens.shape, generator, stratified), num_tokens, probs)
+
+
+def sizes_at(u: torch.Tensor, num_tokens: torch.Tensor,
+             probs: torch.Tensor | None = None) -> torch.Tensor:
+    """The sizes M in 1..D at uniforms ``u`` (elementwise): ``floor(U * D) + 1``, 0 where D = 0.
+
+    ``probs`` (one D for every element): the inverse of q's distribution function
+    at U instead, q = ``probs`` over 1..D.
+    """
     d = num_tokens
-    u = unit_uniforms(d.shape, generator, stratified)
     if probs is not None:
         cdf = probs.double().cumsum(0)
         m = torch.searchsorted(cdf / cdf[-1], u.reshape(-1), right=True).view(d.shape) + 1

@@ -24,7 +24,7 @@ import torch
 
 from .._scoring.ragged import run_pairs, seq_seed
 from .._validation import check_positive_int
-from ..masks import sample_masks, uniform_sizes, unit_uniforms
+from ..masks import sample_masks, sizes_at, uniform_sizes, unit_uniforms
 from ..models.protocols import RaggedMaskedModel
 from .api import register
 from .base import Estimator, check_size_rule
@@ -106,9 +106,7 @@ class RandomSize(Estimator):
             out = torch.zeros_like(d)
             for i, di in enumerate(d.tolist()):
                 if di > 0:
-                    cdf = self._q(di).cumsum(0)
-                    k = torch.searchsorted(cdf / cdf[-1], u[i:i + 1], right=True)
-                    out[i] = min(int(k[0]) + 1, di)
+                    out[i] = sizes_at(u[i:i + 1], d[i:i + 1], self._q(di))[0]
             return out
         d = check_positive_int(num_tokens, "num_tokens")
         p = self.num_masks
@@ -121,9 +119,10 @@ class RandomSize(Estimator):
         """Stratified with an even P: P/2 cells of two draws per sequence (systematic sizes).
 
         Draw p of sequence i falls in stratum ``pi_p // 2`` of q (pi a random
-        permutation of the P draws): ``U_p = (pi_p // 2 + V_p) / (P / 2)``,
-        ``M_p = F_q^{-1}(U_p)``. The estimate is the mean of the P terms
-        ``w(M_p) S_hat(x_i; M_p)``, i.e. the sum over strata of each pair's
+        permutation of the P draws): ``U_p = (pi_p // 2 + V_p) / (P / 2)``
+        (:func:`~mptlml.masks.unit_uniforms` with ``per_stratum=2``),
+        ``M_p = F_q^{-1}(U_p)`` (:func:`~mptlml.masks.sizes_at`). The estimate is the
+        mean of the P terms ``w(M_p) S_hat(x_i; M_p)``, i.e. the sum over strata of each pair's
         mean over P/2; each pair's two draws are i.i.d. within its stratum.
         """
         p = self.num_masks
@@ -132,17 +131,10 @@ class RandomSize(Estimator):
         h = p // 2
 
         def draw(d: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-            stratum = torch.randperm(p, generator=g) // 2
-            u = (stratum.double() + torch.rand(p, generator=g, dtype=torch.float64)) / h
-            q = self._q(d)
-            if q is None:
-                m = (u * d).floor().long() + 1
-            else:
-                cdf = q.cumsum(0)
-                m = torch.searchsorted(cdf / cdf[-1], u, right=True) + 1
-            m = m.clamp(1, d)
+            u = unit_uniforms((p,), g, stratified=True, per_stratum=2)
+            m = sizes_at(u, torch.full((p,), d), self._q(d))
             check_size_rule(self, m, torch.full((p,), d))
-            return m, stratum
+            return m, (u * h).floor().long().clamp(max=h - 1)  # the stratum of each draw
 
         def masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
             return sample_masks(d, draw(d, g)[0], generator=g)
