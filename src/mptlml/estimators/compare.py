@@ -366,24 +366,24 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     while active:
         pr = sizes_of_rounds[r]
         masks: dict[int, torch.Tensor] = {}
-        meta: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        meta: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
         for q in active:
             tmax = int(lengths[members[q]].max())
             for j, i in enumerate(members[q]):
                 if i not in drawing[q] or (exact[i] and r > 0):
                     continue
-                key = (seeds[q][0], seeds[q][1], r) if common_masks else (
-                    seeds[q][0], seeds[q][1] * 1_000_003 + j + 1, r)
-                g = torch.Generator().manual_seed(_question_seed(*key))
-                strata, rates, order = _draw(g, pr, tmax, density)
                 if exact[i]:  # every mask, once, in the first round; nothing after
-                    meta[i] = (strata, rates, np.zeros(0))
                     m = _every_mask(int(lengths[i]))
+                    meta[i] = None
                 else:
+                    key = (seeds[q][0], seeds[q][1], r) if common_masks else (
+                        seeds[q][0], seeds[q][1] * 1_000_003 + j + 1, r)
+                    g = torch.Generator().manual_seed(_question_seed(*key))
+                    strata, rates, order = _draw(g, pr, tmax, density)
                     m, sizes = _masks(int(lengths[i]), rates, order)
                     meta[i] = (strata, rates, sizes)
-                if r == 0 and not exact[i]:  # the whole continuation: S_T(x; |T|) exactly
-                    m = torch.cat([m, torch.ones(1, int(lengths[i]), dtype=torch.bool)])
+                    if r == 0:  # the whole continuation: S_T(x; |T|) exactly, once
+                        m = torch.cat([m, torch.ones(1, int(lengths[i]), dtype=torch.bool)])
                 masks[i] = torch.cat([torch.zeros(m.shape[0], nctx[i], dtype=torch.bool), m],
                                      dim=1)
                 rows[q] += m.shape[0]
@@ -400,16 +400,13 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         sums_of = dict(zip(todo, out.sums, strict=True))
         for i in sorted(meta):
             t = int(lengths[i])
-            strata, rates, sizes = meta[i]
-            if exact[i]:  # the exact sum is the constant; its draws are zeros
-                if r == 0:
-                    m = masks[i][:, nctx[i]:]
-                    size = m.sum(1).numpy()
-                    s = np.asarray(sums_of[i], dtype=np.float64)
-                    tallies[i].exact_top = float(sum(s[size == k].mean() / k
-                                                     for k in range(1, t + 1)))
-                continue
             s = np.asarray(sums_of[i], dtype=np.float64)
+            if meta[i] is None:  # an exact candidate (first round only): the sum is the bound
+                size = masks[i][:, nctx[i]:].sum(1).numpy()
+                tallies[i].exact_top = float(sum(s[size == k].mean() / k
+                                                 for k in range(1, t + 1)))
+                continue
+            strata, rates, sizes = meta[i]
             if r == 0:
                 tallies[i].exact_top = float(s[-1]) / t
                 s = s[:-1]
