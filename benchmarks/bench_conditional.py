@@ -183,32 +183,103 @@ def multiple_choice(model: MaskedLM, genes: list[str], context: int, length: int
     return out
 
 
+def size_profile(model: MaskedLM, seqs: list[str], per: int, seed: int
+                 ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per size M = 1..T of each sequence: mean and variance of a mask's score.
+
+    A mask's score is the mean log-probability of its M tokens; ``per`` uniform
+    masks at each M < T, and the one mask at M = T. Returns ``(S, var)`` per
+    sequence, both ``(T,)``: S(M) estimated, the spread of one mask's score (0 at T).
+    """
+    ids, nctx = encode_with_context(model, [""] * len(seqs), seqs)
+    g = torch.Generator().manual_seed(seed)
+    masks = []
+    for x, c in zip(ids, nctx, strict=True):
+        n = len(x) - c
+        rows = []
+        for m in range(1, n + 1):
+            for _ in range(per if m < n else 1):
+                row = torch.zeros(len(x), dtype=torch.bool)
+                row[c + torch.randperm(n, generator=g)[:m]] = True
+                rows.append(row)
+        masks.append(torch.stack(rows))
+    with torch.no_grad():
+        sums = model.ragged_masked_log_prob(ids, masks, [None] * len(ids))
+    out = []
+    for x, c, s in zip(ids, nctx, sums, strict=True):
+        n = len(x) - c
+        y = s.double().numpy()
+        body = (y[:-1] / np.repeat(np.arange(1, n), per)).reshape(n - 1, per)
+        out.append((np.append(body.mean(1), y[-1] / n), np.append(body.var(1, ddof=1), 0.0)))
+    return out
+
+
+def llada_moments(mean: np.ndarray, var: np.ndarray, mc_num: int = 128, batch: int = 32
+                  ) -> tuple[float, float]:
+    """Variance and bias of LLaDA's estimate of sum_M S(M), given the size profile.
+
+    Exact for its scheme: each batch's start k is uniform on 1..L, its counts
+    the rounded linspace of :func:`llada`, so the variance of a batch mean is the
+    spread over k of ``mean_b L S(l_b)`` plus ``E_k sum_b L^2 var(l_b) / b^2``, and the
+    bias is ``E_k mean_b L S(l_b) - sum_M S(M)`` (the rounding's uneven visits).
+    """
+    n = len(mean)
+    means, within = [], []
+    for k in range(1, n + 1):
+        counts = torch.round(torch.linspace(float(k), k + (batch - 1) * (n / batch),
+                                            steps=batch)).long()
+        counts = (((counts - 1) % n) + 1).numpy() - 1
+        means.append(np.mean(n * mean[counts]))
+        within.append(np.sum(n * n * var[counts]) / batch ** 2)
+    v = (np.var(means) + np.mean(within)) / (mc_num // batch)
+    return float(v), float(np.mean(means) - mean.sum())
+
+
 def single_bound(model: MaskedLM, genes: list[str], length: int, args: argparse.Namespace
                  ) -> dict:
     seqs = [g[:length] for g in genes]
+    prof = size_profile(model, seqs, args.profile_masks, args.seed + 7)
+    moments = np.array([llada_moments(m, v) for m, v in prof])
+    v_llada, bias = moments[:, 0], moments[:, 1]
+    truth = np.array([m.sum() for m, _ in prof])
+    truth_se = np.array([math.sqrt(v.sum() / args.profile_masks) for _, v in prof])
+    # LLaDA run as written (its SE from batch means) against its exact variance
     runs = [llada(model, [""] * len(seqs), seqs, args.seed + r) for r in range(args.repeats)]
-    est = np.mean([r[0] for r in runs], axis=0)
-    # the SE of one 128-draw run, pooled over repeats (3 dof each)
-    se_one = np.sqrt(np.mean([r[1] ** 2 for r in runs], axis=0))
-    target = float(np.median(se_one))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        cmp = mptlml.compare(model, [""] * len(seqs), [[s] for s in seqs], target_se=target,
-                             max_masks=4096, seed=args.seed)
-    got = np.array([float(s[0]) for s in cmp.scores])
-    got_se = np.array([float(s[0]) for s in cmp.stderr])
-    llada_cost = 128 * (se_one / target) ** 2
-    ratio = llada_cost / np.array(cmp.num_masked_rows)
-    # the same at exactly equal precision (no overshoot of the last round): variance x cost
-    efficiency = 128 * se_one ** 2 / (np.array(cmp.num_masked_rows) * got_se ** 2)
-    z = np.abs(got - est) / np.sqrt(got_se ** 2 + se_one ** 2 / args.repeats)
+    batch_var = np.mean([r[1] ** 2 for r in runs], axis=0)
+    target = float(np.median(np.sqrt(v_llada)))
+    est, rows, se = [], [], []
+    for s in range(args.bound_seeds):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            cmp = mptlml.compare(model, [""] * len(seqs), [[x] for x in seqs],
+                                 target_se=target, max_masks=4096, seed=args.seed + 100 + s)
+        est.append([float(x[0]) for x in cmp.scores])
+        se.append([float(x[0]) for x in cmp.stderr])
+        rows.append(cmp.num_masked_rows)
+    est, rows, se = np.array(est), np.array(rows, dtype=float).mean(0), np.array(se)
+    var_m = est.var(0, ddof=1)  # mptlml's spread over seeds: its precision, not its own SE
+    llada_cost = 128 * v_llada / target ** 2  # masked inputs LLaDA needs for the target
+    sigma = [np.sqrt(v[:-1]) for _, v in prof]
+    ceiling = np.array([sg.sum() ** 2 / target ** 2 + 1 for sg in sigma])
+    # LLaDA's error counting its bias: 128 v (target^2 - bias^2)^-1 masked inputs, if it can
+    room = target ** 2 - bias ** 2
+    llada_cost_rmse = np.where(room > 0, 128 * v_llada / np.maximum(room, 1e-12), np.inf)
+    z = np.abs(est.mean(0) - truth) / np.sqrt(var_m / len(est) + truth_se ** 2)
     return {"length": length, "sequences": len(seqs), "target_se": target,
-            "llada_se": se_one.tolist(), "mptlml_se": got_se.tolist(),
-            "mptlml_rows": list(cmp.num_masked_rows), "llada_rows_at_target": llada_cost.tolist(),
-            "ratio": ratio.tolist(), "ratio_median": float(np.median(ratio)),
-            "ratio_total": float(llada_cost.sum() / np.sum(cmp.num_masked_rows)),
-            "efficiency": efficiency.tolist(), "efficiency_median": float(np.median(efficiency)),
-            "stop_reason": list(cmp.stop_reason), "max_z_vs_llada": float(z.max())}
+            "seeds": len(est), "profile_masks": args.profile_masks,
+            "llada_var": v_llada.tolist(), "llada_bias": bias.tolist(),
+            "llada_batch_var_over_exact": float(batch_var.sum() / v_llada.sum()),
+            "llada_rows_at_target": llada_cost.tolist(), "mptlml_rows": rows.tolist(),
+            "ratio": (llada_cost / rows).tolist(),
+            "ratio_total": float(llada_cost.sum() / rows.sum()),
+            # mptlml's cost scaled to exactly the target precision (its spread over seeds)
+            "efficiency_total": float(llada_cost.sum() / (rows * var_m / target ** 2).sum()),
+            "achieved_var_over_target": float(var_m.mean() / target ** 2),
+            "reported_se_over_spread": float(np.sqrt((se ** 2).mean() / var_m.mean())),
+            "ceiling_total": float(llada_cost.sum() / ceiling.sum()),
+            "ceiling": (llada_cost / ceiling).tolist(),
+            "ratio_total_rmse": float(llada_cost_rmse.sum() / rows.sum()),
+            "max_z_vs_profile": float(z.max())}
 
 
 def table(mc: list[dict], bound: dict) -> str:
@@ -222,16 +293,18 @@ def table(mc: list[dict], bound: dict) -> str:
             f"| {r['length']} residues | {r['llada_rows']:.0f} | "
             f"{r['mptlml_rows']:.0f} | {r['llada_rows'] / r['mptlml_rows']:.1f}x | "
             f"{r['agree_llada']:.0%} | {ex} | {r['undecided']} |")
+    b = bound
     lines += ["", "| one sequence's bound | sequences | target SE (nats) | "
-              "masked inputs: LLaDA | mptlml | fewer (median, range) | "
-              "at equal precision (median, range) |",
-              "|---|---|---|---|---|---|---|",
-              f"| first {bound['length']} residues | {bound['sequences']} | "
-              f"{bound['target_se']:.3f} | {np.sum(bound['llada_rows_at_target']):.0f} | "
-              f"{np.sum(bound['mptlml_rows']):.0f} | {bound['ratio_median']:.1f}x "
-              f"({min(bound['ratio']):.1f}-{max(bound['ratio']):.1f}) | "
-              f"{bound['efficiency_median']:.1f}x ({min(bound['efficiency']):.1f}-"
-              f"{max(bound['efficiency']):.1f}) |"]
+              "masked inputs at the target: LLaDA | mptlml | fewer | "
+              "at exactly equal precision | best allocation over sizes | "
+              "counting LLaDA's bias |",
+              "|---|---|---|---|---|---|---|---|---|",
+              f"| first {b['length']} residues | {b['sequences']} | {b['target_se']:.3f} | "
+              f"{np.sum(b['llada_rows_at_target']):.0f} | {np.sum(b['mptlml_rows']):.0f} | "
+              f"{b['ratio_total']:.2f}x ({min(b['ratio']):.1f}-{max(b['ratio']):.1f}) | "
+              f"{b['efficiency_total']:.2f}x | {b['ceiling_total']:.2f}x "
+              f"({min(b['ceiling']):.1f}-{max(b['ceiling']):.1f}) | "
+              f"{b['ratio_total_rmse']:.2f}x |"]
     return "\n".join(lines)
 
 
@@ -243,13 +316,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--short", type=int, default=5)
     p.add_argument("--bound-length", type=int, default=40)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--profile-masks", type=int, default=24)
+    p.add_argument("--bound-seeds", type=int, default=6)
     p.add_argument("--max-masks", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="2 genes, 1 repeat")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.smoke:
-        args.genes, args.repeats = 2, 1
+        args.genes, args.repeats, args.profile_masks, args.bound_seeds = 2, 1, 3, 2
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model = MaskedLM.antiberty()
     data = bundled_antibodies()

@@ -25,15 +25,21 @@ Variance reduction, all unbiased:
   difference then has far less variance than on independent masks, and its
   standard error is computed from the paired draws;
 - **an allocation learned as the run goes**: after the first (uniform) round,
-  q is proportional to the spread of a mask's score by rate, pooled over
-  every candidate of the call (no pilot per sequence); each round is
+  q is proportional to the spread of a mask's score by rate (Neyman), that
+  of the question's own draws shrunk toward the spread pooled over every
+  candidate of the call, as if the pooled one were :data:`PRIOR_PAIRS`
+  pairs per rate bin: a question's first rounds borrow the call's profile,
+  its later ones follow its own (no pilot per sequence); each round is
   unbiased on its own and rounds are combined with weights in proportion
   to their draws.
 
 Rounds double the draws so far (P, P, 2P, 4P, ... masks per candidate), so a
 question looks at its result about log2(max_masks / P) times, not
 max_masks / P times: the threshold below stays low, and the degrees of
-freedom of the standard errors grow fast.
+freedom of the standard errors grow fast. Towards a ``target_se`` (without
+``decide``) a round draws no more than the remainder the target is predicted
+to need, ``n (se / target)^2 - n`` (times :data:`NEED_MARGIN`), so the last
+round lands near the target instead of overshooting it up to twofold.
 
 With ``decide=True`` a candidate stops drawing once it is behind the leader by
 more than ``z`` paired standard errors (successive elimination), and a
@@ -73,8 +79,15 @@ __all__ = ["Comparison", "compare"]
 
 #: rate bins of the learned allocation
 NUM_RATE_BINS = 10
-#: the learned density never falls below this share of its largest bin (keeps every rate)
-DENSITY_FLOOR = 0.1
+#: the learned density never falls below this share of its largest bin (keeps every rate,
+#: and bounds the importance weights: heavy tails make standard errors unstable)
+DENSITY_FLOOR = 0.3
+#: a question's spread by rate is shrunk toward the call's as if by this many pairs per bin
+PRIOR_PAIRS = 8
+#: a standard error counts as at its target only on at least this many degrees of freedom
+TARGET_MIN_DOF = 10
+#: a round towards a target SE draws this times the predicted remainder (fewer extra rounds)
+NEED_MARGIN = 1.15
 #: continuations of at most this many tokens are scored on every mask (exact, SE 0)
 EXACT_LENGTH = 4
 
@@ -352,22 +365,25 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     rows = np.zeros(len(cands), dtype=np.int64)
     cand_rows = np.zeros(len(ids), dtype=np.int64)
     rounds_done = np.zeros(len(cands), dtype=np.int64)
+    drawn = np.zeros(len(cands), dtype=np.int64)  # masks per drawing candidate so far
+    round_draws = np.full(len(cands), p, dtype=np.int64)  # this round's, per question
     active = list(range(len(cands)))
-    density = _Density(np.ones(NUM_RATE_BINS))
+    density = _Density(np.ones(NUM_RATE_BINS))  # the call's (pooled), reported
+    densities = [density] * len(cands)  # each question's, in force for its next round
     calls = 0
     status = ["one round"] * len(cands)
-    spread_sum = np.zeros(NUM_RATE_BINS)
-    spread_n = np.zeros(NUM_RATE_BINS)
+    spread_sum = np.zeros((len(cands), NUM_RATE_BINS))  # per question and rate bin
+    spread_n = np.zeros((len(cands), NUM_RATE_BINS))
     # the candidates that still draw: all at first; then, with decide, those not yet
     # behind the leader beyond the threshold, with target_se those above it
     drawing = [set(m) for m in members]
     behind: list[set[int]] = [set() for _ in members]  # positions found behind (decide)
     r = 0
     while active:
-        pr = sizes_of_rounds[r]
         masks: dict[int, torch.Tensor] = {}
         meta: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
         for q in active:
+            pr = int(round_draws[q])
             tmax = int(lengths[members[q]].max())
             for j, i in enumerate(members[q]):
                 if i not in drawing[q] or (exact[i] and r > 0):
@@ -379,7 +395,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                     key = (seeds[q][0], seeds[q][1], r) if common_masks else (
                         seeds[q][0], seeds[q][1] * 1_000_003 + j + 1, r)
                     g = torch.Generator().manual_seed(_question_seed(*key))
-                    strata, rates, order = _draw(g, pr, tmax, density)
+                    strata, rates, order = _draw(g, pr, tmax, densities[q])
                     m, sizes = _masks(int(lengths[i]), rates, order)
                     meta[i] = (strata, rates, sizes)
                     if r == 0:  # the whole continuation: S_T(x; |T|) exactly, once
@@ -410,19 +426,24 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
             if r == 0:
                 tallies[i].exact_top = float(s[-1]) / t
                 s = s[:-1]
-            y = s / (sizes * density.size_probs(sizes, t))
+            q = owner[i][0]
+            y = s / (sizes * densities[q].size_probs(sizes, t))
             score = s / sizes
             b = np.minimum((rates * NUM_RATE_BINS).astype(int), NUM_RATE_BINS - 1)
             pair = score.reshape(-1, 2)
-            np.add.at(spread_sum, b.reshape(-1, 2)[:, 0], (pair[:, 0] - pair[:, 1]) ** 2 / 2)
-            np.add.at(spread_n, b.reshape(-1, 2)[:, 0], 1)
-            tallies[i].rounds[r] = (pr, y, strata)
+            np.add.at(spread_sum[q], b.reshape(-1, 2)[:, 0],
+                      (pair[:, 0] - pair[:, 1]) ** 2 / 2)
+            np.add.at(spread_n[q], b.reshape(-1, 2)[:, 0], 1)
+            tallies[i].rounds[r] = (len(y), y, strata)
         for q in active:
             rounds_done[q] += 1
-        if allocation == "learned" and spread_n.min() > 0:
-            sd = np.sqrt(spread_sum / spread_n)
-            density = _Density(np.maximum(sd, DENSITY_FLOOR * sd.max()) if sd.max() > 0
-                               else np.ones(NUM_RATE_BINS))
+            drawn[q] += round_draws[q]
+        if allocation == "learned" and spread_n.sum(0).min() > 0:
+            pooled = spread_sum.sum(0) / spread_n.sum(0)
+            density = _density_of(pooled)
+            for q in active:  # its own spread, shrunk toward the call's by PRIOR_PAIRS
+                densities[q] = _density_of((spread_sum[q] + PRIOR_PAIRS * pooled)
+                                           / (spread_n[q] + PRIOR_PAIRS))
         r += 1
         still = []
         for q in active:
@@ -434,19 +455,28 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                               if j not in behind[q] and not exact[i]}
             elif target_se is not None:  # a candidate at its target stops
                 drawing[q] = {i for j, i in enumerate(members[q])
-                              if res["se"][j] > target_se and not exact[i]}
+                              if not _at_target(res["se"][j], res["se_dof"][j], target_se)
+                              and not exact[i]}
             if exact[members[q]].all():  # every candidate an exact sum: nothing to draw
                 status[q] = "exact"
             elif decide and len(passed) == len(members[q]):
                 status[q] = "decided"
-            elif target_se is not None and float(res["se"].max()) <= target_se and not decide:
+            elif target_se is not None and not decide and all(
+                    _at_target(e, d, target_se) or exact[i] for e, d, i in
+                    zip(res["se"], res["se_dof"], members[q], strict=True)):
                 status[q] = "target"
             elif not decide and target_se is None:
                 status[q] = "one round"
-            elif rounds_done[q] >= max_rounds:
+            elif drawn[q] + 2 > max_masks:
                 status[q] = "budget"
             else:
                 still.append(q)
+                need = None
+                if target_se is not None and not decide:  # the draws the target needs
+                    need = max((_need(float(drawn[q]), res["se"][j], res["se_dof"][j], target_se)
+                                for j, i in enumerate(members[q]) if i in drawing[q]),
+                               default=None)
+                round_draws[q] = _next_draws(int(drawn[q]), max_masks, need)
         active = still
 
     out_rows = [_question(tallies, members[q], behind[q]) for q in range(len(cands))]
@@ -525,6 +555,42 @@ def _round_sizes(p: int, max_masks: int) -> list[int]:
     return sizes
 
 
+def _at_target(se: float, dof: float, target: float) -> bool:
+    """Whether a candidate's SE is at the target: at most ``target``, on at least
+    :data:`TARGET_MIN_DOF` degrees of freedom (an SE that dipped below the target on
+    few draws is most often an underestimate: stopping on it would break the promise)."""
+    return se <= target and dof >= TARGET_MIN_DOF
+
+
+def _need(drawn: float, se: float, dof: float, target: float) -> float:
+    """Draws a candidate needs for :func:`_at_target`: SE^2 falls as 1 / n, the dof grow as n."""
+    need = drawn * (se / target) ** 2
+    if math.isfinite(dof) and dof > 0:
+        need = max(need, drawn * TARGET_MIN_DOF / dof)
+    return need
+
+
+def _density_of(variance: np.ndarray) -> _Density:
+    """The rate density in proportion to the spread by rate bin, floored (Neyman)."""
+    sd = np.sqrt(variance)
+    return _Density(np.maximum(sd, DENSITY_FLOOR * sd.max()) if sd.max() > 0
+                    else np.ones(NUM_RATE_BINS))
+
+
+def _next_draws(drawn: int, max_masks: int, need: float | None = None) -> int:
+    """Masks per candidate of the next round: double the draws so far (see :func:`_round_sizes`).
+
+    Towards a target standard error (``need``: the draws it needs, ``n (se /
+    target)^2`` from the draws so far, SE^2 falling as 1 / n), no more than the
+    predicted remainder, with a margin of :data:`NEED_MARGIN`: the last round
+    stops near the target instead of overshooting it up to twofold.
+    """
+    nxt = min(drawn, max_masks - drawn) // 2 * 2
+    if need is not None and math.isfinite(need):
+        nxt = min(nxt, 2 * math.ceil(NEED_MARGIN * (need - drawn) / 2))
+    return max(2, nxt)
+
+
 def _draw(g: torch.Generator, p: int, tmax: int, density: _Density
           ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
     """Stratified rates (two per stratum of equal q-mass) and a random order of positions."""
@@ -580,4 +646,4 @@ def _question(tallies: list[_Tally], idx: list[int], out: set[int] | None = None
         zs[j] = g / ps if ps > 0 else (math.inf if g > 0 else 0.0)
         dof.append(d)
     return {"est": est, "se": se, "lead": lead, "pse": pse, "z": zs, "pair_dof": pair_dof,
-            "margin": float(zs.min()), "dof": float(min(dof))}
+            "margin": float(zs.min()), "dof": float(min(dof)), "se_dof": np.array(dof[:k])}
