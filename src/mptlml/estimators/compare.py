@@ -285,8 +285,9 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         Keep drawing rounds, per question, until its leader is decided (the
         sequential rule of the module docstring) or ``max_masks`` is spent.
     target_se : float, optional
-        Keep drawing until every candidate's standard error is at most this
-        (or ``max_masks`` is spent). Without ``decide`` and ``target_se``: one round.
+        Keep drawing until every candidate's standard error is at most this, on
+        at least :data:`TARGET_MIN_DOF` degrees of freedom (or ``max_masks`` is
+        spent). Without ``decide`` and ``target_se``: one round.
     alpha : float
         Error rate of the sequential rule (``decide``); also sets ``decided``.
     max_masks : int
