@@ -303,10 +303,9 @@ def table(mc: list[dict], bound: dict) -> str:
             f"{r['mptlml_rows']:.0f} | {r['llada_rows'] / r['mptlml_rows']:.1f}x | "
             f"{r['agree_llada']:.0%} | {ex} | {r['undecided']} |")
     b = bound
-    lines += ["", "| one sequence's bound | sequences | at LLaDA's budget (128 masks): "
-              "LLaDA's variance / mptlml's | best allocation over sizes | "
-              "to LLaDA's SE: masked inputs LLaDA / mptlml | spread there / target | "
-              "reported SE / spread |",
+    lines += ["", "| one sequence's bound | sequences | variance at 128 masks: LLaDA / mptlml | "
+              "best allocation over sizes | masked inputs to LLaDA's SE: LLaDA / mptlml | "
+              "spread / target | reported SE / spread |",
               "|---|---|---|---|---|---|---|",
               f"| first {b['length']} residues | {b['sequences']} | "
               f"{b['budget_var_ratio']:.2f}x "
