@@ -77,6 +77,8 @@ from .stats import welch_dof
 
 __all__ = ["Comparison", "compare"]
 
+#: most masks per candidate with ``decide`` or ``target_se``, unless ``max_masks`` says
+MAX_MASKS = 512
 #: rate bins of the learned allocation
 NUM_RATE_BINS = 10
 #: the learned density never falls below this share of its largest bin (keeps every rate,
@@ -127,8 +129,10 @@ class Comparison(_Result):
     rounds : list of int
         Rounds of draws each question took.
     stop_reason : list of str
-        ``"one round"`` (no target), ``"decided"``, ``"target"``, ``"budget"``, or
-        ``"exact"`` (every candidate short enough to be scored on every mask).
+        ``"one round"`` (no target), ``"decided"``, ``"target"``, ``"budget"`` (spent
+        before a decision or the target), ``"spent"`` (a fixed ``max_masks`` spent
+        whole, as asked), or ``"exact"`` (every candidate short enough to be scored
+        on every mask).
     num_model_calls : int
         Forward passes of the whole call.
     """
@@ -262,7 +266,7 @@ def _combine(terms: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float, 
 
 def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[Any]], *,
             num_masks: int = 16, decide: bool = False, target_se: float | None = None,
-            alpha: float = 0.05, max_masks: int = 512, allocation: str = "learned",
+            alpha: float = 0.05, max_masks: int | None = None, allocation: str = "learned",
             common_masks: bool = True, seed: int | Sequence[int] = 0,
             token_budget: int = 8192, batch_size: int | None = None, chunk_size: int = 64,
             progress: bool = False) -> Comparison:
@@ -287,11 +291,15 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     target_se : float, optional
         Keep drawing until every candidate's standard error is at most this, on
         at least :data:`TARGET_MIN_DOF` degrees of freedom (or ``max_masks`` is
-        spent). Without ``decide`` and ``target_se``: one round.
+        spent). Without ``decide``, ``target_se`` and ``max_masks``: one round.
     alpha : float
         Error rate of the sequential rule (``decide``); also sets ``decided``.
-    max_masks : int
-        Most masks per candidate (the last round takes what is left).
+    max_masks : int, optional
+        Most masks per candidate (the last round takes what is left); with
+        ``decide`` or ``target_se`` it defaults to :data:`MAX_MASKS`. Alone (no
+        ``decide``, no ``target_se``) it is a fixed budget, spent whole: rounds
+        of doubling size, the allocation learned as they go (``stop_reason``
+        ``"spent"``).
     allocation : {"learned", "uniform"}
         ``"learned"``: rounds after the first draw rates in proportion to the
         pooled spread by rate; ``"uniform"``: rates uniform every round.
@@ -324,7 +332,9 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     p = check_positive_int(num_masks, "num_masks")
     if p % 2:
         raise ValueError(f"num_masks must be even (two masks per rate stratum); got {p}.")
-    max_masks = check_positive_int(max_masks, "max_masks")
+    spend = max_masks is not None and target_se is None and not decide  # a fixed budget
+    max_masks = (check_positive_int(max_masks, "max_masks") if max_masks is not None
+                 else MAX_MASKS if decide or target_se is not None else p)
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     if max_masks < p:
         raise ValueError(f"max_masks ({max_masks}) is below num_masks ({p}); raise it.")
@@ -466,10 +476,10 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                     _at_target(e, d, target_se) or exact[i] for e, d, i in
                     zip(res["se"], res["se_dof"], members[q], strict=True)):
                 status[q] = "target"
-            elif not decide and target_se is None:
+            elif not decide and target_se is None and not spend:
                 status[q] = "one round"
             elif drawn[q] + 2 > max_masks:
-                status[q] = "budget"
+                status[q] = "spent" if spend else "budget"
             else:
                 still.append(q)
                 need = None

@@ -169,7 +169,8 @@ class MPTLM(LM):
     target_se : float, optional
         Keep drawing rounds until every request's standard error is at most this (nats).
     max_masks : int, optional
-        Most masks per request (rounds of ``num_masks``; with ``target_se`` or ``decide``).
+        Most masks per request, in rounds (with ``target_se`` or ``decide``); alone, a
+        fixed budget spent whole (:func:`mptlml.compare`).
     decide : bool
         Multiple-choice questions: keep drawing rounds while the leader is not
         ahead of every other candidate by its paired-SE threshold, up to
