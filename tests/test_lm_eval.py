@@ -553,6 +553,19 @@ def test_command_line_runs_lm_eval_with_the_model_registered(tiny_dir, ppl_tasks
         assert math.isfinite(r["stderr"]) and r["stderr"] >= 0 and r["masked_inputs"] > 0
 
 
+def test_help_names_the_model_and_its_model_args_before_lm_evals_own(capsys):
+    from mptlml.cli import main as mptlml_main
+
+    with pytest.raises(SystemExit) as exit_:  # argparse's --help exits 0
+        mptlml_main(["eval", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "--model mptlml" in out and "pretrained=" in out
+    for name in ("decide", "target_se", "max_masks", "mask_token_id", "device"):
+        assert name in out
+    assert out.index("model_args") < out.index("usage:")  # then lm-eval's own help
+
+
 # ---------------------------------------------------------------------- data parallel
 def _launch(args: list[str], *, processes: int) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(mptlml.__file__).resolve().parents[1]),

@@ -3,7 +3,8 @@
 Every argument after ``eval`` is lm-eval's own (``--model mptlml``,
 ``--model_args``, ``--tasks``, ``--include_path``, ``--output_path``, ...), passed
 through unchanged to :func:`mptlml.lm_eval.main`; ``mptlml eval --help`` prints
-lm-eval's help. ``python -m mptlml.lm_eval`` is the same command.
+the model's ``--model_args`` (:data:`mptlml.lm_eval.command.HELP`), then lm-eval's
+help. ``python -m mptlml.lm_eval`` is the same command.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def evaluate() -> click.Command:
                                      "allow_extra_args": True, "allow_interspersed_args": False},
                    short_help="run lm-evaluation-harness tasks with the model 'mptlml'",
                    help="Run lm-evaluation-harness with the model 'mptlml' registered: every "
-                        "argument is lm-eval's (`mptlml eval --help` prints lm-eval's help). "
+                        "argument is lm-eval's (`mptlml eval --help` prints the model's "
+                        "--model_args, then lm-eval's help). "
                         "Needs the lm-eval extra.")
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     def command(args: tuple[str, ...]) -> int:

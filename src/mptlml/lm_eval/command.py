@@ -13,13 +13,38 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 from .._optional import require
 from .._scoring.distributed import shutdown_distributed
-from .backend import MPTLM
+from .backend import _LOADING, _SETTINGS, MPTLM
 
-__all__ = ["main"]
+__all__ = ["HELP", "main"]
+
+def _names(names: tuple[str, ...]) -> str:
+    return textwrap.fill(", ".join(names), width=88, initial_indent="  ",
+                         subsequent_indent="  ")
+
+
+#: printed before lm-eval's own help (``mptlml eval --help``)
+HELP = f"""mptlml eval: lm-evaluation-harness with the model 'mptlml' registered.
+
+Every argument is lm-eval's; the model is `--model mptlml`, configured by --model_args:
+  pretrained=DIR_OR_ID: a masked LM, or a masked-diffusion LM with mask_token_id=ID
+the Monte Carlo estimate (mptlml.compare's; decide=true: multiple choice stopped once
+decided; target_se=NATS: a precision):
+{_names(_SETTINGS)}
+loading (MaskedLM.from_pretrained) and placement:
+{_names(("device", *_LOADING))}
+
+Example:
+  mptlml eval run --model mptlml --model_args pretrained=DIR,decide=true \\
+      --tasks TASK --include_path TASKS_DIR --output_path OUT
+
+Each request's Monte Carlo record goes to OUT/mptlml_monte_carlo_<date>.jsonl.
+lm-eval's own help follows.
+"""
 
 
 def output_dir(argv: list[str]) -> Path | None:
@@ -45,10 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     require("lm_eval", "mptlml eval (the lm-evaluation-harness command line)")
     from lm_eval.__main__ import cli_evaluate
 
+    if not args or any(a in ("-h", "--help") for a in args):
+        print(HELP)
     out = output_dir(args)
     saved = sys.argv
     MPTLM.default_mc_dir = None if out is None else str(out)
-    sys.argv = ["lm-eval", *args]
+    sys.argv = ["mptlml eval", *args]
     try:
         cli_evaluate()
     finally:
