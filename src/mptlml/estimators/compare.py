@@ -557,12 +557,9 @@ def _round_sizes(p: int, max_masks: int) -> list[int]:
     of ``max_masks`` (rounded down to an even count).
     """
     sizes, total = [p], p
-    while total < max_masks:
-        nxt = min(total, max_masks - total) // 2 * 2
-        if nxt < 2:
-            break
-        sizes.append(nxt)
-        total += nxt
+    while total + 2 <= max_masks:
+        sizes.append(_next_draws(total, max_masks))
+        total += sizes[-1]
     return sizes
 
 
@@ -589,7 +586,7 @@ def _density_of(variance: np.ndarray) -> _Density:
 
 
 def _next_draws(drawn: int, max_masks: int, need: float | None = None) -> int:
-    """Masks per candidate of the next round: double the draws so far (see :func:`_round_sizes`).
+    """Masks per candidate of the next round: double the draws so far, within ``max_masks``.
 
     Towards a target standard error (``need``: the draws it needs, ``n (se /
     target)^2`` from the draws so far, SE^2 falling as 1 / n), no more than the
