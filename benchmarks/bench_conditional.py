@@ -94,6 +94,27 @@ def questions(genes: list[str], context: int, length: int, seed: int
     return ctxs, cands
 
 
+def llada_counts(k: int, n: int, batch: int = 32) -> np.ndarray:
+    """LLaDA's mask counts of a batch started at k: ``round(linspace(k, k + (b-1) n / b, b))``.
+
+    torch's round (half to even), wrapped into 1..n.
+    """
+    counts = torch.round(torch.linspace(float(k), k + (batch - 1) * (n / batch),
+                                        steps=batch)).long()
+    return (((counts - 1) % n) + 1).numpy()
+
+
+def random_masks(length: int, context: int, counts: list[int], g: torch.Generator
+                 ) -> list[torch.Tensor]:
+    """One mask per count: that many continuation positions, uniformly; the context never."""
+    rows = []
+    for cnt in counts:
+        m = torch.zeros(length, dtype=torch.bool)
+        m[context + torch.randperm(length - context, generator=g)[:cnt]] = True
+        rows.append(m)
+    return rows
+
+
 def llada(model: MaskedLM, contexts: list[str], continuations: list[str], seed: int,
           mc_num: int = 128, batch: int = 32) -> tuple[np.ndarray, np.ndarray, int]:
     """LLaDA's estimate of log p(continuation | context) per pair, its SE, masked inputs."""
@@ -105,13 +126,7 @@ def llada(model: MaskedLM, contexts: list[str], continuations: list[str], seed: 
         rows = []
         for _ in range(mc_num // batch):
             k = int(torch.randint(1, n + 1, (), generator=g))
-            counts = torch.round(torch.linspace(float(k), k + (batch - 1) * (n / batch),
-                                                steps=batch)).long()
-            counts = ((counts - 1) % n) + 1
-            for cnt in counts.tolist():
-                m = torch.zeros(len(x), dtype=torch.bool)
-                m[c + torch.randperm(n, generator=g)[:cnt]] = True
-                rows.append(m)
+            rows += random_masks(len(x), c, llada_counts(k, n, batch).tolist(), g)
         masks.append(torch.stack(rows))
     with torch.no_grad():
         sums = model.ragged_masked_log_prob(ids, masks, [None] * len(ids))
@@ -198,13 +213,8 @@ def size_profile(model: MaskedLM, seqs: list[str], per: int, seed: int
     masks = []
     for x, c in zip(ids, nctx, strict=True):
         n = len(x) - c
-        rows = []
-        for m in range(1, n + 1):
-            for _ in range(per if m < n else 1):
-                row = torch.zeros(len(x), dtype=torch.bool)
-                row[c + torch.randperm(n, generator=g)[:m]] = True
-                rows.append(row)
-        masks.append(torch.stack(rows))
+        counts = [m for m in range(1, n + 1) for _ in range(per if m < n else 1)]
+        masks.append(torch.stack(random_masks(len(x), c, counts, g)))
     with torch.no_grad():
         sums = model.ragged_masked_log_prob(ids, masks, [None] * len(ids))
     out = []
@@ -221,16 +231,14 @@ def llada_moments(mean: np.ndarray, var: np.ndarray, mc_num: int = 128, batch: i
     """Variance and bias of LLaDA's estimate of sum_M S(M), given the size profile.
 
     Exact for its scheme: each batch's start k is uniform on 1..L, its counts
-    the rounded linspace of :func:`llada`, so the variance of a batch mean is the
+    :func:`llada_counts`, so the variance of a batch mean is the
     spread over k of ``mean_b L S(l_b)`` plus ``E_k sum_b L^2 var(l_b) / b^2``, and the
     bias is ``E_k mean_b L S(l_b) - sum_M S(M)`` (the rounding's uneven visits).
     """
     n = len(mean)
     means, within = [], []
     for k in range(1, n + 1):
-        counts = torch.round(torch.linspace(float(k), k + (batch - 1) * (n / batch),
-                                            steps=batch)).long()
-        counts = (((counts - 1) % n) + 1).numpy() - 1
+        counts = llada_counts(k, n, batch) - 1
         means.append(np.mean(n * mean[counts]))
         within.append(np.sum(n * n * var[counts]) / batch ** 2)
     v = (np.var(means) + np.mean(within)) / (mc_num // batch)
