@@ -332,6 +332,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     p = check_positive_int(num_masks, "num_masks")
     if p % 2:
         raise ValueError(f"num_masks must be even (two masks per rate stratum); got {p}.")
+    to_target = target_se is not None and not decide  # draw until each SE is at the target
     spend = max_masks is not None and target_se is None and not decide  # a fixed budget
     max_masks = (check_positive_int(max_masks, "max_masks") if max_masks is not None
                  else MAX_MASKS if decide or target_se is not None else p)
@@ -464,7 +465,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                 behind[q] |= passed - {res["lead"]}
                 drawing[q] = {i for j, i in enumerate(members[q])
                               if j not in behind[q] and not exact[i]}
-            elif target_se is not None:  # a candidate at its target stops
+            elif to_target:  # a candidate at its target stops
                 drawing[q] = {i for j, i in enumerate(members[q])
                               if not _at_target(res["se"][j], res["se_dof"][j], target_se)
                               and not exact[i]}
@@ -472,9 +473,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                 status[q] = "exact"
             elif decide and len(passed) == len(members[q]):
                 status[q] = "decided"
-            elif target_se is not None and not decide and all(
-                    _at_target(e, d, target_se) or exact[i] for e, d, i in
-                    zip(res["se"], res["se_dof"], members[q], strict=True)):
+            elif to_target and not drawing[q]:  # every candidate at its target (or exact)
                 status[q] = "target"
             elif not decide and target_se is None and not spend:
                 status[q] = "one round"
@@ -482,11 +481,10 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                 status[q] = "spent" if spend else "budget"
             else:
                 still.append(q)
-                need = None
-                if target_se is not None and not decide:  # the draws the target needs
-                    need = max((_need(float(drawn[q]), res["se"][j], res["se_dof"][j], target_se)
-                                for j, i in enumerate(members[q]) if i in drawing[q]),
-                               default=None)
+                # towards a target: the draws its slowest candidate still drawing needs
+                need = max(_need(float(drawn[q]), res["se"][j], res["se_dof"][j], target_se)
+                           for j, i in enumerate(members[q])
+                           if i in drawing[q]) if to_target else None
                 round_draws[q] = _next_draws(int(drawn[q]), max_masks, need)
         active = still
 
