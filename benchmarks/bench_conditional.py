@@ -338,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bound-seeds", type=int, default=6)
     p.add_argument("--max-masks", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--smoke", action="store_true", help="2 genes, 1 repeat")
+    p.add_argument("--smoke", action="store_true",
+                   help="2 genes, 1 repeat, 3 profile masks, 2 seeds")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.smoke:

@@ -43,6 +43,12 @@ def exhaustive_conditional(lm, context: str, continuation: str) -> float:
 
 
 @pytest.fixture(scope="module")
+def reference(tiny):
+    """The exhaustive conditional sums of CANDIDATES given CONTEXT."""
+    return np.array([exhaustive_conditional(tiny, CONTEXT, c) for c in CANDIDATES])
+
+
+@pytest.fixture(scope="module")
 def runs(tiny):
     """200 seeded runs of one question in one call (one seed per copy of the question)."""
     n = 200
@@ -53,10 +59,10 @@ def runs(tiny):
     return res, ind
 
 
-def test_each_candidate_is_centred_on_the_exhaustive_conditional_sum(tiny, runs):
+def test_each_candidate_is_centred_on_the_exhaustive_conditional_sum(reference, runs):
     res, _ = runs
     scores = np.stack(res.scores)  # (runs, K)
-    ref = np.array([exhaustive_conditional(tiny, CONTEXT, c) for c in CANDIDATES])
+    ref = reference
     spread = scores.std(0, ddof=1) / math.sqrt(len(scores))
     assert np.all(np.abs(scores.mean(0) - ref) < 4 * spread), (scores.mean(0), ref, spread)
 
@@ -185,7 +191,7 @@ def test_the_sequential_rule_rarely_decides_for_the_wrong_candidate(tiny):
     assert wrong.mean() <= 0.08, wrong.mean()  # alpha = 0.05, with binomial slack
 
 
-def test_rounds_towards_a_target_are_unbiased_and_calibrated(tiny):
+def test_rounds_towards_a_target_are_unbiased_and_calibrated(tiny, reference):
     """Several rounds each (the allocation learned per question, the last round sized to the
     need): every candidate centred on its exhaustive sum, its SE calibrated over 150 runs."""
     n = 150
@@ -195,10 +201,9 @@ def test_rounds_towards_a_target_are_unbiased_and_calibrated(tiny):
                              target_se=0.35, max_masks=256, seed=list(range(n)))
     assert np.median(res.rounds) >= 3
     scores, se = np.stack(res.scores), np.stack(res.stderr)
-    ref = np.array([exhaustive_conditional(tiny, CONTEXT, c) for c in CANDIDATES])
     spread = scores.std(0, ddof=1)
-    assert np.all(np.abs(scores.mean(0) - ref) < 4 * spread / math.sqrt(n)), (
-        scores.mean(0), ref)
+    assert np.all(np.abs(scores.mean(0) - reference) < 4 * spread / math.sqrt(n)), (
+        scores.mean(0), reference)
     ratio = spread / np.sqrt((se ** 2).mean(0))
     assert np.all((ratio > 0.75) & (ratio < 1.33)), ratio
 

@@ -22,6 +22,7 @@ from .backend import _LOADING, _SETTINGS, MPTLM
 
 __all__ = ["HELP", "main"]
 
+
 def _names(names: tuple[str, ...]) -> str:
     return textwrap.fill(", ".join(names), width=88, initial_indent="  ",
                          subsequent_indent="  ")
