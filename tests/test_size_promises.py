@@ -1,0 +1,217 @@
+"""Mask sizes, allocations and standard errors: each promise pinned by a test that bites.
+
+Every test here was checked against a deliberate slip in the code (``tests/README.md``'s
+closing table): it fails with the slip and passes without it. The references do not share
+the code path: exact rational arithmetic (:class:`fractions.Fraction`) for the size rules,
+a brute-force search over integer allocations for Neyman's, a recording model wrapper that
+keeps every masked input it is asked to score, the spread over seeded runs for standard
+errors, and the cross-entropy summed by hand for the training loss.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import mptlml
+from mptlml.models import MaskedLM
+
+from .diffusion_helpers import MASK_WORD, Output, make_word_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class Recording:
+    """A ragged masked model that records the masks of every sequence it is asked to score.
+
+    ``sizes[tuple(ids)]``: the masked-token count of every row scored for that sequence,
+    in the order asked (one draw after the other).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.sizes: dict[tuple[int, ...], list[int]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def ragged_masked_log_prob(self, ids, masks, generators, **kw):
+        for t, m in zip(ids, masks, strict=True):
+            self.sizes.setdefault(tuple(int(v) for v in t), []).extend(m.sum(1).tolist())
+        return self._model.ragged_masked_log_prob(ids, masks, generators, **kw)
+
+
+# ------------------------------------------------------------------ size rules
+def test_the_fixed_rate_size_is_the_floor_of_the_exact_product():
+    """M = max(1, floor(rate D)) with rate D taken exactly: 0.7 x 90 = 63, not 62.
+
+    For every rate k/100 and D up to 300, against the floor of the rational k D / 100
+    (float products such as 0.7 * 90 = 62.99999999999999 need the tolerance).
+    """
+    from mptlml.masks import fixed_rate_size
+
+    assert fixed_rate_size(0.7, 90) == 63
+    for k, d in itertools.product(range(1, 100), range(1, 301)):
+        want = max(1, min(d, math.floor(Fraction(k, 100) * d)))
+        assert fixed_rate_size(k / 100, d) == want, (k, d)
+
+
+def test_the_curve_rounds_each_mask_size_half_up(tiny):
+    """M_k = max(1, round(r_k D)) rounding halves up: r D = 1.5, 2.5, 3.5, 4.5 give 2, 3, 4, 5.
+
+    Read off the masked inputs the model scored (:class:`Recording`) for a text of D = 10
+    tokens. Flooring gives 1, 2, 3, 4; Python's round (to even) 2, 2, 4, 4.
+    """
+    text = "the dog was under the big tree and the cat"
+    rates = [0.05, 0.15, 0.25, 0.35, 0.45]
+    rec = Recording(tiny)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # one datum: no spread over data
+        curve = mptlml.mpt_curve(rec, [text], rates=rates, num_masks=2, seed=0)
+    (ids,) = tiny.encode([text])
+    assert len(ids) == 10
+    want = [max(1, math.floor(Fraction(str(r)) * 10 + Fraction(1, 2))) for r in rates]
+    assert want == [1, 2, 3, 4, 5]
+    assert rec.sizes[tuple(ids.tolist())] == [m for m in want for _ in range(2)]
+    assert curve.sizes[0].tolist() == want
+
+
+# ------------------------------------------------------------------ Neyman's allocation
+def test_neyman_counts_cost_no_more_than_the_cheapest_allocation_by_brute_force():
+    """Counts for a target SE cost at most the cheapest integer allocation, plus rounding.
+
+    Strata with v = (1, 16, 100) and unit costs: every allocation (P_1, P_2, P_3) with
+    sum v_h / P_h <= (PLAN_FACTOR t)^2 is searched; the plan's cost is within one mask per
+    stratum of the cheapest, and its variance meets the target. Counts in proportion to
+    the variances (not the SDs) cost about 1.5 times the optimum here.
+    """
+    from mptlml.estimators.allocation import MIN_COUNT, PLAN_FACTOR, plan_counts
+
+    v, c, t = np.array([1.0, 16.0, 100.0]), np.ones(3), 2.0
+    counts, capped, _ = plan_counts(v, c, t, "neyman", None)
+    t2 = (PLAN_FACTOR * t) ** 2
+    assert not capped and (v / counts).sum() <= t2 * (1 + 1e-12)
+    grid = np.stack(np.meshgrid(*[np.arange(MIN_COUNT, 120.0)] * 3, indexing="ij"), -1)
+    grid = grid.reshape(-1, 3)[(v / grid.reshape(-1, 3)).sum(1) <= t2]  # every feasible plan
+
+    def cheapest(cost: np.ndarray) -> float:
+        return float((grid * cost).sum(1).min())
+
+    assert float((counts * c).sum()) <= cheapest(c) + c.sum(), (counts, cheapest(c))
+    # and unequal costs: P_h in proportion to sqrt(v_h / c_h)
+    c2 = np.array([1.0, 4.0, 1.0])
+    counts2, _, _ = plan_counts(v, c2, t, "neyman", None)
+    assert (v / counts2).sum() <= t2 * (1 + 1e-12)
+    assert float((counts2 * c2).sum()) <= cheapest(c2) + c2.sum(), (counts2, cheapest(c2))
+
+
+# ------------------------------------------------------------------ systematic sizes
+class VisibleCountLM(nn.Module):
+    """p(x_j | x_R) = softmax(b (1 + 3 |R| / L))[x_j]: sharper the more tokens are visible.
+
+    On a text of one repeated word every mask of size M gives the same S(x; M), falling
+    steeply with M: the spread of a size's draws is nil and the spread between sizes is
+    all there is, which systematic sizes remove (and an i.i.d. standard error does not
+    see removed). Token-id input, ``attention_mask`` honoured, ``.logits`` returned.
+    """
+
+    def __init__(self, vocab_size: int, mask_id: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.bias = nn.Parameter(2 * torch.randn(vocab_size, generator=g, dtype=torch.float64))
+        self.mask_id = mask_id
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> Output:
+        real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else (
+            attention_mask.bool())
+        seen = ((input_ids != self.mask_id) & real).sum(1, keepdim=True).double()
+        scale = 1 + 3 * seen / real.sum(1, keepdim=True)
+        return Output((self.bias * scale[..., None]).expand(*input_ids.shape, -1))
+
+
+@pytest.fixture(scope="module")
+def visible_count():
+    tok = make_word_tokenizer()
+    mask_id = tok.convert_tokens_to_ids(MASK_WORD)
+    return MaskedLM(VisibleCountLM(len(tok), mask_id), tok, mask_token_id=mask_id)
+
+
+def test_systematic_sizes_put_two_draws_in_each_stratum_and_their_se_comes_from_the_pairs(
+        visible_count):
+    """random-size, ``stratified=True``, P = 8 on D = 12: two sizes in each quarter of 1..12.
+
+    Every seed's eight draws (read off the masked inputs, :class:`Recording`) fall two in
+    each of {1..3}, {4..6}, {7..9}, {10..12}. The standard error from the pairs is
+    calibrated over 60 seeds (spread / RMS SE in [0.75, 1.33]); the i.i.d. SE of the same
+    draws is many times larger here (the spread between sizes is all the noise).
+    """
+    text = " ".join(["cat"] * 12)
+    rec = Recording(visible_count)
+    n = 60
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # few dof per run: expected
+        runs = [mptlml.estimate_lml(rec, [text], "random-size", num_masks=8, stratified=True,
+                                    seed=s) for s in range(n)]
+    (sizes,) = rec.sizes.values()
+    draws = np.array(sizes).reshape(n, 8)
+    for row in draws:
+        assert np.bincount((row - 1) // 3, minlength=4).tolist() == [2, 2, 2, 2], row
+    est = np.array([float(r.per_sample[0]) for r in runs])
+    se = np.array([float(r.per_sample_stderr[0]) for r in runs])
+    ratio = est.std(ddof=1) / math.sqrt((se ** 2).mean())
+    assert 0.75 < ratio < 1.33, ratio  # i.i.d. SE: 0.22; pairs across strata: 0.44
+
+
+# ------------------------------------------------------------------ a sequence's LML SE
+def test_the_curves_lml_standard_error_adds_its_cells_variances(tiny):
+    """D_i / K * sqrt(sum_k SE(S_ik)^2): calibrated over 80 seeds, 10 rates, 2 masks each.
+
+    Adding the cells' standard errors instead of their variances overstates it about
+    three-fold with ten rates.
+    """
+    text = "the dog was under the big tree and the cat"
+    rates = np.linspace(0.05, 0.95, 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # one datum: no spread over data
+        runs = [mptlml.mpt_curve(tiny, [text], rates=rates, num_masks=2, seed=s)
+                for s in range(80)]
+    lml = np.array([float(r.lml[0]) for r in runs])
+    se = np.array([float(r.lml_stderr[0]) for r in runs])
+    ratio = lml.std(ddof=1) / math.sqrt((se ** 2).mean())
+    assert 0.75 < ratio < 1.33, ratio
+
+
+# ------------------------------------------------------------------ the training loss
+def test_mpt_loss_is_the_mean_over_sequences_of_the_weighted_sums():
+    """mean_i w_i sum_{j masked in i} -log q(x_ij | x_R), by hand (per sequence, not per token).
+
+    Sequences with 1, 3 and 2 masked tokens: a mean over masked tokens differs.
+    """
+    from mptlml.hf import mpt_loss
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 7, generator=g, dtype=torch.float64)
+    labels = torch.full((3, 5), -100)
+    labels[0, 2] = 4
+    labels[1, [0, 1, 4]] = torch.tensor([1, 6, 2])
+    labels[2, [3, 4]] = torch.tensor([0, 5])
+    w = torch.tensor([5.0, 5 / 3, 2.5], dtype=torch.float64)
+    terms = []
+    for i in range(3):
+        lp = torch.log_softmax(logits[i], -1)
+        terms.append(float(w[i]) * -sum(float(lp[j, labels[i, j]]) for j in range(5)
+                                        if labels[i, j] != -100))
+    assert float(mpt_loss(logits, labels, w)) == pytest.approx(np.mean(terms), rel=1e-12)
+    assert float(mpt_loss(logits, labels, w, reduction="sum")) == pytest.approx(
+        np.sum(terms), rel=1e-12)
+    np.testing.assert_allclose(mpt_loss(logits, labels, w, reduction="none").numpy(), terms,
+                               rtol=1e-12)
