@@ -68,6 +68,32 @@ def test_few_unknown_tokens_only_warn(tiny):
         tiny.encode(SENTENCES)  # no unknown token: no warning
 
 
+def test_the_unknown_token_limit_is_exactly_five_percent_at_every_door(tiny):
+    """1 [UNK] in 20 tokens (5%) is scored with a warning; 1 in 19 (5.3%) is refused, by
+    ``encode``, a context of ``compare`` (counted though never scored) and an lm-eval
+    request alike; the count is pooled over the sequences of a call."""
+    base = "the cat sat on a mat " * 3  # 18 tokens
+    at, over = base + "a zebra", base + "zebra"  # 20 and 19 tokens, one unknown each
+    assert [len(t) for t in tiny.tokenizer([at, over], add_special_tokens=False)["input_ids"]
+            ] == [20, 19]
+    assert MAX_UNKNOWN_FRACTION == 0.05
+    with pytest.warns(UserWarning, match=r"1 of 20 tokens \(5.0%\).*scored as such"):
+        tiny.encode([at])
+    with pytest.raises(ValueError, match=r"1 of 19 tokens \(5.3%\).*allow_unknown=True"):
+        tiny.encode([over])
+    with pytest.warns(UserWarning, match=r"1 of 38 tokens"):  # pooled: under 5% together
+        tiny.encode([over, base + "a"])
+    with pytest.raises(ValueError, match=r"1 of 19 tokens \(5.3%\)"):
+        mptlml.compare(tiny, [over[:-len("zebra")] + "zebra"], [[" a"]])
+    from lm_eval.api.instance import Instance
+
+    import mptlml.lm_eval as mle
+
+    req = Instance("loglikelihood", {}, (over, " a"), 0, ("t", 0, 1))
+    with pytest.raises(ValueError, match=r"1 of 19 tokens \(5.3%\)"):
+        mle.MPTLM(tiny).loglikelihood([req])
+
+
 def test_special_token_ids_checked_against_the_config(tiny):
     from transformers import BertConfig, BertForMaskedLM
 
