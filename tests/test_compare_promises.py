@@ -101,7 +101,8 @@ def test_the_paired_standard_error_is_that_of_the_difference_on_common_masks(tin
 
     The two candidates differ in one word, so on common masks their difference has far
     less spread than either score: the independent SE sqrt(SE_0^2 + SE_1^2) is more than
-    twice that spread (checked), so it cannot pass the band [0.75, 1.33].
+    twice that spread (checked), so it cannot pass the band [0.7, 1.43] (measured: 0.97
+    for the paired SE, 0.41 for the independent one).
     """
     n = 200
     with warnings.catch_warnings():
@@ -114,7 +115,7 @@ def test_the_paired_standard_error_is_that_of_the_difference_on_common_masks(tin
     pse = np.stack(res.paired_stderr).max(1)
     assert np.all(np.stack(res.paired_stderr).min(1) == 0)  # the leader's own entry
     ratio = diff.std(ddof=1) / math.sqrt((pse ** 2).mean())
-    assert 0.75 < ratio < 1.33, ratio
+    assert 0.7 < ratio < 1.43, ratio
     independent = diff.std(ddof=1) / math.sqrt((se ** 2).sum(1).mean())
     assert independent < 0.6, independent  # the design: the band tells the two apart
 

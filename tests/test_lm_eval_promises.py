@@ -139,7 +139,9 @@ def test_a_contexts_trailing_space_goes_to_its_continuation():
 
 # ------------------------------------------------------------------ windows of long texts
 LONG_TEXT = ("the dog was under the big tree and the cat sat on the red mat "
-             "a big dog ran far away the small red house blue tree and a cat")
+             "a big dog ran far away the small red house blue tree and a cat "
+             "was on the mat with a small dog or a big cat but the red house "
+             "is over the blue tree")
 
 
 @pytest.fixture(scope="module")
@@ -160,17 +162,17 @@ def _rolling(lm: MaskedLM, seed: int) -> dict:
 
 @pytest.mark.slow
 def test_a_windowed_texts_standard_error_matches_its_spread_over_seeds(short_bert):
-    """A text in 4 windows: its SE is sqrt(sum of the windows' variances), calibrated.
+    """A text in 7 windows: its SE is sqrt(sum of the windows' variances), calibrated.
 
-    Over 100 seeds the spread of the text's log-likelihood divided by the RMS of its
-    reported SE lies in [0.75, 1.33]. Adding the windows' SEs instead of their variances
-    overstates it about twofold (ratio near 0.5).
+    Over 150 seeds the spread of the text's log-likelihood divided by the RMS of its
+    reported SE lies in [0.7, 1.43]. Adding the windows' SEs instead of their variances
+    overstates it about twofold (ratio 0.46, measured).
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # few dof per window: expected
-        recs = [_rolling(short_bert, s) for s in range(100)]
-    assert {r["windows"] for r in recs} == {4} and not any(r["exact"] for r in recs)
+        recs = [_rolling(short_bert, s) for s in range(150)]
+    assert {r["windows"] for r in recs} == {7} and not any(r["exact"] for r in recs)
     ll = np.array([r["loglikelihood"] for r in recs])
     se = np.array([r["stderr"] for r in recs])
     ratio = ll.std(ddof=1) / math.sqrt((se ** 2).mean())
-    assert 0.75 < ratio < 1.33, ratio
+    assert 0.7 < ratio < 1.43, ratio

@@ -151,12 +151,12 @@ def test_systematic_sizes_put_two_draws_in_each_stratum_and_their_se_comes_from_
 
     Every seed's eight draws (read off the masked inputs, :class:`Recording`) fall two in
     each of {1..3}, {4..6}, {7..9}, {10..12}. The standard error from the pairs is
-    calibrated over 60 seeds (spread / RMS SE in [0.75, 1.33]); the i.i.d. SE of the same
+    calibrated over 150 seeds (spread / RMS SE in [0.7, 1.43]); the i.i.d. SE of the same
     draws is many times larger here (the spread between sizes is all the noise).
     """
     text = " ".join(["cat"] * 12)
     rec = Recording(visible_count)
-    n = 60
+    n = 150
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # few dof per run: expected
         runs = [mptlml.estimate_lml(rec, [text], "random-size", num_masks=8, stratified=True,
@@ -168,12 +168,14 @@ def test_systematic_sizes_put_two_draws_in_each_stratum_and_their_se_comes_from_
     est = np.array([float(r.per_sample[0]) for r in runs])
     se = np.array([float(r.per_sample_stderr[0]) for r in runs])
     ratio = est.std(ddof=1) / math.sqrt((se ** 2).mean())
-    assert 0.75 < ratio < 1.33, ratio  # i.i.d. SE: 0.22; pairs across strata: 0.44
+    assert 0.7 < ratio < 1.43, ratio  # i.i.d. SE: 0.22; pairs across strata: 0.44
 
 
 # ------------------------------------------------------------------ a sequence's LML SE
+@pytest.mark.slow
 def test_the_curves_lml_standard_error_adds_its_cells_variances(tiny):
-    """D_i / K * sqrt(sum_k SE(S_ik)^2): calibrated over 80 seeds, 10 rates, 2 masks each.
+    """D_i / K * sqrt(sum_k SE(S_ik)^2): calibrated over 200 seeds, 10 rates, 2 masks each
+    (spread / RMS SE in [0.7, 1.43]; measured 1.00).
 
     Adding the cells' standard errors instead of their variances overstates it about
     three-fold with ten rates.
@@ -183,11 +185,11 @@ def test_the_curves_lml_standard_error_adds_its_cells_variances(tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # one datum: no spread over data
         runs = [mptlml.mpt_curve(tiny, [text], rates=rates, num_masks=2, seed=s)
-                for s in range(80)]
+                for s in range(200)]
     lml = np.array([float(r.lml[0]) for r in runs])
     se = np.array([float(r.lml_stderr[0]) for r in runs])
     ratio = lml.std(ddof=1) / math.sqrt((se ** 2).mean())
-    assert 0.75 < ratio < 1.33, ratio
+    assert 0.7 < ratio < 1.43, ratio
 
 
 # ------------------------------------------------------------------ the training loss
