@@ -162,12 +162,12 @@ def test_a_stopped_candidate_is_paired_on_the_round_it_drew_and_pays_for_it_alon
     """A question whose elimination happens at a known round: [A, A, far-behind C].
 
     A and its copy tie exactly (common masks: identical draws), so they draw to the budget
-    (four rounds: 8, 8, 16, 32 masks); C is out after the second round (its first has too
-    few degrees of freedom). C's paired SE to the leader must be that of those two rounds
-    alone (the leader's draws of those rounds, paired with C's): it equals the paired SE of
-    a call with a fixed budget of the same two rounds (``max_masks=16``, same seed), which
-    draws the same masks. Each candidate's reported cost is what the model was asked to
-    score for it.
+    (four rounds: 8, 8, 16, 32 masks); C is out earlier (here after its second round: its
+    first has too few degrees of freedom), which its cost says and the recording confirms.
+    C's paired SE to the leader must be that of its own rounds alone (the leader's draws of
+    those rounds, paired with C's): it equals the paired SE of a call with a fixed budget
+    of just those rounds (same seed), which draws the same masks. Each candidate's
+    reported cost is what the model was asked to score for it.
     """
     rec = Recording(tiny)
     cands = [PAIR[0], PAIR[0], " the the the the the"]
@@ -176,19 +176,25 @@ def test_a_stopped_candidate_is_paired_on_the_round_it_drew_and_pays_for_it_alon
         res = mptlml.compare(rec, [CONTEXT], [cands], num_masks=8, decide=True, max_masks=64,
                              seed=2)
     assert any("not decided" in str(w.message) for w in caught)
+    rows = [int(v) for v in res.candidate_masked_rows[0]]
+    assert res.rounds == [4] and rows[:2] == [65, 65]  # 8 + 8 + 16 + 32, and the whole mask
+    drawn_c = rows[2] - 1  # C's masks: the first k rounds of the schedule, k < 4
+    schedule = np.cumsum([8, 8, 16, 32])
+    assert drawn_c in schedule[:-1]
+    k = int(np.searchsorted(schedule, drawn_c)) + 1
+    ids_a, _ = _ids(tiny, CONTEXT, cands[0])
+    ids_c, _ = _ids(tiny, CONTEXT, cands[2])
+    # the model saw exactly that: A (and its copy, the same sequence) 2 x 65 rows; C its own
+    assert sum(len(x) for x in rec.masks_of(ids_a)) == 2 * 65
+    assert [len(x) for x in rec.masks_of(ids_c)] == [9, 8, 16][:k]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # few dof: expected
-        two = mptlml.compare(tiny, [CONTEXT], [cands], num_masks=8, max_masks=16, seed=2)
-    assert res.choice == two.choice == [0] and two.rounds == [2]
-    assert list(res.candidate_masked_rows[0]) == [65, 65, 17]  # C: rounds of 8 and 8, whole
-    ids_a, nctx = _ids(tiny, CONTEXT, cands[0])
-    ids_c, _ = _ids(tiny, CONTEXT, cands[2])
-    # the model saw exactly that: A (and its copy, the same sequence) 2 x 65 rows, C 9
-    assert sum(len(x) for x in rec.masks_of(ids_a)) == 2 * 65
-    assert sum(len(x) for x in rec.masks_of(ids_c)) == 17
-    assert res.rounds == [4] and res.paired_stderr[0][1] == 0.0
-    assert res.scores[0][2] == pytest.approx(two.scores[0][2], abs=1e-12)
-    assert res.paired_stderr[0][2] == pytest.approx(two.paired_stderr[0][2], rel=1e-9)
+        same = mptlml.compare(tiny, [CONTEXT], [cands], num_masks=8, max_masks=drawn_c,
+                              seed=2)
+    assert same.rounds == [k] and res.choice == same.choice == [0]
+    assert res.paired_stderr[0][1] == 0.0  # the exact copy
+    assert res.scores[0][2] == pytest.approx(same.scores[0][2], abs=1e-12)
+    assert res.paired_stderr[0][2] == pytest.approx(same.paired_stderr[0][2], rel=1e-9)
     assert res.paired_stderr[0][2] > 0
 
 
