@@ -49,7 +49,7 @@ from ..models.conditional import with_context
 from ..models.masked_lm import MaskedLM
 from ..runs.config import RunConfig, setting
 from ..runs.job import Job
-from ..runs.output import pyplot
+from ..runs.output import can_draw, pyplot
 from ..runs.rundir import RunDir
 
 __all__ = ["DEVICE_SETTINGS", "JOB", "CurveConfig", "CurveInputs", "MLMRunConfig",
@@ -257,12 +257,13 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
         if p is not None:
             summary[label]["mean_pll"] = float(p.mean())
         drawn[f"{label} (area {res.area:.1f})"] = (res.rates, res.mean.numpy(), res.stderr.numpy())
-    fig = plot_paired_curves(drawn, reference=reference, title=title, baseline=baseline)
     run_dir.write_csv("curve.csv", curve_rows)
     cols = sorted({k for r in seq_rows for k in r}, key=lambda k: list(seq_rows[0]).index(k)
                   if k in seq_rows[0] else 99)
     run_dir.write_csv("per_sequence.csv", seq_rows, columns=cols)
-    run_dir.save_figure(fig, "mpt_curve")
+    if can_draw():  # else run_job said up front that the figure is left out
+        run_dir.save_figure(plot_paired_curves(drawn, reference=reference, title=title,
+                                               baseline=baseline), "mpt_curve")
     return summary
 
 
@@ -501,7 +502,8 @@ def curve_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 JOB = Job(config=CurveConfig, load=load_curve, run=run_curve, summary=curve_summary,
-          resumable=True, help="MPT curve of any Hugging Face masked LM on texts",
+          resumable=True, needs=("transformers",), figures=True,
+          help="MPT curve of any Hugging Face masked LM on texts",
           description="MPT curve (mean log-prob of masked tokens vs masking rate), its area and "
                       "per-sequence LML estimates. Runs under torchrun / accelerate launch for "
                       "data-parallel scoring.")

@@ -236,6 +236,7 @@ def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
 
 
 PART = Part(
+    needs=("matplotlib", "transformers", "datasets"),
     title="Table 2 and Figure 5 (right): BERT pre-trained vs random initialisation",
     paper=(
         "Area under the MPT curve on GLUE: AX -1715.75 / -5245.31, CoLA -1657.68 / -5283.52, "
