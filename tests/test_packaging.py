@@ -77,6 +77,7 @@ def core_only() -> dict:
         from mptlml.models import MaskedLM
         doors = {{
             "to_pandas": lambda: est.to_pandas(),
+            "MPTCurve.plot": lambda: curve.plot(),
             "MaskedLM.from_pretrained": lambda: MaskedLM.from_pretrained(tempfile.mkdtemp()),
             "MPTTrainer": lambda: importlib.import_module("mptlml.hf").MPTTrainer,
             "report": lambda: importlib.import_module("mptlml.report")._render(None, "", None),
@@ -109,7 +110,7 @@ def test_the_readme_ppca_example_runs_with_the_core_alone(core_only):
     assert core_only["imported"] == []
 
 
-@pytest.mark.parametrize("door, extra", [("to_pandas", "report"),
+@pytest.mark.parametrize("door, extra", [("to_pandas", "report"), ("MPTCurve.plot", "report"),
                                          ("MaskedLM.from_pretrained", "hf"),
                                          ("MPTTrainer", "hf"), ("report", "report"),
                                          ("lm_eval", "lm-eval")])

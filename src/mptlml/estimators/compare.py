@@ -158,6 +158,12 @@ class Comparison(_Result):
     model: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def plot(self, question: int | None = None, *, ax: Any = None) -> Any:
+        """One question's candidates with their SEs (:func:`~.plots.plot_comparison`); the Axes."""
+        from .plots import plot_comparison
+
+        return plot_comparison(self, question, ax=ax)
+
     def to_pandas(self) -> Any:
         """One row per (question, candidate): score, SE, paired SE to the leader, choice, cost.
 
