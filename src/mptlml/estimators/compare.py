@@ -316,7 +316,11 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         The draws of question q, round r come from a generator seeded by
         (seed, q, r), or (seed[q], 0, r) with one seed per question (stable
         when questions are split across processes).
-    token_budget, batch_size, progress
+    token_budget : int
+        As for :func:`mptlml.estimate_lml`.
+    batch_size : int, optional
+        As for :func:`mptlml.estimate_lml`.
+    progress : bool
         As for :func:`mptlml.estimate_lml`.
     chunk_size : int
         Candidates whose masks go to the model together (batched under

@@ -64,7 +64,7 @@ def plot_curves(curves: Mapping[str, tuple[Any, Any, Any]], *,
     ----------
     curves : mapping
         ``label -> (rates, mean, stderr or None)``; ``stderr`` is drawn as a
-        band of +-1 standard error. One colour per group (the label without
+        band of ±1 standard error. One colour per group (the label without
         ``pre-trained``/``random init``, e.g. a GLUE task); pre-trained solid,
         random init dashed. A label with ``"(area ...)"`` is shown in the legend.
     reference : mapping, optional
@@ -157,7 +157,7 @@ def _short(text: Any, width: int = 24) -> str:
 def plot_comparison(res: Any, question: int | None = None, *, ax: Any = None) -> Any:
     """The candidates of one question of a :class:`~mptlml.estimators.compare.Comparison`.
 
-    Each candidate's estimate of log p(candidate | context) with a bar of +-2
+    Each candidate's estimate of log p(candidate | context) with a bar of ±2
     standard errors (none for an exact candidate), the leader marked, and beside
     every other candidate its difference to the leader with the paired standard
     error (the one the decision uses). Returns the Axes.

@@ -256,7 +256,7 @@ class MPTCurve(_Result):
         return self.num_masks
 
     def plot(self, ax: Any = None, *, label: str | None = None) -> Any:
-        """Draw the curve: mean S(x; M) against the masking rate, +-1 SE band; returns the Axes.
+        """Draw the curve: mean S(x; M) against the masking rate, ±1 SE band; returns the Axes.
 
         The band is ``stderr`` (the spread across data points); the legend gives
         ``label`` (default: the model's name) and the ``area``. Calling it again

@@ -203,8 +203,10 @@ class MaskedLM(nn.Module):
         dtype : torch.dtype or str, optional
             Parameter dtype (``torch_dtype=`` is accepted too; ``"auto"``: the
             checkpoint's). None: transformers' default.
-        random_init, init_seed : bool, int
-            Random weights of the same config, seeded.
+        random_init : bool
+            Random weights of the same config.
+        init_seed : int
+            The seed of those random weights.
         mask_token_id : int, optional
             The id the model reads as masked, for a masked-diffusion LM whose
             tokenizer has no mask token (LLaDA: 126336). With it, a checkpoint
@@ -214,7 +216,17 @@ class MaskedLM(nn.Module):
         add_special_tokens : bool
             Frame every input with the tokenizer's special tokens ([CLS] ...
             [SEP]); False for models trained on bare token ids.
-        corruption, truncate, preprocess, name, allow_unknown, autocast
+        corruption : str
+            As for :class:`MaskedLM`.
+        truncate : bool
+            As for :class:`MaskedLM`.
+        preprocess : callable, optional
+            As for :class:`MaskedLM`.
+        name : str, optional
+            As for :class:`MaskedLM`.
+        allow_unknown : bool
+            As for :class:`MaskedLM`.
+        autocast : bool or str, optional
             As for :class:`MaskedLM`.
         **hf_kwargs
             Everything else goes to ``AutoModelForMaskedLM.from_pretrained``
