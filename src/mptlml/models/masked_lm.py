@@ -136,6 +136,10 @@ class MaskedLM(nn.Module):
         if autocast not in (None, True, False) and dtype_name(autocast) not in _AUTOCAST:
             raise ValueError(f"autocast must be None, True, False, 'bfloat16' or 'float16'; "
                              f"got {autocast!r}.")
+        if tokenizer is None:
+            raise TypeError("tokenizer is None: MaskedLM needs the model's tokenizer (its "
+                            "special tokens, padding and unknown token; texts are tokenized by "
+                            "it); pass it, or load both with MaskedLM.from_pretrained(DIR).")
         config = getattr(model, "config", None)
         #: an HF masked LM with its own tokenizer's mask token, or a plain module + mask id
         self.generic = mask_token_id is not None or config is None
@@ -385,8 +389,15 @@ class MaskedLM(nn.Module):
                 logits = self._head(hidden[rows, cols])
             else:
                 extra = {"attention_mask": attention_mask} if self._takes_attention_mask else {}
-                logits = logits_of(self.model(input_ids=input_ids, **extra),
-                                   self.name)[rows, cols]
+                try:
+                    out = self.model(input_ids=input_ids, **extra)
+                except IndexError as exc:  # e.g. a position table shorter than the input
+                    raise ValueError(
+                        f"{self.name} failed on input_ids of shape {tuple(input_ids.shape)} "
+                        f"(IndexError: {exc}): a table of the model (its positions?) is shorter "
+                        f"than these inputs of {input_ids.shape[1]} tokens. Pass shorter texts, "
+                        "or truncate=True with a model that states its length.") from exc
+                logits = logits_of(out, self.name, input_ids.shape)[rows, cols]
             return logits if logits.dtype == torch.float64 else logits.float()
 
     def masked_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
