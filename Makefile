@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -c constraints.txt torch==2.13.0
-	$(PIP) install --quiet -c constraints.txt -e ".[all,test,antibody,docs]"
+	$(PIP) install --quiet -c constraints.txt -e ".[all,test,docs]"
 	touch $(STAMP)
 
 venv: $(STAMP)

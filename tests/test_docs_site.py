@@ -18,6 +18,7 @@ the build itself.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 import re
 from pathlib import Path
@@ -127,6 +128,70 @@ def test_every_docstring_parses_without_a_warning():
         logger.removeHandler(handler)
     assert not messages, "griffe warns (move prose out of Parameters into Notes):\n" + \
         "\n".join(sorted(set(messages)))
+
+
+def _default(value: Any) -> str | None:
+    """A default as text, one quote style (``'a'`` and ``"a"`` are the same default)."""
+    text = None if value is None else str(value).strip()
+    if text and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = f"'{text[1:-1]}'"
+    return text
+
+
+def test_every_documented_default_is_the_signatures():
+    """The API pages show each parameter's default as griffe reads it from the docstring
+    (a numpydoc choice set's first value, or the first name's default for an entry naming
+    several parameters): it must be the signature's default, for every function and method
+    of the package."""
+    import logging
+
+    import griffe
+
+    logging.getLogger("griffe").setLevel(logging.ERROR)
+    package = griffe.load("mptlml", search_paths=[str(ROOT / "src")], resolve_aliases=False)
+    wrong = []
+
+    def walk(obj: Any) -> None:
+        for member in obj.members.values():
+            if member.is_alias:
+                continue
+            if member.is_function and member.docstring is not None:
+                signature = {p.name: p for p in member.parameters}
+                for section in member.docstring.parse("numpy"):
+                    if section.kind.value != "parameters":
+                        continue
+                    for item in section.value:
+                        p = signature.get(item.name)
+                        if p is not None and _default(item.default) != _default(p.default):
+                            wrong.append(f"{member.path}: {item.name} shows default "
+                                         f"{item.default!s}, the signature has {p.default!s}")
+            if member.is_class or member.is_module:
+                walk(member)
+
+    walk(package)
+    assert not wrong, ("documented defaults that are not the signature's (give each parameter "
+                       "its own entry; a choice set's first value is its default):\n"
+                       + "\n".join(wrong))
+
+
+def test_api_pages_show_no_raw_restructuredtext_and_no_private_bases():
+    """docs/hooks.py on an API page: a role or a literal inside a type (code, where Markdown
+    leaves it) shows as its text; a private base leaves the "Bases:" line."""
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+
+    class Page:
+        meta = {"package": "mptlml"}
+
+    html = ('<code>list of arrays ``(K_q,)``</code> <code>dict or :class:`~a.b.Monitor`</code>'
+            '<p class="doc doc-class-bases">\n Bases: <code><span title="m._Result">_Result'
+            '</span></code></p><p class="doc doc-class-bases">Bases: <code>_Base</code>, '
+            '<code>torch.nn.Module</code></p>')
+    out = hooks.on_page_content(html, Page())
+    assert "``" not in out and ":class:" not in out and "_Result" not in out
+    assert "<code>list of arrays (K_q,)</code> <code>dict or Monitor</code>" in out
+    assert out.endswith('<p class="doc doc-class-bases">Bases: <code>torch.nn.Module</code></p>')
 
 
 def test_the_site_loads_nothing_from_a_cdn():

@@ -77,6 +77,7 @@ def core_only() -> dict:
         from mptlml.models import MaskedLM
         doors = {{
             "to_pandas": lambda: est.to_pandas(),
+            "MPTCurve.plot": lambda: curve.plot(),
             "MaskedLM.from_pretrained": lambda: MaskedLM.from_pretrained(tempfile.mkdtemp()),
             "MPTTrainer": lambda: importlib.import_module("mptlml.hf").MPTTrainer,
             "report": lambda: importlib.import_module("mptlml.report")._render(None, "", None),
@@ -109,7 +110,7 @@ def test_the_readme_ppca_example_runs_with_the_core_alone(core_only):
     assert core_only["imported"] == []
 
 
-@pytest.mark.parametrize("door, extra", [("to_pandas", "report"),
+@pytest.mark.parametrize("door, extra", [("to_pandas", "report"), ("MPTCurve.plot", "report"),
                                          ("MaskedLM.from_pretrained", "hf"),
                                          ("MPTTrainer", "hf"), ("report", "report"),
                                          ("lm_eval", "lm-eval")])
@@ -174,7 +175,9 @@ def test_the_extras_hold_what_the_core_does_not():
         assert dist not in core, f"{dist} is optional (extra {extra!r}) but in the core"
         assert dist in {_name(r) for r in extras[extra]}, f"{dist} missing from [{extra}]"
     assert {"torch", "numpy", "scipy", "scikit-learn", "tqdm"} <= core
-    assert extras["all"] == ["mptlml[hf,report,mnist,lm-eval]"]  # every optional feature
+    # every optional feature: every extra but the developers' (test, docs)
+    features = [e for e in extras if e not in ("all", "test", "docs")]
+    assert extras["all"] == [f"mptlml[{','.join(features)}]"]
 
 
 def test_one_version_an_spdx_licence_and_typed():
@@ -240,3 +243,107 @@ def test_the_hf_extra_alone_scores_a_masked_lm(tiny_dir):
     assert out["pll"] == pytest.approx(out["ref"], abs=1e-4)
     assert out["lml"] < 0 and out["choice"] in (0, 1)
     assert out["imported"] == []
+
+
+@pytest.fixture(scope="module")
+def core_cli(tmp_path_factory) -> dict:
+    """``mptlml`` commands in an interpreter without any extra (the core install's CLI).
+
+    Each command runs through :func:`mptlml.cli.main` into its own ``--out`` under a
+    temporary directory; returned: per command, its exit code, stderr, stdout and the
+    files it left.
+    """
+    tmp = tmp_path_factory.mktemp("core-cli")
+    commands = {
+        "demo": ["demo", "--num-masks", "2", "--latent-dim", "3"],
+        "select": ["select", "--data", "digits", "--k-max", "2", "--num-masks", "2",
+                   "--max-masks", "2"],
+        "curve": ["curve", "--model", "antiberty", "--data", "antibodies"],
+        "reproduce": ["reproduce", "convergence", "--quick"],
+        "reproduce-all": ["reproduce", "all", "--quick"],
+        "report": ["report", str(tmp / "demo")],
+    }
+    probe = _BLOCKER.format(blocked=sorted(EXTRAS)) + textwrap.dedent(f"""
+        import contextlib, io, json, os
+        from mptlml.cli import main
+        out = {{}}
+        for name, argv in {commands!r}.items():
+            where = os.path.join({str(tmp)!r}, name)
+            err, std = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+                code = main([*argv, "--out", where] if name != "report" else argv)
+            files = sorted(os.listdir(where)) if os.path.isdir(where) else []
+            out[name] = {{"code": code, "stderr": err.getvalue(), "stdout": std.getvalue(),
+                         "files": files}}
+        out["imported"] = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+        print(json.dumps(out))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"),
+                                                        os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=env, cwd=tmp, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, files", [
+    ("demo", ["curve.csv", "estimates.csv", "results.json"]),
+    ("select", ["results.json", "scores.csv"])])
+def test_the_core_cli_runs_what_needs_no_extra(core_cli, name, files):
+    """demo and select write their numbers without pandas or matplotlib, and say the figure
+    is left out (one warning naming the report extra)."""
+    res = core_cli[name]
+    assert res["code"] == 0, res["stderr"]
+    assert res["files"] == files
+    assert res["stderr"].count('no figures are drawn') == 1
+    assert 'pip install "mptlml[report]"' in res["stderr"]
+    assert "Traceback" not in res["stderr"]
+    assert core_cli["imported"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, extra, what", [
+    ("curve", "hf", "mptlml curve needs transformers"),
+    ("reproduce", "report", "mptlml reproduce convergence needs matplotlib"),
+    ("reproduce-all", "report", "mptlml reproduce convergence needs matplotlib"),
+    ("report", "report", "mptlml report needs jinja2")])
+def test_the_core_cli_refuses_what_needs_an_extra_up_front(core_cli, name, extra, what):
+    """One line naming the command, the package and the extra; exit 2; nothing written."""
+    res = core_cli[name]
+    assert res["code"] == 2
+    line, = res["stderr"].strip().splitlines()
+    assert line.startswith(f"mptlml: error: {what}, which is not installed")
+    assert f'pip install "mptlml[{extra}]"' in line
+    assert res["files"] == [] and res["stdout"] == ""
+
+
+def test_the_csv_of_a_run_needs_no_pandas_and_reads_back_as_pandas_does(tmp_path):
+    """RunDir.write_csv (the standard library's csv) reads back through pandas as written:
+    empty cells for None, NaN and missing keys, quoted commas and quotes, floats exact."""
+    import pandas as pd
+
+    from mptlml.runs.rundir import RunDir
+
+    rows = [{"a": 0.1 + 0.2, "b": None, "c": 'x, "y"', "d": float("nan"), "e": True},
+            {"a": 2, "c": "plain"}]
+    with RunDir(tmp_path / "run", "t") as rd:
+        rd.write_csv("t.csv", rows)
+        text = rd.file("t.csv").read_text()
+        back = pd.read_csv(rd.file("t.csv"))
+    assert text.splitlines() == ["a,b,c,d,e", '0.30000000000000004,,"x, ""y""",,True',
+                                 "2,,plain,,"]
+    assert back["a"].tolist() == [0.1 + 0.2, 2.0] and back["c"].tolist() == ['x, "y"', "plain"]
+
+
+def test_the_readme_and_the_makefile_agree():
+    """make test's worker cap and make demo's steps, as the README says them."""
+    make = (ROOT / "Makefile").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    cap = re.search(r"^test: .*\n\t.*--maxprocesses (\d+)", make, re.MULTILINE)
+    assert cap and f"at most {cap[1]})" in readme.split("make test ")[1].splitlines()[0]
+    demo = re.search(r"^demo: .*\n((?:\t.*\n)+)", make, re.MULTILINE)[1]
+    assert "reproduce antibody" in demo
+    assert "AntiBERTy" in readme.split("make demo ")[1].splitlines()[0]
+    assert '".[all,test,docs]"' in make  # all holds antibody (test_the_extras_hold_...)

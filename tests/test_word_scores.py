@@ -196,11 +196,13 @@ def test_tokens_rows_and_checkpoints(wp, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pll", "pll_whole_word",
                                                           "pll_word_l2r"]
     assert torch.equal(a.total, b.total) and c.unit == "word" and o.words is None
-    rows = a.rows("tiny", ids=["x", "y", "z"])
+    rows = a.to_pandas(ids=["x", "y", "z"]).to_dict("records")
     assert len(rows) == sum(len(t) for t in a.tokens)
-    assert rows[1] == {"model": "tiny", "id": "x", "position": 1, "token": "un",
-                       "log_prob": float(a.log_probs[0][1]), "word": 1}
-    assert set(o.rows("tiny")[0]) == {"model", "id", "position", "token", "log_prob"}
+    assert rows[1] == {"datum": 0, "id": "x", "position": 1, "token": "un",
+                       "log_prob": float(a.log_probs[0][1]), "word": 1, "model": a.model,
+                       "variant": "word_l2r", "unit": "token"}
+    assert list(o.to_pandas()) == ["datum", "position", "token", "log_prob", "model",
+                                   "variant", "unit"]
     with pytest.raises(ValueError, match="no word map"):
         o.word_log_probs()
 
@@ -300,7 +302,8 @@ def test_cli_curve_pll_tokens_csv(wp_dir, tmp_path):
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     rows = list(csv.DictReader((out / "pll_tokens.csv").open()))
     assert [r["token"] for r in rows] == [w for t in TEXTS for w in t.split()]
-    assert set(rows[0]) == {"model", "weights", "id", "position", "token", "log_prob", "word"}
+    assert list(rows[0]) == ["model", "weights", "datum", "id", "position", "token", "log_prob",
+                             "word", "variant", "unit"]  # TokenScores.to_pandas()'s columns
     res = json.loads((out / "results.json").read_text())
     assert res["config"]["whole_word"] is True
     seq = list(csv.DictReader((out / "per_sequence.csv").open()))

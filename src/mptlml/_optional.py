@@ -2,9 +2,11 @@
 
 The core (``pip install mptlml``) estimates, trains and selects dense models with numpy,
 scipy, torch, scikit-learn and tqdm, and runs the ``mptlml`` command (click, filelock).
-Hugging Face masked LMs need the ``hf`` extra, data frames, reports and figures the
-``report`` extra, the lm-evaluation-harness backend (:mod:`mptlml.lm_eval`,
-``mptlml eval``) the ``lm-eval`` extra. Each import of an optional package follows a
+Hugging Face masked LMs need the ``hf`` extra (AntiBERTy the ``antibody`` extra too),
+data frames, reports and figures the ``report`` extra, the lm-evaluation-harness backend
+(:mod:`mptlml.lm_eval`, ``mptlml eval``) the ``lm-eval`` extra. A job of the command
+line declares what it needs (:attr:`mptlml.runs.job.Job.needs`) and is refused up front
+without it. Each import of an optional package follows a
 :func:`require` of it (``tests/test_packaging.py`` checks this), so a user without the
 extra reads what to install instead of a bare ``No module named ...``.
 """
@@ -25,6 +27,7 @@ EXTRAS: dict[str, str] = {
     "jinja2": "report",
     "matplotlib": "report",
     "lm_eval": "lm-eval",
+    "antiberty": "antibody",
 }
 
 

@@ -91,7 +91,13 @@ def progress_bar(iterable: Iterable[Any] | None = None, *, enabled: bool = True,
     enabled : bool
         The caller's wish (its ``progress=`` argument); a disabled bar still
         iterates and accepts ``update``/``set_postfix`` as no-ops.
-    desc, total, leave, **kwargs
+    desc : str, optional
+        Passed to tqdm.
+    total : int, optional
+        Passed to tqdm.
+    leave : bool
+        Passed to tqdm.
+    **kwargs
         Passed to tqdm.
     """
     from tqdm.auto import tqdm

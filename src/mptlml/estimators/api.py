@@ -234,7 +234,7 @@ def estimate_lml(model: Any, x: Any, estimator: str | Estimator = "cumulative", 
         its SE pooled). The result says whether the target was reached
         (``stop_reason``) and what it cost (``num_masked_rows``); see
         :meth:`mptlml.estimators.Estimator.estimate`.
-    allocation : {"neyman", "uniform"}, optional
+    allocation : {None, "neyman", "uniform"}
         With ``target_se``: draws per stratum in proportion to its spread
         (``"neyman"``, the default: fewest masks for the target) or the same
         for every stratum (``"uniform"``).

@@ -412,7 +412,7 @@ class Estimator:
             The Monte Carlo standard error of the mean LML to reach (nats).
         max_masks : int, optional
             With ``target_se``: the most masked inputs per datum, pilot included.
-        allocation : {"neyman", "uniform"}, optional
+        allocation : {None, "neyman", "uniform"}
             With ``target_se`` (default ``"neyman"``).
 
         Returns

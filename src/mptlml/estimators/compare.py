@@ -158,6 +158,12 @@ class Comparison(_Result):
     model: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def plot(self, question: int | None = None, *, ax: Any = None) -> Any:
+        """One question's candidates with their SEs (:func:`~.plots.plot_comparison`); the Axes."""
+        from .plots import plot_comparison
+
+        return plot_comparison(self, question, ax=ax)
+
     def to_pandas(self) -> Any:
         """One row per (question, candidate): score, SE, paired SE to the leader, choice, cost.
 
@@ -310,7 +316,11 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         The draws of question q, round r come from a generator seeded by
         (seed, q, r), or (seed[q], 0, r) with one seed per question (stable
         when questions are split across processes).
-    token_budget, batch_size, progress
+    token_budget : int
+        As for :func:`mptlml.estimate_lml`.
+    batch_size : int, optional
+        As for :func:`mptlml.estimate_lml`.
+    progress : bool
         As for :func:`mptlml.estimate_lml`.
     chunk_size : int
         Candidates whose masks go to the model together (batched under

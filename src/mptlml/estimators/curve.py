@@ -115,7 +115,7 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
         ``extra["masks_per_size"]`` (``"masks_per_rate"``).
     max_masks : int, optional
         With ``target_se``: the most masked inputs per datum, pilot included.
-    allocation : {"neyman", "uniform"}, optional
+    allocation : {None, "neyman", "uniform"}
         With ``target_se`` (default ``"neyman"``).
     progress : bool
         Show a progress bar.

@@ -255,6 +255,21 @@ class MPTCurve(_Result):
             return [int(c) for c in counts]
         return self.num_masks
 
+    def plot(self, ax: Any = None, *, label: str | None = None) -> Any:
+        """Draw the curve: mean S(x; M) against the masking rate, ±1 SE band; returns the Axes.
+
+        The band is ``stderr`` (the spread across data points); the legend gives
+        ``label`` (default: the model's name) and the ``area``. Calling it again
+        with the same ``ax`` adds another curve in a new colour (a label with
+        ``random init`` is drawn dashed in its pair's colour). Needs matplotlib
+        (the ``report`` extra); :func:`mptlml.estimators.plots.plot_curves` draws it.
+        """
+        from .plots import plot_curves
+
+        name = label or self.model or "MPT curve"
+        return plot_curves({f"{name} (area {self.area:.1f})": (
+            self.rates, _numpy(self.mean), _numpy(self.stderr))}, title="MPT curve", ax=ax)
+
     def to_pandas(self, per_sample: bool = False) -> Any:
         """A tidy ``pandas.DataFrame`` of the curve.
 
@@ -328,14 +343,21 @@ class TokenScores:
     def to_pandas(self, ids: Sequence[str] | None = None) -> Any:
         """A tidy ``pandas.DataFrame``: one row per unit (token, or word) of each sequence.
 
-        Columns ``sequence`` (its index), ``position`` (the unit's place among
-        the content units, from 0), ``token`` (the unit's string), ``log_prob``,
-        ``model``, ``variant``, ``unit``; ``word`` for word-level runs and
-        ``id`` when ``ids`` are given. ``log_prob`` summed per sequence is ``total``.
+        Columns, as in the other results' tables: ``datum`` (the sequence's
+        index), ``id`` when ``ids`` are given (one per sequence, as
+        ``MPTCurve.to_pandas(per_sample=True)``'s), ``position`` (the unit's
+        place among the content units, from 0), ``token`` (the unit's string),
+        ``log_prob``, ``word`` (the unit's word, word-level runs), ``model``
+        (the model's name), ``variant`` and ``unit``. ``log_prob`` summed per
+        ``datum`` is ``total``. ``mptlml curve``'s ``pll_tokens.csv`` has these columns.
         """
         require("pandas", "TokenScores.to_pandas()")
         import pandas as pd
 
+        return pd.DataFrame(self._rows(ids))
+
+    def _rows(self, ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """The rows of :meth:`to_pandas` as dicts (a run's CSV, without pandas)."""
         if len(self.tokens) != len(self.log_probs):
             raise ValueError("these scores carry no token strings; run pll(..., per_token=True).")
         names = None if ids is None else [str(i) for i in ids]
@@ -344,15 +366,15 @@ class TokenScores:
         rows = []
         for i, (toks, lp) in enumerate(zip(self.tokens, self.log_probs, strict=True)):
             for j, (t, v) in enumerate(zip(toks, lp, strict=True)):
-                row: dict[str, Any] = {"sequence": i, "position": j, "token": t,
-                                       "log_prob": float(v), "model": self.model,
-                                       "variant": self.variant, "unit": self.unit}
-                if self.words is not None:
-                    row["word"] = int(self.words[i][j])
+                row: dict[str, Any] = {"datum": i}
                 if names is not None:
                     row["id"] = names[i]
+                row |= {"position": j, "token": t, "log_prob": float(v)}
+                if self.words is not None:
+                    row["word"] = int(self.words[i][j])
+                row |= {"model": self.model, "variant": self.variant, "unit": self.unit}
                 rows.append(row)
-        return pd.DataFrame(rows)
+        return rows
 
     def word_log_probs(self) -> list[np.ndarray]:
         """Per-word scores: the sum of each word's units' log-probs ``(W_i,)``."""
@@ -361,24 +383,6 @@ class TokenScores:
                              "or pll(..., variant='word_l2r') for per-word scores.")
         return [np.bincount(w.numpy(), weights=lp, minlength=int(w.max()) + 1)
                 for w, lp in zip(self.words, self.log_probs, strict=True)]
-
-    def rows(self, model: str, ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """Tidy rows (model, id, position, token, log_prob[, word]) for a CSV.
-
-        ``position`` counts content units from 0 (special tokens excluded);
-        ``word`` (word-level runs) is the unit's word number.
-        """
-        names = list(ids) if ids is not None else [str(i) for i in range(len(self.tokens))]
-        out = []
-        for i, (sid, toks, lp) in enumerate(zip(names, self.tokens, self.log_probs,
-                                                strict=True)):
-            for j, (t, v) in enumerate(zip(toks, lp, strict=True)):
-                row = {"model": model, "id": sid, "position": j, "token": t,
-                       "log_prob": float(v)}
-                if self.words is not None:
-                    row["word"] = int(self.words[i][j])
-                out.append(row)
-        return out
 
 
 def as_float64(a: Any) -> torch.Tensor:

@@ -11,9 +11,10 @@ The job :data:`JOB` (:class:`CurveConfig`, :func:`load_curve`,
 - ``per_sequence.csv``: model, weights, id, D_i, LML estimate D_i * mean_k S_ik
   (and the exact cumulative sum when computed), PLL when computed; with
   contexts (a conditional curve, log p(x_T | x_C)), a ``context`` column;
-- ``pll_tokens.csv`` (with the PLL, unconditional runs): model, weights, id,
-  position, token, log_prob per token (per word with whole-word masking; a
-  ``word`` column for word-level runs);
+- ``pll_tokens.csv`` (with the PLL, unconditional runs): model, weights and the
+  columns of :meth:`~mptlml.estimators.results.TokenScores.to_pandas` (datum,
+  id, position, token, log_prob, word for word-level runs, variant, unit), one
+  row per token (per word with whole-word masking);
 - ``mpt_curve.png/.pdf``: the curves with +-1 standard error bands;
 - ``checkpoint/``: finished chunks, so an interrupted run resumes (``--resume``);
   listed in results.json's ``files``.
@@ -33,7 +34,6 @@ world size.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -41,20 +41,20 @@ from typing import Any
 
 import numpy as np
 
-from .._optional import require
 from .._scoring.distributed import distributed_context, resolve_device
 from ..estimators import MPTCurve, mpt_curve, pll
+from ..estimators.plots import plot_curves
 from ..estimators.rates import check_rates, rate_grid, rate_widths
 from ..models.conditional import with_context
 from ..models.masked_lm import MaskedLM
 from ..runs.config import RunConfig, setting
 from ..runs.job import Job
-from ..runs.output import pyplot
+from ..runs.output import can_draw, pyplot
 from ..runs.rundir import RunDir
 
 __all__ = ["DEVICE_SETTINGS", "JOB", "CurveConfig", "CurveInputs", "MLMRunConfig",
            "curve_summary",
-           "load_curve", "load_model", "parse_rates", "plot_paired_curves", "run_curve",
+           "load_curve", "load_model", "parse_rates", "run_curve",
            "score_models", "write_curves", "write_pll_tokens"]
 
 _log = logging.getLogger(__name__)
@@ -257,12 +257,14 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
         if p is not None:
             summary[label]["mean_pll"] = float(p.mean())
         drawn[f"{label} (area {res.area:.1f})"] = (res.rates, res.mean.numpy(), res.stderr.numpy())
-    fig = plot_paired_curves(drawn, reference=reference, title=title, baseline=baseline)
     run_dir.write_csv("curve.csv", curve_rows)
     cols = sorted({k for r in seq_rows for k in r}, key=lambda k: list(seq_rows[0]).index(k)
                   if k in seq_rows[0] else 99)
     run_dir.write_csv("per_sequence.csv", seq_rows, columns=cols)
-    run_dir.save_figure(fig, "mpt_curve")
+    if can_draw():  # else run_job said up front that the figure is left out
+        fig, ax = pyplot().subplots(figsize=(7.6, 4.2))
+        plot_curves(drawn, reference=reference, title=title, baseline=baseline, ax=ax)
+        run_dir.save_figure(fig, "mpt_curve")
     return summary
 
 
@@ -272,7 +274,8 @@ def write_pll_tokens(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]],
     rows = [{"model": _model_name(e["curve"].model), "weights": label,
              **{k: v for k, v in r.items() if k != "model"}}
             for label, e in scored.items() if "pll_tokens" in e
-            for r in e["pll_tokens"].rows(label, ids)]
+            for r in e["pll_tokens"]._rows(  # TokenScores.to_pandas()'s columns
+                ids or [str(i) for i in range(len(e["pll_tokens"].tokens))])]
     if rows:
         run_dir.write_csv("pll_tokens.csv", rows, columns=list(rows[0]))
 
@@ -280,81 +283,6 @@ def write_pll_tokens(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]],
 def _model_name(name: str | None) -> str | None:
     """A model's name without the ``" | context"`` of its conditional view."""
     return None if name is None else name.removesuffix(" | context")
-
-
-def _pair_key(label: str) -> tuple[str, bool]:
-    """``(group, random)`` of a curve label: one colour per group, dashed for random init.
-
-    ``"cola-pretrained (area ...)"``, ``"cola random-init"`` and
-    ``"random_init"`` give ``("cola", False)``, ``("cola", True)`` and ``("", True)``.
-    """
-    low = label.split(" (")[0].strip().lower()
-    rnd = "random" in low
-    group = re.sub(r"[-_ ]*(pre-?trained|random[-_ ]?init(ialis|ializ)?(ation|ed)?)$", "", low)
-    return group.strip(" -_"), rnd
-
-
-def _display_label(label: str) -> str:
-    """A curve label as a legend shows it: ``"random_init"`` -> ``"random init"``."""
-    out = re.sub(r"random[-_ ]init", "random init", label)
-    out = re.sub(r"\bpretrained", "pre-trained", out)
-    return re.sub(r"-(pre-trained|random init)", r" \1", out)
-
-
-def plot_paired_curves(curves: Mapping[str, tuple[np.ndarray, np.ndarray, Any]], *,
-                       reference: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
-                       title: str = "MPT curve",
-                       baseline: tuple[float, str] | None = None) -> Any:
-    """MPT curves with each group's pre-trained and random-init curves paired.
-
-    One colour per group (e.g. a GLUE task); pre-trained solid, random init
-    dashed; ``curves`` values are ``(rates, mean, stderr or None)`` (stderr as a
-    band), ``reference`` curves are drawn thin in their group's colour. The
-    legend sits beside the axes, so it never covers a curve. Returns the figure.
-    """
-    require("matplotlib", "a run's figures")
-    from matplotlib.lines import Line2D
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.6, 4.2))
-    groups: dict[str, str] = {}
-
-    def colour(label: str) -> tuple[str, str]:
-        g, rnd = _pair_key(label)
-        groups.setdefault(g, f"C{len(groups) % 10}")
-        return groups[g], "--" if rnd else "-"
-
-    for label, (r, c, se) in curves.items():
-        col, ls = colour(label)
-        ax.plot(r, c, ls, color=col, lw=1.6)
-        if se is not None:
-            band = np.nan_to_num(np.asarray(se, dtype=float))
-            ax.fill_between(r, np.asarray(c) - band, np.asarray(c) + band, alpha=0.2, color=col)
-    for label, (r, c) in (reference or {}).items():
-        col, ls = colour(label)
-        ax.plot(r, c, ls, color=col, lw=0.9, alpha=0.55 if curves else 1.0)
-    if baseline is not None:
-        ax.axhline(baseline[0], color="grey", ls=":", lw=1)
-    handles = [Line2D([], [], color=col, lw=2, label=g.upper() if len(g) <= 5 else g)
-               for g, col in groups.items() if g]
-    areas = [label for label in curves if "(area" in label]
-    if len(groups) > 1 or not areas or reference:  # one group with areas: its entries say it
-        handles += [Line2D([], [], color="k", ls="-", lw=1.6, label="pre-trained"),
-                    Line2D([], [], color="k", ls="--", lw=1.6, label="random init")]
-    if curves and reference:
-        handles.append(Line2D([], [], color="k", lw=0.9, alpha=0.55, label="authors' curves"))
-    # each curve's area beside the line it labels (colour and style of that curve)
-    handles += [Line2D([], [], color=colour(label)[0], ls=colour(label)[1], lw=1.6,
-                       label=_display_label(label)) for label in areas]
-    if baseline is not None:
-        handles.append(Line2D([], [], color="grey", ls=":", lw=1, label=baseline[1]))
-    ax.set_xlabel("masking rate")
-    ax.set_ylabel("mean log-prob of masked tokens (nats)")
-    ax.set_title(title)
-    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-              frameon=False)
-    fig.tight_layout()
-    return fig
 
 
 def load_model(model: str, cfg: MLMRunConfig, *, random_init: bool = False,
@@ -501,7 +429,8 @@ def curve_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 JOB = Job(config=CurveConfig, load=load_curve, run=run_curve, summary=curve_summary,
-          resumable=True, help="MPT curve of any Hugging Face masked LM on texts",
+          resumable=True, needs=("transformers",), figures=True,
+          help="MPT curve of any Hugging Face masked LM on texts",
           description="MPT curve (mean log-prob of masked tokens vs masking rate), its area and "
                       "per-sequence LML estimates. Runs under torchrun / accelerate launch for "
                       "data-parallel scoring.")

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..runs.config import RunConfig, setting
 from ..runs.job import Job
-from ..runs.output import print_table, pyplot
+from ..runs.output import can_draw, print_table, pyplot
 from ..runs.rundir import RunDir
 from ..selection import (
     BUILTIN_DATASETS,
@@ -143,8 +143,9 @@ def run_selection(cfg: SelectConfig, run: RunDir, inputs: SelectInputs) -> dict[
                 else "  (the largest K searched)" if k == cfg.k_max and cfg.k_max > 1 else "")
         print(f"{crit}: K = {k}{edge}")  # the answer of the command, on stdout beside the table
     run.write_csv("scores.csv", rows)
-    plot_scores(res, desc, run)
-    _log.info("files: results.json, scores.csv, scores.png/.pdf")
+    if can_draw():  # else run_job said up front that the figure is left out
+        plot_scores(res, desc, run)
+    _log.info("files: results.json, scores.csv" + (", scores.png/.pdf" if can_draw() else ""))
     return {"data_description": desc, "standardised": std, **res.to_dict(), "warnings": warned}
 
 
@@ -173,7 +174,7 @@ def plot_scores(res: SelectionResult, desc: str, run: RunDir, stem: str = "score
     run.save_figure(fig, stem)
 
 
-JOB = Job(config=SelectConfig, load=load_selection, run=run_selection,
+JOB = Job(config=SelectConfig, load=load_selection, run=run_selection, figures=True,
           help="choose a latent dimension K by held-out MPT",
           description="Choose the latent dimension K of PPCA (or of the Bernoulli latent linear "
                       "model, K <= 3) by the held-out log-marginal likelihood estimated with MPT, "

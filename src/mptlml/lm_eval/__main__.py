@@ -2,6 +2,6 @@
 
 import sys
 
-from . import main
+from .command import run
 
-sys.exit(main())
+sys.exit(run())

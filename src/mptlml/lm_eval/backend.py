@@ -33,6 +33,7 @@ number whatever other documents are in the run.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -62,8 +63,9 @@ from .._scoring.distributed import (
 from .._validation import check_positive_int
 from ..models import MaskedLM
 from ..models.sequence_input import encode_with_context, tokenize
+from ..models.tokenizer_checks import MAX_UNKNOWN_FRACTION
 from .greedy import greedy_reproduces
-from .records import RecordLog, summary_lines
+from .records import RecordLog, check_log_path, summary_lines
 
 try:
     from lm_eval.api.model import LM
@@ -129,6 +131,25 @@ def _flag(value: Any, name: str) -> bool:
     if isinstance(value, bool):
         return value
     raise TypeError(f"model_args {name} must be true or false, got {value!r}.")
+
+
+def _check_unknown(model: MaskedLM, ids: list[torch.Tensor], where: list[str]) -> None:
+    """The unknown-token check of each text that is a decision (a candidate, a document).
+
+    The fraction is each text's own, not pooled over the run: one all-unknown choice
+    among many good texts is refused, naming its task, document and choice.
+    """
+    unk = getattr(model.tokenizer, "unk_token_id", None)
+    if unk is None or model.allow_unknown:
+        return
+    for t, w in zip(ids, where, strict=True):
+        n = int((t == unk).sum())
+        if n and n / len(t) > MAX_UNKNOWN_FRACTION:
+            raise ValueError(
+                f"{w}: {n} of its {len(t)} tokens map to the unknown token "
+                f"{model.tokenizer.unk_token} (more than {100 * MAX_UNKNOWN_FRACTION:g}%): it "
+                "would be scored as unknown tokens, not as its text. Check the task's data and "
+                "the tokenizer, or pass model_args allow_unknown=true to score it anyway.")
 
 
 class _Unbounded:
@@ -223,11 +244,20 @@ class MPTLM(LM):
         if num_masks is not None and num_masks % 2:
             raise ValueError(f"model_args num_masks must be even (mptlml.compare draws two "
                              f"masks per rate stratum), got {num_masks}.")
+        first = num_masks if num_masks is not None else inspect.signature(
+            mptlml.compare).parameters["num_masks"].default
+        if max_masks is not None and max_masks < first:
+            given = "" if num_masks is not None else ", mptlml.compare's default"
+            raise ValueError(f"model_args max_masks={max_masks} is below the first round's "
+                             f"num_masks={first}{given}: raise max_masks to at least {first}, "
+                             f"or pass model_args num_masks=N (even, at most {max_masks}).")
         if target_se is not None and not (isinstance(target_se, int | float)
                                           and not isinstance(target_se, bool)
                                           and math.isfinite(target_se) and target_se > 0):
             raise ValueError(f"model_args target_se must be a positive number (nats), got "
                              f"{target_se!r}.")
+        if mc_log is not None:
+            check_log_path(Path(mc_log))  # before the model is loaded
         self.greedy = _flag(greedy, "greedy")
         self.decide = _flag(decide, "decide")
         self.progress = _flag(progress, "progress")
@@ -383,6 +413,8 @@ class MPTLM(LM):
     def _score_pairs(self, keys: list[_Key]) -> dict[_Key, dict[str, Any]]:
         """Records of (context, continuation) requests: one question per document and context."""
         ctx_ids, cont_ids = self._pair_ids(keys)
+        _check_unknown(self.model, cont_ids, [f"task {k.task!r}, document {k.doc_id}, choice "
+                                              f"{k.idx} ({k.args[1]!r})" for k in keys])
         limit = self.model.max_content_length
         groups: dict[tuple[str, int, str], list[int]] = defaultdict(list)
         for i, k in enumerate(keys):
@@ -473,6 +505,13 @@ class MPTLM(LM):
             return []
         everyone = self._everyone(keys)
         ids = _Unbounded(self.model).encode([k.args[0] for k in everyone]) if everyone else []
+        for k, t in zip(everyone, ids, strict=True):
+            if not len(t):  # lm-eval's perplexity would count it as one word of probability 1
+                raise ValueError(f"task {k.task!r}, document {k.doc_id}: the text is empty (no "
+                                 "token); a perplexity task scores texts: remove the empty "
+                                 "document from the task's data.")
+        _check_unknown(self.model, ids, [f"task {k.task!r}, document {k.doc_id}"
+                                         for k in everyone])
         limit = self.model.max_content_length
         spans = [_windows(len(t), limit) for t in ids]
         targets = [[t[s:e].tolist()] for t, sp in zip(ids, spans, strict=True) for _, s, e in sp]
@@ -483,8 +522,14 @@ class MPTLM(LM):
         exact = np.zeros(0, dtype=bool)
         stops: list[str] = []
         if targets:
-            cmp = mptlml.compare(self.model, contexts, targets, seed=seeds,
-                                 **self._compare_options())
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always", RuntimeWarning)
+                cmp = mptlml.compare(self.model, contexts, targets, seed=seeds,
+                                     **self._compare_options())
+            for w in said:  # compare's words for its inputs: here windows of texts, no question
+                text = re.sub(r"\bquestions\b", "text windows",
+                              re.sub(r"\bquestion\b", "text window", str(w.message)))
+                warnings.warn(text, w.category, stacklevel=2)
             ll = np.array([float(v[0]) for v in cmp.scores])
             se = np.array([float(v[0]) for v in cmp.stderr])
             rows = np.array(cmp.num_masked_rows, dtype=np.int64)

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from .._optional import require
 from .._scoring.distributed import shutdown_distributed
+from .._validation import check_device
 from .backend import _LOADING, _SETTINGS, MPTLM
 
-__all__ = ["HELP", "main"]
+__all__ = ["HELP", "check_device_flag", "main", "run"]
 
 
 def _names(names: tuple[str, ...]) -> str:
@@ -40,8 +41,9 @@ loading (MaskedLM.from_pretrained) and placement:
 {_names(("device", *_LOADING))}
 
 Example:
-  mptlml eval run --model mptlml --model_args pretrained=DIR,decide=true \\
+  mptlml eval --model mptlml --model_args pretrained=DIR,decide=true \\
       --tasks TASK --include_path TASKS_DIR --output_path OUT
+(lm-eval's `run` is implied: `mptlml eval run --model ...` is the same).
 
 Each request's Monte Carlo record goes to OUT/mptlml_monte_carlo_<date>.jsonl.
 lm-eval's own help follows.
@@ -62,6 +64,23 @@ def output_dir(argv: list[str]) -> Path | None:
     return p.parent if p.suffix == ".json" else p
 
 
+def check_device_flag(argv: list[str]) -> None:
+    """A ``--device`` given on the command line must exist here (before any work).
+
+    lm-eval's own default (``cuda:0``, not given) falls back to the CPU where CUDA
+    is not available; a device the user asked for is an error instead, naming it.
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--device", default=None)
+    known, _ = parser.parse_known_args(argv)
+    if known.device is not None:
+        try:
+            check_device(known.device)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"--device {known.device}: {exc} Pass --device cpu, or leave it "
+                             "out (then a GPU when there is one, else the CPU).") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run lm-eval's command line on ``argv`` (default ``sys.argv[1:]``); 0 when it finishes.
 
@@ -73,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args or any(a in ("-h", "--help") for a in args):
         print(HELP)
+    check_device_flag(args)
     out = output_dir(args)
     saved = sys.argv
     MPTLM.default_mc_dir = None if out is None else str(out)
@@ -84,3 +104,13 @@ def main(argv: list[str] | None = None) -> int:
         MPTLM.default_mc_dir = None
         shutdown_distributed()
     return 0
+
+
+def run(argv: list[str] | None = None) -> int:
+    """``python -m mptlml.lm_eval``: :func:`main`, a bad argument said in one line, as
+    ``mptlml eval`` says it (``mptlml eval: error: ...``, exit code 2)."""
+    try:
+        return main(argv)
+    except (ValueError, TypeError, OSError, ModuleNotFoundError) as exc:
+        print(f"mptlml eval: error: {exc}", file=sys.stderr)
+        return 2

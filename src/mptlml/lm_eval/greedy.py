@@ -39,8 +39,10 @@ def greedy_reproduces(model: MaskedLM, ids: Sequence[torch.Tensor], num_context:
         Content ids ``(C_i + T_i,)`` of each context + continuation (no special tokens).
     num_context : list of int
         C_i, the leading ids of each that are the context (always visible).
-    token_budget, batch_size : int
-        Padded tokens (and inputs, optional) of one forward pass.
+    token_budget : int
+        Padded tokens of one forward pass.
+    batch_size : int, optional
+        Most inputs of one forward pass (None: as many as ``token_budget`` allows).
 
     Returns
     -------

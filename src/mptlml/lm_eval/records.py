@@ -63,7 +63,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RecordLog", "summarize", "summary_lines"]
+__all__ = ["RecordLog", "check_log_path", "summarize", "summary_lines"]
 
 def _phi(z: float) -> float:
     """Standard normal CDF."""
@@ -175,6 +175,22 @@ def summary_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def check_log_path(path: Path | None) -> None:
+    """Refuse a Monte Carlo log that could not be written, naming ``mc_log`` (nothing made)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ValueError(f"model_args mc_log={path} is a directory; pass the path of a "
+                         "JSON-lines file (or leave it out: --output_path's directory).")
+    where = path.parent
+    while not where.exists() and where != where.parent:  # made on the first write
+        where = where.parent
+    if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK) or (
+            path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"model_args mc_log={path} cannot be written ({where} is not a "
+                         "writable directory); pass a path in a writable directory.")
+
+
 class RecordLog:
     """The records of a run, kept in memory and (on the main process) written as JSON lines.
 
@@ -189,6 +205,8 @@ class RecordLog:
     def __init__(self, path: str | os.PathLike | None, *, write: bool = True) -> None:
         self.path = None if path is None else Path(path)
         self.write = bool(write) and self.path is not None
+        if self.write:
+            check_log_path(self.path)  # before any request is scored
         self.records: list[dict[str, Any]] = []
         self._started = False
 

@@ -167,7 +167,13 @@ def position_limit(model: Any) -> int | None:
         pad = emb.padding_idx
         return int(emb.num_embeddings) - (0 if pad is None else int(pad) + 1)
     pmax = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    return int(pmax) if isinstance(pmax, int) and pmax > 0 else None
+    if isinstance(pmax, int) and pmax > 0:
+        return int(pmax)
+    # a module of one's own: a learned position table by its name (pos, position_embedding, wpe)
+    tables = [m.num_embeddings for name, m in model.named_modules()
+              if isinstance(m, nn.Embedding) and re.search(
+                  r"(^|[._])(pos|positions?|pos_emb\w*|position_emb\w*|wpe)$", name)]
+    return int(min(tables)) if tables else None
 
 
 def max_input_length(model: Any, tokenizer: Any) -> int:

@@ -136,6 +136,10 @@ class MaskedLM(nn.Module):
         if autocast not in (None, True, False) and dtype_name(autocast) not in _AUTOCAST:
             raise ValueError(f"autocast must be None, True, False, 'bfloat16' or 'float16'; "
                              f"got {autocast!r}.")
+        if tokenizer is None:
+            raise TypeError("tokenizer is None: MaskedLM needs the model's tokenizer (its "
+                            "special tokens, padding and unknown token; texts are tokenized by "
+                            "it); pass it, or load both with MaskedLM.from_pretrained(DIR).")
         config = getattr(model, "config", None)
         #: an HF masked LM with its own tokenizer's mask token, or a plain module + mask id
         self.generic = mask_token_id is not None or config is None
@@ -203,8 +207,10 @@ class MaskedLM(nn.Module):
         dtype : torch.dtype or str, optional
             Parameter dtype (``torch_dtype=`` is accepted too; ``"auto"``: the
             checkpoint's). None: transformers' default.
-        random_init, init_seed : bool, int
-            Random weights of the same config, seeded.
+        random_init : bool
+            Random weights of the same config.
+        init_seed : int
+            The seed of those random weights.
         mask_token_id : int, optional
             The id the model reads as masked, for a masked-diffusion LM whose
             tokenizer has no mask token (LLaDA: 126336). With it, a checkpoint
@@ -214,7 +220,17 @@ class MaskedLM(nn.Module):
         add_special_tokens : bool
             Frame every input with the tokenizer's special tokens ([CLS] ...
             [SEP]); False for models trained on bare token ids.
-        corruption, truncate, preprocess, name, allow_unknown, autocast
+        corruption : str
+            As for :class:`MaskedLM`.
+        truncate : bool
+            As for :class:`MaskedLM`.
+        preprocess : callable, optional
+            As for :class:`MaskedLM`.
+        name : str, optional
+            As for :class:`MaskedLM`.
+        allow_unknown : bool
+            As for :class:`MaskedLM`.
+        autocast : bool or str, optional
             As for :class:`MaskedLM`.
         **hf_kwargs
             Everything else goes to ``AutoModelForMaskedLM.from_pretrained``
@@ -373,8 +389,15 @@ class MaskedLM(nn.Module):
                 logits = self._head(hidden[rows, cols])
             else:
                 extra = {"attention_mask": attention_mask} if self._takes_attention_mask else {}
-                logits = logits_of(self.model(input_ids=input_ids, **extra),
-                                   self.name)[rows, cols]
+                try:
+                    out = self.model(input_ids=input_ids, **extra)
+                except IndexError as exc:  # e.g. a position table shorter than the input
+                    raise ValueError(
+                        f"{self.name} failed on input_ids of shape {tuple(input_ids.shape)} "
+                        f"(IndexError: {exc}): a table of the model (its positions?) is shorter "
+                        f"than these inputs of {input_ids.shape[1]} tokens. Pass shorter texts, "
+                        "or truncate=True with a model that states its length.") from exc
+                logits = logits_of(out, self.name, input_ids.shape)[rows, cols]
             return logits if logits.dtype == torch.float64 else logits.float()
 
     def masked_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -88,8 +88,14 @@ def accepts_keyword(module: nn.Module, name: str) -> bool:
                                  for p in params.values())
 
 
-def logits_of(output: Any, name: str = "the model") -> torch.Tensor:
-    """The logits ``(B, T, V)`` in a forward's output: a tensor, ``.logits`` or a tuple's first."""
+def logits_of(output: Any, name: str = "the model",
+              input_shape: tuple[int, ...] | torch.Size | None = None) -> torch.Tensor:
+    """The logits ``(B, T, V)`` in a forward's output: a tensor, ``.logits`` or a tuple's first.
+
+    Refused: logits that are not floating point (rounded or cast logits would be
+    scored as other numbers), and, given the ``(B, T)`` shape of the input, logits
+    whose first two dimensions are not ``(B, T)`` (e.g. ``(T, B, V)``).
+    """
     if isinstance(output, torch.Tensor):
         logits = output
     elif isinstance(getattr(output, "logits", None), torch.Tensor):
@@ -104,6 +110,17 @@ def logits_of(output: Any, name: str = "the model") -> torch.Tensor:
     if logits.ndim != 3:
         raise ValueError(f"{name} returned logits of shape {tuple(logits.shape)}; MaskedLM "
                          "needs (batch, length, vocabulary).")
+    if not logits.is_floating_point():
+        raise TypeError(f"{name} returned logits of dtype {logits.dtype}; MaskedLM scores the "
+                        "log-softmax of floating-point logits: return the model's own float "
+                        "logits (not rounded or cast to integers).")
+    if input_shape is not None and tuple(logits.shape[:2]) != tuple(input_shape):
+        b, t = tuple(input_shape)
+        hint = (" (length, batch, vocabulary): transpose them to (batch, length, vocabulary)"
+                if tuple(logits.shape[:2]) == (t, b) else "")
+        raise ValueError(f"{name} returned logits of shape {tuple(logits.shape)} for input_ids "
+                         f"of shape ({b}, {t}){hint}; MaskedLM needs logits (batch, length, "
+                         "vocabulary), one row per input position.")
     return logits
 
 

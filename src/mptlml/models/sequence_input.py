@@ -185,6 +185,14 @@ def tokenize(sequences: Any, tokenizer: Any, *, vocab_size: int,
             j = int(hit.nonzero()[0, 0])
             name = tokenizer.convert_ids_to_tokens(int(t[j]))
             where = f"sequence {i} ({_show(seqs[i])})" if from_text else f"sequence {i}"
+            special = {int(s) for s in tokenizer.all_special_ids}
+            if int(t[j]) in {int(f) for f in forbidden_ids} and int(t[j]) not in special:
+                raise ValueError(
+                    f"{where} contains {name!r} (id {int(t[j])}) at content position {j}, the "
+                    f"id given as mask_token_id={int(t[j])}: the model reads it as masked, so "
+                    "no text may contain it. If it is a word of your texts, mask_token_id is "
+                    "wrong: pass the id the model was trained to read as masked (a special "
+                    "token, e.g. tokenizer.mask_token_id; LLaDA's 126336).")
             raise ValueError(
                 f"{where} contains the special token {name!r} (id {int(t[j])}) at content "
                 f"position {j}: special tokens are not content and are never scored. Remove it "
@@ -243,6 +251,10 @@ def encode_with_context(model: Any, contexts: Any, continuations: Any
     conts = normalise_sequences(continuations)
     if isinstance(contexts, str | bytes):
         contexts = [contexts] * len(conts)
+    if not isinstance(contexts, Sequence) and not isinstance(contexts, torch.Tensor):
+        raise TypeError(f"context must be a text (one context for every continuation) or a "
+                        f"list with one context (text or token ids) per continuation; got "
+                        f"{type(contexts).__name__} {_show(contexts)}.")
     ctxs = list(contexts)
     if len(ctxs) != len(conts):
         raise ValueError(f"{len(ctxs)} contexts for {len(conts)} continuations: pass one "
@@ -259,7 +271,12 @@ def encode_with_context(model: Any, contexts: Any, continuations: Any
         nonempty = [i for i, c in enumerate(ctxs) if c.strip()]
         ctx_ids = dict(zip(nonempty, model.encode([ctxs[i] for i in nonempty]) if nonempty
                            else [], strict=True))
-        full = model.encode([c + x for c, x in zip(ctxs, conts, strict=True)])
+        joined = [c + x for c, x in zip(ctxs, conts, strict=True)]
+        try:
+            full = model.encode(joined)
+        except ValueError:
+            _blame_the_join(model, ctxs, conts)  # the parts alone encode: the join is at fault
+            raise
     else:
         nonempty = [i for i, c in enumerate(ctxs) if len(c)]
         ctx_ids = dict(zip(nonempty, model.encode([ctxs[i] for i in nonempty]) if nonempty
@@ -281,7 +298,51 @@ def encode_with_context(model: Any, contexts: Any, continuations: Any
                           f"{n} tokens visible, the other {len(t) - n} scored).",
                           ContextBoundaryWarning, stacklevel=3)
         num_context.append(n)
+    if from_text:
+        _warn_completed_words(model, joined, full, num_context)
     return full, num_context
+
+
+def _blame_the_join(model: Any, contexts: list[str], continuations: list[str]) -> None:
+    """Raise naming the first pair whose joined text fails to encode though its parts do."""
+    for i, (c, x) in enumerate(zip(contexts, continuations, strict=True)):
+        if not c.strip():
+            continue
+        try:
+            model.encode([c + x])
+        except ValueError:
+            try:
+                model.encode([c])
+                model.encode([x])
+            except ValueError:
+                return  # a part fails alone: the error is the part's, not the join's
+            space = (" Start the continuation with a space (" + repr(" " + x) + ") or end the "
+                     "context with one, where a new word begins."
+                     if c[-1:].isalnum() and x[:1].isalnum() else "")
+            raise ValueError(
+                f"pair {i}: the context {_show(c)} and the continuation {_show(x)} are joined "
+                f"as written, {_show(c + x)}, and that joined text is refused although each "
+                f"part alone is not (the join makes a word the tokenizer does not know).{space}"
+            ) from None
+
+
+def _warn_completed_words(model: Any, joined: list[str], full: list[torch.Tensor],
+                          num_context: list[int]) -> None:
+    """ContextBoundaryWarning where a continuation's first token continues the context's
+    last word (one word across the join), read from the model's words when it has them."""
+    if not hasattr(model, "encode_words"):
+        return
+    try:
+        ids, words, texts = model.encode_words(joined)
+    except (TypeError, ValueError):  # no word boundaries (a slow tokenizer): nothing to say
+        return
+    for i, (t, n) in enumerate(zip(full, num_context, strict=True)):
+        if 0 < n < len(t) and len(words[i]) == len(t) and int(words[i][n]) == int(words[i][n - 1]):
+            word = texts[i][int(words[i][n])]
+            warnings.warn(f"pair {i}: the continuation's first token continues the context's "
+                          f"last word ({word!r} spans the join): the continuation completes a "
+                          "word the context began. If a new word was meant, start the "
+                          "continuation with a space.", ContextBoundaryWarning, stacklevel=4)
 
 
 def check_content(ids: list[torch.Tensor], *, max_length: int, frame: int, truncate: bool,
@@ -299,8 +360,10 @@ def check_content(ids: list[torch.Tensor], *, max_length: int, frame: int, trunc
             if not truncate:
                 raise ValueError(
                     f"sequence {i} has {t.numel()} tokens, more than the model's maximum of "
-                    f"{max_length} (+{frame} special tokens). Shorten it, or pass "
-                    "truncate=True (--truncate) to cut it."
+                    f"{max_length} (+{frame} special tokens). Shorten it, or load the model "
+                    "with truncate=True to cut it (MaskedLM.from_pretrained(..., "
+                    "truncate=True) or MaskedLM(..., truncate=True); --truncate on the "
+                    "command line)."
                 )
             out[i] = t[:max_length]
     check_unknown_tokens(out, unk_id, unk_token, allow_unknown=allow_unknown)

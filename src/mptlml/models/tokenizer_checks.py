@@ -173,6 +173,11 @@ def check_module_vocab(model: Any, tokenizer: Any, *, mask_token_id: int | None,
         When no mask id is known, it lies outside the vocabulary, or the
         tokenizer has ids the model cannot score.
     """
+    if isinstance(model, torch.nn.Module) and next(model.parameters(), None) is None:
+        raise TypeError(
+            f"model {type(model).__name__} has no parameters: MaskedLM places its inputs on the "
+            "device of the module's parameters and reads their dtype. Register the weights as "
+            "parameters (nn.Parameter, or a submodule that holds them).")
     if mask_token_id is None:
         mask_token_id = getattr(tokenizer, "mask_token_id", None)
         if mask_token_id is None:

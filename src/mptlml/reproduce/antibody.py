@@ -111,6 +111,7 @@ def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
 
 
 PART = Part(
+    needs=("matplotlib", "transformers", "antiberty"),
     title="Beyond the paper: AntiBERTy pre-trained vs random initialisation (offline)",
     paper=(
         "Not in the paper; the same analysis as Table 2 on a real pre-trained antibody masked "

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_text, jsonable
+from .._optional import require
 from ..runs.config import apply_overrides, execution_settings, parse_setting
-from ..runs.job import run_job
+from ..runs.job import check_needs, run_job
 from ..runs.rundir import load_results, locked
 from .parts import PARTS, get_part
 
@@ -35,6 +36,7 @@ _log = logging.getLogger(__name__)
 def run_part(name: str, out: str | Path, *, quick: bool = False, overwrite: bool = False,
              overrides: dict[str, Any] | None = None, resume: bool = False) -> dict[str, Any]:
     """Run one part into ``out`` (:func:`~mptlml.runs.job.run_job`) and return its results.json."""
+    check_needs(f"reproduce {name}", get_part(name))  # a missing extra before anything
     cfg = part_config(name, quick=quick, overrides=overrides)
     return run_job(name, get_part(name), cfg, out, overwrite=overwrite, resume=resume,
                    extra={"quick": quick})
@@ -73,7 +75,11 @@ def run_all(out: str | Path, *, quick: bool = False, overwrite: bool = False,
         :func:`mptlml.report.build_report` (what ``mptlml reproduce all`` passes),
         to write ``report.html``/``report.md`` beside the parts.
     """
-    out = Path(out)
+    out, names = Path(out), only or list(PARTS)
+    for name in names:  # a missing extra is refused before any part runs
+        check_needs(f"reproduce {name}", get_part(name))
+    if build_report is not None:
+        require("jinja2", "the report of mptlml reproduce all")
     with locked(out):
         if out.is_dir() and any(out.iterdir()) and not (overwrite or resume):
             raise ValueError(
@@ -81,7 +87,7 @@ def run_all(out: str | Path, *, quick: bool = False, overwrite: bool = False,
                 "it, --resume to keep finished parts, or choose another --out."
             )
         out.mkdir(parents=True, exist_ok=True)
-        return _run_parts(out, only or list(PARTS), quick=quick, resume=resume,
+        return _run_parts(out, names, quick=quick, resume=resume,
                           overrides=overrides or {}, build_report=build_report)
 
 

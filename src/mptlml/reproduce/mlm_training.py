@@ -547,6 +547,7 @@ def claims(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 PART = Part(
+    needs=("matplotlib", "transformers"),
     title="Beyond the paper: training a masked LM by MPT with every mask size (Sec. 5 outlook)",
     paper=(
         "Sec. 5 recommends uniformly sampling the mask size instead of BERT's fixed 15% rate, "

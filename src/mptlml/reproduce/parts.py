@@ -43,6 +43,9 @@ class Part(Job):
         What each figure plots, its setting and the paper's figure it matches.
     tables : callable ``results -> list of dict``, optional
         Extra tables of the report (``title``, ``rows``, ``caption``).
+    needs : tuple of str
+        As for every job; a part draws the figures of its report section, so
+        matplotlib by default, and ``transformers`` (``antiberty``) for a masked LM's part.
     """
 
     title: str
@@ -50,6 +53,7 @@ class Part(Job):
     claims: Callable[[dict[str, Any]], list[dict[str, Any]]]
     captions: Callable[[dict[str, Any], dict[str, Any]], dict[str, str]] | None = None
     tables: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None
+    needs: tuple[str, ...] = ("matplotlib",)
 
 
 #: ``mptlml reproduce NAME`` -> the module (in this package) whose ``PART`` it runs, in the

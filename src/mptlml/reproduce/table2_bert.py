@@ -26,17 +26,18 @@ from typing import Any
 import numpy as np
 
 from .._scoring.distributed import resolve_device
+from ..estimators.plots import plot_curves
 from ..estimators.rates import mpt_area
 from ..jobs.curve import (
     CurveConfig,
     MLMRunConfig,
     load_model,
-    plot_paired_curves,
     score_models,
     write_curves,
 )
 from ..models.hf_loading import resolve_dtype
 from ..runs.config import redefault, setting
+from ..runs.output import pyplot
 from ..runs.rundir import RunDir
 from .claims import claim
 from .parts import Part
@@ -168,8 +169,9 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
 
 
 def _plot_reference(run_dir: RunDir, curves: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
-    fig = plot_paired_curves({}, reference=dict(sorted(curves.items())),
-                             title="BERT-base MPT curves (the authors' published data)")
+    fig, ax = pyplot().subplots(figsize=(7.6, 4.2))
+    plot_curves({}, reference=dict(sorted(curves.items())),
+                title="BERT-base MPT curves (the authors' published data)", ax=ax)
     run_dir.save_figure(fig, "mpt_curve")
 
 
@@ -236,6 +238,7 @@ def captions(config: dict[str, Any], results: dict[str, Any]) -> dict[str, str]:
 
 
 PART = Part(
+    needs=("matplotlib", "transformers", "datasets"),
     title="Table 2 and Figure 5 (right): BERT pre-trained vs random initialisation",
     paper=(
         "Area under the MPT curve on GLUE: AX -1715.75 / -5245.31, CoLA -1657.68 / -5283.52, "

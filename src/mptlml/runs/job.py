@@ -21,12 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._optional import require
 from .._scoring.distributed import barrier, distributed_context
 from .config import validate_config
-from .output import print_table
+from .output import can_draw, print_table
 from .rundir import RunDir
 
-__all__ = ["Job", "prepare_run_dir", "run_job"]
+__all__ = ["Job", "check_needs", "prepare_run_dir", "run_job"]
 
 _log = logging.getLogger(__name__)
 
@@ -54,6 +55,14 @@ class Job:
         More, for ``mptlml COMMAND --help`` (default: ``help``).
     resumable : bool
         An interrupted run continues from its checkpoint chunks (``--resume``).
+    needs : tuple of str
+        The optional packages (import names, keys of :data:`mptlml._optional.EXTRAS`)
+        without which the job cannot run: :func:`run_job` refuses it up front,
+        naming the extra, before any work and with nothing written.
+    figures : bool
+        The job draws figures, written when matplotlib (the ``report`` extra) is
+        installed; without it the job still writes its numbers, and
+        :func:`run_job` says up front which figures are left out.
     """
 
     config: type
@@ -63,6 +72,22 @@ class Job:
     help: str = ""
     description: str = ""
     resumable: bool = False
+    needs: tuple[str, ...] = ()
+    figures: bool = False
+
+
+def check_needs(name: str, job: Job) -> None:
+    """Refuse ``job`` if a package it needs is missing (naming the extra); warn of lost figures.
+
+    Raises ``ModuleNotFoundError`` (:func:`mptlml._optional.require`) for the
+    first package of ``job.needs`` that is not installed.
+    """
+    for module in job.needs:
+        require(module, f"mptlml {name}")
+    if job.figures and not can_draw():
+        _log.warning(f"{name}: matplotlib is not installed, so no figures are drawn (the numbers "
+                     "and CSVs are written as usual); for the figures: "
+                     'pip install "mptlml[report]".')
 
 
 def prepare_run_dir(out: str | os.PathLike, name: str, *, overwrite: bool,
@@ -98,6 +123,7 @@ def run_job(name: str, job: Job, cfg: Any, out: str | os.PathLike, *, overwrite:
     extra : dict, optional
         Entries added to the results (e.g. ``quick``).
     """
+    check_needs(name, job)  # an extra that is missing: refused before any work
     validate_config(cfg)  # before the run directory exists: a bad setting writes nothing
     loaded = job.load(cfg) if job.load is not None else None
     with prepare_run_dir(out, name, overwrite=overwrite, resume=resume) as run_dir:

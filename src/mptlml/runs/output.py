@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._optional import require
 
-__all__ = ["print_table", "pyplot"]
+__all__ = ["can_draw", "print_table", "pyplot"]
+
+
+def can_draw() -> bool:
+    """Whether matplotlib (the ``report`` extra) is installed, so that figures can be drawn."""
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def pyplot() -> Any:

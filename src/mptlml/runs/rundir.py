@@ -51,6 +51,7 @@ reach it by different names exclude each other and the link stays a link.
 from __future__ import annotations
 
 import contextlib
+import csv
 import ctypes
 import ctypes.util
 import io
@@ -541,15 +542,19 @@ class RunDir:
 
     def write_csv(self, name: str, rows: Iterable[Mapping[str, Any]],
                   columns: Sequence[str] | None = None) -> Path:
-        """Atomically write a CSV from a list of dict rows (missing and None cells empty)."""
-        require("pandas", "a run's CSV files")
-        import pandas as pd
+        """Atomically write a CSV from a list of dict rows (missing, None and NaN cells empty).
 
+        The standard library's ``csv`` (minimal quoting, Unix line ends): a run's CSVs need
+        no extra.
+        """
         rows = [jsonable(r) for r in rows]
         cols = list(columns) if columns is not None else (list(rows[0].keys()) if rows else [])
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(cols)
+        writer.writerows([r.get(c) for c in cols] for r in rows)
         p = self.file(name)
-        atomic_write_text(p, pd.DataFrame(rows, columns=cols, dtype=object).to_csv(
-            index=False, lineterminator="\n"))
+        atomic_write_text(p, buf.getvalue())
         self._track(name)
         return p
 
