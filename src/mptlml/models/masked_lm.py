@@ -43,6 +43,7 @@ from torch import nn
 
 from .._validation import check_device, make_generator
 from . import word_units
+from .conditional import check_cfg_scale, guided_logits
 from .hf_loading import (
     DTYPES,
     check_masked_lm,
@@ -354,7 +355,9 @@ class MaskedLM(nn.Module):
         return torch.autocast(self.device.type, dtype=dt)
 
     def masked_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+                      rows: torch.Tensor, cols: torch.Tensor, *,
+                      unconditional: torch.Tensor | None = None,
+                      cfg_scale: float = 0.0) -> torch.Tensor:
         """Logits ``(n, V)`` at positions ``(rows, cols)`` of a padded batch.
 
         Runs the encoder, gathers the hidden states at the given positions and
@@ -362,8 +365,18 @@ class MaskedLM(nn.Module):
         logits at those positions); float32 (float64 for a float64 model). The
         model runs in eval mode whatever mode it is in (no dropout: a model left
         in train mode by training is put back after), under ``torch.inference_mode``.
+
+        With ``unconditional`` (the same batch with its prompt masked too, ``(B, T)``)
+        both run in one forward pass and the result is the guided logits
+        :func:`~mptlml.models.conditional.guided_logits`,
+        ``u + (cfg_scale + 1) (c - u)``, c from ``input_ids`` and u from ``unconditional``.
         """
         dev = self.device
+        b = input_ids.shape[0]
+        if unconditional is not None:  # one forward: the conditional rows, then the others
+            input_ids = torch.cat([input_ids, unconditional])
+            attention_mask = torch.cat([attention_mask, attention_mask])
+            rows, cols = torch.cat([rows, rows + b]), torch.cat([cols, cols])
         input_ids = input_ids.to(dev)
         attention_mask = attention_mask.to(dev)
         rows, cols = rows.to(dev), cols.to(dev)
@@ -375,61 +388,82 @@ class MaskedLM(nn.Module):
                 extra = {"attention_mask": attention_mask} if self._takes_attention_mask else {}
                 logits = logits_of(self.model(input_ids=input_ids, **extra),
                                    self.name)[rows, cols]
-            return logits if logits.dtype == torch.float64 else logits.float()
+            logits = logits if logits.dtype == torch.float64 else logits.float()
+            if unconditional is None:
+                return logits
+            c, u = logits.chunk(2)
+            return guided_logits(c, u, cfg_scale)
 
     def masked_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          rows: torch.Tensor, cols: torch.Tensor,
-                         targets: torch.Tensor) -> torch.Tensor:
+                         targets: torch.Tensor, *, unconditional: torch.Tensor | None = None,
+                         cfg_scale: float = 0.0) -> torch.Tensor:
         """log p(targets | input) at positions ``(rows, cols)`` of a padded batch.
 
         The log-softmax of :meth:`masked_logits` (float32; float64 for a
-        float64 model) at the targets. Returns ``(n,)``.
+        float64 model) at the targets (guided with ``unconditional``). Returns ``(n,)``.
         """
-        logits = self.masked_logits(input_ids, attention_mask, rows, cols)
+        logits = self.masked_logits(input_ids, attention_mask, rows, cols,
+                                    unconditional=unconditional, cfg_scale=cfg_scale)
         with torch.inference_mode():
             logp = torch.log_softmax(logits, dim=-1)
             return logp.gather(1, targets.to(logp.device)[:, None]).squeeze(1)
 
     def top_predictions(self, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
                         *, token_budget: int = 8192, batch_size: int | None = None,
-                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                        unconditional: Sequence[torch.Tensor] | None = None,
+                        cfg_scale: float = 0.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The most probable token at given positions of many ragged inputs, and its log-prob.
 
         ``inputs`` are full model inputs ``(T_k,)`` (special tokens included, masks
         applied) and ``positions`` ``(m_k,)`` the input positions to predict. For
         each input returns ``(log_prob, token_id)``, float64 and int64 ``(m_k,)``:
         ``max_v log p(v | input)`` and its argmax (the first on a tie), in the
-        length-bucketed, token-budgeted sub-batches of :meth:`score_positions`.
+        length-bucketed, token-budgeted sub-batches of :meth:`score_positions`
+        (of the guided logits with ``unconditional`` inputs and ``cfg_scale``, as there).
         """
 
         def forward(ids: torch.Tensor, att: torch.Tensor, rows: torch.Tensor,
-                    cols: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            logits = self.masked_logits(ids, att, rows, cols)
+                    cols: torch.Tensor, targets: torch.Tensor,
+                    unconditional: torch.Tensor | None = None) -> torch.Tensor:
+            logits = self.masked_logits(ids, att, rows, cols, unconditional=unconditional,
+                                        cfg_scale=cfg_scale)
             with torch.inference_mode():
                 top, arg = torch.log_softmax(logits, dim=-1).max(dim=-1)
                 return torch.stack([top.double(), arg.double()], dim=1)  # ids < 2^53: exact
 
+        cfg_scale = check_cfg_scale(cfg_scale)
         out = score_in_buckets(forward, self.pad_token_id, inputs, positions, positions,
                                token_budget=token_budget, batch_size=batch_size,
-                               equal_lengths=not self._takes_attention_mask)
+                               equal_lengths=not self._takes_attention_mask,
+                               unconditional=unconditional)
         return [(v[:, 0].clone(), v[:, 1].long()) for v in out]
 
     def score_positions(self, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
                         targets: Sequence[torch.Tensor], *, token_budget: int = 8192,
-                        batch_size: int | None = None,
-                        progress: Any = None) -> list[torch.Tensor]:
+                        batch_size: int | None = None, progress: Any = None,
+                        unconditional: Sequence[torch.Tensor] | None = None,
+                        cfg_scale: float = 0.0) -> list[torch.Tensor]:
         """Score many ragged model inputs in length-bucketed, token-budgeted sub-batches.
 
         ``inputs`` are full model inputs ``(T_k,)`` (special tokens included,
         masks applied); ``positions`` and ``targets`` ``(m_k,)`` the input
         positions to score and the true ids there. Returns float64 ``(m_k,)``
         tensors of log p(target | input): :func:`~mptlml.models.mlm_inputs.score_in_buckets`
-        over :meth:`masked_log_probs`, whose parameters these are.
+        over :meth:`masked_log_probs`, whose parameters these are. With
+        ``unconditional`` (one input per input, its prompt masked too) the
+        log-softmax is that of the guided logits (:meth:`masked_logits`).
         """
-        return score_in_buckets(self.masked_log_probs, self.pad_token_id, inputs, positions,
+        cfg_scale = check_cfg_scale(cfg_scale)
+
+        def forward(*args: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            return self.masked_log_probs(*args, cfg_scale=cfg_scale, **kwargs)
+
+        return score_in_buckets(forward, self.pad_token_id, inputs, positions,
                                 targets, token_budget=token_budget, batch_size=batch_size,
                                 progress=progress,
-                                equal_lengths=not self._takes_attention_mask)
+                                equal_lengths=not self._takes_attention_mask,
+                                unconditional=unconditional)
 
     # ------------------------------------------------------------------ protocol
     def log_conditionals(self, x: Any, mask: Any, *,
@@ -467,15 +501,41 @@ class MaskedLM(nn.Module):
     def ragged_masked_log_prob(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor],
                                generators: Sequence[torch.Generator | None], *,
                                token_budget: int = 8192, batch_size: int | None = None,
-                               progress: Any = None) -> list[torch.Tensor]:
+                               progress: Any = None, cfg_scale: float = 0.0,
+                               prompt_lengths: Sequence[int] | None = None
+                               ) -> list[torch.Tensor]:
         """Sum of log p(x_j | x_R) over each mask ``(Q_i, D_i)`` of each sequence: ``(Q_i,)``.
 
         The ragged protocol (:class:`~mptlml.models.protocols.RaggedMaskedModel`):
         sequence i is corrupted with ``generators[i]``, then all pairs are scored
         together by :meth:`score_positions`.
+
+        With ``cfg_scale`` != 0 (classifier-free guidance) the first
+        ``prompt_lengths[i]`` content ids of sequence i are its prompt: each masked
+        input is scored with the guided logits ``u + (cfg_scale + 1) (c - u)``, u from
+        the same input with the prompt (and the special tokens before it, the BOS)
+        masked too. A guided score, not a log-probability of the model
+        (:func:`~mptlml.models.conditional.guided_logits`).
         """
         return self._sums(list(ids), list(masks), None, list(generators), token_budget,
-                          progress, batch_size)
+                          progress, batch_size, guide=self._guide(cfg_scale, prompt_lengths, ids))
+
+    #: classifier-free guidance (``cfg_scale``, ``prompt_lengths``) is supported
+    supports_guidance = True
+
+    def _guide(self, cfg_scale: float, prompt_lengths: Sequence[int] | None,
+               ids: Sequence[torch.Tensor]) -> tuple[float, list[int]] | None:
+        """``(cfg_scale, prompt lengths)``, checked, when guiding (cfg_scale != 0); else None."""
+        cfg_scale = check_cfg_scale(cfg_scale)
+        if cfg_scale == 0:
+            return None
+        if prompt_lengths is None or len(prompt_lengths) != len(ids):
+            raise ValueError(f"cfg_scale={cfg_scale} guides by a prompt: pass prompt_lengths, "
+                             f"one per sequence ({len(ids)}).")
+        out = [int(n) for n in prompt_lengths]
+        if any(not 0 <= n <= len(t) for n, t in zip(out, ids, strict=True)):
+            raise ValueError("each prompt length must lie in [0, len(ids[i])].")
+        return cfg_scale, out
 
     # ------------------------------------------------------------------ words
     def token_strings(self, ids: torch.Tensor) -> list[str]:
@@ -490,24 +550,28 @@ class MaskedLM(nn.Module):
                                targets: Sequence[torch.Tensor],
                                generators: Sequence[torch.Generator | None], *,
                                token_budget: int = 8192, batch_size: int | None = None,
-                               progress: Any = None) -> list[torch.Tensor]:
+                               progress: Any = None, cfg_scale: float = 0.0,
+                               prompt_lengths: Sequence[int] | None = None
+                               ) -> list[torch.Tensor]:
         """``sum_{j in T} log p(x_j | x_{-M})`` for each mask M ``(Q_i, D_i)`` and targets T.
 
         Every row of ``targets`` must be a subset of the same row of ``masks``;
         the input hides all of M (corrupted as the model corrupts masks), and
         only the positions in T are scored. Returns float64 ``(Q_i,)`` each.
+        ``cfg_scale`` and ``prompt_lengths``: guidance, as in :meth:`ragged_masked_log_prob`.
         """
         ms, ts = list(masks), list(targets)
         word_units.check_targets(ms, ts)
         return self._sums(list(ids), ms, ts, list(generators), token_budget, progress,
-                          batch_size)
+                          batch_size, guide=self._guide(cfg_scale, prompt_lengths, ids))
 
     def _sums(self, ids: list[torch.Tensor], masks: list[torch.Tensor], targets: Any,
               generators: list[torch.Generator | None], token_budget: int, progress: Any,
-              batch_size: int | None) -> list[torch.Tensor]:
+              batch_size: int | None, guide: tuple[float, list[int]] | None = None
+              ) -> list[torch.Tensor]:
         """Per (sequence, mask) pair the sum of its scored positions' log-probs: ``(Q_i,)``."""
         owner, lp = self._score_pairs(ids, masks, generators, token_budget, progress,
-                                      batch_size, targets=targets)
+                                      batch_size, targets=targets, guide=guide)
         out = [torch.zeros(m.shape[0], dtype=torch.float64) for m in masks]
         for (i, q, _), v in zip(owner, lp, strict=True):
             out[i][q] = v.sum()
@@ -516,17 +580,29 @@ class MaskedLM(nn.Module):
     def _score_pairs(self, ids: list[torch.Tensor], masks: list[torch.Tensor],
                      generators: list[torch.Generator | None], token_budget: int,
                      progress: Any, batch_size: int | None = None, targets: Any = None,
+                     guide: tuple[float, list[int]] | None = None,
                      ) -> tuple[list[tuple[int, int, torch.Tensor]], list[torch.Tensor]]:
-        """Per-position log-probs of each (sequence, mask) pair, at ``targets`` (default: M)."""
-        inputs, pos, tgt, owner = [], [], [], []
+        """Per-position log-probs of each (sequence, mask) pair, at ``targets`` (default: M).
+
+        ``guide``: ``(cfg_scale, prompt length of each sequence)`` (guided scoring): each
+        input's unconditional twin masks its first ``len(prefix) + length`` positions too.
+        """
+        inputs, pos, tgt, owner, uncond = [], [], [], [], []
         off = len(self.prefix)
         for i, (t, m, g) in enumerate(zip(ids, masks, generators, strict=True)):
             x = self.corrupt(t, m, g)
+            if guide is not None:
+                xu = x.clone()
+                xu[:, :off + guide[1][i]] = self.mask_token_id
             for q in range(m.shape[0]):
                 p = (m[q] if targets is None else targets[i][q]).nonzero().flatten()
                 inputs.append(x[q])
                 pos.append(p + off)
                 tgt.append(t[p])
                 owner.append((i, q, p))
+                if guide is not None:
+                    uncond.append(xu[q])
         return owner, self.score_positions(inputs, pos, tgt, token_budget=token_budget,
-                                           batch_size=batch_size, progress=progress)
+                                           batch_size=batch_size, progress=progress,
+                                           unconditional=uncond if guide is not None else None,
+                                           cfg_scale=0.0 if guide is None else guide[0])
