@@ -44,6 +44,7 @@ from torch import nn
 from .._validation import check_device, make_generator
 from . import word_units
 from .conditional import check_cfg_scale, guided_logits
+from .conventions import convention_of, get_convention
 from .hf_loading import (
     DTYPES,
     check_masked_lm,
@@ -71,6 +72,16 @@ __all__ = ["CORRUPTIONS", "MaskedLM"]
 
 _HEAD_NAMES = ("cls", "lm_head", "predictions")
 _AUTOCAST = ("bfloat16", "float16")
+
+
+def _bos_eos(tokenizer: Any, family: str) -> tuple[list[int], list[int]]:
+    """A BOS before the content and an EOS after it (Dream's evaluation adapter)."""
+    bos, eos = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "eos_token_id", None)
+    if bos is None or eos is None:
+        raise ValueError(f"{family}'s convention frames the content with the tokenizer's BOS "
+                         f"and EOS, but this tokenizer has bos_token_id={bos}, eos_token_id="
+                         f"{eos}; pass its own tokenizer, or add_special_tokens=False.")
+    return [int(bos)], [int(eos)]
 
 
 class MaskedLM(nn.Module):
@@ -118,13 +129,24 @@ class MaskedLM(nn.Module):
     autocast : None, bool or {"bfloat16", "float16"}
         Mixed-precision forward (``torch.autocast``). None/False: off; True:
         bfloat16 (float16 on a CUDA device without it). Recorded in results.
+    shift_logits : bool, optional
+        The head predicts position i from the hidden state at i - 1 (Dream's, and any
+        masked-diffusion LM adapted from an autoregressive one): the log-probability
+        of a masked position i is read from the logits at i - 1 (the head still runs
+        only there). None: the family's (False for an unknown family).
+    family : str, optional
+        A family of :data:`~mptlml.models.conventions.CONVENTIONS` (``"llada"``,
+        ``"dream"``, ``"mdlm"``, ``"smdm"``, ``"bert"``): its mask id, shifted logits
+        and frame (BOS/EOS), unless given here. None: read from ``config.model_type``
+        (:func:`~mptlml.models.conventions.convention_of`); unknown types are BERT-style.
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, mask_token_id: int | None = None,
                  add_special_tokens: bool = True, vocab_size: int | None = None,
                  corruption: str = "mask", truncate: bool = False,
                  preprocess: Callable[[str], str] | None = None, name: str | None = None,
-                 allow_unknown: bool = False, autocast: bool | str | None = None) -> None:
+                 allow_unknown: bool = False, autocast: bool | str | None = None,
+                 shift_logits: bool | None = None, family: str | None = None) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(
@@ -137,9 +159,21 @@ class MaskedLM(nn.Module):
         if autocast not in (None, True, False) and dtype_name(autocast) not in _AUTOCAST:
             raise ValueError(f"autocast must be None, True, False, 'bfloat16' or 'float16'; "
                              f"got {autocast!r}.")
+        if shift_logits is not None and not isinstance(shift_logits, bool):
+            raise TypeError(f"shift_logits must be bool or None, got {shift_logits!r}.")
         config = getattr(model, "config", None)
+        conv = get_convention(family) if family is not None else convention_of(config)
+        #: the family's conventions (:mod:`mptlml.models.conventions`), None: BERT-style
+        self.convention = conv
+        #: logits of position i read at i - 1 (Dream's head)
+        self.shift_logits = bool(conv is not None and conv.shift_logits) if (
+            shift_logits is None) else shift_logits
+        if mask_token_id is None and conv is not None:
+            mask_token_id = conv.mask_id(vocab_size if vocab_size is not None
+                                         else getattr(config, "vocab_size", None))
         #: an HF masked LM with its own tokenizer's mask token, or a plain module + mask id
-        self.generic = mask_token_id is not None or config is None
+        self.generic = (mask_token_id is not None or config is None
+                        or (conv is not None and conv.any_module))
         if config is not None:
             check_masked_lm(model, "MaskedLM")
         if self.generic:
@@ -168,7 +202,9 @@ class MaskedLM(nn.Module):
         specials = set(self.special_ids)
         self._replacements = torch.tensor([i for i in range(self.vocab_size)
                                            if i not in specials], dtype=torch.long)
-        self.prefix, self.suffix = special_frame(tokenizer) if add_special_tokens else ([], [])
+        self.prefix, self.suffix = (([], []) if not add_special_tokens else
+                                    _bos_eos(tokenizer, conv.name) if conv is not None
+                                    and conv.frame == "bos_eos" else special_frame(tokenizer))
         self.max_length = max_input_length(model, tokenizer)
         #: whether padding can be hidden from the model (else only equal lengths share a batch)
         self._takes_attention_mask = accepts_keyword(model, "attention_mask")
@@ -188,6 +224,7 @@ class MaskedLM(nn.Module):
                         corruption: str = "mask", truncate: bool = False,
                         preprocess: Callable[[str], str] | None = None, name: str | None = None,
                         allow_unknown: bool = False, autocast: bool | str | None = None,
+                        shift_logits: bool | None = None, family: str | None = None,
                         **hf_kwargs: Any) -> MaskedLM:
         """Load a masked LM and its tokenizer by hub name or local directory.
 
@@ -215,8 +252,10 @@ class MaskedLM(nn.Module):
         add_special_tokens : bool
             Frame every input with the tokenizer's special tokens ([CLS] ...
             [SEP]); False for models trained on bare token ids.
-        corruption, truncate, preprocess, name, allow_unknown, autocast
-            As for :class:`MaskedLM`.
+        corruption, truncate, preprocess, name, allow_unknown, autocast, shift_logits, family
+            As for :class:`MaskedLM`. A checkpoint of a known family (``config.model_type``
+            LLaDA's, Dream's, MDLM's; or ``family=``) is loaded through ``AutoModel`` as
+            with ``mask_token_id``, and scored by its conventions.
         **hf_kwargs
             Everything else goes to ``AutoModelForMaskedLM.from_pretrained``
             (``AutoModel`` with ``mask_token_id`` for a model without a masked-LM
@@ -228,12 +267,15 @@ class MaskedLM(nn.Module):
             raise ValueError("pass device= or device_map=, not both (device_map places the "
                              "model itself).")
         dev = None if device is None else check_device(device)  # before loading anything
-        model, tok, label = load_pretrained(name_or_dir, tokenizer=tokenizer, dtype=dtype,
-                                            random_init=random_init, init_seed=init_seed,
-                                            any_module=mask_token_id is not None, **hf_kwargs)
+        conv = None if family is None else get_convention(family)  # before loading anything
+        model, tok, label = load_pretrained(
+            name_or_dir, tokenizer=tokenizer, dtype=dtype, random_init=random_init,
+            init_seed=init_seed, any_module=mask_token_id is not None or bool(
+                conv and conv.any_module), **hf_kwargs)
         lm = cls(model, tok, mask_token_id=mask_token_id, add_special_tokens=add_special_tokens,
                  corruption=corruption, truncate=truncate, preprocess=preprocess,
-                 name=name or label, allow_unknown=allow_unknown, autocast=autocast)
+                 name=name or label, allow_unknown=allow_unknown, autocast=autocast,
+                 shift_logits=shift_logits, family=family)
         return lm.to(dev) if dev is not None else lm
 
     @classmethod
@@ -257,13 +299,23 @@ class MaskedLM(nn.Module):
         return lm.to(dev) if dev is not None else lm
 
     def fingerprint(self) -> dict[str, Any]:
-        """Name, size, a probe of the first weights, corruption, dtype and autocast."""
+        """Name, size, a probe of the first weights, corruption, dtype, autocast (and shift)."""
         params = sum(p.numel() for p in self.parameters())
         first = next(self.parameters()).detach().flatten()[:64].double().cpu().numpy()
         return {"model": self.name, "num_parameters": int(params),
                 "weights_probe": hashlib.sha256(first.tobytes()).hexdigest()[:16],
                 "corruption": self.corruption, "dtype": dtype_name(self.dtype),
-                "autocast": dtype_name(self.autocast_dtype)}
+                "autocast": dtype_name(self.autocast_dtype),
+                **({"shift_logits": True} if self.shift_logits else {})}
+
+    def _check_shifted(self, scores_position_zero: bool) -> None:
+        """Refuse input position 0 with shifted logits (no hidden state before it), before work."""
+        if self.shift_logits and scores_position_zero:
+            raise ValueError(
+                "shift_logits=True reads position i's logits at i - 1, and position 0 has "
+                "nothing before it: give the model a BOS (add_special_tokens=True with a "
+                "family that prepends one, e.g. family='dream') or a context before the "
+                "scored tokens.")
 
     @property
     def device(self) -> torch.device:
@@ -365,6 +417,7 @@ class MaskedLM(nn.Module):
         logits at those positions); float32 (float64 for a float64 model). The
         model runs in eval mode whatever mode it is in (no dropout: a model left
         in train mode by training is put back after), under ``torch.inference_mode``.
+        With ``shift_logits`` the hidden states (logits) are those at ``cols - 1``.
 
         With ``unconditional`` (the same batch with its prompt masked too, ``(B, T)``)
         both run in one forward pass and the result is the guided logits
@@ -377,6 +430,8 @@ class MaskedLM(nn.Module):
             input_ids = torch.cat([input_ids, unconditional])
             attention_mask = torch.cat([attention_mask, attention_mask])
             rows, cols = torch.cat([rows, rows + b]), torch.cat([cols, cols])
+        if self.shift_logits:  # position i is predicted from the hidden state at i - 1
+            cols = cols - 1
         input_ids = input_ids.to(dev)
         attention_mask = attention_mask.to(dev)
         rows, cols = rows.to(dev), cols.to(dev)
@@ -433,6 +488,7 @@ class MaskedLM(nn.Module):
                 return torch.stack([top.double(), arg.double()], dim=1)  # ids < 2^53: exact
 
         cfg_scale = check_cfg_scale(cfg_scale)
+        self._check_shifted(any(bool((p == 0).any()) for p in positions))
         out = score_in_buckets(forward, self.pad_token_id, inputs, positions, positions,
                                token_budget=token_budget, batch_size=batch_size,
                                equal_lengths=not self._takes_attention_mask,
@@ -589,6 +645,8 @@ class MaskedLM(nn.Module):
         """
         inputs, pos, tgt, owner, uncond = [], [], [], [], []
         off = len(self.prefix)
+        self._check_shifted(off == 0 and any(bool((m if targets is None else targets[i])[:, 0]
+                                                  .any()) for i, m in enumerate(masks)))
         for i, (t, m, g) in enumerate(zip(ids, masks, generators, strict=True)):
             x = self.corrupt(t, m, g)
             if guide is not None:
