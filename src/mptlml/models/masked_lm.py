@@ -48,6 +48,7 @@ from .conventions import convention_of, get_convention
 from .hf_loading import (
     DTYPES,
     check_masked_lm,
+    check_remote_code_runs,
     dtype_name,
     load_antiberty,
     load_pretrained,
@@ -276,7 +277,9 @@ class MaskedLM(nn.Module):
                  corruption=corruption, truncate=truncate, preprocess=preprocess,
                  name=name or label, allow_unknown=allow_unknown, autocast=autocast,
                  shift_logits=shift_logits, family=family)
-        return lm.to(dev) if dev is not None else lm
+        lm = lm.to(dev) if dev is not None else lm
+        check_remote_code_runs(lm.model, str(name_or_dir))  # old remote code: fails here, named
+        return lm
 
     @classmethod
     def antiberty(cls, *, random_init: bool = False, init_seed: int = 0,
