@@ -99,10 +99,11 @@ def test_guided_pll_and_estimate_lml_equal_the_direct_guided_scores(lm64):
     ref = [guided_pll(lm64, CONTEXT, c, scale) for c in SHORT]
     assert np.abs(got.numpy() - np.array(ref)).max() < 1e-6
     # a one-token continuation has one mask: every estimator's sum is exact
-    est = mptlml.estimate_lml(lm64, [" mat"], context=CONTEXT, cfg_scale=scale, num_masks=2,
-                              seed=0)
-    assert float(est.per_sample[0]) == pytest.approx(guided_pll(lm64, CONTEXT, " mat", scale),
-                                                     abs=1e-9)
+    one = guided_pll(lm64, CONTEXT, " mat", scale)
+    for estimator in ["cumulative", "chain-rule"]:  # masked sums, and targeted ones
+        est = mptlml.estimate_lml(lm64, [" mat", " tree"], estimator, context=CONTEXT,
+                                  cfg_scale=scale, num_masks=2, seed=0)
+        assert float(est.per_sample[0]) == pytest.approx(one, abs=1e-9)
 
 
 def test_the_guided_model_scores_every_mask_as_the_direct_reference(lm64):
