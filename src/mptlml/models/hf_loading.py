@@ -265,6 +265,7 @@ def _predates_installed(model_or_config: Any) -> tuple[bool, str]:
     transformers < 5 (or with no version stated) while transformers >= 5 is installed.
     Returns it and the version the checkpoint was saved with.
     """
+    require("transformers", "a Hugging Face masked LM")
     import transformers
 
     cfg = getattr(model_or_config, "config", model_or_config)
@@ -278,6 +279,7 @@ def _predates_installed(model_or_config: Any) -> tuple[bool, str]:
 
 
 def _old_remote_code_error(src: str, saved: str, exc: BaseException) -> RuntimeError:
+    require("transformers", "a Hugging Face masked LM")
     import transformers
 
     first = str(exc).splitlines()[0] if str(exc) else ""
