@@ -159,3 +159,98 @@ def save_remote_code_model(path: Path, vocab_size: int, seed: int = 0) -> Path:
     (path / "config.json").write_text(json.dumps(cfg))
     make_word_tokenizer(path)
     return path
+
+
+#: remote code written for transformers 4, in the three ways LLaDA's fails under transformers 5
+OLD_MODELING_CODE = '''
+import torch
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+POST_INIT = {post_init}
+OLD_TIE = {old_tie}
+
+
+class TinyOldConfig(PretrainedConfig):
+    model_type = "tiny_old"
+
+    def __init__(self, vocab_size=24, hidden=16, use_cache=False, **kwargs):
+        self.vocab_size = vocab_size
+        self.hidden = hidden
+        super().__init__(use_cache=use_cache, **kwargs)  # kept by transformers 4 only
+
+
+class TinyOld(PreTrainedModel):
+    config_class = TinyOldConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed = nn.Embedding(config.vocab_size, config.hidden)
+        self.mix = nn.Linear(config.hidden, config.hidden)
+        self.head = nn.Linear(config.hidden, config.vocab_size)
+        if POST_INIT:
+            self.post_init()
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.8)
+
+    if OLD_TIE:
+        def tie_weights(self):  # transformers 5 passes arguments
+            pass
+    else:
+        def tie_weights(self, *args, **kwargs):
+            pass
+
+    def forward(self, input_ids, attention_mask=None):
+        if self.config.use_cache:  # an AttributeError where the config lost it
+            raise RuntimeError("no cache in a masked-diffusion forward")
+        h = self.embed(input_ids)
+        m = torch.ones_like(input_ids, dtype=h.dtype) if attention_mask is None else (
+            attention_mask.to(h.dtype))
+        ctx = (h * m[..., None]).sum(1, keepdim=True) / m.sum(1, keepdim=True)[..., None]
+        return (self.head(torch.tanh(h + self.mix(ctx))),)
+'''
+
+#: which of LLaDA's failures each variant keeps
+OLD_CODE_VARIANTS = {"no_post_init": (False, False), "old_tie_weights": (True, True),
+                     "use_cache": (True, False)}
+
+
+def save_old_remote_code_model(path: Path, variant: str, seed: int = 0) -> Path:
+    """A remote-code checkpoint whose code predates transformers 5, as LLaDA's does.
+
+    ``variant``: ``"no_post_init"`` (its model never calls ``post_init()``),
+    ``"old_tie_weights"`` (``tie_weights(self)`` takes no argument) or ``"use_cache"``
+    (its forward reads ``config.use_cache``, which transformers 5's config does not keep).
+    Its ``config.json`` says it was saved by transformers 4.46.2, as such checkpoints do.
+    """
+    import importlib.util
+    import json
+    import sys
+
+    post_init, old_tie = OLD_CODE_VARIANTS[variant]
+    path.mkdir(parents=True, exist_ok=True)
+    # the weights are written by code that runs under any transformers; the checkpoint then
+    # ships the variant's code
+    (path / "modeling_tiny_old.py").write_text(OLD_MODELING_CODE.format(post_init=True,
+                                                                        old_tie=False))
+    name = f"modeling_tiny_old_{variant}_{abs(hash(str(path)))}"
+    spec = importlib.util.spec_from_file_location(name, path / "modeling_tiny_old.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    torch.manual_seed(seed)
+    model = mod.TinyOld(mod.TinyOldConfig(vocab_size=len(WORDS) + 3))
+    model.save_pretrained(path)
+    (path / "modeling_tiny_old.py").write_text(OLD_MODELING_CODE.format(post_init=post_init,
+                                                                        old_tie=old_tie))
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["auto_map"] = {"AutoConfig": "modeling_tiny_old.TinyOldConfig",
+                       "AutoModel": "modeling_tiny_old.TinyOld"}
+    cfg.pop("architectures", None)
+    cfg["transformers_version"] = "4.46.2"
+    cfg["use_cache"] = False
+    (path / "config.json").write_text(json.dumps(cfg))
+    make_word_tokenizer(path)
+    return path

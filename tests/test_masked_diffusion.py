@@ -20,6 +20,7 @@ from .diffusion_helpers import (
     TinyDiffusionLM,
     direct_log_probs,
     make_word_tokenizer,
+    save_old_remote_code_model,
     save_remote_code_model,
 )
 
@@ -135,6 +136,26 @@ def test_from_pretrained_remote_code_checkpoint(tmp_path, mask_id):
         MaskedLM.from_pretrained(path, trust_remote_code=True)  # not a masked LM: says why
     lm = MaskedLM.from_pretrained(path, mask_token_id=mask_id, trust_remote_code=True)
     assert type(lm.model).__name__ == "TinyMDM"
+    ids = lm.encode(TEXTS)
+    ref = [_pll_reference(_TupleToLogits(lm.model), t, mask_id) for t in ids]
+    torch.testing.assert_close(mptlml.pll(lm, TEXTS), torch.tensor(ref, dtype=torch.float64),
+                               atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["no_post_init", "old_tie_weights", "use_cache"])
+def test_remote_code_older_than_transformers_5_works_or_names_the_pin(tmp_path, mask_id,
+                                                                      variant):
+    """LLaDA's code predates transformers 5: under 4.x it scores, under 5 our message names
+    the pin (not transformers' internals), whether it fails loading or at its first forward."""
+    import transformers
+
+    path = save_old_remote_code_model(tmp_path / variant, variant)
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        with pytest.raises(RuntimeError, match=r"written for transformers < 5 .*"
+                           r"pip install 'transformers>=4\.46\.2,<5'"):
+            MaskedLM.from_pretrained(path, mask_token_id=mask_id, trust_remote_code=True)
+        return
+    lm = MaskedLM.from_pretrained(path, mask_token_id=mask_id, trust_remote_code=True)
     ids = lm.encode(TEXTS)
     ref = [_pll_reference(_TupleToLogits(lm.model), t, mask_id) for t in ids]
     torch.testing.assert_close(mptlml.pll(lm, TEXTS), torch.tensor(ref, dtype=torch.float64),

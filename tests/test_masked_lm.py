@@ -41,7 +41,9 @@ def test_adapter_equals_raw_forward(tiny):
     masks = [m if m.any() else torch.ones_like(m) for m in masks]
     got = tiny.log_conditionals(SENTENCES, masks)
     for t, m, v in zip(ids, masks, got, strict=True):
-        torch.testing.assert_close(v, _raw_logprobs(tiny, t, m), atol=1e-5, rtol=0)
+        # float32 rounding: transformers 4's SDPA kernel on a padded batch differs from the
+        # unpadded forward by up to ~2e-6 of the value (1.06e-5 on a log-prob of -4.9)
+        torch.testing.assert_close(v, _raw_logprobs(tiny, t, m), atol=1e-5, rtol=1e-5)
         assert (v[~m] == 0).all()
 
 
@@ -182,12 +184,15 @@ def test_antiberty_pretrained_far_above_random(antiberty):
 
 
 # ---------------------------------------------------------------------- bad input
-def test_vocab_mismatch_is_an_error(tiny_dir, tiny):
+def test_vocab_mismatch_is_an_error(tiny_dir, tiny, tmp_path):
     from transformers import BertTokenizer
 
-    bad = BertTokenizer(vocab_file=str(tiny_dir / "vocab.txt"))  # transformers 5 ignores it
-    if len(bad) == len(tiny.tokenizer):
-        pytest.skip("this transformers reads vocab_file=; mismatch made by hand below")
+    words = (tiny_dir / "vocab.txt").read_text().splitlines() + ["xa", "xb", "xc"]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    # transformers 4 reads the file (3 tokens more than the model scores), transformers 5
+    # ignores it (another vocabulary): a mismatch under both
+    bad = BertTokenizer(vocab_file=str(tmp_path / "vocab.txt"))
+    assert len(bad) != len(tiny.tokenizer)
     with pytest.raises(ValueError, match="vocabulary mismatch"):
         MaskedLM(tiny.model, bad)
 

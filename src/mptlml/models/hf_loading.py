@@ -25,10 +25,16 @@ import torch
 
 from .._optional import require
 from .._validation import env_flag
+from .conventions import convention_of
 
-__all__ = ["DTYPES", "check_masked_lm", "check_model_source", "dtype_name", "hf_offline_mode",
-           "hub_offline", "load_antiberty", "load_pretrained", "max_input_length",
-           "position_limit", "resolve_dtype", "space_residues", "tokenizer_files"]
+__all__ = ["DTYPES", "REMOTE_CODE_PIN", "check_masked_lm", "check_model_source",
+           "check_remote_code_runs", "dtype_name", "hf_offline_mode", "hub_offline",
+           "load_antiberty", "load_pretrained", "max_input_length", "position_limit",
+           "resolve_dtype", "space_residues", "tokenizer_files"]
+
+#: the transformers that remote code written before transformers 5 runs under (Dream pins
+#: 4.46.2, LLaDA 4.49); the lower bound is the one CI tests
+REMOTE_CODE_PIN = "transformers>=4.46.2,<5"
 
 _AMINO_ACIDS = set("ACDEFGHIKLMNPQRSTVWY")
 
@@ -252,6 +258,64 @@ def _load_tokenizer(src: str, tokenizer: Any, shared: dict[str, Any]) -> Any:
                                          **shared)
 
 
+def _major(version: Any) -> int | None:
+    """The major number of a version string ("4.46.2" -> 4), None when there is none."""
+    m = re.match(r"\s*(\d+)\.", str(version)) if version is not None else None
+    return int(m.group(1)) if m else None
+
+
+def _predates_installed(model_or_config: Any) -> tuple[bool, str]:
+    """Whether a checkpoint's own code was written for a transformers major below the one here.
+
+    True for remote code (``auto_map``, or a class from ``transformers_modules``) saved with
+    transformers < 5 (or with no version stated) while transformers >= 5 is installed.
+    Returns it and the version the checkpoint was saved with.
+    """
+    require("transformers", "a Hugging Face masked LM")
+    import transformers
+
+    cfg = getattr(model_or_config, "config", model_or_config)
+    remote = bool(getattr(cfg, "auto_map", None)) or type(model_or_config).__module__.startswith(
+        "transformers_modules")
+    saved = getattr(cfg, "transformers_version", None)
+    here = _major(transformers.__version__)
+    old = _major(saved)
+    return (remote and here is not None and here >= 5 and (old is None or old < 5),
+            str(saved or "an unstated version"))
+
+
+def _old_remote_code_error(src: str, saved: str, exc: BaseException) -> RuntimeError:
+    require("transformers", "a Hugging Face masked LM")
+    import transformers
+
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return RuntimeError(
+        f"{src!r}: this checkpoint's remote code was written for transformers < 5 (saved with "
+        f"{saved}; LLaDA pins 4.49, Dream 4.46.2) and fails under transformers "
+        f"{transformers.__version__} ({type(exc).__name__}: {first}). Install the "
+        f"transformers it was written for beside mptlml: pip install '{REMOTE_CODE_PIN}'.")
+
+
+def check_remote_code_runs(model: Any, src: str) -> None:
+    """A one-forward probe of remote code older than the transformers installed.
+
+    Code written before transformers 5 may load under it and fail only when called
+    (LLaDA's config loses ``use_cache``): a two-token forward pass here turns that into
+    the message naming the pin (:data:`REMOTE_CODE_PIN`) before any scoring. Nothing is
+    run for other models.
+    """
+    old, saved = _predates_installed(model)
+    if not old:
+        return
+    param = next(iter(model.parameters()), None)
+    dev = param.device if param is not None else torch.device("cpu")
+    try:
+        with torch.inference_mode():
+            model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=dev))
+    except Exception as exc:  # noqa: BLE001 - any failure of its code is the old code's
+        raise _old_remote_code_error(src, saved, exc) from exc
+
+
 class _NotMaskedLM(ValueError):
     """A loadable checkpoint that is no masked LM (re-raised as it is, not as a cache miss)."""
 
@@ -276,6 +340,19 @@ def _check_masked_lm_config(config: Any, src: str) -> None:
         "ModernBERT, ...); a causal LM predicts tokens from their left context only. A "
         "masked-diffusion LM loaded through AutoModel (LLaDA, Dream, ...) needs "
         "mask_token_id= (and usually trust_remote_code=True).")
+
+
+def _old_code_guard(src: str, config: Any, build: Any) -> Any:
+    """``build()``, its failure re-raised with the pin when the checkpoint's code is older."""
+    try:
+        return build()
+    except OSError:  # a missing file: the caller's message
+        raise
+    except Exception as exc:  # noqa: BLE001 - transformers' internals, named for the user
+        old, saved = _predates_installed(config)
+        if old:
+            raise _old_remote_code_error(src, saved, exc) from exc
+        raise
 
 
 def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
@@ -333,7 +410,8 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
         tok = _load_tokenizer(src, tokenizer, {**shared, **(tokenizer_kwargs or {})})
         config = AutoConfig.from_pretrained(src, **shared)
         auto = AutoModelForMaskedLM
-        if not any_module:
+        conv = convention_of(config)  # a known masked-diffusion family loads as any module
+        if not any_module and not (conv is not None and conv.any_module):
             _check_masked_lm_config(config, src)
         elif not _has_masked_lm_class(config):
             auto = AutoModel
@@ -346,13 +424,14 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
                        if k in hf_kwargs}
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(init_seed)
-                model = auto.from_config(config, **init_kw)
+                model = _old_code_guard(src, config, lambda: auto.from_config(config,
+                                                                               **init_kw))
             if isinstance(dt, torch.dtype):
                 model = model.to(dt)
         else:
             if dt is not None:
                 hf_kwargs["dtype"] = dt
-            model = auto.from_pretrained(src, **hf_kwargs)
+            model = _old_code_guard(src, config, lambda: auto.from_pretrained(src, **hf_kwargs))
     except (OSError, ValueError) as exc:
         if str(exc).startswith("no tokenizer files") or isinstance(exc, _NotMaskedLM):
             raise
