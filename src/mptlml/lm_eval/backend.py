@@ -33,6 +33,7 @@ number whatever other documents are in the run.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -60,9 +61,11 @@ from .._scoring.distributed import (
     shard,
 )
 from .._validation import check_positive_int
+from ..estimators.compare import EXACT_LENGTH
 from ..models import MaskedLM
 from ..models.sequence_input import encode_with_context, tokenize
 from .greedy import greedy_reproduces
+from .peers import ALIASES, PEER_ARGUMENTS, translate
 from .records import RecordLog, summary_lines
 
 try:
@@ -77,13 +80,15 @@ __all__ = ["MPTLM"]
 #: lm-eval's logger namespace: these lines show where lm-eval's own do
 logger = logging.getLogger("lm_eval.mptlml")
 
+#: mptlml.compare's first round when ``mc_num`` does not set it
+_COMPARE_NUM_MASKS = int(inspect.signature(mptlml.compare).parameters["num_masks"].default)
 #: loading options passed to ``MaskedLM.from_pretrained`` (transformers' among them)
 _LOADING = ("tokenizer", "mask_token_id", "trust_remote_code", "dtype", "add_special_tokens",
             "revision", "autocast", "attn_implementation", "local_files_only", "cache_dir",
             "corruption", "allow_unknown")
 #: settings of the Monte Carlo estimate and of the run
-_SETTINGS = ("num_masks", "target_se", "max_masks", "decide", "seed", "token_budget",
-             "batch_size", "greedy", "mc_log", "progress")
+_SETTINGS = ("num_masks", "target_se", "max_masks", "mc_num", "decide", "seed", "token_budget",
+             "batch_size", "max_length", "greedy", "cfg", "mc_log", "progress")
 
 
 @dataclass(frozen=True, order=True)
@@ -123,6 +128,55 @@ def _content_seed(seed: int, args: list[tuple[str, ...]]) -> int:
     """A question's seed from the run's seed and its texts: the same in any split of the run."""
     h = hashlib.blake2b(json.dumps([seed, [list(a) for a in args]]).encode(), digest_size=8)
     return int.from_bytes(h.digest(), "little") >> 1
+
+
+def _budget(mc_num: int, num_masks: int | None, max_masks: int | None
+            ) -> tuple[int, int]:
+    """LLaDA's / Dream's ``mc_num`` as :func:`mptlml.compare`'s ``(num_masks, max_masks)``.
+
+    A fixed budget of ``mc_num`` masks per request (``max_masks``), the first round
+    of ``min(num_masks, budget)``; compare draws masks in pairs (two per rate
+    stratum), so an odd budget is spent as ``mc_num - 1`` (1 as 2), announced.
+    """
+    if max_masks is not None:
+        raise TypeError(f"model_args mc_num={mc_num} and max_masks={max_masks} are one budget "
+                        "(LLaDA's and Dream's name, and mptlml's); pass one of them.")
+    budget = max(2, mc_num - mc_num % 2)
+    if budget != mc_num:
+        logger.warning("mc_num=%d: mptlml.compare draws masks in pairs (two per rate stratum), "
+                       "so each request gets %d masks besides the whole continuation's "
+                       "(continuations of up to %d tokens are scored on every mask, exactly).",
+                       mc_num, budget, EXACT_LENGTH)
+    first = _COMPARE_NUM_MASKS if num_masks is None else num_masks
+    if first > budget:
+        if num_masks is not None:
+            raise ValueError(f"model_args num_masks={num_masks} is more than mc_num={mc_num} "
+                             "masks per request; lower it or leave it out.")
+        first = budget
+    return first, budget
+
+
+def _frame(model: MaskedLM, max_length: int | None, add_bos: bool) -> tuple[int, list[int]]:
+    """Content tokens one scored input may hold, and the BOS id put before every context.
+
+    ``max_length`` (LLaDA's and Dream's) counts every token of the input, the
+    model's special tokens included; the model's own length bounds it too.
+    """
+    frame = len(model.prefix) + len(model.suffix)
+    limit = model.max_content_length
+    if max_length is not None:
+        if max_length <= frame + 1:
+            raise ValueError(f"model_args max_length={max_length} leaves no room for a token "
+                             f"beside the model's {frame} special tokens; pass more.")
+        limit = min(limit, max_length - frame)
+    bos: list[int] = []
+    if add_bos:
+        bos_id = getattr(model.tokenizer, "bos_token_id", None)
+        if bos_id is None:
+            raise ValueError("model_args add_bos_token=true: this tokenizer has no BOS token "
+                             "(bos_token_id is None); leave add_bos_token out.")
+        bos = [int(bos_id)]
+    return limit, bos
 
 
 def _flag(value: Any, name: str) -> bool:
@@ -192,6 +246,23 @@ class MPTLM(LM):
         still goes into the results).
     progress : bool
         Progress bars of the scoring.
+    mc_num : int, optional
+        LLaDA's and Dream's name: a fixed budget of this many masks per request
+        (``max_masks`` alone; :func:`mptlml.compare` draws masks in pairs, so an
+        odd N is spent as N - 1, and 1 as 2, announced). Not with ``max_masks``.
+    cfg : float
+        Classifier-free guidance w (LLaDA's ``cfg``; Dream's
+        ``classifier_free_guidance`` is w + 1): 0, no guidance.
+    max_length : int, optional
+        Most tokens of one scored input, special tokens included (LLaDA's and
+        Dream's ``max_length``): contexts are cut on the left to fit, as for the
+        model's own length.
+    add_bos_token : bool
+        Dream's: the tokenizer's BOS token before every context (always visible).
+    **peers
+        LLaDA's ``model_path``, ``mask_id``, ``is_check_greedy``, Dream's
+        ``nll_type``, ``log_type``, ``parallelize``, ``autogptq``:
+        :mod:`mptlml.lm_eval.peers` (their generation options are refused).
     """
 
     #: the directory ``mc_log`` defaults into (set by :func:`mptlml.lm_eval.main`)
@@ -202,33 +273,55 @@ class MPTLM(LM):
                  target_se: float | None = None,
                  max_masks: int | None = None, decide: bool = False, seed: int = 0,
                  token_budget: int = 8192, batch_size: int | None = None,
-                 greedy: bool = True,
+                 greedy: bool | None = None,
                  mc_log: str | os.PathLike | None = None, progress: bool = False,
-                 **loading: Any) -> None:
+                 mc_num: int | None = None, cfg: float = 0.0, max_length: int | None = None,
+                 add_bos_token: bool = False, **loading: Any) -> None:
         super().__init__()
+        loading = translate({**loading, **({} if cfg == 0.0 else {"cfg": cfg})})
+        cfg = loading.pop("cfg", 0.0)
+        for name in ("pretrained", "greedy"):  # LLaDA's model_path, is_check_greedy
+            if name in loading:
+                if (pretrained if name == "pretrained" else greedy) is not None:
+                    theirs = next(k for k, v in ALIASES.items() if v == name)
+                    raise TypeError(f"model_args {theirs} and {name} are one argument (LLaDA's "
+                                    "name and mptlml's); pass one of them.")
+                if name == "pretrained":
+                    pretrained = loading.pop(name)
+                else:
+                    greedy = loading.pop(name)
         unknown = sorted(set(loading) - set(_LOADING))
         if unknown:
             raise TypeError(
                 f"mptlml model_args: unknown {unknown}. Loading takes pretrained, device, "
-                f"{', '.join(_LOADING)}; scoring takes {', '.join(_SETTINGS)}.")
+                f"{', '.join(_LOADING)}; scoring takes {', '.join(_SETTINGS)}; LLaDA's and "
+                f"Dream's {', '.join(PEER_ARGUMENTS)} are taken too.")
+        if cfg != 0.0:
+            raise ValueError(f"model_args cfg={cfg!r}: classifier-free guidance is not "
+                             "available in this mptlml; pass cfg=0 (or leave it out).")
         if pretrained is None:
             raise ValueError("mptlml model_args need pretrained=DIR_OR_HUB_ID (a masked LM, or "
                              "a masked-diffusion LM with mask_token_id=...).")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"model_args seed must be an int, got {seed!r}.")
         for name, value in (("num_masks", num_masks), ("max_masks", max_masks),
-                            ("batch_size", batch_size), ("token_budget", token_budget)):
+                            ("batch_size", batch_size), ("token_budget", token_budget),
+                            ("mc_num", mc_num), ("max_length", max_length)):
             if value is not None:
                 check_positive_int(value, f"model_args {name}")
         if num_masks is not None and num_masks % 2:
             raise ValueError(f"model_args num_masks must be even (mptlml.compare draws two "
                              f"masks per rate stratum), got {num_masks}.")
+        if mc_num is not None:
+            num_masks, max_masks = _budget(mc_num, num_masks, max_masks)
         if target_se is not None and not (isinstance(target_se, int | float)
                                           and not isinstance(target_se, bool)
                                           and math.isfinite(target_se) and target_se > 0):
             raise ValueError(f"model_args target_se must be a positive number (nats), got "
                              f"{target_se!r}.")
-        self.greedy = _flag(greedy, "greedy")
+        self.greedy = _flag(True if greedy is None else greedy, "greedy")
+        self.cfg = float(cfg)
+        self.mc_num = mc_num
         self.decide = _flag(decide, "decide")
         self.progress = _flag(progress, "progress")
         self.num_masks = num_masks
@@ -249,6 +342,8 @@ class MPTLM(LM):
             self._ctx = distributed_context(cpu=dev.type == "cpu")
             lm = MaskedLM.from_pretrained(pretrained, device=dev, **loading)
         self.model = lm
+        self._limit, self._bos = _frame(lm, max_length, _flag(add_bos_token, "add_bos_token"))
+        self.max_length = max_length
         self._rank, self._world_size = self._ctx.rank, self._ctx.world
         self._device = lm.device
         path = mc_log
@@ -349,6 +444,8 @@ class MPTLM(LM):
             "model": self.model.name, **self.model.placement(),
             "num_masks": self.num_masks,
             "target_se": self.target_se, "max_masks": self.max_masks, "decide": self.decide,
+            "mc_num": self.mc_num, "cfg": self.cfg, "max_length": self.max_length,
+            "add_bos_token": bool(self._bos),
             "seed": self.seed, "token_budget": self.token_budget, "greedy": self.greedy,
             "world_size": self.world_size,
             "mc_log": None if self.log.path is None else str(self.log.path),
@@ -377,13 +474,14 @@ class MPTLM(LM):
         """Context and continuation ids of each pair: the joined text, tokenised by the model."""
         ids, nctx = encode_with_context(_Unbounded(self.model), [k.args[0] for k in keys],
                                         [k.args[1] for k in keys])
-        return [t[:n] for t, n in zip(ids, nctx, strict=True)], [
+        bos = torch.tensor(self._bos, dtype=torch.long)
+        return [torch.cat([bos, t[:n]]) for t, n in zip(ids, nctx, strict=True)], [
             t[n:] for t, n in zip(ids, nctx, strict=True)]
 
     def _score_pairs(self, keys: list[_Key]) -> dict[_Key, dict[str, Any]]:
         """Records of (context, continuation) requests: one question per document and context."""
         ctx_ids, cont_ids = self._pair_ids(keys)
-        limit = self.model.max_content_length
+        limit = self._limit
         groups: dict[tuple[str, int, str], list[int]] = defaultdict(list)
         for i, k in enumerate(keys):
             groups[(k.task, k.doc_id, k.args[0])].append(i)
@@ -473,10 +571,11 @@ class MPTLM(LM):
             return []
         everyone = self._everyone(keys)
         ids = _Unbounded(self.model).encode([k.args[0] for k in everyone]) if everyone else []
-        limit = self.model.max_content_length
-        spans = [_windows(len(t), limit) for t in ids]
+        # Dream's BOS (add_bos_token) is the first window's context: every window leaves room
+        spans = [_windows(len(t), self._limit - len(self._bos)) for t in ids]
         targets = [[t[s:e].tolist()] for t, sp in zip(ids, spans, strict=True) for _, s, e in sp]
-        contexts = [t[c:s].tolist() for t, sp in zip(ids, spans, strict=True) for c, s, _ in sp]
+        contexts = [(self._bos if s == 0 else []) + t[c:s].tolist()
+                    for t, sp in zip(ids, spans, strict=True) for c, s, _ in sp]
         seeds = [_content_seed(self.seed, [k.args, (str(w),)])
                  for k, sp in zip(everyone, spans, strict=True) for w in range(len(sp))]
         ll, se, rows = np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)

@@ -19,6 +19,7 @@ from pathlib import Path
 from .._optional import require
 from .._scoring.distributed import shutdown_distributed
 from .backend import _LOADING, _SETTINGS, MPTLM
+from .peers import PEER_ARGUMENTS
 
 __all__ = ["HELP", "main"]
 
@@ -38,6 +39,9 @@ decided; target_se=NATS: a precision):
 {_names(_SETTINGS)}
 loading (MaskedLM.from_pretrained) and placement:
 {_names(("device", *_LOADING))}
+LLaDA's (eval_llada.py) and Dream's (eval/eval.py) arguments, with their meaning
+(mc_num=N: N masks per request; generation options are refused):
+{_names(PEER_ARGUMENTS)}
 
 Example:
   mptlml eval run --model mptlml --model_args pretrained=DIR,decide=true \\
