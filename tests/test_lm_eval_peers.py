@@ -7,11 +7,15 @@ scoring with a message naming it.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 
+import numpy as np
 import pytest
 import torch
 
+import mptlml
 import mptlml.lm_eval as mle
 
 from .diffusion_helpers import MASK_WORD, make_word_tokenizer, save_remote_code_model
@@ -112,3 +116,120 @@ def test_max_length_cuts_the_context_and_bos_leads_it(tmp_path):
                                                       add_special_tokens=False)["input_ids"]]
     assert cont[0].tolist() == tok(" on a mat", add_special_tokens=False)["input_ids"]
     assert torch.is_tensor(ctx[0])
+
+
+# ---------------------------------------------------------------------- LLaDA's scheme
+def _exact_profile(tiny_dir, context: list[int], target: list[int]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per count l = 1..L: mean and population variance over every mask of l tokens of the
+    continuation of (1/l) sum_{masked} log p(x_j | rest), by BertForMaskedLM directly."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    model = AutoModelForMaskedLM.from_pretrained(tiny_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    seq = [tok.cls_token_id, *context, *target, tok.sep_token_id]
+    off = 1 + len(context)
+    n = len(target)
+    mean, var = np.zeros(n), np.zeros(n)
+    for size in range(1, n + 1):
+        subsets = list(itertools.combinations(range(n), size))
+        x = torch.tensor([seq] * len(subsets))
+        for r, sub in enumerate(subsets):
+            x[r, [off + j for j in sub]] = tok.mask_token_id
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=x).logits.double(), -1)
+        v = np.array([sum(float(lp[r, off + j, target[j]]) for j in sub) / size
+                      for r, sub in enumerate(subsets)])
+        mean[size - 1], var[size - 1] = v.mean(), v.var()
+    return mean, var
+
+
+def _llada_counts(k: int, n: int, b: int) -> np.ndarray:
+    """LLaDA's formula in numpy: float32 linspace, round half to even, wrapped into 1..n."""
+    c = np.round(np.linspace(np.float32(k), np.float32(k + (b - 1) * (n / b)), b,
+                             dtype=np.float32)).astype(np.int64)
+    return (c - 1) % n + 1
+
+
+def test_llada_scheme_has_the_mean_and_variance_derived_for_it(tiny, tiny_dir):
+    """Over seeds, LLaDA's estimate has its closed-form mean and variance.
+
+    A batch of b copies from start k has mean m_k = (1/b) sum_j L S(l_j) and, given k,
+    variance (1/b^2) sum_j L^2 var(l_j) (independent uniform positions); k ~ U{1..L}:
+    E = mean_k m_k, Var(batch) = var_k m_k + mean_k (1/b^2) sum_j L^2 var(l_j); the
+    estimate averages mc_num / b independent batches. L = 5, b = 4: j L / b hits 2.5, so
+    round-half-to-even makes the counts uneven and E differs from the MPT sum.
+    """
+    from mptlml.estimators import llada_scores
+
+    enc = tiny.encode(["the cat", "sat on a big mat"])
+    context, target = enc[0].tolist(), enc[1].tolist()
+    n, b, mc_num, pairs = len(target), 4, 8, 400
+    assert n == 5
+    mean, var = _exact_profile(tiny_dir, context, target)
+    m_k, within = [], []
+    for k in range(1, n + 1):
+        c = _llada_counts(k, n, b) - 1
+        m_k.append(np.mean(n * mean[c]))
+        within.append(np.sum(n * n * var[c]) / b ** 2)
+    want_mean = float(np.mean(m_k))
+    want_var = (float(np.var(m_k)) + float(np.mean(within))) / (mc_num // b)
+    assert abs(want_mean - mean.sum()) > 1e-3  # the rounding's bias: not the MPT sum
+    res = llada_scores(tiny, [context] * pairs, [target] * pairs, mc_num=mc_num, batch=b,
+                       seed=11)
+    got = res.scores
+    assert (res.masked_inputs == mc_num).all() and res.batches == 2
+    assert abs(got.mean() - want_mean) < 4 * math.sqrt(want_var / pairs)
+    assert 0.7 < got.var(ddof=1) / want_var < 1.4  # chi2_399 / 399: sd 0.07
+    assert 0.7 < np.mean(res.stderr ** 2) / want_var < 1.4  # its SE from the batch means
+    # the registered estimator draws the same masks from the same seeds
+    with pytest.warns(RuntimeWarning, match="about 1.0 effective degrees of freedom"):
+        est = mptlml.estimate_lml(tiny, [target] * 3, "llada", num_masks=mc_num, batch=b,
+                                  context=[context] * 3, seed=11)
+    np.testing.assert_allclose(est.per_sample.numpy(), got[:3], rtol=0, atol=1e-9)
+    assert est.estimator == "llada" and est.num_masked_rows == 3 * mc_num
+
+
+def test_llada_scheme_refuses_partial_batches(tiny):
+    with pytest.raises(ValueError, match="mc_num\\) = 12 is not a multiple of batch = 8"):
+        mptlml.estimate_lml(tiny, ["the cat sat"], "llada", num_masks=12, batch=8)
+    with pytest.raises(ValueError, match="target_se= needs an unbiased estimator"):
+        mptlml.estimate_lml(tiny, ["the cat sat"], "llada", target_se=0.1)
+
+
+@pytest.mark.slow
+def test_scheme_llada_through_lm_eval(tiny, tmp_path):
+    """scheme=llada: lm-eval's --batch_size is LLaDA's batch, each candidate its own masks."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from mptlml._scoring.ragged import seq_seed
+    from mptlml.estimators import llada_scores
+    from mptlml.lm_eval.backend import _content_seed
+
+    from .test_lm_eval import MC_DOCS, read_records, write_tasks
+
+    tasks = write_tasks(tmp_path / "tasks", mc_docs=MC_DOCS[:3])
+    lm = mle.MPTLM.create_from_arg_obj({"pretrained": tiny, "scheme": "llada", "mc_num": 8,
+                                        "mc_log": tmp_path / "mc.jsonl"}, {"batch_size": 4})
+    assert (lm.mc_num, lm.batch_size) == (8, 4)
+    lm_eval.simple_evaluate(model=lm, tasks=["toy_mc"],
+                            task_manager=TaskManager(include_path=str(tasks)))
+    records, _ = read_records(tmp_path / "mc.jsonl")
+    assert len(records) == 9 and all(r["masked_inputs"] == 8 for r in records)
+    for d, doc in enumerate(MC_DOCS[:3]):
+        rs = sorted((r for r in records if r["doc_id"] == d), key=lambda r: r["idx"])
+        args = [(doc["context"], " " + c) for c in doc["choices"]]
+        q_seed = _content_seed(0, args)
+        ctx, cont = lm._pair_ids([mle.backend._Key("toy_mc", d, i, a)
+                                  for i, a in enumerate(args)])
+        want = llada_scores(tiny, [c.tolist() for c in ctx], [c.tolist() for c in cont],
+                            mc_num=8, batch=4, seed=[seq_seed(q_seed, j) for j in range(3)])
+        np.testing.assert_allclose([r["loglikelihood"] for r in rs], want.scores, atol=1e-9)
+        np.testing.assert_allclose([r["stderr"] for r in rs], want.stderr, atol=1e-9)
+        assert rs[0]["question"]["choice"] == int(np.argmax(want.scores))
+    for bad, match in [({"decide": True}, r"\['decide'\] are mptlml.compare's"),
+                       ({"mc_num": 12, "batch_size": 8}, "not a multiple of batch_size=8"),
+                       ({"scheme": "dream"}, "scheme='dream'")]:
+        with pytest.raises(ValueError, match=match):
+            mle.MPTLM(tiny, **{"scheme": "llada", **bad})

@@ -44,10 +44,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
+from scipy import stats as sps
 
 import mptlml
 
@@ -60,8 +62,11 @@ from .._scoring.distributed import (
     resolve_device,
     shard,
 )
+from .._scoring.ragged import seq_seed
 from .._validation import check_positive_int
 from ..estimators.compare import EXACT_LENGTH
+from ..estimators.llada import llada_scores
+from ..estimators.stats import welch_dof
 from ..models import MaskedLM
 from ..models.sequence_input import encode_with_context, tokenize
 from .greedy import greedy_reproduces
@@ -80,6 +85,8 @@ __all__ = ["MPTLM"]
 #: lm-eval's logger namespace: these lines show where lm-eval's own do
 logger = logging.getLogger("lm_eval.mptlml")
 
+#: how requests are scored: mptlml.compare, or LLaDA's own estimator (to reproduce it)
+SCHEMES = ("mptlml", "llada")
 #: mptlml.compare's first round when ``mc_num`` does not set it
 _COMPARE_NUM_MASKS = int(inspect.signature(mptlml.compare).parameters["num_masks"].default)
 #: loading options passed to ``MaskedLM.from_pretrained`` (transformers' among them)
@@ -87,8 +94,8 @@ _LOADING = ("tokenizer", "mask_token_id", "trust_remote_code", "dtype", "add_spe
             "revision", "autocast", "attn_implementation", "local_files_only", "cache_dir",
             "corruption", "allow_unknown")
 #: settings of the Monte Carlo estimate and of the run
-_SETTINGS = ("num_masks", "target_se", "max_masks", "mc_num", "decide", "seed", "token_budget",
-             "batch_size", "max_length", "greedy", "cfg", "mc_log", "progress")
+_SETTINGS = ("scheme", "num_masks", "target_se", "max_masks", "mc_num", "decide", "seed",
+             "token_budget", "batch_size", "max_length", "greedy", "cfg", "mc_log", "progress")
 
 
 @dataclass(frozen=True, order=True)
@@ -207,6 +214,9 @@ class MPTLM(LM):
         A model directory or hub id for :meth:`mptlml.models.MaskedLM.from_pretrained`,
         or a ready :class:`~mptlml.models.MaskedLM` (the Python route).
     **loading
+        LLaDA's ``model_path``, ``mask_id``, ``is_check_greedy`` and Dream's
+        ``nll_type``, ``log_type``, ``parallelize``, ``autogptq``
+        (:mod:`mptlml.lm_eval.peers`; their generation options are refused), and
         ``tokenizer``, ``mask_token_id``, ``trust_remote_code``, ``dtype``,
         ``add_special_tokens``, ``revision``, ``autocast``, ``attn_implementation``,
         ``local_files_only``, ``cache_dir``, ``corruption``, ``allow_unknown``: as for
@@ -234,7 +244,15 @@ class MPTLM(LM):
         come from the seed and its own texts.
     token_budget, batch_size : int
         Padded tokens per forward pass; at most this many inputs per forward
-        pass (optional).
+        pass (optional). With ``scheme="llada"``, ``batch_size`` is LLaDA's: the
+        masks of one systematic batch (default 32; lm-eval's ``--batch_size``
+        sets it, as in LLaDA's adapter).
+    scheme : {"mptlml", "llada"}
+        ``"mptlml"`` (default): :func:`mptlml.compare`. ``"llada"``: LLaDA's own
+        estimator (:func:`mptlml.estimators.llada_scores`: ``mc_num`` masks per
+        request, default 128, counts systematic per batch, weight L / l), each
+        candidate on its own masks, with the standard error of its batch means:
+        reproduce a published LLaDA number first, then switch.
     greedy : bool
         Compute ``is_greedy`` by greedy unmasking (default True; about T extra
         forward rows per request). False: every ``is_greedy`` is False, announced
@@ -259,10 +277,6 @@ class MPTLM(LM):
         model's own length.
     add_bos_token : bool
         Dream's: the tokenizer's BOS token before every context (always visible).
-    **peers
-        LLaDA's ``model_path``, ``mask_id``, ``is_check_greedy``, Dream's
-        ``nll_type``, ``log_type``, ``parallelize``, ``autogptq``:
-        :mod:`mptlml.lm_eval.peers` (their generation options are refused).
     """
 
     #: the directory ``mc_log`` defaults into (set by :func:`mptlml.lm_eval.main`)
@@ -276,7 +290,8 @@ class MPTLM(LM):
                  greedy: bool | None = None,
                  mc_log: str | os.PathLike | None = None, progress: bool = False,
                  mc_num: int | None = None, cfg: float = 0.0, max_length: int | None = None,
-                 add_bos_token: bool = False, **loading: Any) -> None:
+                 add_bos_token: bool = False, scheme: str = "mptlml",
+                 **loading: Any) -> None:
         super().__init__()
         loading = translate({**loading, **({} if cfg == 0.0 else {"cfg": cfg})})
         cfg = loading.pop("cfg", 0.0)
@@ -312,7 +327,24 @@ class MPTLM(LM):
         if num_masks is not None and num_masks % 2:
             raise ValueError(f"model_args num_masks must be even (mptlml.compare draws two "
                              f"masks per rate stratum), got {num_masks}.")
-        if mc_num is not None:
+        if scheme not in SCHEMES:
+            raise ValueError(f"model_args scheme={scheme!r}: pass one of {SCHEMES} ('mptlml': "
+                             "mptlml.compare; 'llada': LLaDA's own estimator, to reproduce "
+                             "its numbers).")
+        self.scheme = scheme
+        if scheme == "llada":
+            given = [k for k, v in (("num_masks", num_masks), ("target_se", target_se),
+                                    ("max_masks", max_masks), ("decide", decide)) if v]
+            if given:
+                raise ValueError(f"model_args {given} are mptlml.compare's; scheme=llada draws "
+                                 "mc_num masks per request in batches of batch_size, as LLaDA "
+                                 "does. Drop them, or leave scheme out.")
+            mc_num = 128 if mc_num is None else mc_num  # LLaDA's defaults
+            batch_size = 32 if batch_size is None else batch_size
+            if mc_num % batch_size:
+                raise ValueError(f"model_args mc_num={mc_num} is not a multiple of batch_size="
+                                 f"{batch_size} (LLaDA's masks per batch); pass a multiple.")
+        elif mc_num is not None:
             num_masks, max_masks = _budget(mc_num, num_masks, max_masks)
         if target_se is not None and not (isinstance(target_se, int | float)
                                           and not isinstance(target_se, bool)
@@ -376,6 +408,11 @@ class MPTLM(LM):
         if device is not None and args.get("device") is None:
             args["device"] = _harness_device(str(device))
         harness = {k: extra.pop(k) for k in ("batch_size", "max_batch_size") if k in extra}
+        if args.get("scheme") == "llada" and "batch_size" in harness:
+            # LLaDA's adapter takes lm-eval's --batch_size as its masks per batch
+            size = harness.pop("batch_size")
+            if str(size) != "auto" and args.get("batch_size") is None:
+                args["batch_size"] = int(size)
         if any(str(v) not in ("1", "auto") for v in harness.values()):
             warnings.warn(
                 f"lm-eval's {harness} does not apply to mptlml: it batches masked inputs by "
@@ -441,7 +478,7 @@ class MPTLM(LM):
                     "a larger max_masks) decide them.", task, s["undecided"], s["questions"],
                     s["z_threshold"], s["undecided_share"])
         return {"mptlml": {
-            "model": self.model.name, **self.model.placement(),
+            "model": self.model.name, **self.model.placement(), "scheme": self.scheme,
             "num_masks": self.num_masks,
             "target_se": self.target_se, "max_masks": self.max_masks, "decide": self.decide,
             "mc_num": self.mc_num, "cfg": self.cfg, "max_length": self.max_length,
@@ -499,11 +536,10 @@ class MPTLM(LM):
             for i in members:
                 c = ctx_ids[i]
                 kept[i] = c[len(c) - room:] if len(c) > room else c
-        cmp = mptlml.compare(
-            self.model, [kept[m[0]].tolist() for m in questions],
+        cmp = self._compare(
+            [kept[m[0]].tolist() for m in questions],
             [[cont_ids[i].tolist() for i in m] for m in questions],
-            seed=[_content_seed(self.seed, [keys[i].args for i in m]) for m in questions],
-            **self._compare_options())
+            [_content_seed(self.seed, [keys[i].args for i in m]) for m in questions])
         records: dict[_Key, dict[str, Any]] = {}
         for q, members in enumerate(questions):
             self._questions += 1
@@ -534,6 +570,17 @@ class MPTLM(LM):
         for k, g in zip(keys, greedy, strict=True):
             records[k]["is_greedy"] = g
         return records
+
+    def _compare(self, contexts: list[list[int]], candidates: list[list[list[int]]],
+                 seeds: list[int]) -> Any:
+        """The questions scored by the run's scheme: :func:`mptlml.compare`'s result, or
+        LLaDA's estimate of each candidate in the same fields (:func:`_llada_questions`)."""
+        if self.scheme == "llada":
+            return _llada_questions(self.model, contexts, candidates, seeds, self.mc_num,
+                                    int(self.batch_size), token_budget=self.token_budget,
+                                    progress=self.progress)
+        return mptlml.compare(self.model, contexts, candidates, seed=seeds,
+                              **self._compare_options())
 
     def _compare_options(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"token_budget": self.token_budget, "progress": self.progress,
@@ -582,8 +629,7 @@ class MPTLM(LM):
         exact = np.zeros(0, dtype=bool)
         stops: list[str] = []
         if targets:
-            cmp = mptlml.compare(self.model, contexts, targets, seed=seeds,
-                                 **self._compare_options())
+            cmp = self._compare(contexts, targets, seeds)
             ll = np.array([float(v[0]) for v in cmp.scores])
             se = np.array([float(v[0]) for v in cmp.stderr])
             rows = np.array(cmp.num_masked_rows, dtype=np.int64)
@@ -612,6 +658,57 @@ class MPTLM(LM):
             "(multiple-choice) and loglikelihood_rolling (perplexity) tasks. Run generation "
             "tasks (generate_until, e.g. gsm8k) with a model that generates, such as lm-eval's "
             "'hf' backend or a masked-diffusion LM's own sampler.")
+
+
+def _llada_questions(model: MaskedLM, contexts: list[list[int]],
+                     candidates: list[list[list[int]]], seeds: list[int], mc_num: int,
+                     batch: int, **run: Any) -> SimpleNamespace:
+    """LLaDA's estimate of every candidate (each its own masks), as a comparison's fields.
+
+    Candidate j of question q draws from ``seq_seed(seeds[q], j)``; the leader's lead
+    over candidate k has the standard error ``sqrt(se_lead^2 + se_k^2)`` (independent
+    masks), its threshold the t quantile at their Welch degrees of freedom
+    (:func:`mptlml.compare`'s rule for one look).
+    """
+    flat = [(q, j) for q, c in enumerate(candidates) for j in range(len(c))]
+    res = llada_scores(model, [contexts[q] for q, _ in flat],
+                       [candidates[q][j] for q, j in flat], mc_num=mc_num, batch=batch,
+                       seed=[seq_seed(seeds[q], j) for q, j in flat], **run)
+    out = SimpleNamespace(scores=[], stderr=[], exact=[], candidate_masked_rows=[],
+                          num_masked_rows=[], stderr_dof=[], rounds=[], stop_reason=[],
+                          choice=[], decided=[], margin_z=[], z_threshold=[],
+                          paired_stderr=[])
+    dof = float(res.batches - 1)
+    w = 0
+    for cands in candidates:
+        k = len(cands)
+        est, se = res.scores[w:w + k], res.stderr[w:w + k]
+        rows = res.masked_inputs[w:w + k]
+        w += k
+        lead = int(np.argmax(est))
+        pse = np.sqrt(se[lead] ** 2 + se ** 2)
+        pse[lead] = 0.0
+        z = np.where(pse > 0, (est[lead] - est) / np.where(pse > 0, pse, 1.0), np.inf)
+        z[lead] = np.inf
+        runner = int(np.argmin(z))
+        welch = (welch_dof(torch.tensor([se[lead] ** 2, se[runner] ** 2]), dof)
+                 if k > 1 and dof > 0 else math.inf)
+        thr = float(sps.t.isf(0.025, welch) if math.isfinite(welch) else sps.norm.isf(0.025))
+        margin = float(z.min())
+        out.scores.append(est)
+        out.stderr.append(se)
+        out.exact.append(rows == 0)  # an empty continuation: 0, exactly
+        out.candidate_masked_rows.append(rows)
+        out.num_masked_rows.append(int(rows.sum()))
+        out.stderr_dof.append(dof)
+        out.rounds.append(1)
+        out.stop_reason.append("spent")
+        out.choice.append(lead)
+        out.decided.append(margin > thr)
+        out.margin_z.append(margin)
+        out.z_threshold.append(thr)
+        out.paired_stderr.append(pse)
+    return out
 
 
 def _worst(reasons: list[str]) -> str | None:
