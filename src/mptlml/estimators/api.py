@@ -178,7 +178,7 @@ def estimate_lml(model: Any, x: Any, estimator: str | Estimator = "cumulative", 
                  seed: int | torch.Generator | None = None, share_masks: bool = False,
                  nested: bool = False, max_masks: int | None = None,
                  target_se: float | None = None, allocation: str | None = None,
-                 progress: bool = False, context: Any = None,
+                 progress: bool = False, context: Any = None, cfg_scale: float = 0.0,
                  **options: Any) -> LMLEstimate:
     """Estimate log p(x_n) for each datum from the model's masked conditionals.
 
@@ -247,6 +247,13 @@ def estimate_lml(model: Any, x: Any, estimator: str | Estimator = "cumulative", 
         tokens; see :func:`mptlml.models.sequence_input.encode_with_context`); for
         dense data the always-visible dimensions C (bool mask or indices), masks
         drawn inside the others (``exact`` is then the exact conditional, where known).
+    cfg_scale : float
+        Classifier-free guidance of a masked LM by ``context`` (LLaDA's ``cfg``): every
+        masked input is scored with the logits ``u + (cfg_scale + 1) (c - u)``, u those
+        of the same input with the context masked too
+        (:mod:`mptlml.models.conditional`). The result is then a guided score, not a
+        bound on or estimate of log p(x_T | x_C). 0 (default): no guidance; refused
+        without ``context`` or for a dense model.
     **options
         Ragged sequences: ``rates`` (riemann), other options of the estimator
         (e.g. ``stratified``, ``eps``), and the run options ``token_budget``,
@@ -270,7 +277,7 @@ def estimate_lml(model: Any, x: Any, estimator: str | Estimator = "cumulative", 
         when its standard error cannot be computed (one draw per datum, e.g.
         ``num_masks=1``: ``stderr`` is NaN) or rests on few degrees of freedom.
     """
-    model = with_context(model, context)
+    model = with_context(model, context, cfg_scale=cfg_scale)
     args = given(rate=rate, mask_size=mask_size, share_masks=share_masks, nested=nested,
                  max_masks=max_masks if target_se is None else None)
     budget = max_masks if target_se is not None else None

@@ -71,7 +71,7 @@ from scipy import stats as sps
 from .._optional import require
 from .._scoring.ragged import run_pairs
 from .._validation import check_positive_int
-from ..models.sequence_input import encode_with_context
+from ..models.conditional import with_context
 from .results import MIN_STDERR_DOF, _Result, announce_nonfinite
 from .stats import welch_dof
 
@@ -269,7 +269,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
             alpha: float = 0.05, max_masks: int | None = None, allocation: str = "learned",
             common_masks: bool = True, seed: int | Sequence[int] = 0,
             token_budget: int = 8192, batch_size: int | None = None, chunk_size: int = 64,
-            progress: bool = False) -> Comparison:
+            progress: bool = False, cfg_scale: float = 0.0) -> Comparison:
     """Score the K candidate continuations of each question on common masks, and choose.
 
     Parameters
@@ -316,6 +316,9 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         Candidates whose masks go to the model together (batched under
         ``token_budget`` across questions; the unit of work split across
         processes).
+    cfg_scale : float
+        Classifier-free guidance by the context, as in :func:`mptlml.estimate_lml`
+        (LLaDA's ``cfg``): the scores are then guided scores, not bounds. 0: none.
 
     Returns
     -------
@@ -361,7 +364,9 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     owner = [(q, k) for q, c in enumerate(cands) for k in range(len(c))]
     flat_ctx = [ctxs[q] for q, _ in owner]
     flat_cand = [cands[q][k] for q, k in owner]
-    ids, nctx = encode_with_context(model, flat_ctx, flat_cand)
+    scorer = with_context(model, flat_ctx, cfg_scale=cfg_scale)  # the contexts ride along
+    ids = scorer.encode(flat_cand)
+    nctx = [0] * len(ids)
     lengths = np.array([len(t) - n for t, n in zip(ids, nctx, strict=True)])
     members = [[i for i, (qq, _) in enumerate(owner) if qq == q] for q in range(len(cands))]
     exact = (2.0 ** lengths - 2 <= max(p, 2 ** EXACT_LENGTH - 2)) | (lengths <= 1)
@@ -417,7 +422,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                 rows[q] += m.shape[0]
                 cand_rows[i] += m.shape[0]
         todo = sorted(masks)
-        out = run_pairs(model, [ids[i] for i in todo],
+        out = run_pairs(scorer, [ids[i] for i in todo],
                         lambda k, d, g, todo=todo, masks=masks: masks[todo[k]], seed=0,
                         tag="compare",
                         spec={"kind": "compare", "round": r,

@@ -49,7 +49,8 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
         per_token: bool = False, whole_word: bool = False, variant: str = "original",
         token_budget: int = 8192, chunk_size: int = 8, batch_size: int | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
-        progress: bool = False, context: Any = None) -> torch.Tensor | TokenScores:
+        progress: bool = False, context: Any = None,
+        cfg_scale: float = 0.0) -> torch.Tensor | TokenScores:
     """Pseudo-log-likelihood of each sequence, ``sum_j log p(x_j | x_{-j})``.
 
     Every non-special token is masked alone (D_i masked copies per sequence),
@@ -74,6 +75,9 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
         Score the conditional instead: one context per sequence (text or ids; one
         string for all), always visible and never scored; the sequences are the
         continuations (see :func:`mptlml.estimate_lml`): ``sum_{j in T} log p(x_j | x_{-j})``.
+    cfg_scale : float
+        Classifier-free guidance by ``context``, as in :func:`mptlml.estimate_lml`: a
+        guided score, not a pseudo-log-likelihood of the model. 0: none.
 
     Returns
     -------
@@ -93,7 +97,7 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
         if per_token or whole_word or variant != "original":
             raise ValueError("context= scores the continuation's tokens one at a time; it does "
                              "not combine with per_token, whole_word or variant='word_l2r'.")
-        model = with_context(model, context)
+    model = with_context(model, context, cfg_scale=cfg_scale)
     if per_token:
         word_model(model, "per-token output")  # token strings: refused before the run
     l2r = variant == "word_l2r"

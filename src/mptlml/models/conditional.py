@@ -16,12 +16,26 @@ fast reductions (PPCA's GEMMs and quadratic forms) serve unchanged. Its
 ``log_marginal`` is the exact conditional when the wrapped model has one
 (:meth:`~mptlml.models.base.MaskedModel.conditional_log_marginal`).
 
+Classifier-free guidance (``cfg_scale``, LLaDA's unsupervised guidance) scores a
+masked input with the guided logits
+
+    g = u + (cfg_scale + 1) (c - u),
+
+c the logits of the masked input (context visible), u those of the same input
+with the context (the prompt, and a BOS before it) masked too. ``log_softmax(g)``
+is a *guided score*: no longer a conditional of the model, so the sums above
+with it are no bound on, nor estimate of, log p(x_T | x_C); cfg_scale = 0 is
+the unguided conditional exactly. Only a masked LM with a context can be
+guided (:func:`with_context` refuses the rest before any work).
+
 Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
-Marginal Likelihood", NeurIPS 2023, Proposition 1.
+Marginal Likelihood", NeurIPS 2023, Proposition 1. Guidance: Nie et al.,
+"Large Language Diffusion Models" (LLaDA), 2025, Appendix B (its ``cfg``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -31,7 +45,32 @@ import torch
 from .._validation import check_context, check_mask
 from .base import MaskedModel
 
-__all__ = ["ConditionalView", "ConditionedSequences", "with_context"]
+__all__ = ["ConditionalView", "ConditionedSequences", "check_cfg_scale", "guided_logits",
+           "with_context"]
+
+
+def check_cfg_scale(cfg_scale: Any) -> float:
+    """A guidance scale: a finite number >= 0 (not a bool); returned as float."""
+    if isinstance(cfg_scale, bool) or not isinstance(cfg_scale, int | float):
+        raise TypeError(f"cfg_scale must be a number >= 0 (0: no guidance), got "
+                        f"{type(cfg_scale).__name__} {cfg_scale!r}.")
+    if not math.isfinite(cfg_scale) or cfg_scale < 0:
+        raise ValueError(f"cfg_scale must be a finite number >= 0 (0: no guidance; LLaDA's "
+                         f"cfg, e.g. 0.5), got {cfg_scale!r}.")
+    return float(cfg_scale)
+
+
+def guided_logits(conditional: torch.Tensor, unconditional: torch.Tensor,
+                  cfg_scale: float) -> torch.Tensor:
+    """Classifier-free guidance: ``u + (cfg_scale + 1) (c - u)`` (LLaDA's formula).
+
+    ``conditional`` c are the logits of a masked input with its context
+    visible, ``unconditional`` u those of the same input with the context
+    masked too. cfg_scale = 0 returns c unchanged.
+    """
+    if cfg_scale == 0:
+        return conditional
+    return unconditional + (cfg_scale + 1.0) * (conditional - unconditional)
 
 
 class ConditionalView(MaskedModel):
@@ -133,16 +172,30 @@ class ConditionedSequences:
     Scoring prepends each continuation's context, visible and never scored, to its
     ids and masks. Its fingerprint covers the contexts, so a checkpoint never mixes two.
 
+    With ``cfg_scale`` != 0 every masked input is scored with guided logits
+    (module docstring): the inner model is passed ``cfg_scale`` and the contexts'
+    lengths as ``prompt_lengths``.
+
     Parameters
     ----------
     model : RaggedMaskedModel
     contexts : list of str or token-id lists, or one str for every continuation
+    cfg_scale : float
+        Classifier-free guidance scale (0: none); a model that can be guided only
+        (``supports_guidance``, a :class:`~mptlml.models.masked_lm.MaskedLM`).
     """
 
-    def __init__(self, model: Any, contexts: Any) -> None:
+    def __init__(self, model: Any, contexts: Any, cfg_scale: float = 0.0) -> None:
+        self.cfg_scale = check_cfg_scale(cfg_scale)
+        if self.cfg_scale and not getattr(model, "supports_guidance", False):
+            raise TypeError(f"cfg_scale={cfg_scale} needs a model that can be guided (a "
+                            f"MaskedLM); {type(model).__name__} takes no guidance. Pass "
+                            "cfg_scale=0.")
         self.inner = model
         self.contexts = contexts
         self.name = f"{getattr(model, 'name', type(model).__name__)} | context"
+        if self.cfg_scale:
+            self.name += f" | cfg {self.cfg_scale:g}"
         self._context_of: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __getattr__(self, name: str) -> Any:  # device, dtype, settings, ... of the model
@@ -162,6 +215,13 @@ class ConditionedSequences:
             out.append(cont)
         return out
 
+    def _guidance(self, ids: Sequence[torch.Tensor]) -> dict[str, Any]:
+        """The guidance keywords of the inner model's scoring ({} without guidance)."""
+        if not self.cfg_scale:
+            return {}
+        return {"cfg_scale": self.cfg_scale,
+                "prompt_lengths": [len(self._context_of[id(t)][1]) for t in ids]}
+
     def _joined(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         joined, full = [], []
@@ -180,7 +240,8 @@ class ConditionedSequences:
                                ) -> list[torch.Tensor]:
         """Sum of log p(x_j | x_{T - mask}, x_C) over each mask ``(Q_i, T_i)``: ``(Q_i,)``."""
         joined, full = self._joined(ids, masks)
-        return self.inner.ragged_masked_log_prob(joined, full, generators, **kwargs)
+        return self.inner.ragged_masked_log_prob(joined, full, generators, **kwargs,
+                                                 **self._guidance(ids))
 
     def ragged_target_log_prob(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor],
                                targets: Sequence[torch.Tensor],
@@ -189,31 +250,43 @@ class ConditionedSequences:
         """``sum_{j in targets} log p(x_j | x_{-mask}, x_C)`` per mask (the chain rule)."""
         joined, full = self._joined(ids, masks)
         _, tfull = self._joined(ids, targets)
-        return self.inner.ragged_target_log_prob(joined, full, tfull, generators, **kwargs)
+        return self.inner.ragged_target_log_prob(joined, full, tfull, generators, **kwargs,
+                                                 **self._guidance(ids))
 
     def fingerprint(self) -> dict[str, Any]:
-        """The model's fingerprint and a digest of the contexts."""
+        """The model's fingerprint, a digest of the contexts and the guidance scale."""
         import hashlib
 
         h = hashlib.sha256(repr(self.contexts).encode()).hexdigest()[:16]
-        return {**self.inner.fingerprint(), "contexts_sha256": h}
+        guide = {"cfg_scale": self.cfg_scale} if self.cfg_scale else {}
+        return {**self.inner.fingerprint(), "contexts_sha256": h, **guide}
 
 
-def with_context(model: Any, context: Any) -> Any:
+def with_context(model: Any, context: Any, *, cfg_scale: float = 0.0) -> Any:
     """``model`` seen through ``context``: the conditional twin every front door scores.
 
     A dense :class:`~mptlml.models.base.MaskedModel` gets a :class:`ConditionalView`
     (``context`` names always-visible dimensions: a bool mask or indices); a ragged
     model (a masked LM) gets :class:`ConditionedSequences` (``context`` is one text or
-    id list per continuation, or one text for all).
+    id list per continuation, or one text for all). ``cfg_scale`` != 0 guides the
+    scores by the context (module docstring): it needs a context and a masked LM,
+    and is refused otherwise, before any work.
     """
     from .protocols import RaggedMaskedModel
 
+    cfg = check_cfg_scale(cfg_scale)
     if context is None:
+        if cfg:
+            raise ValueError(f"cfg_scale={cfg_scale} guides a score by its context: pass "
+                             "context= (the prompt that guidance masks), or cfg_scale=0.")
         return model
     if isinstance(model, MaskedModel):
+        if cfg:
+            raise TypeError(f"cfg_scale={cfg_scale} applies to a masked LM scored in context; "
+                            f"{type(model).__name__} is a dense model, whose conditionals "
+                            "cannot be guided. Pass cfg_scale=0.")
         return ConditionalView(model, context)
     if isinstance(model, RaggedMaskedModel):
-        return ConditionedSequences(model, context)
+        return ConditionedSequences(model, context, cfg_scale=cfg)
     raise TypeError(f"context= needs a MaskedModel or a RaggedMaskedModel, got "
                     f"{type(model).__name__}.")

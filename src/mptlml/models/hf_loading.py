@@ -25,6 +25,7 @@ import torch
 
 from .._optional import require
 from .._validation import env_flag
+from .conventions import convention_of
 
 __all__ = ["DTYPES", "check_masked_lm", "check_model_source", "dtype_name", "hf_offline_mode",
            "hub_offline", "load_antiberty", "load_pretrained", "max_input_length",
@@ -327,7 +328,8 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
         tok = _load_tokenizer(src, tokenizer, {**shared, **(tokenizer_kwargs or {})})
         config = AutoConfig.from_pretrained(src, **shared)
         auto = AutoModelForMaskedLM
-        if not any_module:
+        conv = convention_of(config)  # a known masked-diffusion family loads as any module
+        if not any_module and not (conv is not None and conv.any_module):
             _check_masked_lm_config(config, src)
         elif not _has_masked_lm_class(config):
             auto = AutoModel

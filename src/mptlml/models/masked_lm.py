@@ -43,6 +43,8 @@ from torch import nn
 
 from .._validation import check_device, make_generator
 from . import word_units
+from .conditional import check_cfg_scale, guided_logits
+from .conventions import convention_of, get_convention
 from .hf_loading import (
     DTYPES,
     check_masked_lm,
@@ -70,6 +72,16 @@ __all__ = ["CORRUPTIONS", "MaskedLM"]
 
 _HEAD_NAMES = ("cls", "lm_head", "predictions")
 _AUTOCAST = ("bfloat16", "float16")
+
+
+def _bos_eos(tokenizer: Any, family: str) -> tuple[list[int], list[int]]:
+    """A BOS before the content and an EOS after it (Dream's evaluation adapter)."""
+    bos, eos = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "eos_token_id", None)
+    if bos is None or eos is None:
+        raise ValueError(f"{family}'s convention frames the content with the tokenizer's BOS "
+                         f"and EOS, but this tokenizer has bos_token_id={bos}, eos_token_id="
+                         f"{eos}; pass its own tokenizer, or add_special_tokens=False.")
+    return [int(bos)], [int(eos)]
 
 
 class MaskedLM(nn.Module):
@@ -117,13 +129,24 @@ class MaskedLM(nn.Module):
     autocast : None, bool or {"bfloat16", "float16"}
         Mixed-precision forward (``torch.autocast``). None/False: off; True:
         bfloat16 (float16 on a CUDA device without it). Recorded in results.
+    shift_logits : bool, optional
+        The head predicts position i from the hidden state at i - 1 (Dream's, and any
+        masked-diffusion LM adapted from an autoregressive one): the log-probability
+        of a masked position i is read from the logits at i - 1 (the head still runs
+        only there). None: the family's (False for an unknown family).
+    family : str, optional
+        A family of :data:`~mptlml.models.conventions.CONVENTIONS` (``"llada"``,
+        ``"dream"``, ``"mdlm"``, ``"smdm"``, ``"bert"``): its mask id, shifted logits
+        and frame (BOS/EOS), unless given here. None: read from ``config.model_type``
+        (:func:`~mptlml.models.conventions.convention_of`); unknown types are BERT-style.
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, mask_token_id: int | None = None,
                  add_special_tokens: bool = True, vocab_size: int | None = None,
                  corruption: str = "mask", truncate: bool = False,
                  preprocess: Callable[[str], str] | None = None, name: str | None = None,
-                 allow_unknown: bool = False, autocast: bool | str | None = None) -> None:
+                 allow_unknown: bool = False, autocast: bool | str | None = None,
+                 shift_logits: bool | None = None, family: str | None = None) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(
@@ -136,9 +159,21 @@ class MaskedLM(nn.Module):
         if autocast not in (None, True, False) and dtype_name(autocast) not in _AUTOCAST:
             raise ValueError(f"autocast must be None, True, False, 'bfloat16' or 'float16'; "
                              f"got {autocast!r}.")
+        if shift_logits is not None and not isinstance(shift_logits, bool):
+            raise TypeError(f"shift_logits must be bool or None, got {shift_logits!r}.")
         config = getattr(model, "config", None)
+        conv = get_convention(family) if family is not None else convention_of(config)
+        #: the family's conventions (:mod:`mptlml.models.conventions`), None: BERT-style
+        self.convention = conv
+        #: logits of position i read at i - 1 (Dream's head)
+        self.shift_logits = bool(conv is not None and conv.shift_logits) if (
+            shift_logits is None) else shift_logits
+        if mask_token_id is None and conv is not None:
+            mask_token_id = conv.mask_id(vocab_size if vocab_size is not None
+                                         else getattr(config, "vocab_size", None))
         #: an HF masked LM with its own tokenizer's mask token, or a plain module + mask id
-        self.generic = mask_token_id is not None or config is None
+        self.generic = (mask_token_id is not None or config is None
+                        or (conv is not None and conv.any_module))
         if config is not None:
             check_masked_lm(model, "MaskedLM")
         if self.generic:
@@ -167,7 +202,9 @@ class MaskedLM(nn.Module):
         specials = set(self.special_ids)
         self._replacements = torch.tensor([i for i in range(self.vocab_size)
                                            if i not in specials], dtype=torch.long)
-        self.prefix, self.suffix = special_frame(tokenizer) if add_special_tokens else ([], [])
+        self.prefix, self.suffix = (([], []) if not add_special_tokens else
+                                    _bos_eos(tokenizer, conv.name) if conv is not None
+                                    and conv.frame == "bos_eos" else special_frame(tokenizer))
         self.max_length = max_input_length(model, tokenizer)
         #: whether padding can be hidden from the model (else only equal lengths share a batch)
         self._takes_attention_mask = accepts_keyword(model, "attention_mask")
@@ -187,6 +224,7 @@ class MaskedLM(nn.Module):
                         corruption: str = "mask", truncate: bool = False,
                         preprocess: Callable[[str], str] | None = None, name: str | None = None,
                         allow_unknown: bool = False, autocast: bool | str | None = None,
+                        shift_logits: bool | None = None, family: str | None = None,
                         **hf_kwargs: Any) -> MaskedLM:
         """Load a masked LM and its tokenizer by hub name or local directory.
 
@@ -214,8 +252,10 @@ class MaskedLM(nn.Module):
         add_special_tokens : bool
             Frame every input with the tokenizer's special tokens ([CLS] ...
             [SEP]); False for models trained on bare token ids.
-        corruption, truncate, preprocess, name, allow_unknown, autocast
-            As for :class:`MaskedLM`.
+        corruption, truncate, preprocess, name, allow_unknown, autocast, shift_logits, family
+            As for :class:`MaskedLM`. A checkpoint of a known family (``config.model_type``
+            LLaDA's, Dream's, MDLM's; or ``family=``) is loaded through ``AutoModel`` as
+            with ``mask_token_id``, and scored by its conventions.
         **hf_kwargs
             Everything else goes to ``AutoModelForMaskedLM.from_pretrained``
             (``AutoModel`` with ``mask_token_id`` for a model without a masked-LM
@@ -227,12 +267,15 @@ class MaskedLM(nn.Module):
             raise ValueError("pass device= or device_map=, not both (device_map places the "
                              "model itself).")
         dev = None if device is None else check_device(device)  # before loading anything
-        model, tok, label = load_pretrained(name_or_dir, tokenizer=tokenizer, dtype=dtype,
-                                            random_init=random_init, init_seed=init_seed,
-                                            any_module=mask_token_id is not None, **hf_kwargs)
+        conv = None if family is None else get_convention(family)  # before loading anything
+        model, tok, label = load_pretrained(
+            name_or_dir, tokenizer=tokenizer, dtype=dtype, random_init=random_init,
+            init_seed=init_seed, any_module=mask_token_id is not None or bool(
+                conv and conv.any_module), **hf_kwargs)
         lm = cls(model, tok, mask_token_id=mask_token_id, add_special_tokens=add_special_tokens,
                  corruption=corruption, truncate=truncate, preprocess=preprocess,
-                 name=name or label, allow_unknown=allow_unknown, autocast=autocast)
+                 name=name or label, allow_unknown=allow_unknown, autocast=autocast,
+                 shift_logits=shift_logits, family=family)
         return lm.to(dev) if dev is not None else lm
 
     @classmethod
@@ -256,13 +299,23 @@ class MaskedLM(nn.Module):
         return lm.to(dev) if dev is not None else lm
 
     def fingerprint(self) -> dict[str, Any]:
-        """Name, size, a probe of the first weights, corruption, dtype and autocast."""
+        """Name, size, a probe of the first weights, corruption, dtype, autocast (and shift)."""
         params = sum(p.numel() for p in self.parameters())
         first = next(self.parameters()).detach().flatten()[:64].double().cpu().numpy()
         return {"model": self.name, "num_parameters": int(params),
                 "weights_probe": hashlib.sha256(first.tobytes()).hexdigest()[:16],
                 "corruption": self.corruption, "dtype": dtype_name(self.dtype),
-                "autocast": dtype_name(self.autocast_dtype)}
+                "autocast": dtype_name(self.autocast_dtype),
+                **({"shift_logits": True} if self.shift_logits else {})}
+
+    def _check_shifted(self, scores_position_zero: bool) -> None:
+        """Refuse input position 0 with shifted logits (no hidden state before it), before work."""
+        if self.shift_logits and scores_position_zero:
+            raise ValueError(
+                "shift_logits=True reads position i's logits at i - 1, and position 0 has "
+                "nothing before it: give the model a BOS (add_special_tokens=True with a "
+                "family that prepends one, e.g. family='dream') or a context before the "
+                "scored tokens.")
 
     @property
     def device(self) -> torch.device:
@@ -354,7 +407,9 @@ class MaskedLM(nn.Module):
         return torch.autocast(self.device.type, dtype=dt)
 
     def masked_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+                      rows: torch.Tensor, cols: torch.Tensor, *,
+                      unconditional: torch.Tensor | None = None,
+                      cfg_scale: float = 0.0) -> torch.Tensor:
         """Logits ``(n, V)`` at positions ``(rows, cols)`` of a padded batch.
 
         Runs the encoder, gathers the hidden states at the given positions and
@@ -362,8 +417,21 @@ class MaskedLM(nn.Module):
         logits at those positions); float32 (float64 for a float64 model). The
         model runs in eval mode whatever mode it is in (no dropout: a model left
         in train mode by training is put back after), under ``torch.inference_mode``.
+        With ``shift_logits`` the hidden states (logits) are those at ``cols - 1``.
+
+        With ``unconditional`` (the same batch with its prompt masked too, ``(B, T)``)
+        both run in one forward pass and the result is the guided logits
+        :func:`~mptlml.models.conditional.guided_logits`,
+        ``u + (cfg_scale + 1) (c - u)``, c from ``input_ids`` and u from ``unconditional``.
         """
         dev = self.device
+        b = input_ids.shape[0]
+        if unconditional is not None:  # one forward: the conditional rows, then the others
+            input_ids = torch.cat([input_ids, unconditional])
+            attention_mask = torch.cat([attention_mask, attention_mask])
+            rows, cols = torch.cat([rows, rows + b]), torch.cat([cols, cols])
+        if self.shift_logits:  # position i is predicted from the hidden state at i - 1
+            cols = cols - 1
         input_ids = input_ids.to(dev)
         attention_mask = attention_mask.to(dev)
         rows, cols = rows.to(dev), cols.to(dev)
@@ -375,61 +443,83 @@ class MaskedLM(nn.Module):
                 extra = {"attention_mask": attention_mask} if self._takes_attention_mask else {}
                 logits = logits_of(self.model(input_ids=input_ids, **extra),
                                    self.name)[rows, cols]
-            return logits if logits.dtype == torch.float64 else logits.float()
+            logits = logits if logits.dtype == torch.float64 else logits.float()
+            if unconditional is None:
+                return logits
+            c, u = logits.chunk(2)
+            return guided_logits(c, u, cfg_scale)
 
     def masked_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          rows: torch.Tensor, cols: torch.Tensor,
-                         targets: torch.Tensor) -> torch.Tensor:
+                         targets: torch.Tensor, *, unconditional: torch.Tensor | None = None,
+                         cfg_scale: float = 0.0) -> torch.Tensor:
         """log p(targets | input) at positions ``(rows, cols)`` of a padded batch.
 
         The log-softmax of :meth:`masked_logits` (float32; float64 for a
-        float64 model) at the targets. Returns ``(n,)``.
+        float64 model) at the targets (guided with ``unconditional``). Returns ``(n,)``.
         """
-        logits = self.masked_logits(input_ids, attention_mask, rows, cols)
+        logits = self.masked_logits(input_ids, attention_mask, rows, cols,
+                                    unconditional=unconditional, cfg_scale=cfg_scale)
         with torch.inference_mode():
             logp = torch.log_softmax(logits, dim=-1)
             return logp.gather(1, targets.to(logp.device)[:, None]).squeeze(1)
 
     def top_predictions(self, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
                         *, token_budget: int = 8192, batch_size: int | None = None,
-                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                        unconditional: Sequence[torch.Tensor] | None = None,
+                        cfg_scale: float = 0.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The most probable token at given positions of many ragged inputs, and its log-prob.
 
         ``inputs`` are full model inputs ``(T_k,)`` (special tokens included, masks
         applied) and ``positions`` ``(m_k,)`` the input positions to predict. For
         each input returns ``(log_prob, token_id)``, float64 and int64 ``(m_k,)``:
         ``max_v log p(v | input)`` and its argmax (the first on a tie), in the
-        length-bucketed, token-budgeted sub-batches of :meth:`score_positions`.
+        length-bucketed, token-budgeted sub-batches of :meth:`score_positions`
+        (of the guided logits with ``unconditional`` inputs and ``cfg_scale``, as there).
         """
 
         def forward(ids: torch.Tensor, att: torch.Tensor, rows: torch.Tensor,
-                    cols: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            logits = self.masked_logits(ids, att, rows, cols)
+                    cols: torch.Tensor, targets: torch.Tensor,
+                    unconditional: torch.Tensor | None = None) -> torch.Tensor:
+            logits = self.masked_logits(ids, att, rows, cols, unconditional=unconditional,
+                                        cfg_scale=cfg_scale)
             with torch.inference_mode():
                 top, arg = torch.log_softmax(logits, dim=-1).max(dim=-1)
                 return torch.stack([top.double(), arg.double()], dim=1)  # ids < 2^53: exact
 
+        cfg_scale = check_cfg_scale(cfg_scale)
+        self._check_shifted(any(bool((p == 0).any()) for p in positions))
         out = score_in_buckets(forward, self.pad_token_id, inputs, positions, positions,
                                token_budget=token_budget, batch_size=batch_size,
-                               equal_lengths=not self._takes_attention_mask)
+                               equal_lengths=not self._takes_attention_mask,
+                               unconditional=unconditional)
         return [(v[:, 0].clone(), v[:, 1].long()) for v in out]
 
     def score_positions(self, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
                         targets: Sequence[torch.Tensor], *, token_budget: int = 8192,
-                        batch_size: int | None = None,
-                        progress: Any = None) -> list[torch.Tensor]:
+                        batch_size: int | None = None, progress: Any = None,
+                        unconditional: Sequence[torch.Tensor] | None = None,
+                        cfg_scale: float = 0.0) -> list[torch.Tensor]:
         """Score many ragged model inputs in length-bucketed, token-budgeted sub-batches.
 
         ``inputs`` are full model inputs ``(T_k,)`` (special tokens included,
         masks applied); ``positions`` and ``targets`` ``(m_k,)`` the input
         positions to score and the true ids there. Returns float64 ``(m_k,)``
         tensors of log p(target | input): :func:`~mptlml.models.mlm_inputs.score_in_buckets`
-        over :meth:`masked_log_probs`, whose parameters these are.
+        over :meth:`masked_log_probs`, whose parameters these are. With
+        ``unconditional`` (one input per input, its prompt masked too) the
+        log-softmax is that of the guided logits (:meth:`masked_logits`).
         """
-        return score_in_buckets(self.masked_log_probs, self.pad_token_id, inputs, positions,
+        cfg_scale = check_cfg_scale(cfg_scale)
+
+        def forward(*args: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            return self.masked_log_probs(*args, cfg_scale=cfg_scale, **kwargs)
+
+        return score_in_buckets(forward, self.pad_token_id, inputs, positions,
                                 targets, token_budget=token_budget, batch_size=batch_size,
                                 progress=progress,
-                                equal_lengths=not self._takes_attention_mask)
+                                equal_lengths=not self._takes_attention_mask,
+                                unconditional=unconditional)
 
     # ------------------------------------------------------------------ protocol
     def log_conditionals(self, x: Any, mask: Any, *,
@@ -467,15 +557,41 @@ class MaskedLM(nn.Module):
     def ragged_masked_log_prob(self, ids: Sequence[torch.Tensor], masks: Sequence[torch.Tensor],
                                generators: Sequence[torch.Generator | None], *,
                                token_budget: int = 8192, batch_size: int | None = None,
-                               progress: Any = None) -> list[torch.Tensor]:
+                               progress: Any = None, cfg_scale: float = 0.0,
+                               prompt_lengths: Sequence[int] | None = None
+                               ) -> list[torch.Tensor]:
         """Sum of log p(x_j | x_R) over each mask ``(Q_i, D_i)`` of each sequence: ``(Q_i,)``.
 
         The ragged protocol (:class:`~mptlml.models.protocols.RaggedMaskedModel`):
         sequence i is corrupted with ``generators[i]``, then all pairs are scored
         together by :meth:`score_positions`.
+
+        With ``cfg_scale`` != 0 (classifier-free guidance) the first
+        ``prompt_lengths[i]`` content ids of sequence i are its prompt: each masked
+        input is scored with the guided logits ``u + (cfg_scale + 1) (c - u)``, u from
+        the same input with the prompt (and the special tokens before it, the BOS)
+        masked too. A guided score, not a log-probability of the model
+        (:func:`~mptlml.models.conditional.guided_logits`).
         """
         return self._sums(list(ids), list(masks), None, list(generators), token_budget,
-                          progress, batch_size)
+                          progress, batch_size, guide=self._guide(cfg_scale, prompt_lengths, ids))
+
+    #: classifier-free guidance (``cfg_scale``, ``prompt_lengths``) is supported
+    supports_guidance = True
+
+    def _guide(self, cfg_scale: float, prompt_lengths: Sequence[int] | None,
+               ids: Sequence[torch.Tensor]) -> tuple[float, list[int]] | None:
+        """``(cfg_scale, prompt lengths)``, checked, when guiding (cfg_scale != 0); else None."""
+        cfg_scale = check_cfg_scale(cfg_scale)
+        if cfg_scale == 0:
+            return None
+        if prompt_lengths is None or len(prompt_lengths) != len(ids):
+            raise ValueError(f"cfg_scale={cfg_scale} guides by a prompt: pass prompt_lengths, "
+                             f"one per sequence ({len(ids)}).")
+        out = [int(n) for n in prompt_lengths]
+        if any(not 0 <= n <= len(t) for n, t in zip(out, ids, strict=True)):
+            raise ValueError("each prompt length must lie in [0, len(ids[i])].")
+        return cfg_scale, out
 
     # ------------------------------------------------------------------ words
     def token_strings(self, ids: torch.Tensor) -> list[str]:
@@ -490,24 +606,28 @@ class MaskedLM(nn.Module):
                                targets: Sequence[torch.Tensor],
                                generators: Sequence[torch.Generator | None], *,
                                token_budget: int = 8192, batch_size: int | None = None,
-                               progress: Any = None) -> list[torch.Tensor]:
+                               progress: Any = None, cfg_scale: float = 0.0,
+                               prompt_lengths: Sequence[int] | None = None
+                               ) -> list[torch.Tensor]:
         """``sum_{j in T} log p(x_j | x_{-M})`` for each mask M ``(Q_i, D_i)`` and targets T.
 
         Every row of ``targets`` must be a subset of the same row of ``masks``;
         the input hides all of M (corrupted as the model corrupts masks), and
         only the positions in T are scored. Returns float64 ``(Q_i,)`` each.
+        ``cfg_scale`` and ``prompt_lengths``: guidance, as in :meth:`ragged_masked_log_prob`.
         """
         ms, ts = list(masks), list(targets)
         word_units.check_targets(ms, ts)
         return self._sums(list(ids), ms, ts, list(generators), token_budget, progress,
-                          batch_size)
+                          batch_size, guide=self._guide(cfg_scale, prompt_lengths, ids))
 
     def _sums(self, ids: list[torch.Tensor], masks: list[torch.Tensor], targets: Any,
               generators: list[torch.Generator | None], token_budget: int, progress: Any,
-              batch_size: int | None) -> list[torch.Tensor]:
+              batch_size: int | None, guide: tuple[float, list[int]] | None = None
+              ) -> list[torch.Tensor]:
         """Per (sequence, mask) pair the sum of its scored positions' log-probs: ``(Q_i,)``."""
         owner, lp = self._score_pairs(ids, masks, generators, token_budget, progress,
-                                      batch_size, targets=targets)
+                                      batch_size, targets=targets, guide=guide)
         out = [torch.zeros(m.shape[0], dtype=torch.float64) for m in masks]
         for (i, q, _), v in zip(owner, lp, strict=True):
             out[i][q] = v.sum()
@@ -516,17 +636,31 @@ class MaskedLM(nn.Module):
     def _score_pairs(self, ids: list[torch.Tensor], masks: list[torch.Tensor],
                      generators: list[torch.Generator | None], token_budget: int,
                      progress: Any, batch_size: int | None = None, targets: Any = None,
+                     guide: tuple[float, list[int]] | None = None,
                      ) -> tuple[list[tuple[int, int, torch.Tensor]], list[torch.Tensor]]:
-        """Per-position log-probs of each (sequence, mask) pair, at ``targets`` (default: M)."""
-        inputs, pos, tgt, owner = [], [], [], []
+        """Per-position log-probs of each (sequence, mask) pair, at ``targets`` (default: M).
+
+        ``guide``: ``(cfg_scale, prompt length of each sequence)`` (guided scoring): each
+        input's unconditional twin masks its first ``len(prefix) + length`` positions too.
+        """
+        inputs, pos, tgt, owner, uncond = [], [], [], [], []
         off = len(self.prefix)
+        self._check_shifted(off == 0 and any(bool((m if targets is None else targets[i])[:, 0]
+                                                  .any()) for i, m in enumerate(masks)))
         for i, (t, m, g) in enumerate(zip(ids, masks, generators, strict=True)):
             x = self.corrupt(t, m, g)
+            if guide is not None:
+                xu = x.clone()
+                xu[:, :off + guide[1][i]] = self.mask_token_id
             for q in range(m.shape[0]):
                 p = (m[q] if targets is None else targets[i][q]).nonzero().flatten()
                 inputs.append(x[q])
                 pos.append(p + off)
                 tgt.append(t[p])
                 owner.append((i, q, p))
+                if guide is not None:
+                    uncond.append(xu[q])
         return owner, self.score_positions(inputs, pos, tgt, token_budget=token_budget,
-                                           batch_size=batch_size, progress=progress)
+                                           batch_size=batch_size, progress=progress,
+                                           unconditional=uncond if guide is not None else None,
+                                           cfg_scale=0.0 if guide is None else guide[0])

@@ -31,9 +31,9 @@ __all__ = ["CORRUPTIONS", "accepts_keyword", "corrupt", "dense_mask_rows", "eval
 #: how masked positions are corrupted (:func:`corrupt`).
 CORRUPTIONS = ("mask", "bert")
 
-#: ``forward(input_ids, attention_mask, rows, cols, targets) -> (n,)`` log-probs.
-Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-                   torch.Tensor]
+#: ``forward(input_ids, attention_mask, rows, cols, targets[, unconditional=]) -> (n,)``
+#: log-probs.
+Forward = Callable[..., torch.Tensor]
 
 
 def corrupt(x: torch.Tensor, masked: torch.Tensor, *, corruption: str, mask_token_id: int,
@@ -110,7 +110,8 @@ def logits_of(output: Any, name: str = "the model") -> torch.Tensor:
 def score_in_buckets(forward: Forward, pad_id: int, inputs: Sequence[torch.Tensor],
                      positions: Sequence[torch.Tensor], targets: Sequence[torch.Tensor], *,
                      token_budget: int = 8192, batch_size: int | None = None,
-                     progress: Any = None, equal_lengths: bool = False) -> list[torch.Tensor]:
+                     progress: Any = None, equal_lengths: bool = False,
+                     unconditional: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Score ``targets[k]`` at ``positions[k]`` of every input ``inputs[k]``.
 
     Parameters
@@ -132,19 +133,25 @@ def score_in_buckets(forward: Forward, pad_id: int, inputs: Sequence[torch.Tenso
     equal_lengths : bool
         Only inputs of one length share a forward pass (no padding), for a
         model that takes no attention mask and would otherwise attend to pads.
+    unconditional : list of LongTensor ``(T_k,)``, optional
+        A second input per input, of its length (classifier-free guidance: the
+        same input with its prompt masked too), padded alike and passed to
+        ``forward`` as ``unconditional=`` ``(b, T)``; it counts against the
+        token budget like its input.
 
     Returns
     -------
     list of float64 tensors ``(m_k,)`` (``(m_k, k)`` for a forward of k numbers per position)
     """
     n = len(inputs)
+    width = 1 if unconditional is None else 2  # a guided input runs twice
     lengths = torch.tensor([len(t) for t in inputs])
     order = torch.argsort(lengths, stable=True).tolist()
     out: list[torch.Tensor | None] = [None] * n
     i = 0
     while i < n:
         j = i + 1
-        while j < n and (j - i + 1) * int(lengths[order[j]]) <= token_budget and (
+        while j < n and (j - i + 1) * width * int(lengths[order[j]]) <= token_budget and (
                 batch_size is None or j - i < batch_size) and (
                 not equal_lengths or lengths[order[j]] == lengths[order[i]]):
             j += 1
@@ -152,16 +159,20 @@ def score_in_buckets(forward: Forward, pad_id: int, inputs: Sequence[torch.Tenso
         idx = order[i:j]
         b = len(idx)
         ids = torch.full((b, tmax), pad_id, dtype=torch.long)
+        uids = None if unconditional is None else ids.clone()
         att = torch.zeros((b, tmax), dtype=torch.long)
         rs, cs, ts = [], [], []
         for r, k in enumerate(idx):
             t = inputs[k]
             ids[r, :len(t)] = t
+            if uids is not None:
+                uids[r, :len(t)] = unconditional[k]  # type: ignore[index]
             att[r, :len(t)] = 1
             rs.append(torch.full((len(positions[k]),), r, dtype=torch.long))
             cs.append(positions[k])
             ts.append(targets[k])
-        lp = forward(ids, att, torch.cat(rs), torch.cat(cs), torch.cat(ts))
+        extra = {} if uids is None else {"unconditional": uids}
+        lp = forward(ids, att, torch.cat(rs), torch.cat(cs), torch.cat(ts), **extra)
         lp = lp.double().cpu().split([len(positions[k]) for k in idx])
         for k, v in zip(idx, lp, strict=True):
             out[k] = v
