@@ -233,3 +233,36 @@ def test_scheme_llada_through_lm_eval(tiny, tmp_path):
                        ({"scheme": "dream"}, "scheme='dream'")]:
         with pytest.raises(ValueError, match=match):
             mle.MPTLM(tiny, **{"scheme": "llada", **bad})
+
+
+@pytest.mark.slow
+def test_llada_guided_arguments_score_the_guided_sums(tiny, tmp_path):
+    """cfg=0.5,is_check_greedy=False (LLaDA's ARC line): short candidates score to the guided
+    exhaustive sum by direct forwards; Dream's classifier_free_guidance=1.5 is the same scale."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from .test_guidance import guided_exhaustive
+    from .test_lm_eval import MC_DOCS, read_records, write_tasks
+
+    docs = MC_DOCS[:3]
+    tasks = write_tasks(tmp_path / "tasks", mc_docs=docs, ppl_texts=["the cat sat"])
+    lm = mle.MPTLM.create_from_arg_obj({"pretrained": tiny, "cfg": 0.5,
+                                        "is_check_greedy": False,
+                                        "mc_log": tmp_path / "mc.jsonl"})
+    assert lm.cfg == 0.5 and mle.MPTLM(tiny, classifier_free_guidance=1.5, greedy=False).cfg == 0.5
+    with pytest.warns(UserWarning, match="greedy=false"):
+        lm_eval.simple_evaluate(model=lm, tasks=["toy_mc"],
+                                task_manager=TaskManager(include_path=str(tasks)))
+    records, _ = read_records(tmp_path / "mc.jsonl")
+    assert len(records) == 9 and all(r["exact"] for r in records)
+    for r in records:
+        doc = docs[r["doc_id"]]
+        want = guided_exhaustive(tiny, doc["context"], " " + doc["choices"][r["idx"]], 0.5)
+        assert r["loglikelihood"] == pytest.approx(want, abs=1e-4), r
+    with pytest.raises(ValueError, match="cfg=0.5 with the greedy check"):
+        mle.MPTLM(tiny, cfg=0.5)
+    lm = mle.MPTLM(tiny, cfg=0.5, greedy=False)
+    with pytest.raises(ValueError, match="guidance needs a context"):
+        lm_eval.simple_evaluate(model=lm, tasks=["toy_ppl"],
+                                task_manager=TaskManager(include_path=str(tasks)))

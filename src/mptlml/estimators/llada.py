@@ -36,8 +36,8 @@ import torch
 
 from .._scoring.ragged import run_pairs, seq_seed
 from .._validation import check_positive_int
+from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
-from ..models.sequence_input import encode_with_context
 from .api import register
 from .base import Estimator
 
@@ -78,7 +78,7 @@ def _check(mc_num: int, batch: int) -> tuple[int, int]:
     return mc_num, batch
 
 
-def _batch_means(model: RaggedMaskedModel, ids: list[torch.Tensor], nctx: Sequence[int],
+def _batch_means(model: Any, ids: list[torch.Tensor], nctx: Sequence[int],
                  seeds: Sequence[int], mc_num: int, batch: int, *, tag: str,
                  **run: Any) -> tuple[list[np.ndarray], int]:
     """Per pair, the ``mc_num / b`` batch means of ``L * S_hat(x; l)``; and the model calls.
@@ -181,7 +181,7 @@ def llada_scores(model: RaggedMaskedModel, contexts: Sequence[Any],
                  continuations: Sequence[Any], *, mc_num: int = 128, batch: int = 32,
                  seed: int | Sequence[int] = 0, token_budget: int = 8192,
                  batch_size: int | None = None, chunk_size: int = 64,
-                 progress: bool = False) -> LLaDAScores:
+                 progress: bool = False, cfg_scale: float = 0.0) -> LLaDAScores:
     """LLaDA's estimate of log p(continuation | context) for each pair, with its error.
 
     Parameters
@@ -195,6 +195,10 @@ def llada_scores(model: RaggedMaskedModel, contexts: Sequence[Any],
         Pair i's masks come from ``seed[i]``, or from (seed, i) with one int.
     token_budget, batch_size, chunk_size, progress
         As for :func:`mptlml.compare` (``batch_size``: inputs per forward pass).
+    cfg_scale : float
+        LLaDA's ``cfg``: classifier-free guidance by the context, logits
+        ``u + (cfg + 1)(c - u)`` (``u`` with the context masked too), as in
+        :func:`mptlml.compare`; the scores are then guided scores. 0: none.
 
     Returns
     -------
@@ -212,8 +216,9 @@ def llada_scores(model: RaggedMaskedModel, contexts: Sequence[Any],
     if not conts:
         return LLaDAScores(np.zeros(0), np.zeros(0), mc_num // batch,
                            np.zeros(0, dtype=np.int64), 0)
-    ids, nctx = encode_with_context(model, ctxs, conts)
-    means, calls = _batch_means(model, ids, nctx, seeds, mc_num, batch, tag="llada",
+    scorer = with_context(model, ctxs, cfg_scale=cfg_scale)  # the contexts ride along
+    ids = scorer.encode(conts)
+    means, calls = _batch_means(scorer, ids, [0] * len(ids), seeds, mc_num, batch, tag="llada",
                                 token_budget=token_budget, batch_size=batch_size,
                                 chunk_size=chunk_size, progress=progress)
     n = mc_num // batch

@@ -311,9 +311,10 @@ class MPTLM(LM):
                 f"mptlml model_args: unknown {unknown}. Loading takes pretrained, device, "
                 f"{', '.join(_LOADING)}; scoring takes {', '.join(_SETTINGS)}; LLaDA's and "
                 f"Dream's {', '.join(PEER_ARGUMENTS)} are taken too.")
-        if cfg != 0.0:
-            raise ValueError(f"model_args cfg={cfg!r}: classifier-free guidance is not "
-                             "available in this mptlml; pass cfg=0 (or leave it out).")
+        if cfg and greedy is not False:
+            raise ValueError(f"model_args cfg={cfg!r} with the greedy check: is_greedy would "
+                             "be computed without guidance. Pass is_check_greedy=false (as "
+                             "LLaDA's guided runs do) or cfg=0.")
         if pretrained is None:
             raise ValueError("mptlml model_args need pretrained=DIR_OR_HUB_ID (a masked LM, or "
                              "a masked-diffusion LM with mask_token_id=...).")
@@ -578,13 +579,13 @@ class MPTLM(LM):
         if self.scheme == "llada":
             return _llada_questions(self.model, contexts, candidates, seeds, self.mc_num,
                                     int(self.batch_size), token_budget=self.token_budget,
-                                    progress=self.progress)
+                                    progress=self.progress, cfg_scale=self.cfg)
         return mptlml.compare(self.model, contexts, candidates, seed=seeds,
                               **self._compare_options())
 
     def _compare_options(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"token_budget": self.token_budget, "progress": self.progress,
-                              "decide": self.decide}
+                              "decide": self.decide, "cfg_scale": self.cfg}
         for name in ("num_masks", "target_se", "max_masks", "batch_size"):
             if getattr(self, name) is not None:
                 kw[name] = getattr(self, name)
@@ -614,6 +615,10 @@ class MPTLM(LM):
                               ) -> list[float]:
         """The MPT bound of log p(text) for each (text,), long texts in windows."""
         keys = [_key(r) for r in requests]
+        if self.cfg:
+            raise ValueError(f"model_args cfg={self.cfg}: guidance needs a context to guide by; "
+                             "a perplexity task (loglikelihood_rolling) scores texts without "
+                             "one. Run it with cfg=0.")
         if not keys and self.world_size == 1:
             return []
         everyone = self._everyone(keys)
