@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -266,3 +267,125 @@ def test_llada_guided_arguments_score_the_guided_sums(tiny, tmp_path):
     with pytest.raises(ValueError, match="guidance needs a context"):
         lm_eval.simple_evaluate(model=lm, tasks=["toy_ppl"],
                                 task_manager=TaskManager(include_path=str(tasks)))
+
+
+# ---------------------------------------------------------------------- Monte Carlo SE in results
+def _independent_mc_stderr(records: list[dict], docs: list[dict], texts: list[str]
+                           ) -> dict[str, float]:
+    """The Monte Carlo SEs of acc, acc_norm and the perplexity metrics, from the records."""
+    from scipy.stats import norm
+
+    mc = [r for r in records if r["request"] == "loglikelihood"]
+    p_acc, p_norm = [], []
+    for d, doc in enumerate(docs):
+        rs = sorted((r for r in mc if r["doc_id"] == d), key=lambda r: r["idx"])
+        ll = np.array([r["loglikelihood"] for r in rs])
+        lead = int(np.argmax(ll))
+        z = min((ll[lead] - ll[k]) / rs[k]["paired_stderr"] for k in range(len(rs)) if k != lead)
+        p_acc.append(norm.cdf(-z))
+        n = np.array([len(c) for c in doc["choices"]], dtype=float)
+        se = np.array([r["stderr"] for r in rs]) / n
+        v = ll / n
+        lead = int(np.argmax(v))
+        z = min((v[lead] - v[k]) / (se[lead] + se[k]) for k in range(len(rs)) if k != lead)
+        p_norm.append(norm.cdf(-z))
+    roll = [r for r in records if r["request"] == "loglikelihood_rolling"]
+    se_ll = math.sqrt(sum(r["stderr"] ** 2 for r in roll))
+    ll = sum(r["loglikelihood"] for r in roll)
+    words = sum(len(t.split()) for t in texts)
+    nbytes = sum(len(t.encode()) for t in texts)
+    acc = lambda p: math.sqrt(sum(q * (1 - q) for q in p)) / len(p)  # noqa: E731
+    return {"acc": acc(p_acc), "acc_norm": acc(p_norm),
+            "word_perplexity": math.exp(-ll / words) * se_ll / words,
+            "byte_perplexity": math.exp(-ll / nbytes) * se_ll / nbytes,
+            "bits_per_byte": se_ll / (nbytes * math.log(2))}
+
+
+PPL_LONG = ["the dog was under the big tree and the cat sat on the mat",
+            "a small red house far away"]
+
+
+@pytest.mark.slow
+def test_monte_carlo_stderr_in_lm_evals_results_table_and_files(tiny_dir, tmp_path, capsys):
+    """mptlml eval: METRIC_mc_stderr keys beside lm-eval's, equal to their computation from the
+    per-request records; rows in the printed table; the records beside results_<ts>.json."""
+    import glob
+    import json
+
+    from mptlml.cli import main as mptlml_main
+
+    from .test_lm_eval import LONG_MC_DOCS, read_records, write_tasks
+
+    tasks = write_tasks(tmp_path / "tasks", mc_docs=LONG_MC_DOCS, ppl_texts=PPL_LONG)
+    (tasks / "toy_mc.yaml").write_text((tasks / "toy_mc.yaml").read_text() + (
+        "  - metric: acc_norm\n    aggregation: mean\n    higher_is_better: true\n"))
+    (tasks / "toy_ppl.yaml").write_text((tasks / "toy_ppl.yaml").read_text() + (
+        "  - metric: byte_perplexity\n    aggregation: weighted_perplexity\n"
+        "    higher_is_better: false\n"))
+    out = tmp_path / "out"
+    for _ in range(2):  # two runs into one --output_path: two pairs of files, never shared
+        assert mptlml_main(["eval", "--model", "mptlml", "--model_args",
+                            f"pretrained={tiny_dir},num_masks=4,greedy=false",
+                            "--tasks", "toy_mc,toy_ppl", "--include_path", str(tasks),
+                            "--device", "cpu", "--output_path", str(out)]) == 0
+    results = sorted(glob.glob(str(out / "*" / "results_*.json")))
+    logs = sorted(glob.glob(str(out / "*" / "mptlml_monte_carlo_*.jsonl")))
+    assert len(results) == len(logs) == 2 and not glob.glob(str(out / "*.jsonl"))
+    for res_file, log in zip(results, logs, strict=True):
+        stamp = Path(res_file).stem.removeprefix("results_")
+        assert Path(log) == Path(res_file).with_name(f"mptlml_monte_carlo_{stamp}.jsonl")
+        res = json.loads(Path(res_file).read_text())
+        assert res["config"]["mptlml"]["mc_log"] == log
+        records, summary = read_records(Path(log))
+        want = _independent_mc_stderr(records, LONG_MC_DOCS, PPL_LONG)
+        assert want["acc"] > 0 and want["word_perplexity"] > 0
+        got = {**res["results"]["toy_mc"], **res["results"]["toy_ppl"]}
+        for metric, value in want.items():
+            assert got[f"{metric}_mc_stderr,none"] == pytest.approx(value, rel=1e-9), metric
+        assert "acc_stderr,none" in got  # lm-eval's own, over documents, beside it
+    table = capsys.readouterr().out
+    for metric in want:
+        row = next(s for s in table.splitlines() if f"|{metric}_mc_stderr " in s)
+        assert f"{got[f'{metric}_mc_stderr,none']:.4f}" in row
+
+
+def test_add_monte_carlo_stderr_for_the_python_route():
+    from mptlml.lm_eval import add_monte_carlo_stderr
+
+    res = {"results": {"mc": {"acc,none": 0.5, "acc_stderr,none": 0.1, "alias": "mc"},
+                       "ppl": {"word_perplexity,none": 20.0, "bits_per_byte,none": 1.5},
+                       "other": {"acc,none": 1.0}},
+           "config": {"mptlml": {"monte_carlo": {
+               "mc": {"accuracy_mc_stderr": 0.02},
+               "ppl": {"word_perplexity_mc_rel_stderr": 0.01, "bits_per_byte_mc_stderr": 0.003},
+           }}}}
+    assert add_monte_carlo_stderr(res) is res
+    assert res["results"]["mc"]["acc_mc_stderr,none"] == 0.02
+    assert res["results"]["ppl"]["word_perplexity_mc_stderr,none"] == pytest.approx(0.2)
+    assert res["results"]["ppl"]["bits_per_byte_mc_stderr,none"] == 0.003
+    assert "acc_mc_stderr,none" not in res["results"]["other"]  # no records, nothing claimed
+    from mptlml.lm_eval.command import table_with_monte_carlo
+
+    shown = table_with_monte_carlo(res)["results"]["mc"]
+    assert shown["acc_mc_stderr ,none"] == 0.02 and "acc_mc_stderr,none" not in shown
+    assert res["results"]["mc"]["acc_mc_stderr,none"] == 0.02  # the results untouched
+
+
+def test_one_mc_log_holds_one_run(tiny, tmp_path):
+    log = tmp_path / "mc.jsonl"
+    log.write_text("{}\n")
+    with pytest.raises(FileExistsError, match="one file holds one run"):
+        mle.MPTLM(tiny, mc_log=log)
+    lm = mle.MPTLM(tiny, mc_log=tmp_path / "new.jsonl", num_masks=4, greedy=False)
+    lm.log.add([{"request": "loglikelihood", "task": "t", "doc_id": 0, "idx": 0,
+                 "loglikelihood": -1.0, "stderr": 0.1, "masked_inputs": 4}])
+    lm.get_model_info()
+    with pytest.raises(RuntimeError, match="holds a finished run"):
+        lm.loglikelihood([])
+
+
+def test_pretrained_antiberty_as_in_curve(antiberty):
+    lm = mle.MPTLM.create_from_arg_string("pretrained=antiberty,num_masks=4", {"device": "cpu"})
+    assert lm.model.name == antiberty.name and lm.model.vocab_size == antiberty.vocab_size
+    with pytest.raises(TypeError, match=r"\['tokenizer'\] do not apply to pretrained=antiberty"):
+        mle.MPTLM.create_from_arg_string("pretrained=antiberty,tokenizer=x")

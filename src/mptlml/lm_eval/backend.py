@@ -42,8 +42,6 @@ import re
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -87,12 +85,16 @@ logger = logging.getLogger("lm_eval.mptlml")
 
 #: how requests are scored: mptlml.compare, or LLaDA's own estimator (to reproduce it)
 SCHEMES = ("mptlml", "llada")
+#: ``mc_log`` in the results' config until the command line names the file
+BESIDE_RESULTS = "beside the results file"
 #: mptlml.compare's first round when ``mc_num`` does not set it
 _COMPARE_NUM_MASKS = int(inspect.signature(mptlml.compare).parameters["num_masks"].default)
 #: loading options passed to ``MaskedLM.from_pretrained`` (transformers' among them)
 _LOADING = ("tokenizer", "mask_token_id", "trust_remote_code", "dtype", "add_special_tokens",
             "revision", "autocast", "attn_implementation", "local_files_only", "cache_dir",
             "corruption", "allow_unknown")
+#: the loading options of ``pretrained=antiberty`` (MaskedLM.antiberty)
+_ANTIBERTY = ("dtype", "autocast", "corruption", "allow_unknown")
 #: settings of the Monte Carlo estimate and of the run
 _SETTINGS = ("scheme", "num_masks", "target_se", "max_masks", "mc_num", "decide", "seed",
              "token_budget", "batch_size", "max_length", "greedy", "cfg", "mc_log", "progress")
@@ -212,7 +214,9 @@ class MPTLM(LM):
     ----------
     pretrained : str, path or MaskedLM
         A model directory or hub id for :meth:`mptlml.models.MaskedLM.from_pretrained`,
-        or a ready :class:`~mptlml.models.MaskedLM` (the Python route).
+        ``"antiberty"`` (the bundled :meth:`~mptlml.models.MaskedLM.antiberty`, as
+        ``mptlml curve --model antiberty``), or a ready
+        :class:`~mptlml.models.MaskedLM` (the Python route).
     **loading
         LLaDA's ``model_path``, ``mask_id``, ``is_check_greedy`` and Dream's
         ``nll_type``, ``log_type``, ``parallelize``, ``autogptq``
@@ -279,8 +283,11 @@ class MPTLM(LM):
         Dream's: the tokenizer's BOS token before every context (always visible).
     """
 
-    #: the directory ``mc_log`` defaults into (set by :func:`mptlml.lm_eval.main`)
+    #: lm-eval's ``--output_path`` under :func:`mptlml.lm_eval.main`: the records then go
+    #: beside its results file (set there)
     default_mc_dir: str | None = None
+    #: the records and summary of the last run, until the command line writes them
+    pending_run: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None
 
     def __init__(self, pretrained: str | os.PathLike | MaskedLM | None = None, *,
                  device: str | None = None, num_masks: int | None = None,
@@ -373,17 +380,24 @@ class MPTLM(LM):
         else:
             dev = resolve_device(device)
             self._ctx = distributed_context(cpu=dev.type == "cpu")
-            lm = MaskedLM.from_pretrained(pretrained, device=dev, **loading)
+            if str(pretrained).lower() == "antiberty":  # as `mptlml curve --model antiberty`
+                other = sorted(set(loading) - set(_ANTIBERTY))
+                if other:
+                    raise TypeError(f"model_args {other} do not apply to pretrained=antiberty "
+                                    f"(bundled, with its own tokenizer); it takes "
+                                    f"{', '.join(_ANTIBERTY)}.")
+                lm = MaskedLM.antiberty(device=dev, **loading)
+            else:
+                lm = MaskedLM.from_pretrained(pretrained, device=dev, **loading)
         self.model = lm
         self._limit, self._bos = _frame(lm, max_length, _flag(add_bos_token, "add_bos_token"))
         self.max_length = max_length
         self._rank, self._world_size = self._ctx.rank, self._ctx.world
         self._device = lm.device
-        path = mc_log
-        if path is None and self.default_mc_dir is not None:
-            stamp = datetime.now().isoformat().replace(":", "-")
-            path = Path(self.default_mc_dir) / f"mptlml_monte_carlo_{stamp}.jsonl"
-        self.log = RecordLog(path, write=self._ctx.main)
+        # no mc_log under the command line: the records go beside lm-eval's results file,
+        # named by its timestamp, when lm-eval saves it (mptlml.lm_eval.command)
+        self.beside_results = mc_log is None and self.default_mc_dir is not None
+        self.log = RecordLog(mc_log, write=self._ctx.main)
         self._questions = 0
         self._announced_greedy = False
 
@@ -462,6 +476,8 @@ class MPTLM(LM):
         lm-eval calls this once, after all requests, on the main process.
         """
         summary = self.log.close_run()
+        if self.beside_results:  # for the command line to write beside the results file
+            type(self).pending_run = self.log.finished
         for line in summary_lines(summary):
             logger.info("Monte Carlo: %s", line)
         for task, s in summary.items():
@@ -486,7 +502,8 @@ class MPTLM(LM):
             "add_bos_token": bool(self._bos),
             "seed": self.seed, "token_budget": self.token_budget, "greedy": self.greedy,
             "world_size": self.world_size,
-            "mc_log": None if self.log.path is None else str(self.log.path),
+            "mc_log": (str(self.log.path) if self.log.path is not None else
+                       BESIDE_RESULTS if self.beside_results else None),
             "monte_carlo": summary}}
 
     # ------------------------------------------------------------------ requests
@@ -499,6 +516,7 @@ class MPTLM(LM):
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False
                       ) -> list[tuple[float, bool]]:
         """log p(continuation | context) and is_greedy for each (context, continuation)."""
+        self.log.check_open()
         keys = [_key(r) for r in requests]
         if not keys and self.world_size == 1:
             return []
@@ -561,6 +579,7 @@ class MPTLM(LM):
                     "stderr": float(cmp.stderr[q][j]), "exact": bool(cmp.exact[q][j]),
                     "masked_inputs": int(cmp.candidate_masked_rows[q][j]),
                     "num_tokens": len(cont_ids[i]), "context_tokens": len(kept[i]),
+                    "continuation_chars": len(k.args[1].lstrip()),
                     "context_tokens_dropped": len(ctx_ids[i]) - len(kept[i]),
                     "stderr_dof": float(cmp.stderr_dof[q]), "rounds": int(cmp.rounds[q]),
                     "stop_reason": str(cmp.stop_reason[q])}
@@ -614,6 +633,7 @@ class MPTLM(LM):
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False
                               ) -> list[float]:
         """The MPT bound of log p(text) for each (text,), long texts in windows."""
+        self.log.check_open()
         keys = [_key(r) for r in requests]
         if self.cfg:
             raise ValueError(f"model_args cfg={self.cfg}: guidance needs a context to guide by; "
