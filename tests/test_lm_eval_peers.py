@@ -107,13 +107,18 @@ def test_max_length_cuts_the_context_and_bos_leads_it(tmp_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(d)
-    tok.bos_token = tok.cls_token  # a tokenizer with a BOS token, as Dream's
+    tok.bos_token = tok.cls_token  # the frame leads with this BOS already: nothing added
+    tok.save_pretrained(d)
+    lm = mle.MPTLM.create_from_arg_string(f"pretrained={d},add_bos_token=true",
+                                          {"device": "cpu"})
+    assert lm.model.prefix == [tok.cls_token_id] and lm._bos == []
+    tok.bos_token = tok.sep_token  # a BOS the frame does not lead with: before each context
     tok.save_pretrained(d)
     lm = mle.MPTLM.create_from_arg_string(f"pretrained={d},add_bos_token=true,max_length=9",
                                           {"device": "cpu"})
-    assert lm._bos == [tok.cls_token_id] and lm._limit == 7
+    assert lm._bos == [tok.sep_token_id] and lm._limit == 7
     ctx, cont = lm._pair_ids([mle.backend._Key("t", 0, 0, ("the cat sat", " on a mat"))])
-    assert ctx[0].tolist() == [tok.cls_token_id, *tok("the cat sat",
+    assert ctx[0].tolist() == [tok.sep_token_id, *tok("the cat sat",
                                                       add_special_tokens=False)["input_ids"]]
     assert cont[0].tolist() == tok(" on a mat", add_special_tokens=False)["input_ids"]
     assert torch.is_tensor(ctx[0])

@@ -184,7 +184,8 @@ def _frame(model: MaskedLM, max_length: int | None, add_bos: bool) -> tuple[int,
         if bos_id is None:
             raise ValueError("model_args add_bos_token=true: this tokenizer has no BOS token "
                              "(bos_token_id is None); leave add_bos_token out.")
-        bos = [int(bos_id)]
+        # a frame that leads with the BOS (the Dream family's convention) has it already
+        bos = [] if list(model.prefix[:1]) == [int(bos_id)] else [int(bos_id)]
     return limit, bos
 
 
@@ -280,7 +281,9 @@ class MPTLM(LM):
         Dream's ``max_length``): contexts are cut on the left to fit, as for the
         model's own length.
     add_bos_token : bool
-        Dream's: the tokenizer's BOS token before every context (always visible).
+        Dream's: the tokenizer's BOS token before every context (always visible);
+        nothing more where the model's frame leads with it already (the Dream
+        family's convention, :mod:`mptlml.models.conventions`).
     """
 
     #: lm-eval's ``--output_path`` under :func:`mptlml.lm_eval.main`: the records then go
