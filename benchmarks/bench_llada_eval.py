@@ -27,10 +27,10 @@ LLaDA's objective: t ~ U(0, 1) per sequence, each token masked with probability 
 (half the batches only the answer, as LLaDA's SFT), the loss
 ``sum_masked CE / t / L``.
 
-**The data**: ``rev x_1 .. x_n : x_n .. x_1`` and ``copy x_1 .. x_n : x_1 .. x_n``
-over 16 symbols, n in 4..7. **The task**: the context ``rev x_1 .. x_n :``, four
-candidates: the reversal (gold), it with two neighbours swapped, the copy, and
-another sequence's reversal (continuations of n >= 5 tokens: mptlml draws masks).
+**The data**: ``up x : x+1 .. x+n`` and ``down x : x-1 .. x-n`` over 16 symbols
+(modulo 16), n in 3..7. **The task**: the context ``up x :``, four candidates of
+n = 5..7 symbols: the run up (gold), it with one symbol changed, the run down, and
+a run up from another symbol (n >= 5 tokens: mptlml draws masks).
 
 Reported: accuracy, agreement with the exhaustive choice (over ``--seeds`` seeds of
 the masks), masked inputs per question, forward calls, the scoring's wall time (the
@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_conditional import exhaustive  # noqa: E402  the exhaustive conditional MPT bound
 
 SYMBOLS = [f"s{i}" for i in range(16)]
-MARKERS = ["rev", "copy", ":"]
+MARKERS = ["up", "down", ":"]
 MASK = "<|mdm_mask|>"
 EXTRA_LOGITS = 8  # logits beyond the tokenizer's vocabulary, as LLaDA's
 SIZES = {"small": {"d": 64, "layers": 2, "heads": 4, "mlp": 176},
@@ -150,30 +150,35 @@ def tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]")
 
 
+def run_of(start: int, step: int, n: int) -> list[str]:
+    """n symbols counting from ``start`` (exclusive) by ``step``, modulo 16."""
+    return [SYMBOLS[(start + step * (i + 1)) % len(SYMBOLS)] for i in range(n)]
+
+
 def example(rng: np.random.Generator) -> tuple[list[str], int]:
     """One training sequence (words) and where its answer starts."""
-    n = int(rng.integers(4, 8))
-    x = [SYMBOLS[i] for i in rng.integers(0, len(SYMBOLS), n)]
-    op = "rev" if rng.random() < 0.5 else "copy"
-    return [op, *x, ":", *(x[::-1] if op == "rev" else x)], n + 2
+    n = int(rng.integers(3, 8))
+    x = int(rng.integers(0, len(SYMBOLS)))
+    op = "up" if rng.random() < 0.5 else "down"
+    return [op, SYMBOLS[x], ":", *run_of(x, 1 if op == "up" else -1, n)], 3
 
 
 def questions(num: int, seed: int) -> list[dict]:
-    """Context ``rev x :``; gold reversal, a neighbour swap, the copy, another reversal."""
+    """Context ``up x :``; gold the next n symbols, one changed, the run down, another run."""
     rng = np.random.default_rng(seed)
     docs = []
     while len(docs) < num:
         n = int(rng.integers(5, 8))
-        x = [SYMBOLS[i] for i in rng.integers(0, len(SYMBOLS), n)]
-        y = [SYMBOLS[i] for i in rng.integers(0, len(SYMBOLS), n)]
-        gold = x[::-1]
-        swap = list(gold)
-        j = int(rng.integers(0, n - 1))
-        swap[j], swap[j + 1] = swap[j + 1], swap[j]
-        cands = [gold, swap, x, y[::-1]]
+        x = int(rng.integers(0, len(SYMBOLS)))
+        gold = run_of(x, 1, n)
+        change = list(gold)
+        j = int(rng.integers(1, n))
+        change[j] = SYMBOLS[int(rng.integers(0, len(SYMBOLS)))]
+        other = run_of(int(rng.integers(0, len(SYMBOLS))), 1, n)
+        cands = [gold, change, run_of(x, -1, n), other]
         if len({tuple(c) for c in cands}) < 4:
             continue
-        docs.append({"context": " ".join(["rev", *x, ":"]),
+        docs.append({"context": " ".join(["up", SYMBOLS[x], ":"]),
                      "choices": [" ".join(c) for c in cands], "label": 0})
     return docs
 
@@ -184,7 +189,7 @@ def train(model: TinyLLaDA, tok, mask_id: int, args: argparse.Namespace,
     rng = np.random.default_rng(args.seed)
     g = torch.Generator(device="cpu").manual_seed(args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    width = 2 * 7 + 2
+    width = 3 + 7
     model.train()
     t0, step, losses = time.perf_counter(), 0, []
     while step < args.steps and time.perf_counter() - t0 < args.train_seconds:
@@ -217,10 +222,10 @@ def train(model: TinyLLaDA, tok, mask_id: int, args: argparse.Namespace,
 
 # ---------------------------------------------------------------------- evaluation
 def write_task(root: Path, docs: list[dict]) -> None:
-    data = root / "rev_mc.jsonl"
+    data = root / "count_mc.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    (root / "rev_mc.yaml").write_text(
-        f"task: rev_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+    (root / "count_mc.yaml").write_text(
+        f"task: count_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
         "output_type: multiple_choice\ntest_split: test\ndoc_to_text: \"{{context}}\"\n"
         "doc_to_target: \"{{label}}\"\ndoc_to_choice: \"{{choices}}\"\nmetric_list:\n"
         "  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
@@ -276,12 +281,12 @@ def run_scheme(lm, options: dict, tasks: Path, manager, seed: int, forwards: For
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = lm_eval.simple_evaluate(model=model, tasks=["rev_mc"], task_manager=manager)
+        res = lm_eval.simple_evaluate(model=model, tasks=["count_mc"], task_manager=manager)
     harness = time.perf_counter() - t0
     seconds = spent[0]
     records = [json.loads(s) for s in log.read_text().splitlines()[:-1]]
     qs = {r["doc_id"]: r["question"] for r in records}
-    return {"acc": res["results"]["rev_mc"]["acc,none"],
+    return {"acc": res["results"]["count_mc"]["acc,none"],
             "choice": [qs[d]["choice"] for d in sorted(qs)],
             "undecided": sum(not q["decided"] for q in qs.values()),
             "masked_inputs": sum(q["masked_inputs"] for q in qs.values()) / len(qs),
@@ -297,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--questions", type=int, default=None, help="default 40 (large: 200)")
     p.add_argument("--seeds", type=int, default=3, help="seeds of the masks per scheme")
     p.add_argument("--train-seconds", type=float, default=None,
-                   help="training time budget (default 90; large: 150)")
+                   help="training time budget (default 45; large: 150)")
     p.add_argument("--steps", type=int, default=100000, help="most training steps")
     p.add_argument("--train-batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=None, help="default 3e-3 (large: 1e-3)")
@@ -311,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     large = args.size == "large"
     args.questions = args.questions or (6 if args.smoke else 200 if large else 40)
-    args.train_seconds = args.train_seconds or (8 if args.smoke else 150 if large else 90)
+    args.train_seconds = args.train_seconds or (8 if args.smoke else 150 if large else 45)
     args.lr = args.lr or (1e-3 if large else 3e-3)
     if args.smoke:
         args.seeds = 1
