@@ -174,7 +174,7 @@ def _frame(model: MaskedLM, max_length: int | None, add_bos: bool) -> tuple[int,
     frame = len(model.prefix) + len(model.suffix)
     limit = model.max_content_length
     if max_length is not None:
-        if max_length <= frame + 1:
+        if max_length <= frame:
             raise ValueError(f"model_args max_length={max_length} leaves no room for a token "
                              f"beside the model's {frame} special tokens; pass more.")
         limit = min(limit, max_length - frame)
