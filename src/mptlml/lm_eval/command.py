@@ -112,6 +112,17 @@ def _folder(tracker: Any) -> Path:
     return path / str(tracker.general_config_tracker.model_name_sanitized)
 
 
+def _results_folder(tracker: Any, date_id: str, expected: Path) -> Path:
+    """Where lm-eval did write ``*_<date_id>.json`` (``expected`` when it is there; lm-eval
+    versions differ in their folders), found under its ``--output_path``."""
+    if any(expected.glob(f"*_{date_id}.json")):
+        return expected
+    root = Path(tracker.output_path)
+    root = root.parent if root.suffix == ".json" else root
+    found = sorted(root.rglob(f"*_{date_id}.json")) if root.is_dir() else []
+    return found[0].parent if found else expected
+
+
 @contextlib.contextmanager
 def _harness_wrapped() -> Iterator[None]:
     """lm-eval's simple_evaluate, make_table and save_results_aggregated wrapped for the run."""
@@ -160,24 +171,36 @@ def _harness_wrapped() -> Iterator[None]:
             if clock is not None:
                 tracker_module.datetime = clock
         date_id = getattr(self, "date_id", stamp)
-        path = folder / f"mptlml_monte_carlo_{date_id}.jsonl"
+        path = _results_folder(self, date_id, folder) / f"mptlml_monte_carlo_{date_id}.jsonl"
+        if str(path) != config["mc_log"]:
+            logger.warning("lm-eval saved its results elsewhere than expected: the Monte Carlo "
+                           "records are at %s (not %s, the results' config).", path,
+                           config["mc_log"])
         RecordLog.dump(path, *run)
         logger.info("Monte Carlo records of every request: %s", path)
         return out
 
-    lm_eval.evaluator.simple_evaluate = simple_evaluate
+    # the names wherever lm-eval's command line may have bound them (its versions differ:
+    # 0.4.8's __main__ imports make_table at the top, later ones inside the command)
+    cli = [sys.modules[m] for m in ("lm_eval.__main__", "lm_eval._cli.run") if m in sys.modules]
+    patches = [(m, "simple_evaluate", simple_evaluate) for m in (lm_eval.evaluator, *cli)
+               if hasattr(m, "simple_evaluate")]
+    patches += [(m, "make_table", make_table) for m in (lm_eval.utils, *cli)
+                if hasattr(m, "make_table")]
+    saved = [(m, name, getattr(m, name)) for m, name, _ in patches]
+    for m, name, new in patches:
+        setattr(m, name, new)
     lm_eval.simple_evaluate = simple_evaluate
-    lm_eval.utils.make_table = make_table
     tracker_module.EvaluationTracker.save_results_aggregated = save_results_aggregated
     try:
         yield
     finally:
-        lm_eval.evaluator.simple_evaluate = evaluate
+        for m, name, old in saved:
+            setattr(m, name, old)
         if top is None:
             del lm_eval.simple_evaluate
         else:
             lm_eval.simple_evaluate = top
-        lm_eval.utils.make_table = table
         tracker_module.EvaluationTracker.save_results_aggregated = save
         MPTLM.pending_run = None
 
