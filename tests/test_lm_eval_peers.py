@@ -394,3 +394,19 @@ def test_pretrained_antiberty_as_in_curve(antiberty):
     assert lm.model.name == antiberty.name and lm.model.vocab_size == antiberty.vocab_size
     with pytest.raises(TypeError, match=r"\['tokenizer'\] do not apply to pretrained=antiberty"):
         mle.MPTLM.create_from_arg_string("pretrained=antiberty,tokenizer=x")
+
+
+def test_the_summary_reaches_results_where_lm_eval_does_not_ask_for_it(tiny):
+    """lm-eval 0.4.8 calls get_model_info() for its hf model only: given the model, the
+    function puts the run's summary into the results' config first."""
+    from mptlml.lm_eval import add_monte_carlo_stderr
+
+    lm = mle.MPTLM(tiny, num_masks=4, greedy=False)
+    q = {"id": 1, "decided": False, "margin_z": 1.0, "z_threshold": 2.0}
+    lm.log.add([{"request": "loglikelihood", "task": "mc", "doc_id": 0, "idx": i,
+                 "loglikelihood": -1.0 - i, "stderr": 0.5, "masked_inputs": 4, "question": q}
+                for i in range(2)])
+    res = add_monte_carlo_stderr({"results": {"mc": {"acc,none": 1.0}}}, model=lm)
+    p = 0.5 * math.erfc(1.0 / math.sqrt(2.0))
+    assert res["results"]["mc"]["acc_mc_stderr,none"] == pytest.approx(math.sqrt(p * (1 - p)))
+    assert res["config"]["mptlml"]["monte_carlo"]["mc"]["questions"] == 1

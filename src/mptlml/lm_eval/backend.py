@@ -40,6 +40,7 @@ import math
 import os
 import re
 import warnings
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -291,6 +292,8 @@ class MPTLM(LM):
     default_mc_dir: str | None = None
     #: the records and summary of the last run, until the command line writes them
     pending_run: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None
+    #: the last model built (the command line asks it for its summary where lm-eval does not)
+    last: weakref.ref | None = None
 
     def __init__(self, pretrained: str | os.PathLike | MaskedLM | None = None, *,
                  device: str | None = None, num_masks: int | None = None,
@@ -403,6 +406,7 @@ class MPTLM(LM):
         self.log = RecordLog(mc_log, write=self._ctx.main)
         self._questions = 0
         self._announced_greedy = False
+        type(self).last = weakref.ref(self)
 
     # ------------------------------------------------------------------ lm-eval plumbing
     @classmethod

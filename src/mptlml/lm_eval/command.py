@@ -139,7 +139,10 @@ def _harness_wrapped() -> Iterator[None]:
 
     def simple_evaluate(*args: Any, **kwargs: Any) -> Any:
         results = evaluate(*args, **kwargs)
-        return add_monte_carlo_stderr(results) if isinstance(results, dict) else results
+        if not isinstance(results, dict):
+            return results  # another process's: the main one reports
+        model = MPTLM.last() if MPTLM.last is not None else None
+        return add_monte_carlo_stderr(results, model=model)
 
     def make_table(result_dict: dict[str, Any], column: str = "results", *args: Any,
                    **kwargs: Any) -> str:

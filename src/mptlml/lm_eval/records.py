@@ -196,7 +196,7 @@ _METRICS = {"acc": ("accuracy_mc_stderr", "abs"),
             "bits_per_byte": ("bits_per_byte_mc_stderr", "abs")}
 
 
-def add_monte_carlo_stderr(results: dict[str, Any]) -> dict[str, Any]:
+def add_monte_carlo_stderr(results: dict[str, Any], model: Any = None) -> dict[str, Any]:
     """Put each metric's Monte Carlo standard error beside lm-eval's own, in ``results``.
 
     For every task of ``results["results"]`` that the run's summary
@@ -210,12 +210,24 @@ def add_monte_carlo_stderr(results: dict[str, Any]) -> dict[str, Any]:
     :func:`mptlml.lm_eval.main` calls it; call it on the result of
     ``lm_eval.simple_evaluate(model="mptlml", ...)``.
 
+    Parameters
+    ----------
+    results : dict
+        lm-eval's results.
+    model : MPTLM, optional
+        The model of the run. lm-eval versions that ask only their own ``hf`` model for
+        its info (0.4.8) leave ``results["config"]["mptlml"]`` out: given the model, its
+        run's summary (``model.get_model_info()``) is put there first.
+
     Returns
     -------
     dict
         ``results``, changed in place.
     """
-    summary = (results.get("config") or {}).get("mptlml", {}).get("monte_carlo") or {}
+    config = results.setdefault("config", {})
+    if model is not None and "mptlml" not in config:
+        config.update(model.get_model_info())
+    summary = config.get("mptlml", {}).get("monte_carlo") or {}
     for task, metrics in results.get("results", {}).items():
         s = summary.get(task)
         if not s:
