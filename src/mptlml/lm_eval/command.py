@@ -126,6 +126,7 @@ def _results_folder(tracker: Any, date_id: str, expected: Path) -> Path:
 @contextlib.contextmanager
 def _harness_wrapped() -> Iterator[None]:
     """lm-eval's simple_evaluate, make_table and save_results_aggregated wrapped for the run."""
+    require("lm_eval", "mptlml eval (the lm-evaluation-harness command line)")
     import lm_eval
     import lm_eval.evaluator
     import lm_eval.utils
