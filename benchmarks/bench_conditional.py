@@ -67,6 +67,7 @@ import torch
 
 import mptlml
 from mptlml.data import bundled_antibodies
+from mptlml.estimators.llada import llada_counts
 from mptlml.models import MaskedLM
 from mptlml.models.sequence_input import encode_with_context
 
@@ -92,16 +93,6 @@ def questions(genes: list[str], context: int, length: int, seed: int
         ctxs.append(seq[:context])
         cands.append([true, "".join(mutant), shuffled, other])
     return ctxs, cands
-
-
-def llada_counts(k: int, n: int, batch: int = 32) -> np.ndarray:
-    """LLaDA's mask counts of a batch started at k: ``round(linspace(k, k + (b-1) n / b, b))``.
-
-    torch's round (half to even), wrapped into 1..n.
-    """
-    counts = torch.round(torch.linspace(float(k), k + (batch - 1) * (n / batch),
-                                        steps=batch)).long()
-    return (((counts - 1) % n) + 1).numpy()
 
 
 def random_masks(length: int, context: int, counts: list[int], g: torch.Generator
