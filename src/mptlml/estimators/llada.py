@@ -189,12 +189,20 @@ def llada_scores(model: RaggedMaskedModel, contexts: Sequence[Any],
     model : RaggedMaskedModel
     contexts, continuations : list of str (or token-id lists)
         One context (always visible, never scored; ``""`` none) per continuation.
-    mc_num, batch : int
-        LLaDA's ``mc_num`` and ``batch_size`` (module docstring).
+    mc_num : int
+        LLaDA's ``mc_num``: masked copies per pair (module docstring).
+    batch : int
+        LLaDA's ``batch_size``: masked copies per batch of systematic counts.
     seed : int or list of int
         Pair i's masks come from ``seed[i]``, or from (seed, i) with one int.
-    token_budget, batch_size, chunk_size, progress
-        As for :func:`mptlml.compare` (``batch_size``: inputs per forward pass).
+    token_budget : int
+        As for :func:`mptlml.compare`.
+    batch_size : int, optional
+        As for :func:`mptlml.compare` (inputs per forward pass).
+    chunk_size : int
+        As for :func:`mptlml.compare`.
+    progress : bool
+        As for :func:`mptlml.compare`.
     cfg_scale : float
         LLaDA's ``cfg``: classifier-free guidance by the context, logits
         ``u + (cfg + 1)(c - u)`` (``u`` with the context masked too), as in
