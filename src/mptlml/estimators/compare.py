@@ -42,15 +42,19 @@ to need, ``n (se / target)^2 - n`` (times :data:`NEED_MARGIN`), so the last
 round lands near the target instead of overshooting it up to twofold.
 
 With ``decide=True`` a candidate stops drawing once it is behind the leader by
-more than ``z`` paired standard errors (successive elimination), and a
-question stops once every other candidate has, with
+more than ``z`` paired standard errors (successive elimination), or once its
+difference to the leader is confidently within the indifference zone
+``delta`` (``|diff| + z se < delta``: a practical tie), and a question stops
+once every other candidate has, with
 ``z = t_{nu}^{-1}(1 - alpha / (2 R))`` for R the most rounds it may take
 (Bonferroni over the looks) and nu the effective degrees of freedom of that
 pair's paired standard error (Welch-Satterthwaite over the rounds' strata):
 with calibrated standard errors, the chance that a question is declared
 decided for a candidate that is not the best under the bound is at most
-``alpha``. A clear question stops after one round; a near
-tie spends up to ``max_masks``.
+``alpha``; with the zone, the chance that the chosen candidate is more than
+``delta`` below the best is at most ``alpha`` (the ranking-and-selection
+guarantee of an indifference zone). A clear question stops after one round; a
+near tie after about ``(z sigma / delta)^2`` draws, not ``max_masks``.
 
 Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
 Marginal Likelihood", NeurIPS 2023, Proposition 1 (conditionally).
@@ -59,6 +63,7 @@ Marginal Likelihood", NeurIPS 2023, Proposition 1 (conditionally).
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -70,7 +75,8 @@ from scipy import stats as sps
 
 from .._optional import require
 from .._scoring.ragged import run_pairs
-from .._validation import check_positive_int
+from .._validation import SEED_INT, Options, check_options
+from ..models.protocols import RaggedMaskedModel
 from ..models.sequence_input import encode_with_context
 from .results import MIN_STDERR_DOF, _Result, announce_nonfinite
 from .stats import welch_dof
@@ -90,8 +96,16 @@ PRIOR_PAIRS = 8
 TARGET_MIN_DOF = 10
 #: a round towards a target SE draws this times the predicted remainder (fewer extra rounds)
 NEED_MARGIN = 1.15
+#: the indifference zone of ``decide`` (nats), unless ``delta`` says: a pair confidently
+#: within it is a practical tie (measured: benchmarks/bench_conditional.py)
+DELTA = 0.5
 #: continuations of at most this many tokens are scored on every mask (exact, SE 0)
 EXACT_LENGTH = 4
+
+#: compare's own allowed values where they differ from the shared table
+#: (:data:`mptlml._validation.MONTE_CARLO_OPTIONS`)
+_OPTIONS: dict[str, list[Any]] = {"seed": [SEED_INT, "int sequence"],
+                                  "allocation": [Options(("learned", "uniform"))]}
 
 
 @dataclass
@@ -128,8 +142,14 @@ class Comparison(_Result):
         The same per candidate (an exact candidate's cost is its 2^T - 1 masks).
     rounds : list of int
         Rounds of draws each question took.
+    tied : list of arrays ``(K_q,)`` of bool
+        With ``decide``: whether a candidate is confidently within ``delta`` of
+        the leader at the end (``|diff| + z paired_stderr < delta``, a practical
+        tie; :func:`compare`'s guarantee covers it).
     stop_reason : list of str
-        ``"one round"`` (no target), ``"decided"``, ``"target"``, ``"budget"`` (spent
+        ``"one round"`` (no target), ``"decided"``, ``"tied"`` (with ``decide``: every
+        other candidate behind the leader or tied with it, at least one tied), ``"target"``,
+        ``"budget"`` (spent
         before a decision or the target), ``"spent"`` (a fixed ``max_masks`` spent
         whole, as asked), or ``"exact"`` (every candidate short enough to be scored
         on every mask).
@@ -145,6 +165,7 @@ class Comparison(_Result):
     paired_stderr: list[np.ndarray]
     margin_z: list[float]
     decided: list[bool]
+    tied: list[np.ndarray]
     z_threshold: list[float]
     exact: list[np.ndarray]
     stderr_dof: list[float]
@@ -177,7 +198,7 @@ class Comparison(_Result):
                     "diff_to_leader": float(self.scores[q][k] - self.scores[q][lead]),
                     "paired_stderr": float(self.paired_stderr[q][k]),
                     "exact": bool(self.exact[q][k]), "chosen": k == lead,
-                    "decided": bool(self.decided[q]),
+                    "decided": bool(self.decided[q]), "tied": bool(self.tied[q][k]),
                     "num_masked_rows": int(self.candidate_masked_rows[q][k]),
                     "stop_reason": self.stop_reason[q]})
         return pd.DataFrame(rows)
@@ -266,7 +287,8 @@ def _combine(terms: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float, 
 
 def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[Any]], *,
             num_masks: int = 16, decide: bool = False, target_se: float | None = None,
-            alpha: float = 0.05, max_masks: int | None = None, allocation: str = "learned",
+            alpha: float = 0.05, delta: float | None = None,
+            max_masks: int | None = None, allocation: str = "learned",
             common_masks: bool = True, seed: int | Sequence[int] = 0,
             token_budget: int = 8192, batch_size: int | None = None, chunk_size: int = 64,
             progress: bool = False) -> Comparison:
@@ -294,6 +316,22 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         spent). Without ``decide``, ``target_se`` and ``max_masks``: one round.
     alpha : float
         Error rate of the sequential rule (``decide``); also sets ``decided``.
+    delta : float, optional
+        With ``decide``: the indifference zone in nats (default :data:`DELTA`;
+        0 turns it off). A candidate whose paired difference to the leader is
+        confidently inside ``(-delta, delta)`` (``|diff| + z paired_stderr <
+        delta``) is a practical tie: it stops drawing (while it stays tied with
+        the leader), and a question whose other candidates are all behind or
+        tied stops (``stop_reason`` ``"tied"``, ``tied`` marks them). A close
+        pair then costs about ``(z sigma / delta)^2`` draws instead of
+        ``max_masks``. **Guarantee**: for a question that stops ``"decided"``
+        or ``"tied"``, the chosen candidate's bound is within ``delta`` of the
+        largest bound (the exhaustive sum) with probability at least
+        ``1 - alpha``, when the paired standard errors are calibrated: a wrong
+        stop needs a pair's interval ``diff +- z paired_stderr`` to miss the
+        true difference at some look, at most ``alpha / R`` per look (R looks,
+        Bonferroni); a question that spends ``max_masks`` first carries no
+        guarantee and is reported undecided.
     max_masks : int, optional
         Most masks per candidate (the last round takes what is left); with
         ``decide`` or ``target_se`` it defaults to :data:`MAX_MASKS`. Alone (no
@@ -329,34 +367,42 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         (coinciding draws) or rests on fewer than
         :data:`~mptlml.estimators.results.MIN_STDERR_DOF` degrees of freedom.
     """
-    p = check_positive_int(num_masks, "num_masks")
+    check_options("compare", overrides=_OPTIONS, num_masks=num_masks, decide=decide,
+                  target_se=target_se, alpha=alpha, delta=DELTA if delta is None else delta,
+                  max_masks=max_masks, allocation=allocation,
+                  common_masks=common_masks, seed=seed, token_budget=token_budget,
+                  batch_size=batch_size, chunk_size=chunk_size, progress=progress)
+    if not isinstance(model, RaggedMaskedModel):
+        raise TypeError(
+            f"compare scores candidate continuations of texts or token ids with a masked LM (a "
+            f"RaggedMaskedModel); got {type(model).__name__}. For dense (N, D) data score the "
+            "conditional with mptlml.estimate_lml(model, x, context=...) per candidate.")
+    p = int(num_masks)
     if p % 2:
         raise ValueError(f"num_masks must be even (two masks per rate stratum); got {p}.")
     to_target = target_se is not None and not decide  # draw until each SE is at the target
     spend = max_masks is not None and target_se is None and not decide  # a fixed budget
-    max_masks = (check_positive_int(max_masks, "max_masks") if max_masks is not None
+    if delta is not None and not decide:
+        raise ValueError(f"delta={delta!r} is the indifference zone of decide=True (a pair "
+                         "confidently within delta nats is a practical tie); pass decide=True "
+                         "or drop delta.")
+    delta = float(DELTA if delta is None else delta)
+    if decide and target_se is not None:
+        raise ValueError("decide=True stops a question once its leader is decided, whatever "
+                         "the standard errors; target_se= draws until each candidate's SE is at "
+                         "the target. Pass one of the two.")
+    max_masks = (int(max_masks) if max_masks is not None
                  else MAX_MASKS if decide or target_se is not None else p)
-    chunk_size = check_positive_int(chunk_size, "chunk_size")
     if max_masks < p:
         raise ValueError(f"max_masks ({max_masks}) is below num_masks ({p}); raise it.")
-    if allocation not in ("learned", "uniform"):
-        raise ValueError(f"allocation must be 'learned' or 'uniform', got {allocation!r}.")
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}.")
-    if target_se is not None and not (isinstance(target_se, int | float)
-                                      and math.isfinite(target_se) and target_se > 0):
-        raise ValueError(f"target_se must be a positive number, got {target_se!r}.")
-    ctxs = list(contexts)
-    cands = [list(c) for c in candidates]
-    if len(ctxs) != len(cands):
-        raise ValueError(f"{len(ctxs)} contexts for {len(cands)} candidate lists: pass one "
-                         "list of candidates per context.")
-    if not cands or any(len(c) == 0 for c in cands):
-        raise ValueError("every question needs at least one candidate.")
-    seeds = ([(int(seed), q) for q in range(len(ctxs))] if isinstance(seed, int | np.integer)
-             else [(int(s), 0) for s in seed])
+    ctxs, cands = _questions_of(contexts, candidates)
+    if isinstance(seed, numbers.Integral):
+        seeds = [(int(seed), q) for q in range(len(ctxs))]
+    else:
+        seeds = [(int(s), 0) for s in seed]
     if len(seeds) != len(ctxs):
-        raise ValueError(f"{len(seeds)} seeds for {len(ctxs)} questions.")
+        raise ValueError(f"{len(seeds)} seeds for {len(ctxs)} questions: pass one int seed, or "
+                         "one per question.")
 
     owner = [(q, k) for q, c in enumerate(cands) for k in range(len(c))]
     flat_ctx = [ctxs[q] for q, _ in owner]
@@ -461,10 +507,13 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         for q in active:
             res = _question(tallies, members[q], behind[q])
             passed = _passed(res, threshold)
-            if decide:  # a candidate behind the leader beyond its threshold stops drawing
+            tied = _tied(res, threshold, delta) if decide else set()
+            if decide:  # a candidate behind the leader beyond its threshold stops drawing,
+                # one confidently within delta of it pauses (it draws again if the leader
+                # changes and it is no longer tied with the new one)
                 behind[q] |= passed - {res["lead"]}
                 drawing[q] = {i for j, i in enumerate(members[q])
-                              if j not in behind[q] and not exact[i]}
+                              if j not in behind[q] and j not in tied and not exact[i]}
             elif to_target:  # a candidate at its target stops
                 drawing[q] = {i for j, i in enumerate(members[q])
                               if not _at_target(res["se"][j], res["se_dof"][j], target_se)
@@ -473,6 +522,8 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                 status[q] = "exact"
             elif decide and len(passed) == len(members[q]):
                 status[q] = "decided"
+            elif decide and len(passed | tied) == len(members[q]):
+                status[q] = "tied"
             elif to_target and not drawing[q]:  # every candidate at its target (or exact)
                 status[q] = "target"
             elif not decide and target_se is None and not spend:
@@ -496,55 +547,108 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         stderr=[o["se"] for o in out_rows], choice=[int(o["lead"]) for o in out_rows],
         paired_stderr=[o["pse"] for o in out_rows], margin_z=[o["margin"] for o in out_rows],
         decided=[len(_passed(o, threshold)) == len(o["z"]) for o in out_rows],
+        tied=[np.isin(np.arange(len(o["z"])), sorted(_tied(o, threshold, delta)))
+              if decide else np.zeros(len(o["z"]), dtype=bool) for o in out_rows],
         z_threshold=z, exact=[exact[m] for m in members],
         stderr_dof=[o["dof"] for o in out_rows], num_masked_rows=rows.tolist(),
         candidate_masked_rows=[cand_rows[m] for m in members],
         rounds=rounds_done.tolist(), stop_reason=status, num_model_calls=calls,
         common_masks=common_masks, seed=seed, model=getattr(model, "name", None),
         extra={"allocation": allocation, "num_masks": p, "max_masks": max_masks,
-               "alpha": alpha, "target_se": target_se,
+               "alpha": alpha, "delta": delta if decide else None, "target_se": target_se,
                "rate_density": density.mass.tolist()})
     announce_nonfinite(np.concatenate(res.scores), "the candidates' scores", "candidates")
     _announce(res, decide, target_se, max_masks)
     return res
 
 
+def _questions_of(contexts: Any, candidates: Any) -> tuple[list[Any], list[list[Any]]]:
+    """The questions as lists: one context and a list of candidates each, refused when not."""
+    if isinstance(contexts, str | bytes) or isinstance(candidates, str | bytes):
+        raise TypeError("compare takes a list of contexts and a list of candidate lists (one "
+                        "per context), e.g. compare(lm, ['the cat sat on'], [[' a mat', ' the "
+                        "dog']]); got a single string.")
+    ctxs, cands = list(contexts), list(candidates)
+    if not ctxs and not cands:
+        raise ValueError("compare got no questions (contexts and candidates are empty): pass "
+                         "at least one context and its list of candidates.")
+    if len(ctxs) != len(cands):
+        raise ValueError(f"{len(ctxs)} contexts for {len(cands)} candidate lists: pass one "
+                         "list of candidates per context.")
+    for q, c in enumerate(cands):
+        if isinstance(c, str | bytes):
+            raise TypeError(
+                f"candidates[{q}] is the string {c!r}, not a list of candidates (it would be "
+                f"scored letter by letter); pass a list per question, e.g. [[{c!r}]] for one "
+                "candidate.")
+    cands = [list(c) for c in cands]
+    if any(len(c) == 0 for c in cands):
+        raise ValueError("every question needs at least one candidate.")
+    return ctxs, cands
+
+
 def _announce(res: Comparison, decide: bool, target_se: float | None, max_masks: int) -> None:
-    """Warn about what a comparison could not settle: budgets spent, SEs not to trust."""
+    """Warn, once per call, about what a comparison could not settle, in one line.
+
+    ``"compare: 7 of 40 questions undecided after max_masks=128 masks per candidate, 3 with
+    fewer than 5 dof (first: [..]); ..."``: budgets spent before a decision or the target,
+    standard errors 0 that are not exact (every draw of a stratum on one mask), and
+    standard errors on fewer than :data:`MIN_STDERR_DOF` degrees of freedom reported
+    without a decision; what to do follows.
+    """
     n = len(res.scores)
     spent = [q for q, s in enumerate(res.stop_reason) if s == "budget"]
-    if spent:
-        what = ("not decided", "their choice may flip on other masks (see margin_z and "
-                "paired_stderr)") if decide else (
-            f"still above target_se={target_se}", "their standard errors are larger than asked")
-        warnings.warn(
-            f"{len(spent)} of {n} questions (first: {spent[:5]}) were {what[0]} after "
-            f"max_masks={max_masks} masks per candidate: {what[1]}; raise max_masks to spend "
-            "more on them.", RuntimeWarning, stacklevel=3)
-    zero = [q for q in range(n)
-            if np.any((res.stderr[q] == 0) & ~res.exact[q])]
-    if zero:
-        warnings.warn(
-            f"{len(zero)} of {n} questions (first: {zero[:5]}) have a candidate whose standard "
-            "error came out 0 although its bound is not an exact sum (every draw of a stratum "
-            "fell on the same mask): that 0 understates the Monte Carlo error; use more masks "
-            "(num_masks).", RuntimeWarning, stacklevel=3)
-    # a decided question's threshold already is a t quantile at its dof: only SEs reported
-    # without a decision are flagged
+    zero = [q for q in range(n) if np.any((res.stderr[q] == 0) & ~res.exact[q])]
+    # a decided (or tied) question's threshold already is a t quantile at its dof: only SEs
+    # reported without a decision are flagged
     few = [q for q in range(n) if res.stderr_dof[q] < MIN_STDERR_DOF
-           and not (decide and res.decided[q])]
+           and not (decide and (res.decided[q] or res.stop_reason[q] == "tied"))]
+    parts: list[tuple[list[int], str]] = []
+    fixes: list[str] = []
+    if spent:
+        what = "undecided" if decide else f"still above target_se={target_se}"
+        parts.append((spent, f"{what} after max_masks={max_masks} masks per candidate"))
+        fixes.append("their choice may flip on other masks (see margin_z and paired_stderr)"
+                     if decide else "their standard errors are larger than asked")
+        fixes.append("raise max_masks to spend more on them")
+    if zero:
+        parts.append((zero, "with a standard error 0 that is not exact"))
+        fixes.append("a 0 from draws that fell on one mask understates the Monte Carlo error")
     if few:
-        warnings.warn(
-            f"{len(few)} of {n} questions (first: {few[:5]}) have standard errors resting on "
-            f"fewer than {MIN_STDERR_DOF} effective degrees of freedom (stderr_dof): an error "
-            "beyond 2 SE will happen far more often than 5% of the time; use more masks "
-            "(num_masks, or decide=/target_se= for more rounds).", RuntimeWarning, stacklevel=3)
+        parts.append((few, f"with fewer than {MIN_STDERR_DOF} dof"))
+        fixes.append("an error beyond 2 SE then happens far more often than 5% of the time")
+    if zero or few:
+        fixes.append("use more masks (num_masks, or decide=/target_se= for more rounds)")
+    if parts:
+        line = ", ".join(f"{len(qs)}{f' of {n} questions' if j == 0 else ''} {what} "
+                         f"(first: {qs[:5]})" for j, (qs, what) in enumerate(parts))
+        warnings.warn(f"compare: {line}; {'; '.join(fixes)}.", RuntimeWarning, stacklevel=3)
 
 
 def _passed(res: dict[str, Any], threshold: Any) -> set[int]:
     """The leader and every candidate behind it by more than its pair's threshold."""
     return {j for j, (z, d) in enumerate(zip(res["z"], res["pair_dof"], strict=True))
             if z > threshold(float(d))}
+
+
+def _tied(res: dict[str, Any], threshold: Any, delta: float) -> set[int]:
+    """The candidates confidently within ``delta`` of the leader (a practical tie).
+
+    Pair (leader, j): ``g = est[lead] - est[j] >= 0`` with paired SE ``s``; tied when the
+    interval ``g +- z s`` at the pair's threshold lies inside ``(-delta, delta)``, i.e.
+    ``g + z s < delta``. The leader itself is not tied to itself.
+    """
+    if delta <= 0:
+        return set()
+    lead = res["lead"]
+    out = set()
+    for j, (s, d) in enumerate(zip(res["pse"], res["pair_dof"], strict=True)):
+        if j == lead:
+            continue
+        g = float(res["est"][lead] - res["est"][j])
+        if abs(g) + threshold(float(d)) * float(s) < delta:
+            out.add(j)
+    return out
 
 
 def _round_sizes(p: int, max_masks: int) -> list[int]:
