@@ -215,15 +215,15 @@ def test_rounds_towards_a_target_are_unbiased_and_calibrated(tiny, reference):
 
 
 def test_a_round_towards_a_target_draws_no_more_than_it_needs():
-    from mptlml.estimators.compare import NEED_MARGIN, _next_draws, _round_sizes
+    from mptlml.estimators.sequential import NEED_MARGIN, next_draws, round_sizes
 
     # without a target: the doubling schedule, the last round what is left (even)
-    assert _round_sizes(16, 512) == [16, 16, 32, 64, 128, 256]
-    assert _round_sizes(16, 100) == [16, 16, 32, 36]
+    assert round_sizes(16, 512) == [16, 16, 32, 64, 128, 256]
+    assert round_sizes(16, 100) == [16, 16, 32, 36]
     # towards a target: at most the predicted remainder (with the margin), even, >= 2
-    assert _next_draws(64, 4096, need=100.0) == 2 * math.ceil(NEED_MARGIN * 36 / 2)
-    assert _next_draws(64, 4096, need=1e6) == 64  # never more than doubling
-    assert _next_draws(64, 4096, need=64.5) == 2
+    assert next_draws(64, 4096, need=100.0) == 2 * math.ceil(NEED_MARGIN * 36 / 2)
+    assert next_draws(64, 4096, need=1e6) == 64  # never more than doubling
+    assert next_draws(64, 4096, need=64.5) == 2
 
 
 def test_max_masks_alone_is_a_budget_spent_whole(tiny):

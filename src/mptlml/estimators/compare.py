@@ -38,8 +38,9 @@ question looks at its result about log2(max_masks / P) times, not
 max_masks / P times: the threshold below stays low, and the degrees of
 freedom of the standard errors grow fast. Towards a ``target_se`` (without
 ``decide``) a round draws no more than the remainder the target is predicted
-to need, ``n (se / target)^2 - n`` (times :data:`NEED_MARGIN`), so the last
-round lands near the target instead of overshooting it up to twofold.
+to need, ``n (se / target)^2 - n`` (times
+:data:`~mptlml.estimators.sequential.NEED_MARGIN`), so the last round lands
+near the target instead of overshooting it up to twofold.
 
 With ``decide=True`` a candidate stops drawing once it is behind the leader by
 more than ``z`` paired standard errors (successive elimination), or once its
@@ -76,31 +77,39 @@ from scipy import stats as sps
 from .._optional import require
 from .._scoring.ragged import run_pairs
 from .._validation import SEED_INT, Options, check_options
+from ..masks import every_mask
 from ..models.protocols import RaggedMaskedModel
 from ..models.sequence_input import encode_with_context
 from .results import MIN_STDERR_DOF, _Result, announce_nonfinite
-from .stats import welch_dof
+from .runs import EXACT_LENGTH
+from .sequential import (
+    NUM_RATE_BINS,
+    PRIOR_PAIRS,
+    RateDensity,
+    at_target,
+    combine_rounds,
+    density_of,
+    draws_needed,
+    masks_at_rates,
+    next_draws,
+    round_seed,
+    round_sizes,
+    stratified_rates,
+    weighted_rounds,
+)
+from .stats import enumerated_sum
 
 __all__ = ["Comparison", "compare"]
 
-#: most masks per candidate with ``decide`` or ``target_se``, unless ``max_masks`` says
+#: most masks per candidate with ``target_se``, unless ``max_masks`` says
 MAX_MASKS = 512
-#: rate bins of the learned allocation
-NUM_RATE_BINS = 10
-#: the learned density never falls below this share of its largest bin (keeps every rate,
-#: and bounds the importance weights: heavy tails make standard errors unstable)
-DENSITY_FLOOR = 0.3
-#: a question's spread by rate is shrunk toward the call's as if by this many pairs per bin
-PRIOR_PAIRS = 8
-#: a standard error counts as at its target only on at least this many degrees of freedom
-TARGET_MIN_DOF = 10
-#: a round towards a target SE draws this times the predicted remainder (fewer extra rounds)
-NEED_MARGIN = 1.15
+#: most masks per candidate with ``decide``, unless ``max_masks`` says: LLaDA's 128 draws
+#: (measured with :data:`DELTA`: at most a third of LLaDA's cost on easy and close question
+#: sets, benchmarks/bench_conditional.py; fewer looks, so a lower threshold)
+DECIDE_MAX_MASKS = 128
 #: the indifference zone of ``decide`` (nats), unless ``delta`` says: a pair confidently
 #: within it is a practical tie (measured: benchmarks/bench_conditional.py)
 DELTA = 0.5
-#: continuations of at most this many tokens are scored on every mask (exact, SE 0)
-EXACT_LENGTH = 4
 
 #: compare's own allowed values where they differ from the shared table
 #: (:data:`mptlml._validation.MONTE_CARLO_OPTIONS`)
@@ -204,32 +213,6 @@ class Comparison(_Result):
         return pd.DataFrame(rows)
 
 
-def _question_seed(seed: int, q: int, r: int) -> int:
-    return int(np.random.SeedSequence([int(seed), int(q), int(r)]).generate_state(1)[0])
-
-
-class _Density:
-    """A piecewise-constant rate density q on (0, 1): CDF, inverse CDF, size probabilities."""
-
-    def __init__(self, weights: np.ndarray) -> None:
-        w = np.asarray(weights, dtype=np.float64)
-        self.mass = w / w.sum()
-        self.edges = np.linspace(0.0, 1.0, w.size + 1)
-        self.cdf_at_edges = np.concatenate([[0.0], np.cumsum(self.mass)])
-        self.cdf_at_edges[-1] = 1.0
-
-    def cdf(self, r: np.ndarray) -> np.ndarray:
-        return np.interp(r, self.edges, self.cdf_at_edges)
-
-    def inverse(self, u: np.ndarray) -> np.ndarray:
-        return np.interp(u, self.cdf_at_edges, self.edges)
-
-    def size_probs(self, sizes: np.ndarray, length: int) -> np.ndarray:
-        """q(M) for M in ``sizes`` (1..T-1) of a continuation of T = ``length`` tokens."""
-        n = length - 1
-        return self.cdf(sizes / n) - self.cdf((sizes - 1) / n)
-
-
 @dataclass
 class _Tally:
     """Per-candidate sums over rounds: estimates, variances, dof pieces, paired draws."""
@@ -237,21 +220,6 @@ class _Tally:
     exact_top: float = 0.0
     rounds: dict[int, tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict)
     """round index -> (draws, y (P,), stratum id (P,)), for the rounds it drew in"""
-
-
-def _round_stats(y: np.ndarray, strata: np.ndarray) -> tuple[float, float, np.ndarray]:
-    """Mean of a stratified round (two draws per stratum), its variance, per-stratum pieces."""
-    h = int(strata.max()) + 1
-    pairs = y.reshape(h, 2)
-    pieces = (pairs[:, 0] - pairs[:, 1]) ** 2 / (4.0 * h * h)
-    return float(y.mean()), float(pieces.sum()), pieces
-
-
-def _weighted(rounds: dict[int, tuple[int, np.ndarray, np.ndarray]]
-              ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Each round's draws times its weight (its share of the candidate's draws)."""
-    total = sum(n for n, _, _ in rounds.values())
-    return {r: (y * (n / total), s) for r, (n, y, s) in rounds.items()} if total else {}
 
 
 def _pair(lead: _Tally, other: _Tally) -> tuple[float, float, float]:
@@ -264,25 +232,12 @@ def _pair(lead: _Tally, other: _Tally) -> tuple[float, float, float]:
     """
     ra, rb = set(lead.rounds), set(other.rounds)
     common = ra & rb if ra and rb else ra | rb
-    a = _weighted({r: lead.rounds[r] for r in common if r in ra})
-    b = _weighted({r: other.rounds[r] for r in common if r in rb})
+    a = weighted_rounds({r: lead.rounds[r] for r in common if r in ra})
+    b = weighted_rounds({r: other.rounds[r] for r in common if r in rb})
     diff = [((a[r][0] if r in a else 0.0) - (b[r][0] if r in b else 0.0),
              (a[r] if r in a else b[r])[1]) for r in sorted(common)]
-    est, se, dof = _combine(diff)
+    est, se, dof = combine_rounds(diff)
     return est + lead.exact_top - other.exact_top, se, dof
-
-
-def _combine(terms: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float, float]:
-    """Sum of stratified rounds' means (weighted draws): estimate, standard error, Welch dof."""
-    if not terms:
-        return 0.0, 0.0, math.inf
-    est, var, pieces = 0.0, 0.0, []
-    for z, s in terms:
-        m, v, p = _round_stats(z, s)
-        est += m
-        var += v
-        pieces.append(p)
-    return est, math.sqrt(var), welch_dof(torch.from_numpy(np.concatenate(pieces)), 1.0)
 
 
 def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[Any]], *,
@@ -312,8 +267,9 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         sequential rule of the module docstring) or ``max_masks`` is spent.
     target_se : float, optional
         Keep drawing until every candidate's standard error is at most this, on
-        at least :data:`TARGET_MIN_DOF` degrees of freedom (or ``max_masks`` is
-        spent). Without ``decide``, ``target_se`` and ``max_masks``: one round.
+        at least :data:`~mptlml.estimators.sequential.TARGET_MIN_DOF` degrees of
+        freedom (or ``max_masks`` is spent). Without ``decide``, ``target_se`` and
+        ``max_masks``: one round.
     alpha : float
         Error rate of the sequential rule (``decide``); also sets ``decided``.
     delta : float, optional
@@ -334,7 +290,8 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         guarantee and is reported undecided.
     max_masks : int, optional
         Most masks per candidate (the last round takes what is left); with
-        ``decide`` or ``target_se`` it defaults to :data:`MAX_MASKS`. Alone (no
+        ``decide`` it defaults to :data:`DECIDE_MAX_MASKS` (128), with ``target_se`` to
+        :data:`MAX_MASKS` (512). Alone (no
         ``decide``, no ``target_se``) it is a fixed budget, spent whole: rounds
         of doubling size, the allocation learned as they go (``stop_reason``
         ``"spent"``).
@@ -391,8 +348,8 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         raise ValueError("decide=True stops a question once its leader is decided, whatever "
                          "the standard errors; target_se= draws until each candidate's SE is at "
                          "the target. Pass one of the two.")
-    max_masks = (int(max_masks) if max_masks is not None
-                 else MAX_MASKS if decide or target_se is not None else p)
+    max_masks = (int(max_masks) if max_masks is not None else DECIDE_MAX_MASKS if decide
+                 else MAX_MASKS if target_se is not None else p)
     if max_masks < p:
         raise ValueError(f"max_masks ({max_masks}) is below num_masks ({p}); raise it.")
     ctxs, cands = _questions_of(contexts, candidates)
@@ -411,7 +368,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     lengths = np.array([len(t) - n for t, n in zip(ids, nctx, strict=True)])
     members = [[i for i, (qq, _) in enumerate(owner) if qq == q] for q in range(len(cands))]
     exact = (2.0 ** lengths - 2 <= max(p, 2 ** EXACT_LENGTH - 2)) | (lengths <= 1)
-    sizes_of_rounds = _round_sizes(p, max_masks)
+    sizes_of_rounds = round_sizes(p, max_masks)
     max_rounds = len(sizes_of_rounds)
     tail = alpha / (2 * max_rounds) if decide else alpha / 2
 
@@ -426,7 +383,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     drawn = np.zeros(len(cands), dtype=np.int64)  # masks per drawing candidate so far
     round_draws = np.full(len(cands), p, dtype=np.int64)  # this round's, per question
     active = list(range(len(cands)))
-    density = _Density(np.ones(NUM_RATE_BINS))  # the call's (pooled), reported
+    density = RateDensity(np.ones(NUM_RATE_BINS))  # the call's (pooled), reported
     densities = [density] * len(cands)  # each question's, in force for its next round
     calls = 0
     status = ["one round"] * len(cands)
@@ -447,14 +404,14 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                 if i not in drawing[q] or (exact[i] and r > 0):
                     continue
                 if exact[i]:  # every mask, once, in the first round; nothing after
-                    m = _every_mask(int(lengths[i]))
+                    m = every_mask(int(lengths[i]))
                     meta[i] = None
                 else:
                     key = (seeds[q][0], seeds[q][1], r) if common_masks else (
                         seeds[q][0], seeds[q][1] * 1_000_003 + j + 1, r)
-                    g = torch.Generator().manual_seed(_question_seed(*key))
-                    strata, rates, order = _draw(g, pr, tmax, densities[q])
-                    m, sizes = _masks(int(lengths[i]), rates, order)
+                    g = torch.Generator().manual_seed(round_seed(*key))
+                    strata, rates, order = stratified_rates(g, pr, tmax, densities[q])
+                    m, sizes = masks_at_rates(int(lengths[i]), rates, order)
                     meta[i] = (strata, rates, sizes)
                     if r == 0:  # the whole continuation: S_T(x; |T|) exactly, once
                         m = torch.cat([m, torch.ones(1, int(lengths[i]), dtype=torch.bool)])
@@ -477,8 +434,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
             s = np.asarray(sums_of[i], dtype=np.float64)
             if meta[i] is None:  # an exact candidate (first round only): the sum is the bound
                 size = masks[i][:, nctx[i]:].sum(1).numpy()
-                tallies[i].exact_top = float(sum(s[size == k].mean() / k
-                                                 for k in range(1, t + 1)))
+                tallies[i].exact_top = enumerated_sum(s, size)
                 continue
             strata, rates, sizes = meta[i]
             if r == 0:
@@ -498,9 +454,9 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
             drawn[q] += round_draws[q]
         if allocation == "learned" and spread_n.sum(0).min() > 0:
             pooled = spread_sum.sum(0) / spread_n.sum(0)
-            density = _density_of(pooled)
+            density = density_of(pooled)
             for q in active:  # its own spread, shrunk toward the call's by PRIOR_PAIRS
-                densities[q] = _density_of((spread_sum[q] + PRIOR_PAIRS * pooled)
+                densities[q] = density_of((spread_sum[q] + PRIOR_PAIRS * pooled)
                                            / (spread_n[q] + PRIOR_PAIRS))
         r += 1
         still = []
@@ -516,7 +472,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                               if j not in behind[q] and j not in tied and not exact[i]}
             elif to_target:  # a candidate at its target stops
                 drawing[q] = {i for j, i in enumerate(members[q])
-                              if not _at_target(res["se"][j], res["se_dof"][j], target_se)
+                              if not at_target(res["se"][j], res["se_dof"][j], target_se)
                               and not exact[i]}
             if exact[members[q]].all():  # every candidate an exact sum: nothing to draw
                 status[q] = "exact"
@@ -533,10 +489,10 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
             else:
                 still.append(q)
                 # towards a target: the draws its slowest candidate still drawing needs
-                need = max(_need(float(drawn[q]), res["se"][j], res["se_dof"][j], target_se)
+                need = max(draws_needed(float(drawn[q]), res["se"][j], res["se_dof"][j], target_se)
                            for j, i in enumerate(members[q])
                            if i in drawing[q]) if to_target else None
-                round_draws[q] = _next_draws(int(drawn[q]), max_masks, need)
+                round_draws[q] = next_draws(int(drawn[q]), max_masks, need)
         active = still
 
     out_rows = [_question(tallies, members[q], behind[q]) for q in range(len(cands))]
@@ -651,86 +607,6 @@ def _tied(res: dict[str, Any], threshold: Any, delta: float) -> set[int]:
     return out
 
 
-def _round_sizes(p: int, max_masks: int) -> list[int]:
-    """Masks per candidate of each round: p, p, 2p, 4p, ... (the total doubles), <= max_masks.
-
-    Few looks (about log2(max_masks / p)) keep the Bonferroni threshold low, and
-    every round's pairs add degrees of freedom fast; the last round takes what is left
-    of ``max_masks`` (rounded down to an even count).
-    """
-    sizes, total = [p], p
-    while total + 2 <= max_masks:
-        sizes.append(_next_draws(total, max_masks))
-        total += sizes[-1]
-    return sizes
-
-
-def _at_target(se: float, dof: float, target: float) -> bool:
-    """Whether a candidate's SE is at the target: at most ``target``, on at least
-    :data:`TARGET_MIN_DOF` degrees of freedom (an SE that dipped below the target on
-    few draws is most often an underestimate: stopping on it would break the promise)."""
-    return se <= target and dof >= TARGET_MIN_DOF
-
-
-def _need(drawn: float, se: float, dof: float, target: float) -> float:
-    """Draws a candidate needs for :func:`_at_target`: SE^2 falls as 1 / n, the dof grow as n."""
-    need = drawn * (se / target) ** 2
-    if math.isfinite(dof) and dof > 0:
-        need = max(need, drawn * TARGET_MIN_DOF / dof)
-    return need
-
-
-def _density_of(variance: np.ndarray) -> _Density:
-    """The rate density in proportion to the spread by rate bin, floored (Neyman)."""
-    sd = np.sqrt(variance)
-    return _Density(np.maximum(sd, DENSITY_FLOOR * sd.max()) if sd.max() > 0
-                    else np.ones(NUM_RATE_BINS))
-
-
-def _next_draws(drawn: int, max_masks: int, need: float | None = None) -> int:
-    """Masks per candidate of the next round: double the draws so far, within ``max_masks``.
-
-    Towards a target standard error (``need``: the draws it needs, ``n (se /
-    target)^2`` from the draws so far, SE^2 falling as 1 / n), no more than the
-    predicted remainder, with a margin of :data:`NEED_MARGIN`: the last round
-    stops near the target instead of overshooting it up to twofold.
-    """
-    nxt = min(drawn, max_masks - drawn) // 2 * 2
-    if need is not None and math.isfinite(need):
-        nxt = min(nxt, 2 * math.ceil(NEED_MARGIN * (need - drawn) / 2))
-    return max(2, nxt)
-
-
-def _draw(g: torch.Generator, p: int, tmax: int, density: _Density
-          ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
-    """Stratified rates (two per stratum of equal q-mass) and a random order of positions."""
-    h = p // 2
-    v = torch.rand(h, 2, generator=g, dtype=torch.float64).numpy()
-    u = (np.arange(h)[:, None] + v) / h
-    rates = density.inverse(u.reshape(-1))
-    order = torch.rand(p, tmax, generator=g).argsort(dim=1)
-    return np.repeat(np.arange(h), 2), rates, order
-
-
-def _masks(length: int, rates: np.ndarray, order: torch.Tensor
-           ) -> tuple[torch.Tensor, np.ndarray]:
-    """Masks ``(P, T)`` of sizes ceil(r (T-1)) on the first positions of the shared order."""
-    p = len(rates)
-    sizes = np.clip(np.ceil(rates * (length - 1)), 1, length - 1).astype(np.int64)
-    keep = order[order < length].reshape(p, length)  # the shared order restricted to T
-    rank = torch.empty_like(keep)
-    rank.scatter_(1, keep, torch.arange(length).expand(p, -1))
-    m = rank < torch.as_tensor(sizes)[:, None]
-    return m, sizes
-
-
-def _every_mask(length: int) -> torch.Tensor:
-    """Every non-empty subset of ``length`` positions, the whole one last: ``(2^T - 1, T)``."""
-    codes = torch.arange(1, 2 ** length)
-    m = (codes[:, None] >> torch.arange(length)) & 1
-    return m.bool()
-
-
 def _question(tallies: list[_Tally], idx: list[int], out: set[int] | None = None
               ) -> dict[str, Any]:
     """Estimates, SEs, paired SEs to the leader and the margin of one question.
@@ -741,7 +617,7 @@ def _question(tallies: list[_Tally], idx: list[int], out: set[int] | None = None
     k = len(idx)
     est, se, dof = np.zeros(k), np.zeros(k), []
     for j, i in enumerate(idx):
-        e, s, d = _combine(list(_weighted(tallies[i].rounds).values()))
+        e, s, d = combine_rounds(list(weighted_rounds(tallies[i].rounds).values()))
         est[j], se[j] = e + tallies[i].exact_top, s
         dof.append(d)
     out = out or set()
