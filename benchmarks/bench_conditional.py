@@ -441,6 +441,8 @@ def trained_sets(args: argparse.Namespace) -> list[dict]:
         idx = np.flatnonzero(gap > 3 if easy else (gap >= 0.1) & (gap <= 3))[:args.questions]
         c, k, e = [ctxs[i] for i in idx], [cands[i] for i in idx], ex[idx]
         print(f"{name}: {len(idx)} of {len(ctxs)} questions", file=sys.stderr)
+        if not len(idx):  # a short training (--smoke) may leave a set empty
+            continue
         flat_ctx = [x for x, ks in zip(c, k, strict=True) for _ in ks]
         ll, _, ll_rows = llada(model, flat_ctx, [y for ks in k for y in ks], args.seed)
         ll_choice = ll.reshape(-1, 4).argmax(1)
