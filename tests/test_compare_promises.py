@@ -206,7 +206,7 @@ def test_the_learned_rate_density_keeps_its_floor_where_it_binds():
     density of the high rates falls far below the floor (checked: the floor binds); the
     reported density (``extra["rate_density"]``) must sit on it there, not below.
     """
-    from mptlml.estimators.compare import DENSITY_FLOOR, NUM_RATE_BINS
+    from mptlml.estimators.sequential import DENSITY_FLOOR, NUM_RATE_BINS
 
     lm = independent_model()
     cand = [list(range(12)) + list(range(12))]  # 24 tokens
