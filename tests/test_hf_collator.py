@@ -228,7 +228,9 @@ def test_chain_rule_matches_a_hand_written_random_order(tiny):
     """
     model, tok = tiny
     mlm = MaskedLM(model, tok)
-    seqs = tok(["the cat sat on a mat", "the small red house"],
+    # six tokens each: 2 orders (12 masked inputs) are fewer than the 63 masks of a sequence,
+    # so the orders are drawn (a sequence of at most 4 tokens would be scored exactly)
+    seqs = tok(["the cat sat on a mat", "a big dog ran far away"],
                add_special_tokens=False)["input_ids"]
     est = estimate_lml(mlm, seqs, "chain-rule", num_masks=2, seed=5)
     want = torch.zeros(2, dtype=torch.float64)
@@ -251,13 +253,20 @@ def test_ragged_chain_rule_and_cumulative_agree_in_expectation(tiny):
     """E_pi log q_pi(x) = sum_M S(x; M) for any conditionals: two estimators, one quantity."""
     model, tok = tiny
     mlm = MaskedLM(model, tok)
-    seqs = SENTENCES[:4]
+    seqs = SENTENCES  # 2-6 tokens: every mask fewer than the draws, both exact; 15: drawn
     chain = estimate_lml(mlm, seqs, "chain-rule", num_masks=60, seed=11)
     cum = estimate_lml(mlm, seqs, "cumulative", num_masks=60, seed=12)
-    z = (chain.per_sample - cum.per_sample) / torch.sqrt(chain.per_sample_stderr ** 2
-                                                         + cum.per_sample_stderr ** 2)
+    lengths = [len(t) for t in mlm.encode(seqs)]
+    exact = (chain.per_sample_stderr == 0) & (cum.per_sample_stderr == 0)
+    assert exact.tolist() == [d <= 6 for d in lengths]
+    # where both enumerate, both are the exhaustive sum: equal
+    torch.testing.assert_close(chain.per_sample[exact], cum.per_sample[exact], rtol=0,
+                               atol=1e-9)
+    z = (chain.per_sample - cum.per_sample)[~exact] / torch.sqrt(
+        chain.per_sample_stderr ** 2 + cum.per_sample_stderr ** 2)[~exact]
     assert bool((z.abs() < 4.5).all()), z
-    assert chain.num_masked_rows == sum(len(t) for t in mlm.encode(seqs)) * 60
+    # every mask of an exact sequence once; 60 orders of D prefixes each for the drawn one
+    assert chain.num_masked_rows == sum(2 ** d - 1 if d <= 6 else 60 * d for d in lengths)
 
 
 def test_ragged_chain_rule_refuses_what_it_does_not_use(tiny):

@@ -242,8 +242,8 @@ def test_token_scores_to_pandas(tiny):
     res = pll(mlm, SENTENCES[:2], per_token=True)
     df = res.to_pandas()
     assert len(df) == sum(len(t) for t in res.tokens)
-    assert list(df.columns[:5]) == ["sequence", "position", "token", "log_prob", "model"]
-    assert df.groupby("sequence")["log_prob"].sum().tolist() == pytest.approx(res.total.tolist())
+    assert list(df.columns[:5]) == ["datum", "position", "token", "log_prob", "model"]
+    assert df.groupby("datum")["log_prob"].sum().tolist() == pytest.approx(res.total.tolist())
 
 
 # ---------------------------------------------------------------------- data MPTTrainer refuses

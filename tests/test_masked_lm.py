@@ -273,8 +273,9 @@ def test_curve_arguments_refused_and_unknown_estimator(tiny):
         mptlml.mpt_curve(tiny, SENTENCES[:2], sizes=[1], seed=0)
     with pytest.raises(ValueError, match="share_masks=True does not apply"):
         mptlml.mpt_curve(tiny, SENTENCES[:2], share_masks=True, seed=0)
-    with pytest.raises(ValueError, match="'exhaustive' does not apply to ragged.*available"):
-        mptlml.estimate_lml(tiny, SENTENCES[:2], "exhaustive", seed=0)
+    # exhaustive scores short sequences on every mask, and refuses those with too many
+    with pytest.raises(ValueError, match=r"exhaustive estimator needs 2\^D - 1 = 1073741823"):
+        mptlml.estimate_lml(tiny, ["the cat sat on a mat " * 5], "exhaustive", seed=0)
     with pytest.raises(TypeError, match="int seed"):
         mptlml.estimate_lml(tiny, SENTENCES[:2], seed=torch.Generator())
 

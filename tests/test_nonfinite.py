@@ -96,7 +96,8 @@ def test_a_run_too_big_for_memory_is_refused_up_front(tiny_dir):
     from mptlml.models import MaskedLM
 
     mlm = MaskedLM.from_pretrained(tiny_dir)
-    seqs = ["the cat sat on a mat", "blue tree"]
+    # 30 tokens: its 2^30 - 1 masks are more than the draws asked (shorter ones are enumerated)
+    seqs = ["the cat sat on a mat " * 5, "blue tree"]
     with pytest.raises(ValueError, match="would score 200,000,000 masked inputs.*lower num_masks"):
         mptlml.mpt_curve(mlm, seqs, num_masks=10**8, rates=[0.5], seed=0)
     with pytest.raises(ValueError, match="max_masked_inputs"):

@@ -76,7 +76,8 @@ def _comparison(num_questions: int = 1) -> Comparison:
         scores=[np.array([-4.0, -2.5, -9.0]) for _ in q],
         stderr=[np.array([0.5, 0.25, 1.0]) for _ in q],
         choice=[1 for _ in q], paired_stderr=[np.array([0.4, 0.0, 0.9]) for _ in q],
-        margin_z=[3.75 for _ in q], decided=[True for _ in q], z_threshold=[2.0 for _ in q],
+        margin_z=[3.75 for _ in q], decided=[True for _ in q], tied=[np.zeros(3, bool) for _ in q],
+        z_threshold=[2.0 for _ in q],
         exact=[np.zeros(3, bool) for _ in q], stderr_dof=[30.0 for _ in q],
         num_masked_rows=[12 for _ in q], candidate_masked_rows=[np.full(3, 4) for _ in q],
         rounds=[1 for _ in q], stop_reason=["decided" for _ in q])
