@@ -494,10 +494,14 @@ def test_top_predictions_equal_direct_forwards(tiny, ref):
 # ---------------------------------------------------------------------- the summary
 def test_summary_states_the_monte_carlo_share():
     q = [{"id": 1, "decided": True, "margin_z": 6.0, "z_threshold": 1.96},
-         {"id": 2, "decided": False, "margin_z": 1.0, "z_threshold": 1.96}]
+         {"id": 2, "decided": False, "margin_z": 1.0, "z_threshold": 1.96},
+         {"id": 3, "decided": False, "tied": True, "margin_z": 0.1, "z_threshold": 1.96}]
     recs = [{"request": "loglikelihood", "task": "mc", "doc_id": d, "idx": i,
              "loglikelihood": -1.0, "stderr": 0.1 * (i + 1), "masked_inputs": 10,
              "question": q[d]} for d in (0, 1) for i in (0, 1)]
+    # a question stopped as a practical tie (compare's indifference zone) is settled
+    tied = [{**r, "task": "tie", "question": q[2]} for r in recs[:2]]
+    assert summarize(tied)["tie"]["undecided"] == 0 and summarize(tied)["tie"]["tied"] == 1
     recs += [{"request": "loglikelihood", "task": "lambada", "doc_id": d, "idx": 0,
               "loglikelihood": -2.0, "stderr": 0.2, "masked_inputs": 5} for d in range(4)]
     recs += [{"request": "loglikelihood_rolling", "task": "ppl", "doc_id": d, "idx": 0,

@@ -607,7 +607,9 @@ class MPTLM(LM):
             if k_q > 1:
                 question = {
                     "id": self._questions, "choice": keys[members[cmp.choice[q]]].idx,
-                    "decided": bool(cmp.decided[q]), "margin_z": float(cmp.margin_z[q]),
+                    "decided": bool(cmp.decided[q]),
+                    "tied": str(cmp.stop_reason[q]) == "tied",
+                    "margin_z": float(cmp.margin_z[q]),
                     "z_threshold": float(cmp.z_threshold[q]), "candidates": k_q,
                     "masked_inputs": rows}
             for j, i in enumerate(members):

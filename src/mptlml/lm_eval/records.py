@@ -102,7 +102,9 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         task -> ``requests``, ``documents``, ``masked_inputs``, ``stderr_mean``,
         ``stderr_max`` (per request), ``budget_spent`` (requests that spent
         ``max_masks`` before their target or decision); with multiple-choice questions also
-        ``questions``, ``undecided``, ``undecided_share``, ``z_threshold``,
+        ``questions``, ``undecided`` (neither decided nor stopped as a practical tie),
+        ``tied`` (stopped within compare's indifference zone), ``undecided_share``,
+        ``z_threshold``,
         ``accuracy_mc_stderr``;
         with single ``loglikelihood`` requests ``perplexity_mc_rel_stderr`` (of
         exp(-mean log-likelihood)); with rolling requests ``loglikelihood``
@@ -130,8 +132,10 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             norm = _norm_flips([r for r in rs if r.get("question")])
             flips = [0.0 if q["margin_z"] is None else _phi(-float(q["margin_z"]))
                      for q in questions.values()]  # null: an infinite margin (strict JSON)
-            undecided = sum(not q["decided"] for q in questions.values())
-            s.update(questions=len(questions), undecided=undecided,
+            # a question stopped as a practical tie (compare's indifference zone) is settled
+            tied = sum(bool(q.get("tied")) for q in questions.values())
+            undecided = sum(not q["decided"] and not q.get("tied") for q in questions.values())
+            s.update(questions=len(questions), undecided=undecided, tied=tied,
                      undecided_share=undecided / len(questions),
                      z_threshold=max(float(q["z_threshold"]) for q in questions.values()),
                      accuracy_mc_stderr=math.sqrt(sum(p * (1 - p) for p in flips))
