@@ -20,6 +20,34 @@ SENTENCES = [
 ]
 
 
+def _draw_weights(model: torch.nn.Module, *, seed: int, std: float, pad_id: int) -> None:
+    """Draw every parameter of ``model`` from our own generator, whatever transformers drew.
+
+    BERT's own initialisation scheme (``N(0, std^2)`` for matrices and embeddings, the
+    ``[PAD]`` embedding row zero, zeros for biases, ones for LayerNorm weights), drawn from a
+    ``torch.Generator`` seeded with ``seed`` in the order of the sorted parameter names, each
+    tied tensor once: the same weights under every transformers version (transformers 4.46.2
+    and 5.x draw ``cls.predictions.transform.dense.weight`` differently from one global seed).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    drawn: set[int] = set()
+    with torch.no_grad():
+        for name in sorted(params):
+            p = params[name]
+            if id(p) in drawn:  # tied (the decoder's weight and bias): drawn under its first name
+                continue
+            drawn.add(id(p))
+            if "LayerNorm" in name and name.endswith(".weight"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * std)
+                if name.endswith("word_embeddings.weight"):
+                    p[pad_id] = 0.0
+
+
 def make_tiny_bert(path: Path, *, seed: int = 0, max_position_embeddings: int = 64,
                    words: Sequence[str] = WORDS) -> Path:
     """Save a random 2-layer BERT masked LM and its WordPiece tokenizer to ``path``.
@@ -38,8 +66,9 @@ def make_tiny_bert(path: Path, *, seed: int = 0, max_position_embeddings: int = 
                      num_attention_heads=2, intermediate_size=64,
                      max_position_embeddings=max_position_embeddings,
                      initializer_range=0.5)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # only keeps the global generator's state after this call repeatable
     model = BertForMaskedLM(cfg)
+    _draw_weights(model, seed=seed, std=cfg.initializer_range, pad_id=vocab.index("[PAD]"))
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
