@@ -49,6 +49,21 @@ the chosen candidate agrees with LLaDA's and with the exhaustive one.
   precision is the spread of its estimates over the seeds. The cost LLaDA needs
   for that target is ``128 v_LLaDA / target^2``.
 
+**Close and easy questions on a trained small model** (``--trained-only`` runs these
+alone, in about 10 minutes on 2 CPU cores, most of it training): a 2-layer BERT
+(hidden 64) trained by masked LM for ``--train-steps`` on sentences of a small
+probabilistic grammar ("the A N V P the A N and the A N", each word's distribution
+skewed and depending on the word before), so that the grammar's continuations are
+plausible and differ by a spread of amounts. Each question gives the first 3 words
+as context and four 5-word continuations: for the *close* set, four of the
+grammar's own continuations, kept when the exhaustive leader gap is 0.1-3 nats;
+for the *easy* set, one of them against three shuffles of it, kept when the gap
+exceeds 3 nats (``--questions`` each, from ``--pool`` drawn). ``compare`` runs at its
+defaults with ``decide=True`` (and at each ``--walk`` delta); reported: masked
+inputs per question against LLaDA's 128 draws per candidate, agreement with the
+exhaustive choice (and LLaDA's), the share within delta of the exhaustive best,
+undecided and tied shares.
+
 The table goes to stdout and, with ``--out FILE``, to a Markdown file.
 """
 
@@ -60,6 +75,7 @@ import math
 import sys
 import time
 import warnings
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +83,7 @@ import torch
 
 import mptlml
 from mptlml.data import bundled_antibodies
+from mptlml.estimators.llada import llada_counts
 from mptlml.models import MaskedLM
 from mptlml.models.sequence_input import encode_with_context
 
@@ -92,16 +109,6 @@ def questions(genes: list[str], context: int, length: int, seed: int
         ctxs.append(seq[:context])
         cands.append([true, "".join(mutant), shuffled, other])
     return ctxs, cands
-
-
-def llada_counts(k: int, n: int, batch: int = 32) -> np.ndarray:
-    """LLaDA's mask counts of a batch started at k: ``round(linspace(k, k + (b-1) n / b, b))``.
-
-    torch's round (half to even), wrapped into 1..n.
-    """
-    counts = torch.round(torch.linspace(float(k), k + (batch - 1) * (n / batch),
-                                        steps=batch)).long()
-    return (((counts - 1) % n) + 1).numpy()
 
 
 def random_masks(length: int, context: int, counts: list[int], g: torch.Generator
@@ -325,6 +332,146 @@ def table(mc: list[dict], bound: dict) -> str:
               f"{b['reported_se_over_spread']:.2f} |"]
     return "\n".join(lines)
 
+# ---------------------------------------------------------------------- a trained small model
+ADJ = ("big", "small", "red", "blue", "old", "new")
+NOUN = ("cat", "dog", "house", "tree", "mat", "car")
+VERB = ("sat", "ran", "was", "is")
+PREP = ("on", "under", "over", "with")
+
+
+def grammar(n: int, rng: np.random.Generator) -> list[list[str]]:
+    """``n`` sentences "the A N V P the A N and the A N" with skewed, dependent choices.
+
+    Each slot's word is drawn from a Zipf-like distribution whose order depends on the word
+    before it, so continuations differ in probability by a spread of amounts.
+    """
+    def pick(words: tuple[str, ...], after: str) -> str:
+        key = zlib.crc32(" ".join((after, *words)).encode())
+        order = np.random.default_rng(key).permutation(len(words))
+        p = 1.0 / (1.0 + np.arange(len(words))) ** 1.2
+        return words[order[rng.choice(len(words), p=p / p.sum())]]
+
+    out = []
+    for _ in range(n):
+        a = pick(ADJ, "the")
+        noun = pick(NOUN, a)
+        v = pick(VERB, noun)
+        pr = pick(PREP, v)
+        a2 = pick(ADJ, pr)
+        n2 = pick(NOUN, a2)
+        a3 = pick(ADJ, n2)
+        n3 = pick(NOUN, a3)
+        out.append(["the", a, noun, v, pr, "the", a2, n2, "and", "the", a3, n3])
+    return out
+
+
+def trained_model(folder: Path, steps: int, seed: int) -> MaskedLM:
+    """A 2-layer BERT (hidden 64) trained by masked LM on :func:`grammar` for ``steps``."""
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizer
+
+    words = sorted({*ADJ, *NOUN, *VERB, *PREP, "the", "and"})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tok = BertTokenizer(str(folder / "vocab.txt"), do_lower_case=True)
+    torch.manual_seed(seed)
+    net = BertForMaskedLM(BertConfig(vocab_size=len(vocab), hidden_size=64,
+                                     num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=128, max_position_embeddings=32))
+    rng = np.random.default_rng(seed)
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
+    net.train()
+    for _ in range(steps):
+        ids = torch.tensor([tok(" ".join(x))["input_ids"] for x in grammar(32, rng)])
+        mask = torch.rand(ids.shape) < torch.rand(ids.shape[0], 1)  # rates uniform in (0, 1)
+        mask[:, 0] = mask[:, -1] = False
+        labels = torch.where(mask, ids, -100)
+        loss = net(input_ids=ids.masked_fill(mask, tok.mask_token_id), labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    net.eval()
+    net.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return MaskedLM.from_pretrained(folder)
+
+
+def trained_questions(model: MaskedLM, n: int, seed: int, easy: bool
+                      ) -> tuple[list[str], list[list[str]], np.ndarray]:
+    """Questions of four 5-word continuations given a 3-word context, and their exhaustive
+    conditional sums ``(Q, 4)``: the grammar's own continuations (close questions), or one
+    of them against three shuffles of it (``easy``: clear questions)."""
+    rng = np.random.default_rng(seed + 1 + easy)
+    ctxs, cands = [], []
+    for x in grammar(n, rng):
+        ctxs.append(" ".join(x[:3]))
+        options = {" " + " ".join(x[3:8])}
+        while len(options) < 4:  # the grammar's other continuations, or shuffles
+            y = list(rng.permutation(x[3:8])) if easy else grammar(1, rng)[0][3:8]
+            options.add(" " + " ".join(y))
+        cands.append(sorted(options))
+    flat_ctx = [c for c, cs in zip(ctxs, cands, strict=True) for _ in cs]
+    ex = exhaustive(model, flat_ctx, [y for cs in cands for y in cs]).reshape(-1, 4)
+    return ctxs, cands, ex
+
+
+def trained_sets(args: argparse.Namespace) -> list[dict]:
+    """The easy (leader gap > 3 nats) and close (0.1-3 nats) sets on a trained small model,
+    ``compare`` at its defaults (``decide=True``) against LLaDA's 128 draws per candidate;
+    with ``--walk``, also at each delta of the walk."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        model = trained_model(Path(tmp), args.train_steps, args.seed)
+        print(f"trained in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    out = []
+    for name, easy in (("easy (gap > 3 nats)", True), ("close (gap 0.1-3 nats)", False)):
+        ctxs, cands, ex = trained_questions(model, args.pool, args.seed, easy)
+        top = np.sort(ex, 1)
+        gap = top[:, -1] - top[:, -2]
+        idx = np.flatnonzero(gap > 3 if easy else (gap >= 0.1) & (gap <= 3))[:args.questions]
+        c, k, e = [ctxs[i] for i in idx], [cands[i] for i in idx], ex[idx]
+        print(f"{name}: {len(idx)} of {len(ctxs)} questions", file=sys.stderr)
+        if not len(idx):  # a short training (--smoke) may leave a set empty
+            continue
+        flat_ctx = [x for x, ks in zip(c, k, strict=True) for _ in ks]
+        ll, _, ll_rows = llada(model, flat_ctx, [y for ks in k for y in ks], args.seed)
+        ll_choice = ll.reshape(-1, 4).argmax(1)
+        for delta in [None, *args.walk]:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                cmp = mptlml.compare(model, c, k, decide=True, seed=args.seed,
+                                     **({} if delta is None else {"delta": delta}))
+            choice = np.array(cmp.choice)
+            stop = np.array(cmp.stop_reason)
+            out.append({"set": name, "questions": len(idx),
+                        "delta": cmp.extra["delta"], "default": delta is None,
+                        "gap_range": (float(gap[idx].min()), float(gap[idx].max())),
+                        "llada_rows": ll_rows / len(idx),
+                        "mptlml_rows": float(np.mean(cmp.num_masked_rows)),
+                        "agree_exhaustive_mptlml": float(np.mean(choice == e.argmax(1))),
+                        "agree_exhaustive_llada": float(np.mean(ll_choice == e.argmax(1))),
+                        "within_delta": float(np.mean(
+                            e.max(1) - e[np.arange(len(idx)), choice] <= cmp.extra["delta"])),
+                        "undecided": float(np.mean(stop == "budget")),
+                        "tied": float(np.mean(stop == "tied"))})
+    return out
+
+
+def trained_table(rows: list[dict]) -> str:
+    lines = ["| question set (trained small model) | delta | masked inputs per question: "
+             "LLaDA | mptlml | fewer | agreement with exhaustive: mptlml / LLaDA | "
+             "within delta | undecided | tied |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['set']}, {r['questions']} | {r['delta']:g}{' (default)' if r['default'] else ''}"
+            f" | {r['llada_rows']:.0f} | {r['mptlml_rows']:.0f} | "
+            f"{r['llada_rows'] / r['mptlml_rows']:.1f}x | {r['agree_exhaustive_mptlml']:.0%} / "
+            f"{r['agree_exhaustive_llada']:.0%} | {r['within_delta']:.0%} | "
+            f"{r['undecided']:.0%} | {r['tied']:.0%} |")
+    return "\n".join(lines)
+
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -341,10 +488,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true",
                    help="2 genes, 1 repeat, 3 profile masks, 2 seeds")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--questions", type=int, default=40,
+                   help="questions per set of the trained small model (easy and close)")
+    p.add_argument("--pool", type=int, default=80,
+                   help="questions drawn from the grammar, from which the sets are taken")
+    p.add_argument("--train-steps", type=int, default=200)
+    p.add_argument("--walk", type=float, nargs="*", default=[],
+                   help="compare's delta values to run besides the default")
+    p.add_argument("--trained-only", action="store_true",
+                   help="only the easy and close sets of the trained small model")
     args = p.parse_args(argv)
     if args.smoke:
         args.genes, args.repeats, args.profile_masks, args.bound_seeds = 2, 1, 3, 2
+        args.questions, args.pool, args.train_steps = 4, 60, 20
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    trained = trained_table(trained_sets(args))
+    print(trained)
+    if args.trained_only:
+        if args.out is not None:
+            args.out.write_text(trained + "\n")
+        return 0
     model = MaskedLM.antiberty()
     data = bundled_antibodies()
     step = max(1, len(data.texts) // args.genes)
@@ -352,8 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     mc = [multiple_choice(model, genes, args.context, args.length, args, reference=False),
           multiple_choice(model, genes, args.context, args.short, args, reference=True)]
     bound = single_bound(model, genes, args.bound_length, args)
-    text = table(mc, bound)
-    print(text)
+    text = table(mc, bound) + "\n\n" + trained
+    print(table(mc, bound))
     print({"multiple_choice": mc, "bound": bound}, file=sys.stderr)
     if args.out is not None:
         args.out.write_text(text + "\n")

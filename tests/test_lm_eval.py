@@ -527,8 +527,11 @@ def _results(out: Path) -> tuple[dict, dict[str, list[dict]], Path]:
     for f in glob.glob(str(out / "**" / "samples_*.jsonl"), recursive=True):
         task = Path(f).name.removeprefix("samples_").rsplit("_", 1)[0]
         samples[task] = [json.loads(s) for s in Path(f).read_text().splitlines()]
-    logs = glob.glob(str(out / "mptlml_monte_carlo_*.jsonl"))
-    assert len(logs) == 1, logs
+    logs = glob.glob(str(out / "**" / "mptlml_monte_carlo_*.jsonl"), recursive=True)
+    assert len(logs) == 1, logs  # beside the results file, with its timestamp
+    assert Path(logs[0]).name.removeprefix("mptlml_monte_carlo_").removesuffix(".jsonl") == (
+        Path(glob.glob(str(out / "**" / "results_*.json"), recursive=True)[0]).stem
+        .removeprefix("results_"))
     return res, samples, Path(logs[0])
 
 

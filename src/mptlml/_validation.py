@@ -6,8 +6,11 @@ message says what was wrong and what to pass instead.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,8 +18,14 @@ import torch
 
 __all__ = [
     "FALSE_WORDS",
+    "MONTE_CARLO_OPTIONS",
     "TRUE_WORDS",
+    "Interval",
+    "InvalidOptionError",
+    "SEED_INT",
+    "Options",
     "as_tensor",
+    "check_options",
     "check_context",
     "check_data",
     "check_device",
@@ -277,3 +286,148 @@ def make_generator(seed: int | torch.Generator | None) -> torch.Generator:
             raise TypeError(f"seed must be an int, a torch.Generator or None, got {seed!r}.")
         g.manual_seed(int(seed))
     return g
+
+
+# ---------------------------------------------------------------------- Monte Carlo options
+class InvalidOptionError(ValueError, TypeError):
+    """An option of the wrong type or value (a ValueError and a TypeError, as scikit-learn's
+    ``InvalidParameterError``: callers catching either see it)."""
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Numbers of one kind (``numbers.Integral`` or ``numbers.Real``, never bool) in a range.
+
+    ``closed`` says which ends belong to it: ``"both"``, ``"left"``, ``"right"`` or
+    ``"neither"``; None for an end means unbounded. Real values must be finite.
+    """
+
+    kind: type
+    low: float | None
+    high: float | None
+    closed: str = "both"
+
+    def holds(self, value: Any) -> bool:
+        if isinstance(value, bool | np.bool_) or not isinstance(value, self.kind):
+            return False
+        v = float(value)
+        if not math.isfinite(v):
+            return False
+        lo_ok = self.low is None or (v >= self.low if self.closed in ("both", "left")
+                                     else v > self.low)
+        hi_ok = self.high is None or (v <= self.high if self.closed in ("both", "right")
+                                      else v < self.high)
+        return lo_ok and hi_ok
+
+    def __str__(self) -> str:
+        what = "an int" if self.kind is numbers.Integral else "a number"
+        if self.kind is numbers.Integral and self.low == 1 and self.high is None:
+            return "a positive integer"
+        if self.kind is numbers.Integral and self.low == 0 and self.high is None:
+            return "a non-negative int"
+        if self.low is not None and self.high is not None:
+            left = "[" if self.closed in ("both", "left") else "("
+            right = "]" if self.closed in ("both", "right") else ")"
+            return f"{what} in {left}{self.low:g}, {self.high:g}{right}"
+        if self.low is not None:
+            if self.low == 0 and self.closed in ("neither", "right"):
+                return "a positive number" if self.kind is numbers.Real else what + " > 0"
+            return f"{what} {'>=' if self.closed in ('both', 'left') else '>'} {self.low:g}"
+        assert self.high is not None
+        return f"{what} {'<=' if self.closed in ('both', 'right') else '<'} {self.high:g}"
+
+
+@dataclass(frozen=True)
+class Options:
+    """One of a few strings."""
+
+    choices: tuple[str, ...]
+
+    def holds(self, value: Any) -> bool:
+        return isinstance(value, str) and value in self.choices
+
+    def __str__(self) -> str:
+        return "one of " + ", ".join(repr(c) for c in self.choices)
+
+
+#: a seed: a non-negative int
+SEED_INT = Interval(numbers.Integral, 0, None)
+
+
+def _holds(constraint: Any, value: Any) -> bool:
+    if constraint is None:
+        return value is None
+    if constraint == "boolean":
+        return isinstance(value, bool | np.bool_)
+    if constraint == "generator":
+        return isinstance(value, torch.Generator)
+    if constraint == "int sequence":  # one non-negative int per item (not a string)
+        return (isinstance(value, Sequence | np.ndarray) and not isinstance(value, str | bytes)
+                and all(SEED_INT.holds(v) for v in value))
+    if constraint == "positive int sequence":
+        return (isinstance(value, Sequence | np.ndarray) and not isinstance(value, str | bytes)
+                and len(value) > 0 and all(Interval(numbers.Integral, 1, None).holds(v)
+                                           for v in value))
+    return bool(constraint.holds(value))
+
+
+def _describe(constraint: Any) -> str:
+    return {None: "None", "boolean": "bool (True or False)", "generator": "a torch.Generator",
+            "int sequence": "a list of non-negative ints",
+            "positive int sequence": "a list of positive integers"}.get(
+        constraint, str(constraint)) if not isinstance(constraint, Interval | Options) \
+        else str(constraint)
+
+
+#: The one table of the Monte Carlo options of every door (``estimate_lml``, ``mpt_curve``,
+#: ``compare``, ``pll``): each name's allowed kinds of value (any one of them). A door that
+#: allows more for a name says so in ``check_options(..., overrides=)``.
+MONTE_CARLO_OPTIONS: dict[str, list[Any]] = {
+    "num_masks": [Interval(numbers.Integral, 1, None)],
+    "seed": [SEED_INT, "generator", None],
+    "target_se": [Interval(numbers.Real, 0, None, "neither"), None],
+    "max_masks": [Interval(numbers.Integral, 1, None), None],
+    "alpha": [Interval(numbers.Real, 0, 1, "neither")],
+    "delta": [Interval(numbers.Real, 0, None, "left")],
+    "rate": [Interval(numbers.Real, 0, 1, "neither"), None],
+    "mask_size": [Interval(numbers.Integral, 1, None), None],
+    "nominal_length": [Interval(numbers.Real, 0, None, "neither"), None],
+    "token_budget": [Interval(numbers.Integral, 1, None), None],
+    "batch_size": [Interval(numbers.Integral, 1, None), None],
+    "chunk_size": [Interval(numbers.Integral, 1, None), None],
+    **{flag: ["boolean"] for flag in ("decide", "common_masks", "progress", "share_masks",
+                                      "nested", "exact", "whole_word", "per_token")},
+}
+
+
+def check_options(where: str, overrides: Mapping[str, list[Any]] | None = None,
+                  **values: Any) -> None:
+    """Refuse any option whose value is not one its constraint allows, naming it.
+
+    Each keyword of ``values`` is looked up in :data:`MONTE_CARLO_OPTIONS`
+    (``overrides`` replaces a door's own entries); a value must satisfy one of
+    the constraints listed for its name: an :class:`Interval` (numbers of one
+    kind, never bool, finite, in a range), :class:`Options` (strings),
+    ``"boolean"`` (``True``/``False`` only: ``"false"`` is not False),
+    ``"generator"``, ``"int sequence"`` (one non-negative int per item; a
+    string is not one), or None.
+
+    Raises
+    ------
+    InvalidOptionError
+        (a ValueError and a TypeError) ``"{where}: {name} must be {what}, got {value!r}."``
+    """
+    table = {**MONTE_CARLO_OPTIONS, **(overrides or {})}
+    for name, value in values.items():
+        allowed = table[name]
+        if any(_holds(c, value) for c in allowed):
+            continue
+        what = " or ".join(_describe(c) for c in allowed)
+        hint = ""
+        if isinstance(value, str) and "boolean" in allowed:
+            hint = f" (the string {value!r} is not a bool: pass True or False)"
+        elif isinstance(value, str):
+            hint = " (a string is not a number: pass the value itself)"
+        elif isinstance(value, bool) and "boolean" not in allowed:
+            hint = " (a bool is not a number here)"
+        raise InvalidOptionError(f"{where}: {name} must be {what}, got {value!r}{hint}.")

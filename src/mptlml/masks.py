@@ -30,6 +30,7 @@ from ._validation import check_positive_int, check_rate, make_generator
 __all__ = [
     "all_masks",
     "count_masks",
+    "every_mask",
     "fixed_rate_size",
     "prefix_masks",
     "random_orders",
@@ -341,6 +342,17 @@ def all_masks(num_tokens: int, size: int) -> torch.Tensor:
     out = torch.zeros(combos.shape[0], d, dtype=torch.bool)
     out.scatter_(1, combos, True)
     return out
+
+
+def every_mask(num_tokens: int) -> torch.Tensor:
+    """Every non-empty mask of ``num_tokens`` positions, the whole one last: ``(2^D - 1, D)``.
+
+    Row ``c - 1`` is the mask whose bits are those of ``c`` (position j masked when bit j
+    of c is set), c = 1..2^D - 1.
+    """
+    d = check_positive_int(num_tokens, "num_tokens")
+    codes = torch.arange(1, 2 ** d)
+    return ((codes[:, None] >> torch.arange(d)) & 1).bool()
 
 
 def count_masks(num_tokens: int, sizes: list[int] | range | None = None) -> int:

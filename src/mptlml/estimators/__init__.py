@@ -15,6 +15,7 @@ name               estimate of log p(x)                        bias          dat
 ``fixed-rate``     D * S_hat(x; M), M = max(1, floor(rate D))  biased        both
 ``chain-rule``     sum_t log p(x_pi(t) | x_pi(t+1..D))          unbiased      both
 ``riemann``        D_i * mean_k S(x_i; M_ik) on a rate grid     grid-biased   ragged
+``llada``          mean (L/l) sum log p, l systematic/batch     rounding      ragged
 =================  ==========================================  ============  ========
 
 On ragged sequences (a masked LM) each sequence has its own D_i. Rooms:
@@ -27,7 +28,7 @@ On ragged sequences (a masked LM) each sequence has its own D_i. Rooms:
 ``api``         the registry (:func:`register`, :func:`get`, :func:`available`,
                 :func:`create`) and the front door :func:`estimate_lml`
 ``cumulative``, ``random_size``, ``adaptive_size``, ``fixed_rate``, ``exhaustive``,
-``chain_rule``, ``riemann``   one estimator each, its dense and ragged maths
+``chain_rule``, ``riemann``, ``llada``   one estimator each, its dense and ragged maths
 ``curve``       :func:`mpt_curve`, dense and ragged
 ``allocation``  the pilot, Neyman's allocation and the stop rule of a target standard error
 ``pseudo_likelihood``  :func:`pll`, the pseudo-log-likelihood per sequence, token or word
@@ -46,6 +47,7 @@ from .cumulative import Cumulative
 from .curve import mpt_curve
 from .exhaustive import Exhaustive
 from .fixed_rate import FixedRate
+from .llada import LLaDA, LLaDAScores, llada_scores
 from .pseudo_likelihood import pll
 from .random_size import RandomSize
 from .rates import mpt_area
@@ -61,6 +63,8 @@ __all__ = [
     "Estimator",
     "Exhaustive",
     "FixedRate",
+    "LLaDA",
+    "LLaDAScores",
     "LMLEstimate",
     "MPTCurve",
     "NonFiniteWarning",
@@ -74,6 +78,7 @@ __all__ = [
     "create",
     "estimate_lml",
     "get",
+    "llada_scores",
     "mpt_area",
     "mpt_curve",
     "pll",

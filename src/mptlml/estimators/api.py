@@ -24,8 +24,10 @@ from typing import Any
 
 import torch
 
+from .._validation import Interval, Options, check_options
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
+from .allocation import ALLOCATIONS
 from .base import Estimator, accepted_options
 from .results import LMLEstimate
 
@@ -60,6 +62,11 @@ RAGGED_HINTS = {
              "instead of sizes (M = max(1, round(r * D_i)) per sequence).",
 }
 _RUN_OPTIONS = ("token_budget", "batch_size", "chunk_size", "checkpoint_dir")
+#: estimate_lml's own allowed values where they differ from the shared table
+#: (:data:`mptlml._validation.MONTE_CARLO_OPTIONS`)
+_ESTIMATE_OPTIONS: dict[str, list[Any]] = {
+    "num_masks": [Interval(numbers.Integral, 1, None), None],
+    "allocation": [Options(ALLOCATIONS), None]}
 
 
 def register(cls: type[Estimator], *, replace: bool = False) -> type[Estimator]:
@@ -277,6 +284,12 @@ def estimate_lml(model: Any, x: Any, estimator: str | Estimator = "cumulative", 
         when its standard error cannot be computed (one draw per datum, e.g.
         ``num_masks=1``: ``stderr`` is NaN) or rests on few degrees of freedom.
     """
+    check_options("estimate_lml", overrides=_ESTIMATE_OPTIONS, num_masks=num_masks, rate=rate,
+                  mask_size=mask_size, seed=seed, share_masks=share_masks, nested=nested,
+                  max_masks=max_masks, target_se=target_se, allocation=allocation,
+                  progress=progress)
+    check_options("estimate_lml", **{k: v for k, v in options.items() if k in _RUN_OPTIONS
+                                     and k != "checkpoint_dir"})
     model = with_context(model, context, cfg_scale=cfg_scale)
     args = given(rate=rate, mask_size=mask_size, share_masks=share_masks, nested=nested,
                  max_masks=max_masks if target_se is None else None)

@@ -58,12 +58,12 @@ import torch
 from .._scoring.dense import Counter, score_masks
 from .._scoring.ragged import check_run_size, run_pairs, seq_seed
 from .._validation import check_positive_int, make_generator
-from ..masks import sample_masks
+from ..masks import count_masks, sample_masks
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
 from .allocation import check_target, plan_counts, show_plan
 from .results import LMLEstimate
-from .runs import start_run
+from .runs import EXACT_LENGTH, start_run
 from .stats import cell_sums, welch_dof
 
 __all__ = ["Draws", "Estimator", "RaggedScores", "accepted_options", "check_size_rule"]
@@ -303,6 +303,23 @@ class Estimator:
         """Masked inputs one draw scores per datum (its cost): 1 unless overridden."""
         return 1
 
+    def enumerates_sequence(self, num_tokens: int) -> bool:
+        """Whether a sequence of ``num_tokens`` units is scored on every mask instead
+        (exact, standard error 0): an unbiased estimator's, when its 2^D - 1 masks are no
+        more than the masked inputs its draws would score, or than 2^EXACT_LENGTH - 1 (a
+        few: :data:`~mptlml.estimators.runs.EXACT_LENGTH`). Both estimate the same sum."""
+        if not self.unbiased or num_tokens < 1:
+            return False
+        asked = self.masks_per_draw(int(num_tokens)) * self.num_masks
+        return count_masks(int(num_tokens)) <= max(asked, 2 ** EXACT_LENGTH - 1)
+
+    def scored_rows(self, num_tokens: int, counts: np.ndarray) -> int:
+        """Masked inputs :meth:`ragged_cells` scores for a sequence of ``num_tokens`` units
+        given its ``counts`` (draws per row of a draw): the default, ``counts[0]`` draws of
+        :meth:`masks_per_draw` each; an estimator that enumerates a finite population says
+        what it scored instead."""
+        return int(self.masks_per_draw(int(num_tokens)) * int(np.max(counts)))
+
     def recorded_rate(self, num_tokens: int) -> float | None:
         """The masking rate to record with an estimate (fixed-rate only)."""
         return None
@@ -498,8 +515,11 @@ class Estimator:
         rows = np.array([self.masks_per_draw(int(d)) for d in lengths], dtype=np.int64) * p
         check_run_size(rows.tolist(), lengths, f"the {self.name!r} estimate",
                        "lower num_masks" if p > 1 else None)
-        cells, calls = self.sequence_cells(model, toks, [np.full(len(s), p) for s in strata],
-                                           seed, progress=progress, **run)
+        counts = [np.full(len(s), p) for s in strata]
+        rows = np.array([self.scored_rows(int(d), c) for d, c in zip(lengths, counts,
+                                                                     strict=True)],
+                        dtype=np.int64)
+        cells, calls = self.sequence_cells(model, toks, counts, seed, progress=progress, **run)
         sums = [cell_sums(c, p == 1) for c in cells]
         tot, tse = [t for t, _, _, _ in sums], [e for _, e, _, _ in sums]
         var, dofs = [v for _, _, v, _ in sums], [d for _, _, _, d in sums]

@@ -38,19 +38,24 @@ question looks at its result about log2(max_masks / P) times, not
 max_masks / P times: the threshold below stays low, and the degrees of
 freedom of the standard errors grow fast. Towards a ``target_se`` (without
 ``decide``) a round draws no more than the remainder the target is predicted
-to need, ``n (se / target)^2 - n`` (times :data:`NEED_MARGIN`), so the last
-round lands near the target instead of overshooting it up to twofold.
+to need, ``n (se / target)^2 - n`` (times
+:data:`~mptlml.estimators.sequential.NEED_MARGIN`), so the last round lands
+near the target instead of overshooting it up to twofold.
 
 With ``decide=True`` a candidate stops drawing once it is behind the leader by
-more than ``z`` paired standard errors (successive elimination), and a
-question stops once every other candidate has, with
+more than ``z`` paired standard errors (successive elimination), or once its
+difference to the leader is confidently within the indifference zone
+``delta`` (``|diff| + z se < delta``: a practical tie), and a question stops
+once every other candidate has, with
 ``z = t_{nu}^{-1}(1 - alpha / (2 R))`` for R the most rounds it may take
 (Bonferroni over the looks) and nu the effective degrees of freedom of that
 pair's paired standard error (Welch-Satterthwaite over the rounds' strata):
 with calibrated standard errors, the chance that a question is declared
 decided for a candidate that is not the best under the bound is at most
-``alpha``. A clear question stops after one round; a near
-tie spends up to ``max_masks``.
+``alpha``; with the zone, the chance that the chosen candidate is more than
+``delta`` below the best is at most ``alpha`` (the ranking-and-selection
+guarantee of an indifference zone). A clear question stops after one round; a
+near tie after about ``(z sigma / delta)^2`` draws, not ``max_masks``.
 
 Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
 Marginal Likelihood", NeurIPS 2023, Proposition 1 (conditionally).
@@ -59,6 +64,7 @@ Marginal Likelihood", NeurIPS 2023, Proposition 1 (conditionally).
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -70,28 +76,45 @@ from scipy import stats as sps
 
 from .._optional import require
 from .._scoring.ragged import run_pairs
-from .._validation import check_positive_int
+from .._validation import SEED_INT, Options, check_options
+from ..masks import every_mask
 from ..models.conditional import with_context
+from ..models.protocols import RaggedMaskedModel
 from .results import MIN_STDERR_DOF, _Result, announce_nonfinite
-from .stats import welch_dof
+from .runs import EXACT_LENGTH
+from .sequential import (
+    NUM_RATE_BINS,
+    PRIOR_PAIRS,
+    RateDensity,
+    at_target,
+    combine_rounds,
+    density_of,
+    draws_needed,
+    masks_at_rates,
+    next_draws,
+    round_seed,
+    round_sizes,
+    stratified_rates,
+    weighted_rounds,
+)
+from .stats import enumerated_sum
 
 __all__ = ["Comparison", "compare"]
 
-#: most masks per candidate with ``decide`` or ``target_se``, unless ``max_masks`` says
+#: most masks per candidate with ``target_se``, unless ``max_masks`` says
 MAX_MASKS = 512
-#: rate bins of the learned allocation
-NUM_RATE_BINS = 10
-#: the learned density never falls below this share of its largest bin (keeps every rate,
-#: and bounds the importance weights: heavy tails make standard errors unstable)
-DENSITY_FLOOR = 0.3
-#: a question's spread by rate is shrunk toward the call's as if by this many pairs per bin
-PRIOR_PAIRS = 8
-#: a standard error counts as at its target only on at least this many degrees of freedom
-TARGET_MIN_DOF = 10
-#: a round towards a target SE draws this times the predicted remainder (fewer extra rounds)
-NEED_MARGIN = 1.15
-#: continuations of at most this many tokens are scored on every mask (exact, SE 0)
-EXACT_LENGTH = 4
+#: most masks per candidate with ``decide``, unless ``max_masks`` says: LLaDA's 128 draws
+#: (measured with :data:`DELTA`: at most a third of LLaDA's cost on easy and close question
+#: sets, benchmarks/bench_conditional.py; fewer looks, so a lower threshold)
+DECIDE_MAX_MASKS = 128
+#: the indifference zone of ``decide`` (nats), unless ``delta`` says: a pair confidently
+#: within it is a practical tie (measured: benchmarks/bench_conditional.py)
+DELTA = 0.5
+
+#: compare's own allowed values where they differ from the shared table
+#: (:data:`mptlml._validation.MONTE_CARLO_OPTIONS`)
+_OPTIONS: dict[str, list[Any]] = {"seed": [SEED_INT, "int sequence"],
+                                  "allocation": [Options(("learned", "uniform"))]}
 
 
 @dataclass
@@ -128,8 +151,14 @@ class Comparison(_Result):
         The same per candidate (an exact candidate's cost is its 2^T - 1 masks).
     rounds : list of int
         Rounds of draws each question took.
+    tied : list of arrays ``(K_q,)`` of bool
+        With ``decide``: whether a candidate is confidently within ``delta`` of
+        the leader at the end (``|diff| + z paired_stderr < delta``, a practical
+        tie; :func:`compare`'s guarantee covers it).
     stop_reason : list of str
-        ``"one round"`` (no target), ``"decided"``, ``"target"``, ``"budget"`` (spent
+        ``"one round"`` (no target), ``"decided"``, ``"tied"`` (with ``decide``: every
+        other candidate behind the leader or tied with it, at least one tied), ``"target"``,
+        ``"budget"`` (spent
         before a decision or the target), ``"spent"`` (a fixed ``max_masks`` spent
         whole, as asked), or ``"exact"`` (every candidate short enough to be scored
         on every mask).
@@ -145,6 +174,7 @@ class Comparison(_Result):
     paired_stderr: list[np.ndarray]
     margin_z: list[float]
     decided: list[bool]
+    tied: list[np.ndarray]
     z_threshold: list[float]
     exact: list[np.ndarray]
     stderr_dof: list[float]
@@ -183,36 +213,10 @@ class Comparison(_Result):
                     "diff_to_leader": float(self.scores[q][k] - self.scores[q][lead]),
                     "paired_stderr": float(self.paired_stderr[q][k]),
                     "exact": bool(self.exact[q][k]), "chosen": k == lead,
-                    "decided": bool(self.decided[q]),
+                    "decided": bool(self.decided[q]), "tied": bool(self.tied[q][k]),
                     "num_masked_rows": int(self.candidate_masked_rows[q][k]),
                     "stop_reason": self.stop_reason[q]})
         return pd.DataFrame(rows)
-
-
-def _question_seed(seed: int, q: int, r: int) -> int:
-    return int(np.random.SeedSequence([int(seed), int(q), int(r)]).generate_state(1)[0])
-
-
-class _Density:
-    """A piecewise-constant rate density q on (0, 1): CDF, inverse CDF, size probabilities."""
-
-    def __init__(self, weights: np.ndarray) -> None:
-        w = np.asarray(weights, dtype=np.float64)
-        self.mass = w / w.sum()
-        self.edges = np.linspace(0.0, 1.0, w.size + 1)
-        self.cdf_at_edges = np.concatenate([[0.0], np.cumsum(self.mass)])
-        self.cdf_at_edges[-1] = 1.0
-
-    def cdf(self, r: np.ndarray) -> np.ndarray:
-        return np.interp(r, self.edges, self.cdf_at_edges)
-
-    def inverse(self, u: np.ndarray) -> np.ndarray:
-        return np.interp(u, self.cdf_at_edges, self.edges)
-
-    def size_probs(self, sizes: np.ndarray, length: int) -> np.ndarray:
-        """q(M) for M in ``sizes`` (1..T-1) of a continuation of T = ``length`` tokens."""
-        n = length - 1
-        return self.cdf(sizes / n) - self.cdf((sizes - 1) / n)
 
 
 @dataclass
@@ -222,21 +226,6 @@ class _Tally:
     exact_top: float = 0.0
     rounds: dict[int, tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict)
     """round index -> (draws, y (P,), stratum id (P,)), for the rounds it drew in"""
-
-
-def _round_stats(y: np.ndarray, strata: np.ndarray) -> tuple[float, float, np.ndarray]:
-    """Mean of a stratified round (two draws per stratum), its variance, per-stratum pieces."""
-    h = int(strata.max()) + 1
-    pairs = y.reshape(h, 2)
-    pieces = (pairs[:, 0] - pairs[:, 1]) ** 2 / (4.0 * h * h)
-    return float(y.mean()), float(pieces.sum()), pieces
-
-
-def _weighted(rounds: dict[int, tuple[int, np.ndarray, np.ndarray]]
-              ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Each round's draws times its weight (its share of the candidate's draws)."""
-    total = sum(n for n, _, _ in rounds.values())
-    return {r: (y * (n / total), s) for r, (n, y, s) in rounds.items()} if total else {}
 
 
 def _pair(lead: _Tally, other: _Tally) -> tuple[float, float, float]:
@@ -249,30 +238,18 @@ def _pair(lead: _Tally, other: _Tally) -> tuple[float, float, float]:
     """
     ra, rb = set(lead.rounds), set(other.rounds)
     common = ra & rb if ra and rb else ra | rb
-    a = _weighted({r: lead.rounds[r] for r in common if r in ra})
-    b = _weighted({r: other.rounds[r] for r in common if r in rb})
+    a = weighted_rounds({r: lead.rounds[r] for r in common if r in ra})
+    b = weighted_rounds({r: other.rounds[r] for r in common if r in rb})
     diff = [((a[r][0] if r in a else 0.0) - (b[r][0] if r in b else 0.0),
              (a[r] if r in a else b[r])[1]) for r in sorted(common)]
-    est, se, dof = _combine(diff)
+    est, se, dof = combine_rounds(diff)
     return est + lead.exact_top - other.exact_top, se, dof
-
-
-def _combine(terms: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float, float]:
-    """Sum of stratified rounds' means (weighted draws): estimate, standard error, Welch dof."""
-    if not terms:
-        return 0.0, 0.0, math.inf
-    est, var, pieces = 0.0, 0.0, []
-    for z, s in terms:
-        m, v, p = _round_stats(z, s)
-        est += m
-        var += v
-        pieces.append(p)
-    return est, math.sqrt(var), welch_dof(torch.from_numpy(np.concatenate(pieces)), 1.0)
 
 
 def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[Any]], *,
             num_masks: int = 16, decide: bool = False, target_se: float | None = None,
-            alpha: float = 0.05, max_masks: int | None = None, allocation: str = "learned",
+            alpha: float = 0.05, delta: float | None = None,
+            max_masks: int | None = None, allocation: str = "learned",
             common_masks: bool = True, seed: int | Sequence[int] = 0,
             token_budget: int = 8192, batch_size: int | None = None, chunk_size: int = 64,
             progress: bool = False, cfg_scale: float = 0.0) -> Comparison:
@@ -296,13 +273,31 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         sequential rule of the module docstring) or ``max_masks`` is spent.
     target_se : float, optional
         Keep drawing until every candidate's standard error is at most this, on
-        at least :data:`TARGET_MIN_DOF` degrees of freedom (or ``max_masks`` is
-        spent). Without ``decide``, ``target_se`` and ``max_masks``: one round.
+        at least :data:`~mptlml.estimators.sequential.TARGET_MIN_DOF` degrees of
+        freedom (or ``max_masks`` is spent). Without ``decide``, ``target_se`` and
+        ``max_masks``: one round.
     alpha : float
         Error rate of the sequential rule (``decide``); also sets ``decided``.
+    delta : float, optional
+        With ``decide``: the indifference zone in nats (default :data:`DELTA`;
+        0 turns it off). A candidate whose paired difference to the leader is
+        confidently inside ``(-delta, delta)`` (``|diff| + z paired_stderr <
+        delta``) is a practical tie: it stops drawing (while it stays tied with
+        the leader), and a question whose other candidates are all behind or
+        tied stops (``stop_reason`` ``"tied"``, ``tied`` marks them). A close
+        pair then costs about ``(z sigma / delta)^2`` draws instead of
+        ``max_masks``. **Guarantee**: for a question that stops ``"decided"``
+        or ``"tied"``, the chosen candidate's bound is within ``delta`` of the
+        largest bound (the exhaustive sum) with probability at least
+        ``1 - alpha``, when the paired standard errors are calibrated: a wrong
+        stop needs a pair's interval ``diff +- z paired_stderr`` to miss the
+        true difference at some look, at most ``alpha / R`` per look (R looks,
+        Bonferroni); a question that spends ``max_masks`` first carries no
+        guarantee and is reported undecided.
     max_masks : int, optional
         Most masks per candidate (the last round takes what is left); with
-        ``decide`` or ``target_se`` it defaults to :data:`MAX_MASKS`. Alone (no
+        ``decide`` it defaults to :data:`DECIDE_MAX_MASKS` (128), with ``target_se`` to
+        :data:`MAX_MASKS` (512). Alone (no
         ``decide``, no ``target_se``) it is a fixed budget, spent whole: rounds
         of doubling size, the allocation learned as they go (``stop_reason``
         ``"spent"``).
@@ -342,34 +337,42 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         (coinciding draws) or rests on fewer than
         :data:`~mptlml.estimators.results.MIN_STDERR_DOF` degrees of freedom.
     """
-    p = check_positive_int(num_masks, "num_masks")
+    check_options("compare", overrides=_OPTIONS, num_masks=num_masks, decide=decide,
+                  target_se=target_se, alpha=alpha, delta=DELTA if delta is None else delta,
+                  max_masks=max_masks, allocation=allocation,
+                  common_masks=common_masks, seed=seed, token_budget=token_budget,
+                  batch_size=batch_size, chunk_size=chunk_size, progress=progress)
+    if not isinstance(model, RaggedMaskedModel):
+        raise TypeError(
+            f"compare scores candidate continuations of texts or token ids with a masked LM (a "
+            f"RaggedMaskedModel); got {type(model).__name__}. For dense (N, D) data score the "
+            "conditional with mptlml.estimate_lml(model, x, context=...) per candidate.")
+    p = int(num_masks)
     if p % 2:
         raise ValueError(f"num_masks must be even (two masks per rate stratum); got {p}.")
     to_target = target_se is not None and not decide  # draw until each SE is at the target
     spend = max_masks is not None and target_se is None and not decide  # a fixed budget
-    max_masks = (check_positive_int(max_masks, "max_masks") if max_masks is not None
-                 else MAX_MASKS if decide or target_se is not None else p)
-    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    if delta is not None and not decide:
+        raise ValueError(f"delta={delta!r} is the indifference zone of decide=True (a pair "
+                         "confidently within delta nats is a practical tie); pass decide=True "
+                         "or drop delta.")
+    delta = float(DELTA if delta is None else delta)
+    if decide and target_se is not None:
+        raise ValueError("decide=True stops a question once its leader is decided, whatever "
+                         "the standard errors; target_se= draws until each candidate's SE is at "
+                         "the target. Pass one of the two.")
+    max_masks = (int(max_masks) if max_masks is not None else DECIDE_MAX_MASKS if decide
+                 else MAX_MASKS if target_se is not None else p)
     if max_masks < p:
         raise ValueError(f"max_masks ({max_masks}) is below num_masks ({p}); raise it.")
-    if allocation not in ("learned", "uniform"):
-        raise ValueError(f"allocation must be 'learned' or 'uniform', got {allocation!r}.")
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}.")
-    if target_se is not None and not (isinstance(target_se, int | float)
-                                      and math.isfinite(target_se) and target_se > 0):
-        raise ValueError(f"target_se must be a positive number, got {target_se!r}.")
-    ctxs = list(contexts)
-    cands = [list(c) for c in candidates]
-    if len(ctxs) != len(cands):
-        raise ValueError(f"{len(ctxs)} contexts for {len(cands)} candidate lists: pass one "
-                         "list of candidates per context.")
-    if not cands or any(len(c) == 0 for c in cands):
-        raise ValueError("every question needs at least one candidate.")
-    seeds = ([(int(seed), q) for q in range(len(ctxs))] if isinstance(seed, int | np.integer)
-             else [(int(s), 0) for s in seed])
+    ctxs, cands = _questions_of(contexts, candidates)
+    if isinstance(seed, numbers.Integral):
+        seeds = [(int(seed), q) for q in range(len(ctxs))]
+    else:
+        seeds = [(int(s), 0) for s in seed]
     if len(seeds) != len(ctxs):
-        raise ValueError(f"{len(seeds)} seeds for {len(ctxs)} questions.")
+        raise ValueError(f"{len(seeds)} seeds for {len(ctxs)} questions: pass one int seed, or "
+                         "one per question.")
 
     owner = [(q, k) for q, c in enumerate(cands) for k in range(len(c))]
     flat_ctx = [ctxs[q] for q, _ in owner]
@@ -380,7 +383,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     lengths = np.array([len(t) - n for t, n in zip(ids, nctx, strict=True)])
     members = [[i for i, (qq, _) in enumerate(owner) if qq == q] for q in range(len(cands))]
     exact = (2.0 ** lengths - 2 <= max(p, 2 ** EXACT_LENGTH - 2)) | (lengths <= 1)
-    sizes_of_rounds = _round_sizes(p, max_masks)
+    sizes_of_rounds = round_sizes(p, max_masks)
     max_rounds = len(sizes_of_rounds)
     tail = alpha / (2 * max_rounds) if decide else alpha / 2
 
@@ -395,7 +398,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     drawn = np.zeros(len(cands), dtype=np.int64)  # masks per drawing candidate so far
     round_draws = np.full(len(cands), p, dtype=np.int64)  # this round's, per question
     active = list(range(len(cands)))
-    density = _Density(np.ones(NUM_RATE_BINS))  # the call's (pooled), reported
+    density = RateDensity(np.ones(NUM_RATE_BINS))  # the call's (pooled), reported
     densities = [density] * len(cands)  # each question's, in force for its next round
     calls = 0
     status = ["one round"] * len(cands)
@@ -416,14 +419,14 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                 if i not in drawing[q] or (exact[i] and r > 0):
                     continue
                 if exact[i]:  # every mask, once, in the first round; nothing after
-                    m = _every_mask(int(lengths[i]))
+                    m = every_mask(int(lengths[i]))
                     meta[i] = None
                 else:
                     key = (seeds[q][0], seeds[q][1], r) if common_masks else (
                         seeds[q][0], seeds[q][1] * 1_000_003 + j + 1, r)
-                    g = torch.Generator().manual_seed(_question_seed(*key))
-                    strata, rates, order = _draw(g, pr, tmax, densities[q])
-                    m, sizes = _masks(int(lengths[i]), rates, order)
+                    g = torch.Generator().manual_seed(round_seed(*key))
+                    strata, rates, order = stratified_rates(g, pr, tmax, densities[q])
+                    m, sizes = masks_at_rates(int(lengths[i]), rates, order)
                     meta[i] = (strata, rates, sizes)
                     if r == 0:  # the whole continuation: S_T(x; |T|) exactly, once
                         m = torch.cat([m, torch.ones(1, int(lengths[i]), dtype=torch.bool)])
@@ -446,8 +449,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
             s = np.asarray(sums_of[i], dtype=np.float64)
             if meta[i] is None:  # an exact candidate (first round only): the sum is the bound
                 size = masks[i][:, nctx[i]:].sum(1).numpy()
-                tallies[i].exact_top = float(sum(s[size == k].mean() / k
-                                                 for k in range(1, t + 1)))
+                tallies[i].exact_top = enumerated_sum(s, size)
                 continue
             strata, rates, sizes = meta[i]
             if r == 0:
@@ -467,27 +469,32 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
             drawn[q] += round_draws[q]
         if allocation == "learned" and spread_n.sum(0).min() > 0:
             pooled = spread_sum.sum(0) / spread_n.sum(0)
-            density = _density_of(pooled)
+            density = density_of(pooled)
             for q in active:  # its own spread, shrunk toward the call's by PRIOR_PAIRS
-                densities[q] = _density_of((spread_sum[q] + PRIOR_PAIRS * pooled)
+                densities[q] = density_of((spread_sum[q] + PRIOR_PAIRS * pooled)
                                            / (spread_n[q] + PRIOR_PAIRS))
         r += 1
         still = []
         for q in active:
             res = _question(tallies, members[q], behind[q])
             passed = _passed(res, threshold)
-            if decide:  # a candidate behind the leader beyond its threshold stops drawing
+            tied = _tied(res, threshold, delta) if decide else set()
+            if decide:  # a candidate behind the leader beyond its threshold stops drawing,
+                # one confidently within delta of it pauses (it draws again if the leader
+                # changes and it is no longer tied with the new one)
                 behind[q] |= passed - {res["lead"]}
                 drawing[q] = {i for j, i in enumerate(members[q])
-                              if j not in behind[q] and not exact[i]}
+                              if j not in behind[q] and j not in tied and not exact[i]}
             elif to_target:  # a candidate at its target stops
                 drawing[q] = {i for j, i in enumerate(members[q])
-                              if not _at_target(res["se"][j], res["se_dof"][j], target_se)
+                              if not at_target(res["se"][j], res["se_dof"][j], target_se)
                               and not exact[i]}
             if exact[members[q]].all():  # every candidate an exact sum: nothing to draw
                 status[q] = "exact"
             elif decide and len(passed) == len(members[q]):
                 status[q] = "decided"
+            elif decide and len(passed | tied) == len(members[q]):
+                status[q] = "tied"
             elif to_target and not drawing[q]:  # every candidate at its target (or exact)
                 status[q] = "target"
             elif not decide and target_se is None and not spend:
@@ -497,10 +504,10 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
             else:
                 still.append(q)
                 # towards a target: the draws its slowest candidate still drawing needs
-                need = max(_need(float(drawn[q]), res["se"][j], res["se_dof"][j], target_se)
+                need = max(draws_needed(float(drawn[q]), res["se"][j], res["se_dof"][j], target_se)
                            for j, i in enumerate(members[q])
                            if i in drawing[q]) if to_target else None
-                round_draws[q] = _next_draws(int(drawn[q]), max_masks, need)
+                round_draws[q] = next_draws(int(drawn[q]), max_masks, need)
         active = still
 
     out_rows = [_question(tallies, members[q], behind[q]) for q in range(len(cands))]
@@ -511,49 +518,82 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         stderr=[o["se"] for o in out_rows], choice=[int(o["lead"]) for o in out_rows],
         paired_stderr=[o["pse"] for o in out_rows], margin_z=[o["margin"] for o in out_rows],
         decided=[len(_passed(o, threshold)) == len(o["z"]) for o in out_rows],
+        tied=[np.isin(np.arange(len(o["z"])), sorted(_tied(o, threshold, delta)))
+              if decide else np.zeros(len(o["z"]), dtype=bool) for o in out_rows],
         z_threshold=z, exact=[exact[m] for m in members],
         stderr_dof=[o["dof"] for o in out_rows], num_masked_rows=rows.tolist(),
         candidate_masked_rows=[cand_rows[m] for m in members],
         rounds=rounds_done.tolist(), stop_reason=status, num_model_calls=calls,
         common_masks=common_masks, seed=seed, model=getattr(model, "name", None),
         extra={"allocation": allocation, "num_masks": p, "max_masks": max_masks,
-               "alpha": alpha, "target_se": target_se,
+               "alpha": alpha, "delta": delta if decide else None, "target_se": target_se,
                "rate_density": density.mass.tolist()})
     announce_nonfinite(np.concatenate(res.scores), "the candidates' scores", "candidates")
     _announce(res, decide, target_se, max_masks)
     return res
 
 
+def _questions_of(contexts: Any, candidates: Any) -> tuple[list[Any], list[list[Any]]]:
+    """The questions as lists: one context and a list of candidates each, refused when not."""
+    if isinstance(contexts, str | bytes) or isinstance(candidates, str | bytes):
+        raise TypeError("compare takes a list of contexts and a list of candidate lists (one "
+                        "per context), e.g. compare(lm, ['the cat sat on'], [[' a mat', ' the "
+                        "dog']]); got a single string.")
+    ctxs, cands = list(contexts), list(candidates)
+    if not ctxs and not cands:
+        raise ValueError("compare got no questions (contexts and candidates are empty): pass "
+                         "at least one context and its list of candidates.")
+    if len(ctxs) != len(cands):
+        raise ValueError(f"{len(ctxs)} contexts for {len(cands)} candidate lists: pass one "
+                         "list of candidates per context.")
+    for q, c in enumerate(cands):
+        if isinstance(c, str | bytes):
+            raise TypeError(
+                f"candidates[{q}] is the string {c!r}, not a list of candidates (it would be "
+                f"scored letter by letter); pass a list per question, e.g. [[{c!r}]] for one "
+                "candidate.")
+    cands = [list(c) for c in cands]
+    if any(len(c) == 0 for c in cands):
+        raise ValueError("every question needs at least one candidate.")
+    return ctxs, cands
+
+
 def _announce(res: Comparison, decide: bool, target_se: float | None, max_masks: int) -> None:
-    """Warn about what a comparison could not settle: budgets spent, SEs not to trust."""
+    """Warn, once per call, about what a comparison could not settle, in one line.
+
+    ``"compare: 7 of 40 questions undecided after max_masks=128 masks per candidate, 3 with
+    fewer than 5 dof (first: [..]); ..."``: budgets spent before a decision or the target,
+    standard errors 0 that are not exact (every draw of a stratum on one mask), and
+    standard errors on fewer than :data:`MIN_STDERR_DOF` degrees of freedom reported
+    without a decision; what to do follows.
+    """
     n = len(res.scores)
     spent = [q for q, s in enumerate(res.stop_reason) if s == "budget"]
-    if spent:
-        what = ("not decided", "their choice may flip on other masks (see margin_z and "
-                "paired_stderr)") if decide else (
-            f"still above target_se={target_se}", "their standard errors are larger than asked")
-        warnings.warn(
-            f"{len(spent)} of {n} questions (first: {spent[:5]}) were {what[0]} after "
-            f"max_masks={max_masks} masks per candidate: {what[1]}; raise max_masks to spend "
-            "more on them.", RuntimeWarning, stacklevel=3)
-    zero = [q for q in range(n)
-            if np.any((res.stderr[q] == 0) & ~res.exact[q])]
-    if zero:
-        warnings.warn(
-            f"{len(zero)} of {n} questions (first: {zero[:5]}) have a candidate whose standard "
-            "error came out 0 although its bound is not an exact sum (every draw of a stratum "
-            "fell on the same mask): that 0 understates the Monte Carlo error; use more masks "
-            "(num_masks).", RuntimeWarning, stacklevel=3)
-    # a decided question's threshold already is a t quantile at its dof: only SEs reported
-    # without a decision are flagged
+    zero = [q for q in range(n) if np.any((res.stderr[q] == 0) & ~res.exact[q])]
+    # a decided (or tied) question's threshold already is a t quantile at its dof: only SEs
+    # reported without a decision are flagged
     few = [q for q in range(n) if res.stderr_dof[q] < MIN_STDERR_DOF
-           and not (decide and res.decided[q])]
+           and not (decide and (res.decided[q] or res.stop_reason[q] == "tied"))]
+    parts: list[tuple[list[int], str]] = []
+    fixes: list[str] = []
+    if spent:
+        what = "undecided" if decide else f"still above target_se={target_se}"
+        parts.append((spent, f"{what} after max_masks={max_masks} masks per candidate"))
+        fixes.append("their choice may flip on other masks (see margin_z and paired_stderr)"
+                     if decide else "their standard errors are larger than asked")
+        fixes.append("raise max_masks to spend more on them")
+    if zero:
+        parts.append((zero, "with a standard error 0 that is not exact"))
+        fixes.append("a 0 from draws that fell on one mask understates the Monte Carlo error")
     if few:
-        warnings.warn(
-            f"{len(few)} of {n} questions (first: {few[:5]}) have standard errors resting on "
-            f"fewer than {MIN_STDERR_DOF} effective degrees of freedom (stderr_dof): an error "
-            "beyond 2 SE will happen far more often than 5% of the time; use more masks "
-            "(num_masks, or decide=/target_se= for more rounds).", RuntimeWarning, stacklevel=3)
+        parts.append((few, f"with fewer than {MIN_STDERR_DOF} dof"))
+        fixes.append("an error beyond 2 SE then happens far more often than 5% of the time")
+    if zero or few:
+        fixes.append("use more masks (num_masks, or decide=/target_se= for more rounds)")
+    if parts:
+        line = ", ".join(f"{len(qs)}{f' of {n} questions' if j == 0 else ''} {what} "
+                         f"(first: {qs[:5]})" for j, (qs, what) in enumerate(parts))
+        warnings.warn(f"compare: {line}; {'; '.join(fixes)}.", RuntimeWarning, stacklevel=3)
 
 
 def _passed(res: dict[str, Any], threshold: Any) -> set[int]:
@@ -562,84 +602,24 @@ def _passed(res: dict[str, Any], threshold: Any) -> set[int]:
             if z > threshold(float(d))}
 
 
-def _round_sizes(p: int, max_masks: int) -> list[int]:
-    """Masks per candidate of each round: p, p, 2p, 4p, ... (the total doubles), <= max_masks.
+def _tied(res: dict[str, Any], threshold: Any, delta: float) -> set[int]:
+    """The candidates confidently within ``delta`` of the leader (a practical tie).
 
-    Few looks (about log2(max_masks / p)) keep the Bonferroni threshold low, and
-    every round's pairs add degrees of freedom fast; the last round takes what is left
-    of ``max_masks`` (rounded down to an even count).
+    Pair (leader, j): ``g = est[lead] - est[j] >= 0`` with paired SE ``s``; tied when the
+    interval ``g +- z s`` at the pair's threshold lies inside ``(-delta, delta)``, i.e.
+    ``g + z s < delta``. The leader itself is not tied to itself.
     """
-    sizes, total = [p], p
-    while total + 2 <= max_masks:
-        sizes.append(_next_draws(total, max_masks))
-        total += sizes[-1]
-    return sizes
-
-
-def _at_target(se: float, dof: float, target: float) -> bool:
-    """Whether a candidate's SE is at the target: at most ``target``, on at least
-    :data:`TARGET_MIN_DOF` degrees of freedom (an SE that dipped below the target on
-    few draws is most often an underestimate: stopping on it would break the promise)."""
-    return se <= target and dof >= TARGET_MIN_DOF
-
-
-def _need(drawn: float, se: float, dof: float, target: float) -> float:
-    """Draws a candidate needs for :func:`_at_target`: SE^2 falls as 1 / n, the dof grow as n."""
-    need = drawn * (se / target) ** 2
-    if math.isfinite(dof) and dof > 0:
-        need = max(need, drawn * TARGET_MIN_DOF / dof)
-    return need
-
-
-def _density_of(variance: np.ndarray) -> _Density:
-    """The rate density in proportion to the spread by rate bin, floored (Neyman)."""
-    sd = np.sqrt(variance)
-    return _Density(np.maximum(sd, DENSITY_FLOOR * sd.max()) if sd.max() > 0
-                    else np.ones(NUM_RATE_BINS))
-
-
-def _next_draws(drawn: int, max_masks: int, need: float | None = None) -> int:
-    """Masks per candidate of the next round: double the draws so far, within ``max_masks``.
-
-    Towards a target standard error (``need``: the draws it needs, ``n (se /
-    target)^2`` from the draws so far, SE^2 falling as 1 / n), no more than the
-    predicted remainder, with a margin of :data:`NEED_MARGIN`: the last round
-    stops near the target instead of overshooting it up to twofold.
-    """
-    nxt = min(drawn, max_masks - drawn) // 2 * 2
-    if need is not None and math.isfinite(need):
-        nxt = min(nxt, 2 * math.ceil(NEED_MARGIN * (need - drawn) / 2))
-    return max(2, nxt)
-
-
-def _draw(g: torch.Generator, p: int, tmax: int, density: _Density
-          ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
-    """Stratified rates (two per stratum of equal q-mass) and a random order of positions."""
-    h = p // 2
-    v = torch.rand(h, 2, generator=g, dtype=torch.float64).numpy()
-    u = (np.arange(h)[:, None] + v) / h
-    rates = density.inverse(u.reshape(-1))
-    order = torch.rand(p, tmax, generator=g).argsort(dim=1)
-    return np.repeat(np.arange(h), 2), rates, order
-
-
-def _masks(length: int, rates: np.ndarray, order: torch.Tensor
-           ) -> tuple[torch.Tensor, np.ndarray]:
-    """Masks ``(P, T)`` of sizes ceil(r (T-1)) on the first positions of the shared order."""
-    p = len(rates)
-    sizes = np.clip(np.ceil(rates * (length - 1)), 1, length - 1).astype(np.int64)
-    keep = order[order < length].reshape(p, length)  # the shared order restricted to T
-    rank = torch.empty_like(keep)
-    rank.scatter_(1, keep, torch.arange(length).expand(p, -1))
-    m = rank < torch.as_tensor(sizes)[:, None]
-    return m, sizes
-
-
-def _every_mask(length: int) -> torch.Tensor:
-    """Every non-empty subset of ``length`` positions, the whole one last: ``(2^T - 1, T)``."""
-    codes = torch.arange(1, 2 ** length)
-    m = (codes[:, None] >> torch.arange(length)) & 1
-    return m.bool()
+    if delta <= 0:
+        return set()
+    lead = res["lead"]
+    out = set()
+    for j, (s, d) in enumerate(zip(res["pse"], res["pair_dof"], strict=True)):
+        if j == lead:
+            continue
+        g = float(res["est"][lead] - res["est"][j])
+        if abs(g) + threshold(float(d)) * float(s) < delta:
+            out.add(j)
+    return out
 
 
 def _question(tallies: list[_Tally], idx: list[int], out: set[int] | None = None
@@ -652,7 +632,7 @@ def _question(tallies: list[_Tally], idx: list[int], out: set[int] | None = None
     k = len(idx)
     est, se, dof = np.zeros(k), np.zeros(k), []
     for j, i in enumerate(idx):
-        e, s, d = _combine(list(_weighted(tallies[i].rounds).values()))
+        e, s, d = combine_rounds(list(weighted_rounds(tallies[i].rounds).values()))
         est[j], se[j] = e + tallies[i].exact_top, s
         dof.append(d)
     out = out or set()

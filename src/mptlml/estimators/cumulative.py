@@ -20,6 +20,7 @@ size on dense data, per bin of the rate M / D_i on ragged sequences.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,14 +29,15 @@ import torch
 
 from .._scoring.dense import Counter, score_grid, score_masks, score_nested
 from .._scoring.ragged import run_pairs
-from ..masks import sample_masks
+from ..masks import all_masks, sample_masks
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
 from .allocation import RATE_BINS, rate_bin
 from .api import register
 from .base import Draws, Estimator
+from .stats import exact_cell
 
-__all__ = ["Cumulative"]
+__all__ = ["Cumulative", "enumerated_sizes"]
 
 
 @register
@@ -168,13 +170,21 @@ class Cumulative(Estimator):
         """
         counts = [np.asarray(c, dtype=np.int64) for c in counts]
         uniform = len({int(v) for c in counts for v in np.unique(c)}) <= 1
+        # a size whose distinct masks are no more than its draws is enumerated (exact)
+        whole = [enumerated_sizes(len(c), c) for c in counts]
 
         def all_sizes(i: int, d: int, g: torch.Generator) -> torch.Tensor:
-            return sample_masks(d, torch.arange(1, d + 1).repeat_interleave(
-                torch.as_tensor(counts[i])), generator=g)
+            drawn = torch.as_tensor(np.where(whole[i], 0, counts[i]))
+            parts = [all_masks(d, m) if whole[i][m - 1] else
+                     torch.zeros(0, d, dtype=torch.bool) for m in range(1, d + 1)]
+            rand = sample_masks(d, torch.arange(1, d + 1).repeat_interleave(drawn), generator=g) \
+                if int(drawn.sum()) else torch.zeros(0, d, dtype=torch.bool)
+            # row order: by size, each size's enumerated masks or its draws
+            split = list(rand.split(drawn.tolist()))
+            return torch.cat([parts[m] if whole[i][m] else split[m] for m in range(d)])
 
         unit = {} if units is None else {"unit": "word"}
-        total = int(sum(int(c.sum()) for c in counts))
+        total = int(sum(self.scored_rows(len(c), c) for c in counts))
         spec_p: Any = int(counts[0][0]) if uniform and counts and counts[0].size else [
             c.tolist() for c in counts]
         ex = run_pairs(model, toks, all_sizes, seed=seed,
@@ -182,7 +192,27 @@ class Cumulative(Estimator):
                        spec={"kind": "exact", "num_masks": spec_p, "total_pairs": total, **unit},
                        desc="exact sum over M", **run)
         cells = []
-        for s, d, c in zip(ex.sums, ex.lengths, counts, strict=True):
-            parts = np.split(np.asarray(s, dtype=np.float64), np.cumsum(c)[:-1])
-            cells.append([part / m for m, part in enumerate(parts, start=1)][:int(d)])
+        for s, d, c, w in zip(ex.sums, ex.lengths, counts, whole, strict=True):
+            n = np.array([math.comb(len(c), m) if w[m - 1] else c[m - 1]
+                          for m in range(1, len(c) + 1)], dtype=np.int64)
+            parts = np.split(np.asarray(s, dtype=np.float64), np.cumsum(n)[:-1])
+            cells.append([exact_cell(part / m) if w[m - 1] else part / m
+                          for m, part in enumerate(parts, start=1)][:int(d)])
         return cells, ex.num_model_calls
+
+    def scored_rows(self, num_tokens: int, counts: np.ndarray) -> int:
+        """Masked inputs of ``counts[M-1]`` masks of each size M: C(D, M) where that size is
+        enumerated (:func:`enumerated_sizes`), else its count."""
+        c = np.asarray(counts, dtype=np.int64)
+        whole = enumerated_sizes(int(num_tokens), c)
+        return int(sum(math.comb(len(c), m) if whole[m - 1] else int(c[m - 1])
+                       for m in range(1, len(c) + 1)))
+
+
+def enumerated_sizes(num_tokens: int, counts: np.ndarray) -> np.ndarray:
+    """Which sizes M = 1..D are scored on every mask: those asked at least two masks whose
+    C(D, M) distinct masks are no more than that (a finite population: its mean is exact,
+    standard error 0, no degrees of freedom spent on it)."""
+    c = np.asarray(counts, dtype=np.int64)
+    return np.array([c[m - 1] >= 2 and math.comb(num_tokens, m) <= c[m - 1]
+                     for m in range(1, len(c) + 1)], dtype=bool)

@@ -39,11 +39,12 @@ import numpy as np
 import torch
 
 from .._scoring.dense import check_masked_inputs, score_nested
-from .._validation import check_size
+from .._validation import Interval, Options, check_options, check_size
 from ..models.base import MaskedModel
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .allocation import (
+    ALLOCATIONS,
     check_target,
     fresh_seed,
     pilot_data,
@@ -70,6 +71,12 @@ from .runs import DenseRun, rows_per_datum
 from .stats import cell_sums, mean_stderr, strata_stderr
 
 __all__ = ["mpt_curve"]
+
+#: mpt_curve's own allowed values where they differ from the shared table
+#: (:data:`mptlml._validation.MONTE_CARLO_OPTIONS`): ragged sequences take one count per rate
+_CURVE_OPTIONS: dict[str, list[Any]] = {
+    "num_masks": [Interval(numbers.Integral, 1, None), "positive int sequence"],
+    "allocation": [Options(ALLOCATIONS), None]}
 
 
 def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int = 1,
@@ -155,6 +162,11 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
         M_ik, ``num_tokens`` (N,) D_i, ``lml`` the Riemann estimates
         ``D_i * mean_k S_ik``.
     """
+    check_options("mpt_curve", overrides=_CURVE_OPTIONS, num_masks=num_masks, seed=seed,
+                  share_masks=share_masks, nested=nested, target_se=target_se,
+                  max_masks=max_masks, allocation=allocation, progress=progress,
+                  nominal_length=nominal_length, exact=exact, whole_word=whole_word,
+                  token_budget=token_budget, chunk_size=chunk_size, batch_size=batch_size)
     if context is not None:
         if whole_word:
             raise ValueError("context= does not combine with whole_word=True; score tokens.")

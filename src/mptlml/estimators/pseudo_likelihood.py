@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from .._scoring.ragged import encode_units, run_pairs, targeted, unit_counts, word_model
+from .._validation import check_options
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .results import TokenScores, announce_nonfinite
@@ -85,6 +86,8 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
         float64, shape ``(N,)``; a :class:`~mptlml.estimators.results.TokenScores`
         with ``per_token=True``.
     """
+    check_options("pll", per_token=per_token, whole_word=whole_word, token_budget=token_budget,
+                  chunk_size=chunk_size, batch_size=batch_size, progress=progress)
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}.")
     if not isinstance(whole_word, bool) or not isinstance(per_token, bool):

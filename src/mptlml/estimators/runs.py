@@ -40,8 +40,9 @@ import numpy as np
 import torch
 
 from .._scoring.dense import Counter, check_masked_inputs
-from .._scoring.ragged import check_run_size
+from .._scoring.ragged import check_run_size, run_pairs
 from .._validation import make_generator
+from ..masks import every_mask
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
 from ..models.sequence_input import encode
@@ -55,9 +56,43 @@ from .allocation import (
     stratum_variances,
 )
 from .results import LMLEstimate, announce_estimate, as_float64
-from .stats import mean_stderr, strata_stderr, sum_stderr, welch_dof
+from .stats import (
+    cell_error,
+    cell_spread,
+    enumerated_sum,
+    mean_stderr,
+    strata_stderr,
+    sum_stderr,
+    welch_dof,
+)
 
-__all__ = ["DenseRun", "RaggedRun", "rows_per_datum", "start_run"]
+__all__ = ["EXACT_LENGTH", "DenseRun", "RaggedRun", "rows_per_datum", "score_every_mask",
+           "start_run"]
+
+#: sequences (continuations) of at most this many units are scored on every mask (exact,
+#: standard error 0): their 2^D - 1 <= 15 masks cost no more than a few draws
+EXACT_LENGTH = 4
+
+
+def score_every_mask(model: RaggedMaskedModel, toks: list[torch.Tensor], seed: int, *,
+                     progress: bool = False, run: Mapping[str, Any] | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, int]:
+    """The exhaustive MPT sum of each sequence, every mask scored once (Proposition 1).
+
+    Returns ``(lml (N,), masked inputs (N,), model calls)``: ``lml_i = sum_M mean over the
+    C(D_i, M) masks of size M of their mean log-probability``
+    (:func:`~mptlml.estimators.stats.enumerated_sum`), exact.
+    """
+    if not toks:
+        return np.zeros(0), np.zeros(0, dtype=np.int64), 0
+    total = int(sum(2 ** len(t) - 1 for t in toks))
+    out = run_pairs(model, toks, lambda i, d, g: every_mask(d), seed=seed, tag="every_mask",
+                    spec={"kind": "every_mask", "total_pairs": total},
+                    desc="every mask", progress=progress, **dict(run or {}))
+    lml = np.array([enumerated_sum(np.asarray(s), every_mask(len(t)).sum(1).numpy())
+                    for s, t in zip(out.sums, toks, strict=True)])
+    rows = np.array([2 ** len(t) - 1 for t in toks], dtype=np.int64)
+    return lml, rows, out.num_model_calls
 
 
 def rows_per_datum(rows: int, n: int, pilot_rows: int = 0,
@@ -205,9 +240,19 @@ class RaggedRun:
             raise TypeError(f"for ragged sequences pass an int seed, got {seed!r}.")
         self.est, self.model, self.seed, self.progress = est, model, int(seed), progress
         self.run = dict(run or {})
-        self.toks = encode(model, sequences)
+        toks = encode(model, sequences)
+        #: all N sequences; those short enough are scored on every mask (exact), once
+        self.n_all = len(toks)
+        lengths = np.array([len(t) for t in toks], dtype=np.int64)
+        for d in np.unique(lengths):
+            est.check_num_tokens(int(d))
+        self.whole = np.array([est.enumerates_sequence(int(d)) for d in lengths], dtype=bool)
+        self.exact_toks = [t for t, w in zip(toks, self.whole, strict=True) if w]
+        #: the sequences the estimator draws on (Monte Carlo)
+        self.mc = np.flatnonzero(~self.whole)
+        self.toks = [toks[i] for i in self.mc]
         self.n = len(self.toks)
-        self.lengths = np.array([len(t) for t in self.toks], dtype=np.int64)
+        self.lengths = lengths[self.mc]
         self.strata, self.num_strata = est.ragged_strata(self.lengths)
         #: masked inputs of one draw of each row of a draw, per sequence
         self.row_cost = [est.masks_per_draw(int(d)) / max(len(s), 1)
@@ -231,13 +276,13 @@ class RaggedRun:
         cells, calls = est.ragged_cells(self.model, [self.toks[i] for i in sub],
                                         [np.full(len(strata[i]), p0) for i in sub], self.seed,
                                         tag=est.ragged_tag + "_pilot", progress=self.progress,
-                                        **self.run)
-        rows = p0 * np.array([est.masks_per_draw(int(self.lengths[i])) for i in sub],
-                             dtype=np.int64)
+                                        **self.run) if len(sub) else ([], 0)
+        rows = np.array([est.scored_rows(int(self.lengths[i]), np.full(len(strata[i]), p0))
+                         for i in sub], dtype=np.int64)
         self._pilot = (sub, rows, calls)
         tot, cnt = np.zeros(h), np.zeros(h)
         for i, cell in zip(sub, cells, strict=True):
-            np.add.at(tot, strata[i], [c.var(ddof=1) for c in cell])
+            np.add.at(tot, strata[i], [cell_spread(c) for c in cell])
             np.add.at(cnt, strata[i], 1)
         var = np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
         var = np.where(np.isnan(var), np.nanmax(var) if np.isfinite(var).any() else 0.0, var)
@@ -245,26 +290,50 @@ class RaggedRun:
         for s, c in zip(strata, self.row_cost, strict=True):
             np.add.at(n_rows, s, 1)
             np.add.at(cost, s, c)
-        n = self.n
+        n = self.n_all  # the estimate is the mean over every sequence, exact ones included
         return var * n_rows / n ** 2, np.maximum(cost / n, 1e-12), int(rows.sum()) / n
+
+    def _merge(self, exact: np.ndarray, drawn: np.ndarray) -> np.ndarray:
+        """Per-sequence values back in the order of the N sequences: the exact ones
+        (``self.whole``) and the Monte Carlo ones (``self.mc``)."""
+        out = np.zeros(self.n_all, dtype=np.result_type(exact, drawn))
+        out[self.whole] = exact
+        out[self.mc] = drawn
+        return out
 
     def result(self, plan: np.ndarray | None = None, *, capped: bool = False,
                  wanted: float | None = None, target_se: float | None = None,
                  allocation: str | None = None) -> LMLEstimate:
         """The estimate: the estimator's own per-sequence scores, or ``plan[b]`` per row of b."""
-        est, n = self.est, self.n
+        est, n = self.est, self.n_all
+        if plan is None:  # the whole run's size, exact sequences included, before any work
+            p = est.num_masks
+            rows = [2 ** int(len(t)) - 1 for t in self.exact_toks] + [
+                est.masks_per_draw(int(d)) * p for d in self.lengths]
+            lengths = [len(t) for t in self.exact_toks] + self.lengths.tolist()
+            check_run_size(rows, lengths, f"the {est.name!r} estimate",
+                           "lower num_masks" if p > 1 else None)
+        ex_lml, ex_rows, ex_calls = score_every_mask(
+            self.model, self.exact_toks, self.seed, progress=self.progress, run=self.run)
         if plan is None:
-            out = est.score_sequences(self.model, self.toks, self.seed, self.progress, self.run)
-            lml, se = out.lml, out.stderr
+            out = est.score_sequences(self.model, self.toks, self.seed, self.progress,
+                                      self.run) if self.n else None
+            lml = self._merge(ex_lml, np.zeros(0) if out is None else out.lml)
+            se = self._merge(np.zeros(len(ex_lml)), np.zeros(0) if out is None else out.stderr)
+            mc_rows = (None if out is None else out.rows_per_sequence)
+            rows = None if out is not None and mc_rows is None else self._merge(
+                ex_rows, np.zeros(0, dtype=np.int64) if mc_rows is None else mc_rows)
             return announce_estimate(LMLEstimate(
                 estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se),
                 mean=float(lml.mean()), stderr=float(sum_stderr(se)) / n,
                 stderr_data=float(mean_stderr(lml)[1]), sizes=None, size_scores=None,
-                num_masks=est.num_masks, num_model_calls=out.num_model_calls,
-                num_masked_rows=out.num_masked_rows,
-                num_masked_rows_per_sample=None if out.rows_per_sequence is None
-                else torch.as_tensor(out.rows_per_sequence, dtype=torch.long),
-                stderr_dof=out.dof, seed=self.seed, model=self.model.name))
+                num_masks=est.num_masks,
+                num_model_calls=ex_calls + (0 if out is None else out.num_model_calls),
+                num_masked_rows=int(ex_rows.sum()) + (0 if out is None else out.num_masked_rows),
+                num_masked_rows_per_sample=None if rows is None
+                else torch.as_tensor(rows, dtype=torch.long),
+                stderr_dof=math.inf if out is None else out.dof, seed=self.seed,
+                model=self.model.name))
         assert self._pilot is not None, "a planned estimate follows its pilot"
         sub, pilot_rows, pilot_calls = self._pilot
         per_seq = [plan[s] for s in self.strata]
@@ -274,22 +343,31 @@ class RaggedRun:
                        f"target_se={target_se:g} after its pilot", plan_remedy("sequence"))
         cells, calls = est.ragged_cells(self.model, self.toks, per_seq, fresh_seed(self.seed),
                                         tag=est.ragged_tag + "_target", progress=self.progress,
-                                        **self.run)
+                                        **self.run) if self.n else ([], 0)
+        rows = np.array([est.scored_rows(int(d), p) for d, p in zip(self.lengths, per_seq,
+                                                                     strict=True)],
+                        dtype=np.int64)
         lml = np.array([sum(float(c.mean()) for c in cell) for cell in cells])
-        var_i = [np.array([c.var(ddof=1) / c.size for c in cell]) for cell in cells]
+        errs = [[cell_error(c) for c in cell] for cell in cells]
+        var_i = [np.array([v for _, v, _ in e]) for e in errs]
         se_i = np.sqrt([float(vi.sum()) for vi in var_i])
-        terms = np.concatenate(var_i) / n ** 2 if n else np.zeros(0)
-        dofs = np.concatenate([np.array([c.size - 1 for c in cell], dtype=np.float64)
-                               for cell in cells]) if n else np.zeros(0)
+        terms = np.concatenate(var_i) / n ** 2 if cells else np.zeros(0)
+        dofs = np.concatenate([np.array([d for _, _, d in e], dtype=np.float64)
+                               for e in errs]) if cells else np.zeros(0)
         stderr = float(np.sqrt(terms.sum())) if terms.size else 0.0
         rows[sub] += pilot_rows
+        lml = self._merge(ex_lml, lml)
+        se_i = self._merge(np.zeros(len(ex_lml)), se_i)
+        rows = self._merge(ex_rows, rows)
+        calls += ex_calls
         return announce_estimate(LMLEstimate(
             estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se_i),
             mean=float(lml.mean()), stderr=stderr, stderr_data=float(mean_stderr(lml)[1]),
             sizes=None, size_scores=None, num_masks=int(max(plan)),
             num_model_calls=pilot_calls + calls, num_masked_rows=int(rows.sum()),
             num_masked_rows_per_sample=torch.as_tensor(rows),
-            stderr_dof=welch_dof(torch.from_numpy(terms), torch.from_numpy(dofs)),
-            target_se=target_se, stop_reason=stop_reason(stderr, float(target_se), capped),
+            stderr_dof=welch_dof(torch.from_numpy(terms), torch.from_numpy(dofs))
+            if terms.size else math.inf, target_se=target_se,
+            stop_reason=stop_reason(stderr, float(target_se), capped),
             allocation=allocation, masks_per_size=plan.tolist(), masks_wanted=wanted,
             seed=self.seed, model=self.model.name))

@@ -33,12 +33,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-__all__ = ["cell_sums", "mean_stderr", "strata_stderr", "sum_stderr", "welch_dof"]
+__all__ = ["ExactCell", "cell_error", "cell_spread", "cell_sums", "enumerated_sum", "exact_cell",
+           "mean_stderr",
+           "strata_stderr",
+           "sum_stderr", "welch_dof"]
 
 A = TypeVar("A", torch.Tensor, np.ndarray)
 
@@ -114,12 +117,57 @@ def cell_sums(cell: Sequence[np.ndarray], single_draws: bool = False
     successive differences of the means), each cell's variance of the mean and
     its degrees of freedom (its draws minus one).
     """
-    stats = [mean_stderr(c) for c in cell]
+    stats = [(float(np.mean(c)), 0.0) if isinstance(c, ExactCell) else mean_stderr(c)
+             for c in cell]
     mean = np.array([m for m, _ in stats])
     se = np.array([e for _, e in stats])
     total_se = sum_stderr(None if single_draws else se, mean)
-    dofs = np.array([c.size - 1 for c in cell], dtype=np.float64)
+    dofs = np.array([cell_error(c)[2] for c in cell], dtype=np.float64)
     return float(mean.sum()), float(total_se), se ** 2, dofs
+
+
+def enumerated_sum(sums: np.ndarray, sizes: np.ndarray) -> float:
+    """The MPT sum from every mask: ``sum_M mean_{|mask| = M} (sum_{j in mask} log p) / M``.
+
+    ``sums[r]`` is the summed log-probability of mask r, ``sizes[r]`` its size; every mask of
+    every size 1..D must be there once (e.g. :func:`mptlml.masks.every_mask`). Exact: no
+    Monte Carlo error (Proposition 1 of Moreno-Munoz, Recasens & Hauberg, NeurIPS 2023).
+    """
+    s = np.asarray(sums, dtype=np.float64)
+    m = np.asarray(sizes)
+    return float(sum(s[m == k].mean() / k for k in np.unique(m)))
+
+
+class ExactCell(np.ndarray):
+    """The scores of every member of a finite population (each distinct mask of a size
+    once): its mean is the term exactly (standard error 0, no degrees of freedom), and its
+    spread is the spread of one draw (what a plan needs)."""
+
+
+def exact_cell(values: Any) -> ExactCell:
+    """``values`` (every distinct mask's score, once each) as an :class:`ExactCell`."""
+    return np.asarray(values, dtype=np.float64).view(ExactCell)
+
+
+def cell_spread(cell: np.ndarray) -> float:
+    """The variance of one draw of a cell's term: the sample variance of its draws, or, for
+    an :class:`ExactCell` (the whole population), the population variance."""
+    c = np.asarray(cell, dtype=np.float64)
+    return float(c.var(ddof=0 if isinstance(cell, ExactCell) else 1))
+
+
+def cell_error(cell: np.ndarray) -> tuple[float, float, float]:
+    """Mean of a cell's draws, the variance of that mean and its degrees of freedom.
+
+    An :class:`ExactCell` has variance 0 (weighing nothing in :func:`welch_dof`); other
+    cells ``var(ddof=1) / n`` on ``n - 1`` (NaN below two draws).
+    """
+    c = np.asarray(cell, dtype=np.float64)
+    if isinstance(cell, ExactCell):
+        return float(c.mean()), 0.0, 1.0
+    if c.size < 2:
+        return float(c.mean()), float("nan"), 0.0
+    return float(c.mean()), float(c.var(ddof=1)) / c.size, float(c.size - 1)
 
 
 def welch_dof(variances: torch.Tensor, dofs: torch.Tensor | float) -> float:

@@ -13,6 +13,8 @@ on any masked LM (``AutoModelForMaskedLM``) or masked-diffusion LM
 
 and ``python -m mptlml.lm_eval --model mptlml --model_args ... --tasks ...``
 (lm-eval's own command line, the model registered first; :func:`main`).
+``add_monte_carlo_stderr(results)`` puts each metric's Monte Carlo standard error
+beside lm-eval's in a ``simple_evaluate`` result (the command line does it itself).
 
 The requests are answered with the masked pre-training (MPT) bound of the
 log-likelihood (Moreno-Munoz, Recasens & Hauberg, NeurIPS 2023, Prop. 1, and
@@ -35,6 +37,6 @@ from __future__ import annotations
 
 from .backend import MPTLM
 from .command import main
-from .records import summarize
+from .records import add_monte_carlo_stderr, summarize
 
-__all__ = ["MPTLM", "main", "summarize"]
+__all__ = ["MPTLM", "add_monte_carlo_stderr", "main", "summarize"]

@@ -40,14 +40,16 @@ import math
 import os
 import re
 import warnings
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
+from scipy import stats as sps
 
 import mptlml
 
@@ -60,11 +62,16 @@ from .._scoring.distributed import (
     resolve_device,
     shard,
 )
+from .._scoring.ragged import seq_seed
 from .._validation import check_positive_int
+from ..estimators.compare import EXACT_LENGTH
+from ..estimators.llada import llada_scores
+from ..estimators.stats import welch_dof
 from ..models import MaskedLM
 from ..models.sequence_input import encode_with_context, tokenize
 from ..models.tokenizer_checks import MAX_UNKNOWN_FRACTION
 from .greedy import greedy_reproduces
+from .peers import ALIASES, PEER_ARGUMENTS, translate
 from .records import RecordLog, check_log_path, summary_lines
 
 try:
@@ -79,13 +86,21 @@ __all__ = ["MPTLM"]
 #: lm-eval's logger namespace: these lines show where lm-eval's own do
 logger = logging.getLogger("lm_eval.mptlml")
 
+#: how requests are scored: mptlml.compare, or LLaDA's own estimator (to reproduce it)
+SCHEMES = ("mptlml", "llada")
+#: ``mc_log`` in the results' config until the command line names the file
+BESIDE_RESULTS = "beside the results file"
+#: mptlml.compare's first round when ``mc_num`` does not set it
+_COMPARE_NUM_MASKS = int(inspect.signature(mptlml.compare).parameters["num_masks"].default)
 #: loading options passed to ``MaskedLM.from_pretrained`` (transformers' among them)
 _LOADING = ("tokenizer", "mask_token_id", "trust_remote_code", "dtype", "add_special_tokens",
             "revision", "autocast", "attn_implementation", "local_files_only", "cache_dir",
             "corruption", "allow_unknown")
+#: the loading options of ``pretrained=antiberty`` (MaskedLM.antiberty)
+_ANTIBERTY = ("dtype", "autocast", "corruption", "allow_unknown")
 #: settings of the Monte Carlo estimate and of the run
-_SETTINGS = ("num_masks", "target_se", "max_masks", "decide", "seed", "token_budget",
-             "batch_size", "greedy", "mc_log", "progress")
+_SETTINGS = ("scheme", "num_masks", "target_se", "max_masks", "mc_num", "decide", "seed",
+             "token_budget", "batch_size", "max_length", "greedy", "cfg", "mc_log", "progress")
 
 
 @dataclass(frozen=True, order=True)
@@ -125,6 +140,56 @@ def _content_seed(seed: int, args: list[tuple[str, ...]]) -> int:
     """A question's seed from the run's seed and its texts: the same in any split of the run."""
     h = hashlib.blake2b(json.dumps([seed, [list(a) for a in args]]).encode(), digest_size=8)
     return int.from_bytes(h.digest(), "little") >> 1
+
+
+def _budget(mc_num: int, num_masks: int | None, max_masks: int | None
+            ) -> tuple[int, int]:
+    """LLaDA's / Dream's ``mc_num`` as :func:`mptlml.compare`'s ``(num_masks, max_masks)``.
+
+    A fixed budget of ``mc_num`` masks per request (``max_masks``), the first round
+    of ``min(num_masks, budget)``; compare draws masks in pairs (two per rate
+    stratum), so an odd budget is spent as ``mc_num - 1`` (1 as 2), announced.
+    """
+    if max_masks is not None:
+        raise TypeError(f"model_args mc_num={mc_num} and max_masks={max_masks} are one budget "
+                        "(LLaDA's and Dream's name, and mptlml's); pass one of them.")
+    budget = max(2, mc_num - mc_num % 2)
+    if budget != mc_num:
+        logger.warning("mc_num=%d: mptlml.compare draws masks in pairs (two per rate stratum), "
+                       "so each request gets %d masks besides the whole continuation's "
+                       "(continuations of up to %d tokens are scored on every mask, exactly).",
+                       mc_num, budget, EXACT_LENGTH)
+    first = _COMPARE_NUM_MASKS if num_masks is None else num_masks
+    if first > budget:
+        if num_masks is not None:
+            raise ValueError(f"model_args num_masks={num_masks} is more than mc_num={mc_num} "
+                             "masks per request; lower it or leave it out.")
+        first = budget
+    return first, budget
+
+
+def _frame(model: MaskedLM, max_length: int | None, add_bos: bool) -> tuple[int, list[int]]:
+    """Content tokens one scored input may hold, and the BOS id put before every context.
+
+    ``max_length`` (LLaDA's and Dream's) counts every token of the input, the
+    model's special tokens included; the model's own length bounds it too.
+    """
+    frame = len(model.prefix) + len(model.suffix)
+    limit = model.max_content_length
+    if max_length is not None:
+        if max_length <= frame:
+            raise ValueError(f"model_args max_length={max_length} leaves no room for a token "
+                             f"beside the model's {frame} special tokens; pass more.")
+        limit = min(limit, max_length - frame)
+    bos: list[int] = []
+    if add_bos:
+        bos_id = getattr(model.tokenizer, "bos_token_id", None)
+        if bos_id is None:
+            raise ValueError("model_args add_bos_token=true: this tokenizer has no BOS token "
+                             "(bos_token_id is None); leave add_bos_token out.")
+        # a frame that leads with the BOS (the Dream family's convention) has it already
+        bos = [] if list(model.prefix[:1]) == [int(bos_id)] else [int(bos_id)]
+    return limit, bos
 
 
 def _flag(value: Any, name: str) -> bool:
@@ -172,8 +237,13 @@ class MPTLM(LM):
     ----------
     pretrained : str, path or MaskedLM
         A model directory or hub id for :meth:`mptlml.models.MaskedLM.from_pretrained`,
-        or a ready :class:`~mptlml.models.MaskedLM` (the Python route).
+        ``"antiberty"`` (the bundled :meth:`~mptlml.models.MaskedLM.antiberty`, as
+        ``mptlml curve --model antiberty``), or a ready
+        :class:`~mptlml.models.MaskedLM` (the Python route).
     **loading
+        LLaDA's ``model_path``, ``mask_id``, ``is_check_greedy`` and Dream's
+        ``nll_type``, ``log_type``, ``parallelize``, ``autogptq``
+        (:mod:`mptlml.lm_eval.peers`; their generation options are refused), and
         ``tokenizer``, ``mask_token_id``, ``trust_remote_code``, ``dtype``,
         ``add_special_tokens``, ``revision``, ``autocast``, ``attn_implementation``,
         ``local_files_only``, ``cache_dir``, ``corruption``, ``allow_unknown``: as for
@@ -201,7 +271,15 @@ class MPTLM(LM):
         come from the seed and its own texts.
     token_budget, batch_size : int
         Padded tokens per forward pass; at most this many inputs per forward
-        pass (optional).
+        pass (optional). With ``scheme="llada"``, ``batch_size`` is LLaDA's: the
+        masks of one systematic batch (default 32; lm-eval's ``--batch_size``
+        sets it, as in LLaDA's adapter).
+    scheme : {"mptlml", "llada"}
+        ``"mptlml"`` (default): :func:`mptlml.compare`. ``"llada"``: LLaDA's own
+        estimator (:func:`mptlml.estimators.llada_scores`: ``mc_num`` masks per
+        request, default 128, counts systematic per batch, weight L / l), each
+        candidate on its own masks, with the standard error of its batch means:
+        reproduce a published LLaDA number first, then switch.
     greedy : bool
         Compute ``is_greedy`` by greedy unmasking (default True; about T extra
         forward rows per request). False: every ``is_greedy`` is False, announced
@@ -213,44 +291,103 @@ class MPTLM(LM):
         still goes into the results).
     progress : bool
         Progress bars of the scoring.
+    mc_num : int, optional
+        LLaDA's and Dream's name: a fixed budget of this many masks per request
+        (``max_masks`` alone; :func:`mptlml.compare` draws masks in pairs, so an
+        odd N is spent as N - 1, and 1 as 2, announced). Not with ``max_masks``.
+    cfg : float
+        Classifier-free guidance w (LLaDA's ``cfg``; Dream's
+        ``classifier_free_guidance`` is w + 1): 0, no guidance.
+    max_length : int, optional
+        Most tokens of one scored input, special tokens included (LLaDA's and
+        Dream's ``max_length``): contexts are cut on the left to fit, as for the
+        model's own length.
+    add_bos_token : bool
+        Dream's: the tokenizer's BOS token before every context (always visible);
+        nothing more where the model's frame leads with it already (the Dream
+        family's convention, :mod:`mptlml.models.conventions`).
     """
 
-    #: the directory ``mc_log`` defaults into (set by :func:`mptlml.lm_eval.main`)
+    #: lm-eval's ``--output_path`` under :func:`mptlml.lm_eval.main`: the records then go
+    #: beside its results file (set there)
     default_mc_dir: str | None = None
+    #: the records and summary of the last run, until the command line writes them
+    pending_run: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None
+    #: the last model built (the command line asks it for its summary where lm-eval does not)
+    last: weakref.ref | None = None
 
     def __init__(self, pretrained: str | os.PathLike | MaskedLM | None = None, *,
                  device: str | None = None, num_masks: int | None = None,
                  target_se: float | None = None,
                  max_masks: int | None = None, decide: bool = False, seed: int = 0,
                  token_budget: int = 8192, batch_size: int | None = None,
-                 greedy: bool = True,
+                 greedy: bool | None = None,
                  mc_log: str | os.PathLike | None = None, progress: bool = False,
+                 mc_num: int | None = None, cfg: float = 0.0, max_length: int | None = None,
+                 add_bos_token: bool = False, scheme: str = "mptlml",
                  **loading: Any) -> None:
         super().__init__()
+        loading = translate({**loading, **({} if cfg == 0.0 else {"cfg": cfg})})
+        cfg = loading.pop("cfg", 0.0)
+        for name in ("pretrained", "greedy"):  # LLaDA's model_path, is_check_greedy
+            if name in loading:
+                if (pretrained if name == "pretrained" else greedy) is not None:
+                    theirs = next(k for k, v in ALIASES.items() if v == name)
+                    raise TypeError(f"model_args {theirs} and {name} are one argument (LLaDA's "
+                                    "name and mptlml's); pass one of them.")
+                if name == "pretrained":
+                    pretrained = loading.pop(name)
+                else:
+                    greedy = loading.pop(name)
         unknown = sorted(set(loading) - set(_LOADING))
         if unknown:
             raise TypeError(
                 f"mptlml model_args: unknown {unknown}. Loading takes pretrained, device, "
-                f"{', '.join(_LOADING)}; scoring takes {', '.join(_SETTINGS)}.")
+                f"{', '.join(_LOADING)}; scoring takes {', '.join(_SETTINGS)}; LLaDA's and "
+                f"Dream's {', '.join(PEER_ARGUMENTS)} are taken too.")
+        if cfg and greedy is not False:
+            raise ValueError(f"model_args cfg={cfg!r} with the greedy check: is_greedy would "
+                             "be computed without guidance. Pass is_check_greedy=false (as "
+                             "LLaDA's guided runs do) or cfg=0.")
         if pretrained is None:
             raise ValueError("mptlml model_args need pretrained=DIR_OR_HUB_ID (a masked LM, or "
                              "a masked-diffusion LM with mask_token_id=...).")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"model_args seed must be an int, got {seed!r}.")
         for name, value in (("num_masks", num_masks), ("max_masks", max_masks),
-                            ("batch_size", batch_size), ("token_budget", token_budget)):
+                            ("batch_size", batch_size), ("token_budget", token_budget),
+                            ("mc_num", mc_num), ("max_length", max_length)):
             if value is not None:
                 check_positive_int(value, f"model_args {name}")
         if num_masks is not None and num_masks % 2:
             raise ValueError(f"model_args num_masks must be even (mptlml.compare draws two "
                              f"masks per rate stratum), got {num_masks}.")
-        first = num_masks if num_masks is not None else inspect.signature(
-            mptlml.compare).parameters["num_masks"].default
-        if max_masks is not None and max_masks < first:
-            given = "" if num_masks is not None else ", mptlml.compare's default"
-            raise ValueError(f"model_args max_masks={max_masks} is below the first round's "
-                             f"num_masks={first}{given}: raise max_masks to at least {first}, "
-                             f"or pass model_args num_masks=N (even, at most {max_masks}).")
+        if scheme not in SCHEMES:
+            raise ValueError(f"model_args scheme={scheme!r}: pass one of {SCHEMES} ('mptlml': "
+                             "mptlml.compare; 'llada': LLaDA's own estimator, to reproduce "
+                             "its numbers).")
+        self.scheme = scheme
+        if scheme == "llada":
+            given = [k for k, v in (("num_masks", num_masks), ("target_se", target_se),
+                                    ("max_masks", max_masks), ("decide", decide)) if v]
+            if given:
+                raise ValueError(f"model_args {given} are mptlml.compare's; scheme=llada draws "
+                                 "mc_num masks per request in batches of batch_size, as LLaDA "
+                                 "does. Drop them, or leave scheme out.")
+            mc_num = 128 if mc_num is None else mc_num  # LLaDA's defaults
+            batch_size = 32 if batch_size is None else batch_size
+            if mc_num % batch_size:
+                raise ValueError(f"model_args mc_num={mc_num} is not a multiple of batch_size="
+                                 f"{batch_size} (LLaDA's masks per batch); pass a multiple.")
+        elif mc_num is not None:
+            num_masks, max_masks = _budget(mc_num, num_masks, max_masks)
+        if scheme == "mptlml":  # after mc_num became max_masks: the first round fits in it
+            first = _COMPARE_NUM_MASKS if num_masks is None else num_masks
+            if max_masks is not None and max_masks < first:
+                given = "" if num_masks is not None else ", mptlml.compare's default"
+                raise ValueError(f"model_args max_masks={max_masks} is below the first round's "
+                                 f"num_masks={first}{given}: raise max_masks to at least {first}, "
+                                 f"or pass model_args num_masks=N (even, at most {max_masks}).")
         if target_se is not None and not (isinstance(target_se, int | float)
                                           and not isinstance(target_se, bool)
                                           and math.isfinite(target_se) and target_se > 0):
@@ -258,7 +395,9 @@ class MPTLM(LM):
                              f"{target_se!r}.")
         if mc_log is not None:
             check_log_path(Path(mc_log))  # before the model is loaded
-        self.greedy = _flag(greedy, "greedy")
+        self.greedy = _flag(True if greedy is None else greedy, "greedy")
+        self.cfg = float(cfg)
+        self.mc_num = mc_num
         self.decide = _flag(decide, "decide")
         self.progress = _flag(progress, "progress")
         self.num_masks = num_masks
@@ -277,17 +416,27 @@ class MPTLM(LM):
         else:
             dev = resolve_device(device)
             self._ctx = distributed_context(cpu=dev.type == "cpu")
-            lm = MaskedLM.from_pretrained(pretrained, device=dev, **loading)
+            if str(pretrained).lower() == "antiberty":  # as `mptlml curve --model antiberty`
+                other = sorted(set(loading) - set(_ANTIBERTY))
+                if other:
+                    raise TypeError(f"model_args {other} do not apply to pretrained=antiberty "
+                                    f"(bundled, with its own tokenizer); it takes "
+                                    f"{', '.join(_ANTIBERTY)}.")
+                lm = MaskedLM.antiberty(device=dev, **loading)
+            else:
+                lm = MaskedLM.from_pretrained(pretrained, device=dev, **loading)
         self.model = lm
+        self._limit, self._bos = _frame(lm, max_length, _flag(add_bos_token, "add_bos_token"))
+        self.max_length = max_length
         self._rank, self._world_size = self._ctx.rank, self._ctx.world
         self._device = lm.device
-        path = mc_log
-        if path is None and self.default_mc_dir is not None:
-            stamp = datetime.now().isoformat().replace(":", "-")
-            path = Path(self.default_mc_dir) / f"mptlml_monte_carlo_{stamp}.jsonl"
-        self.log = RecordLog(path, write=self._ctx.main)
+        # no mc_log under the command line: the records go beside lm-eval's results file,
+        # named by its timestamp, when lm-eval saves it (mptlml.lm_eval.command)
+        self.beside_results = mc_log is None and self.default_mc_dir is not None
+        self.log = RecordLog(mc_log, write=self._ctx.main)
         self._questions = 0
         self._announced_greedy = False
+        type(self).last = weakref.ref(self)
 
     # ------------------------------------------------------------------ lm-eval plumbing
     @classmethod
@@ -311,6 +460,11 @@ class MPTLM(LM):
         if device is not None and args.get("device") is None:
             args["device"] = _harness_device(str(device))
         harness = {k: extra.pop(k) for k in ("batch_size", "max_batch_size") if k in extra}
+        if args.get("scheme") == "llada" and "batch_size" in harness:
+            # LLaDA's adapter takes lm-eval's --batch_size as its masks per batch
+            size = harness.pop("batch_size")
+            if str(size) != "auto" and args.get("batch_size") is None:
+                args["batch_size"] = int(size)
         if any(str(v) not in ("1", "auto") for v in harness.values()):
             warnings.warn(
                 f"lm-eval's {harness} does not apply to mptlml: it batches masked inputs by "
@@ -359,6 +513,8 @@ class MPTLM(LM):
         lm-eval calls this once, after all requests, on the main process.
         """
         summary = self.log.close_run()
+        if self.beside_results:  # for the command line to write beside the results file
+            type(self).pending_run = self.log.finished
         for line in summary_lines(summary):
             logger.info("Monte Carlo: %s", line)
         for task, s in summary.items():
@@ -376,12 +532,15 @@ class MPTLM(LM):
                     "a larger max_masks) decide them.", task, s["undecided"], s["questions"],
                     s["z_threshold"], s["undecided_share"])
         return {"mptlml": {
-            "model": self.model.name, **self.model.placement(),
+            "model": self.model.name, **self.model.placement(), "scheme": self.scheme,
             "num_masks": self.num_masks,
             "target_se": self.target_se, "max_masks": self.max_masks, "decide": self.decide,
+            "mc_num": self.mc_num, "cfg": self.cfg, "max_length": self.max_length,
+            "add_bos_token": bool(self._bos),
             "seed": self.seed, "token_budget": self.token_budget, "greedy": self.greedy,
             "world_size": self.world_size,
-            "mc_log": None if self.log.path is None else str(self.log.path),
+            "mc_log": (str(self.log.path) if self.log.path is not None else
+                       BESIDE_RESULTS if self.beside_results else None),
             "monte_carlo": summary}}
 
     # ------------------------------------------------------------------ requests
@@ -394,6 +553,7 @@ class MPTLM(LM):
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False
                       ) -> list[tuple[float, bool]]:
         """log p(continuation | context) and is_greedy for each (context, continuation)."""
+        self.log.check_open()
         keys = [_key(r) for r in requests]
         if not keys and self.world_size == 1:
             return []
@@ -407,7 +567,8 @@ class MPTLM(LM):
         """Context and continuation ids of each pair: the joined text, tokenised by the model."""
         ids, nctx = encode_with_context(_Unbounded(self.model), [k.args[0] for k in keys],
                                         [k.args[1] for k in keys])
-        return [t[:n] for t, n in zip(ids, nctx, strict=True)], [
+        bos = torch.tensor(self._bos, dtype=torch.long)
+        return [torch.cat([bos, t[:n]]) for t, n in zip(ids, nctx, strict=True)], [
             t[n:] for t, n in zip(ids, nctx, strict=True)]
 
     def _score_pairs(self, keys: list[_Key]) -> dict[_Key, dict[str, Any]]:
@@ -415,7 +576,7 @@ class MPTLM(LM):
         ctx_ids, cont_ids = self._pair_ids(keys)
         _check_unknown(self.model, cont_ids, [f"task {k.task!r}, document {k.doc_id}, choice "
                                               f"{k.idx} ({k.args[1]!r})" for k in keys])
-        limit = self.model.max_content_length
+        limit = self._limit
         groups: dict[tuple[str, int, str], list[int]] = defaultdict(list)
         for i, k in enumerate(keys):
             groups[(k.task, k.doc_id, k.args[0])].append(i)
@@ -433,11 +594,10 @@ class MPTLM(LM):
             for i in members:
                 c = ctx_ids[i]
                 kept[i] = c[len(c) - room:] if len(c) > room else c
-        cmp = mptlml.compare(
-            self.model, [kept[m[0]].tolist() for m in questions],
+        cmp = self._compare(
+            [kept[m[0]].tolist() for m in questions],
             [[cont_ids[i].tolist() for i in m] for m in questions],
-            seed=[_content_seed(self.seed, [keys[i].args for i in m]) for m in questions],
-            **self._compare_options())
+            [_content_seed(self.seed, [keys[i].args for i in m]) for m in questions])
         records: dict[_Key, dict[str, Any]] = {}
         for q, members in enumerate(questions):
             self._questions += 1
@@ -458,6 +618,7 @@ class MPTLM(LM):
                     "stderr": float(cmp.stderr[q][j]), "exact": bool(cmp.exact[q][j]),
                     "masked_inputs": int(cmp.candidate_masked_rows[q][j]),
                     "num_tokens": len(cont_ids[i]), "context_tokens": len(kept[i]),
+                    "continuation_chars": len(k.args[1].lstrip()),
                     "context_tokens_dropped": len(ctx_ids[i]) - len(kept[i]),
                     "stderr_dof": float(cmp.stderr_dof[q]), "rounds": int(cmp.rounds[q]),
                     "stop_reason": str(cmp.stop_reason[q])}
@@ -469,9 +630,20 @@ class MPTLM(LM):
             records[k]["is_greedy"] = g
         return records
 
+    def _compare(self, contexts: list[list[int]], candidates: list[list[list[int]]],
+                 seeds: list[int]) -> Any:
+        """The questions scored by the run's scheme: :func:`mptlml.compare`'s result, or
+        LLaDA's estimate of each candidate in the same fields (:func:`_llada_questions`)."""
+        if self.scheme == "llada":
+            return _llada_questions(self.model, contexts, candidates, seeds, self.mc_num,
+                                    int(self.batch_size), token_budget=self.token_budget,
+                                    progress=self.progress, cfg_scale=self.cfg)
+        return mptlml.compare(self.model, contexts, candidates, seed=seeds,
+                              **self._compare_options())
+
     def _compare_options(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"token_budget": self.token_budget, "progress": self.progress,
-                              "decide": self.decide}
+                              "decide": self.decide, "cfg_scale": self.cfg}
         for name in ("num_masks", "target_se", "max_masks", "batch_size"):
             if getattr(self, name) is not None:
                 kw[name] = getattr(self, name)
@@ -500,7 +672,12 @@ class MPTLM(LM):
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False
                               ) -> list[float]:
         """The MPT bound of log p(text) for each (text,), long texts in windows."""
+        self.log.check_open()
         keys = [_key(r) for r in requests]
+        if self.cfg:
+            raise ValueError(f"model_args cfg={self.cfg}: guidance needs a context to guide by; "
+                             "a perplexity task (loglikelihood_rolling) scores texts without "
+                             "one. Run it with cfg=0.")
         if not keys and self.world_size == 1:
             return []
         everyone = self._everyone(keys)
@@ -512,10 +689,11 @@ class MPTLM(LM):
                                  "document from the task's data.")
         _check_unknown(self.model, ids, [f"task {k.task!r}, document {k.doc_id}"
                                          for k in everyone])
-        limit = self.model.max_content_length
-        spans = [_windows(len(t), limit) for t in ids]
+        # Dream's BOS (add_bos_token) is the first window's context: every window leaves room
+        spans = [_windows(len(t), self._limit - len(self._bos)) for t in ids]
         targets = [[t[s:e].tolist()] for t, sp in zip(ids, spans, strict=True) for _, s, e in sp]
-        contexts = [t[c:s].tolist() for t, sp in zip(ids, spans, strict=True) for c, s, _ in sp]
+        contexts = [(self._bos if s == 0 else []) + t[c:s].tolist()
+                    for t, sp in zip(ids, spans, strict=True) for c, s, _ in sp]
         seeds = [_content_seed(self.seed, [k.args, (str(w),)])
                  for k, sp in zip(everyone, spans, strict=True) for w in range(len(sp))]
         ll, se, rows = np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
@@ -524,8 +702,7 @@ class MPTLM(LM):
         if targets:
             with warnings.catch_warnings(record=True) as said:
                 warnings.simplefilter("always", RuntimeWarning)
-                cmp = mptlml.compare(self.model, contexts, targets, seed=seeds,
-                                     **self._compare_options())
+                cmp = self._compare(contexts, targets, seeds)
             for w in said:  # compare's words for its inputs: here windows of texts, no question
                 text = re.sub(r"\bquestions\b", "text windows",
                               re.sub(r"\bquestion\b", "text window", str(w.message)))
@@ -558,6 +735,57 @@ class MPTLM(LM):
             "(multiple-choice) and loglikelihood_rolling (perplexity) tasks. Run generation "
             "tasks (generate_until, e.g. gsm8k) with a model that generates, such as lm-eval's "
             "'hf' backend or a masked-diffusion LM's own sampler.")
+
+
+def _llada_questions(model: MaskedLM, contexts: list[list[int]],
+                     candidates: list[list[list[int]]], seeds: list[int], mc_num: int,
+                     batch: int, **run: Any) -> SimpleNamespace:
+    """LLaDA's estimate of every candidate (each its own masks), as a comparison's fields.
+
+    Candidate j of question q draws from ``seq_seed(seeds[q], j)``; the leader's lead
+    over candidate k has the standard error ``sqrt(se_lead^2 + se_k^2)`` (independent
+    masks), its threshold the t quantile at their Welch degrees of freedom
+    (:func:`mptlml.compare`'s rule for one look).
+    """
+    flat = [(q, j) for q, c in enumerate(candidates) for j in range(len(c))]
+    res = llada_scores(model, [contexts[q] for q, _ in flat],
+                       [candidates[q][j] for q, j in flat], mc_num=mc_num, batch=batch,
+                       seed=[seq_seed(seeds[q], j) for q, j in flat], **run)
+    out = SimpleNamespace(scores=[], stderr=[], exact=[], candidate_masked_rows=[],
+                          num_masked_rows=[], stderr_dof=[], rounds=[], stop_reason=[],
+                          choice=[], decided=[], margin_z=[], z_threshold=[],
+                          paired_stderr=[])
+    dof = float(res.batches - 1)
+    w = 0
+    for cands in candidates:
+        k = len(cands)
+        est, se = res.scores[w:w + k], res.stderr[w:w + k]
+        rows = res.masked_inputs[w:w + k]
+        w += k
+        lead = int(np.argmax(est))
+        pse = np.sqrt(se[lead] ** 2 + se ** 2)
+        pse[lead] = 0.0
+        z = np.where(pse > 0, (est[lead] - est) / np.where(pse > 0, pse, 1.0), np.inf)
+        z[lead] = np.inf
+        runner = int(np.argmin(z))
+        welch = (welch_dof(torch.tensor([se[lead] ** 2, se[runner] ** 2]), dof)
+                 if k > 1 and dof > 0 else math.inf)
+        thr = float(sps.t.isf(0.025, welch) if math.isfinite(welch) else sps.norm.isf(0.025))
+        margin = float(z.min())
+        out.scores.append(est)
+        out.stderr.append(se)
+        out.exact.append(rows == 0)  # an empty continuation: 0, exactly
+        out.candidate_masked_rows.append(rows)
+        out.num_masked_rows.append(int(rows.sum()))
+        out.stderr_dof.append(dof)
+        out.rounds.append(1)
+        out.stop_reason.append("spent")
+        out.choice.append(lead)
+        out.decided.append(margin > thr)
+        out.margin_z.append(margin)
+        out.z_threshold.append(thr)
+        out.paired_stderr.append(pse)
+    return out
 
 
 def _worst(reasons: list[str]) -> str | None:

@@ -2,9 +2,20 @@
 
 Every argument is lm-eval's (``--model``, ``--model_args``, ``--tasks``,
 ``--include_path``, ``--output_path``, ``--log_samples``, ``--limit``, ...); the
-model ``mptlml`` is registered before lm-eval parses them, and each request's
-Monte Carlo record goes to ``mptlml_monte_carlo_<date>.jsonl`` in the
-``--output_path`` directory unless ``--model_args mc_log=PATH`` says where.
+model ``mptlml`` is registered before lm-eval parses them. For the run, three of
+lm-eval's functions are wrapped (and put back after):
+
+- ``simple_evaluate``: its results get each metric's Monte Carlo standard error
+  beside lm-eval's own (:func:`~mptlml.lm_eval.records.add_monte_carlo_stderr`:
+  ``acc_mc_stderr,none``, ``word_perplexity_mc_stderr,none``, ...), so they are in
+  the saved results file;
+- ``make_table``: the printed table shows them, one row each;
+- ``EvaluationTracker.save_results_aggregated``: the run's per-request records go
+  beside lm-eval's ``results_<timestamp>.json``, as
+  ``mptlml_monte_carlo_<the same timestamp>.jsonl`` (a new file per run, never
+  overwritten), unless ``--model_args mc_log=PATH`` says where; without
+  ``--output_path`` lm-eval saves nothing and neither does mptlml.
+
 Under ``accelerate launch -m mptlml.lm_eval ...`` every process runs this, and
 the process group is closed at the end.
 """
@@ -12,16 +23,26 @@ the process group is closed at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
+import logging
 import sys
 import textwrap
+from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from .._optional import require
 from .._scoring.distributed import shutdown_distributed
 from .._validation import check_device
-from .backend import _LOADING, _SETTINGS, MPTLM
+from .backend import _LOADING, _SETTINGS, BESIDE_RESULTS, MPTLM
+from .peers import PEER_ARGUMENTS
+from .records import RecordLog, add_monte_carlo_stderr
 
-__all__ = ["HELP", "check_device_flag", "main", "run"]
+logger = logging.getLogger("lm_eval.mptlml")
+
+__all__ = ["HELP", "check_device_flag", "main", "output_dir", "run", "table_with_monte_carlo"]
 
 
 def _names(names: tuple[str, ...]) -> str:
@@ -39,13 +60,18 @@ decided; target_se=NATS: a precision):
 {_names(_SETTINGS)}
 loading (MaskedLM.from_pretrained) and placement:
 {_names(("device", *_LOADING))}
+LLaDA's (eval_llada.py) and Dream's (eval/eval.py) arguments, with their meaning
+(mc_num=N: N masks per request; generation options are refused):
+{_names(PEER_ARGUMENTS)}
 
 Example:
   mptlml eval --model mptlml --model_args pretrained=DIR,decide=true \\
       --tasks TASK --include_path TASKS_DIR --output_path OUT
 (lm-eval's `run` is implied: `mptlml eval run --model ...` is the same).
 
-Each request's Monte Carlo record goes to OUT/mptlml_monte_carlo_<date>.jsonl.
+The results (file and table) hold each metric's Monte Carlo standard error beside
+lm-eval's (acc_mc_stderr, word_perplexity_mc_stderr, ...); each request's record goes
+beside OUT/<model>/results_<timestamp>.json as mptlml_monte_carlo_<timestamp>.jsonl.
 lm-eval's own help follows.
 """
 
@@ -81,6 +107,127 @@ def check_device_flag(argv: list[str]) -> None:
                              "out (then a GPU when there is one, else the CPU).") from None
 
 
+def table_with_monte_carlo(result_dict: dict[str, Any], column: str = "results"
+                           ) -> dict[str, Any]:
+    """A copy of lm-eval's results whose ``METRIC_mc_stderr`` keys print as rows.
+
+    lm-eval's ``make_table`` skips every metric named ``*_stderr`` (it reads them as
+    the ``Stderr`` column of their metric); the copy's keys end in a space instead,
+    so each Monte Carlo standard error shows as its own row, under its own name.
+    """
+    out = copy.copy(result_dict)
+    out[column] = {task: {(f"{k.partition(',')[0]} ,{k.partition(',')[2]}"
+                           if k.partition(",")[0].endswith("_mc_stderr") else k): v
+                          for k, v in metrics.items()}
+                   for task, metrics in result_dict.get(column, {}).items()}
+    return out
+
+
+def _folder(tracker: Any) -> Path:
+    """The folder lm-eval writes its results file into (its save_results_aggregated's rule)."""
+    path = Path(tracker.output_path)
+    if path.suffix == ".json":
+        return path.parent
+    return path / str(tracker.general_config_tracker.model_name_sanitized)
+
+
+def _results_folder(tracker: Any, date_id: str, expected: Path) -> Path:
+    """Where lm-eval did write ``*_<date_id>.json`` (``expected`` when it is there; lm-eval
+    versions differ in their folders), found under its ``--output_path``."""
+    if any(expected.glob(f"*_{date_id}.json")):
+        return expected
+    root = Path(tracker.output_path)
+    root = root.parent if root.suffix == ".json" else root
+    found = sorted(root.rglob(f"*_{date_id}.json")) if root.is_dir() else []
+    return found[0].parent if found else expected
+
+
+@contextlib.contextmanager
+def _harness_wrapped() -> Iterator[None]:
+    """lm-eval's simple_evaluate, make_table and save_results_aggregated wrapped for the run."""
+    require("lm_eval", "mptlml eval (the lm-evaluation-harness command line)")
+    import lm_eval
+    import lm_eval.evaluator
+    import lm_eval.utils
+    from lm_eval.loggers import evaluation_tracker as tracker_module
+
+    evaluate = lm_eval.evaluator.simple_evaluate
+    table = lm_eval.utils.make_table
+    save = tracker_module.EvaluationTracker.save_results_aggregated
+    clock = getattr(tracker_module, "datetime", None)
+    top = lm_eval.__dict__.get("simple_evaluate")
+
+    def simple_evaluate(*args: Any, **kwargs: Any) -> Any:
+        results = evaluate(*args, **kwargs)
+        if not isinstance(results, dict):
+            return results  # another process's: the main one reports
+        model = MPTLM.last() if MPTLM.last is not None else None
+        return add_monte_carlo_stderr(results, model=model)
+
+    def make_table(result_dict: dict[str, Any], column: str = "results", *args: Any,
+                   **kwargs: Any) -> str:
+        return table(table_with_monte_carlo(result_dict, column), column, *args, **kwargs)
+
+    def save_results_aggregated(self: Any, results: dict[str, Any], *args: Any,
+                                **kwargs: Any) -> Any:
+        config = (results.get("config") or {}).get("mptlml") or {}
+        run, MPTLM.pending_run = MPTLM.pending_run, None
+        if not self.output_path or run is None or config.get("mc_log") != BESIDE_RESULTS:
+            return save(self, results, *args, **kwargs)
+        # lm-eval names its file by datetime.now() inside this call: that instant is fixed
+        # here, so the records' file (and the results' config) carry the same timestamp
+        now = datetime.now()
+        stamp = now.isoformat().replace(":", "-")
+        folder = _folder(self)
+        config["mc_log"] = str(folder / f"mptlml_monte_carlo_{stamp}.jsonl")
+
+        class _Now(datetime):
+            @classmethod
+            def now(cls, tz: Any = None) -> datetime:  # noqa: ARG003
+                return now
+
+        if clock is datetime:
+            tracker_module.datetime = _Now
+        try:
+            out = save(self, results, *args, **kwargs)
+        finally:
+            if clock is not None:
+                tracker_module.datetime = clock
+        date_id = getattr(self, "date_id", stamp)
+        path = _results_folder(self, date_id, folder) / f"mptlml_monte_carlo_{date_id}.jsonl"
+        if str(path) != config["mc_log"]:
+            logger.warning("lm-eval saved its results elsewhere than expected: the Monte Carlo "
+                           "records are at %s (not %s, the results' config).", path,
+                           config["mc_log"])
+        RecordLog.dump(path, *run)
+        logger.info("Monte Carlo records of every request: %s", path)
+        return out
+
+    # the names wherever lm-eval's command line may have bound them (its versions differ:
+    # 0.4.8's __main__ imports make_table at the top, later ones inside the command)
+    cli = [sys.modules[m] for m in ("lm_eval.__main__", "lm_eval._cli.run") if m in sys.modules]
+    patches = [(m, "simple_evaluate", simple_evaluate) for m in (lm_eval.evaluator, *cli)
+               if hasattr(m, "simple_evaluate")]
+    patches += [(m, "make_table", make_table) for m in (lm_eval.utils, *cli)
+                if hasattr(m, "make_table")]
+    saved = [(m, name, getattr(m, name)) for m, name, _ in patches]
+    for m, name, new in patches:
+        setattr(m, name, new)
+    lm_eval.simple_evaluate = simple_evaluate
+    tracker_module.EvaluationTracker.save_results_aggregated = save_results_aggregated
+    try:
+        yield
+    finally:
+        for m, name, old in saved:
+            setattr(m, name, old)
+        if top is None:
+            del lm_eval.simple_evaluate
+        else:
+            lm_eval.simple_evaluate = top
+        tracker_module.EvaluationTracker.save_results_aggregated = save
+        MPTLM.pending_run = None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run lm-eval's command line on ``argv`` (default ``sys.argv[1:]``); 0 when it finishes.
 
@@ -98,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     MPTLM.default_mc_dir = None if out is None else str(out)
     sys.argv = ["mptlml eval", *args]
     try:
-        cli_evaluate()
+        with _harness_wrapped():
+            cli_evaluate()
     finally:
         sys.argv = saved
         MPTLM.default_mc_dir = None

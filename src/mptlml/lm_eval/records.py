@@ -39,6 +39,9 @@ request here gets a record, written as one JSON line (``mc_log``, by default
     ``masked_inputs`` (all candidates), ``rounds`` and ``stop_reason``.
 ``windows, words, bytes``
     Rolling requests: the windows scored, and lm-eval's word and byte counts of the text.
+``continuation_chars``
+    ``loglikelihood`` requests: the continuation's characters without its leading
+    whitespace (the choice's, ``acc_norm``'s divisor).
 
 :func:`summarize` turns the records of a run into what the run's metrics owe to
 Monte Carlo noise, per task: the share of multiple-choice decisions not
@@ -63,7 +66,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RecordLog", "check_log_path", "summarize", "summary_lines"]
+__all__ = ["RecordLog", "add_monte_carlo_stderr", "check_log_path", "summarize", "summary_lines"]
 
 def _phi(z: float) -> float:
     """Standard normal CDF."""
@@ -124,6 +127,7 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         }
         questions = {r["question"]["id"]: r["question"] for r in rs if r.get("question")}
         if questions:
+            norm = _norm_flips([r for r in rs if r.get("question")])
             flips = [0.0 if q["margin_z"] is None else _phi(-float(q["margin_z"]))
                      for q in questions.values()]  # null: an infinite margin (strict JSON)
             undecided = sum(not q["decided"] for q in questions.values())
@@ -132,6 +136,9 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                      z_threshold=max(float(q["z_threshold"]) for q in questions.values()),
                      accuracy_mc_stderr=math.sqrt(sum(p * (1 - p) for p in flips))
                      / len(questions))
+            if norm is not None:
+                s["accuracy_norm_mc_stderr"] = math.sqrt(sum(p * (1 - p) for p in norm)) / len(
+                    norm)
         single = [r for r in rs if r["request"] == "loglikelihood" and not r.get("question")]
         if single:
             var = sum(float(r["stderr"]) ** 2 for r in single)
@@ -148,6 +155,93 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                      bits_per_byte_mc_stderr=se / (nbytes * math.log(2)) if nbytes else math.nan)
         out[task] = s
     return out
+
+
+def _norm_flips(records: list[dict[str, Any]]) -> list[float] | None:
+    """Per question, the chance its ``acc_norm`` decision flips under Monte Carlo noise.
+
+    lm-eval's ``acc_norm`` picks the largest log-likelihood per character of the
+    continuation, ll_k / n_k. The leader's lead over candidate k then has a standard
+    error of at most se_lead / n_lead + se_k / n_k whatever the masks' correlation (a
+    bound: the paired error of common masks is smaller), and p = Phi(-min_k z_k), z_k
+    the lead over that bound. None when the records lack ``continuation_chars``.
+    """
+    by_q: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_q[r["question"]["id"]].append(r)
+    flips = []
+    for rs in by_q.values():
+        if any(not r.get("continuation_chars") for r in rs):
+            return None
+        v = [(float(r["loglikelihood"]) / r["continuation_chars"],
+              float(r["stderr"]) / r["continuation_chars"]) for r in rs]
+        lead = max(range(len(v)), key=lambda j: v[j][0])
+        z = math.inf
+        for j, (m, se) in enumerate(v):
+            if j != lead:
+                bound = v[lead][1] + se
+                gap = v[lead][0] - m
+                z = min(z, gap / bound if bound > 0 else (math.inf if gap > 0 else 0.0))
+        flips.append(0.0 if math.isinf(z) else _phi(-z))
+    return flips
+
+
+#: lm-eval's metrics and the summary entry of their Monte Carlo standard error: absolute
+#: (``"abs"``), or relative to the metric's value (``"rel"``, the perplexities)
+_METRICS = {"acc": ("accuracy_mc_stderr", "abs"),
+            "acc_norm": ("accuracy_norm_mc_stderr", "abs"),
+            "perplexity": ("perplexity_mc_rel_stderr", "rel"),
+            "word_perplexity": ("word_perplexity_mc_rel_stderr", "rel"),
+            "byte_perplexity": ("byte_perplexity_mc_rel_stderr", "rel"),
+            "bits_per_byte": ("bits_per_byte_mc_stderr", "abs")}
+
+
+def add_monte_carlo_stderr(results: dict[str, Any], model: Any = None) -> dict[str, Any]:
+    """Put each metric's Monte Carlo standard error beside lm-eval's own, in ``results``.
+
+    For every task of ``results["results"]`` that the run's summary
+    (``results["config"]["mptlml"]["monte_carlo"]``, :func:`summarize`) covers, and
+    every metric key ``"METRIC,FILTER"`` with a Monte Carlo error, adds
+    ``"METRIC_mc_stderr,FILTER"``: ``acc`` and ``acc_norm`` (the decisions' flips,
+    :func:`summarize`), the perplexities by the delta method (``perplexity``,
+    ``word_perplexity``, ``byte_perplexity``: value * SE(log-likelihood sum) / count)
+    and ``bits_per_byte`` (SE / (bytes ln 2)). lm-eval's ``METRIC_stderr`` is over
+    documents; this one is what the masks' randomness adds, at these documents.
+    :func:`mptlml.lm_eval.main` calls it; call it on the result of
+    ``lm_eval.simple_evaluate(model="mptlml", ...)``.
+
+    Parameters
+    ----------
+    results : dict
+        lm-eval's results.
+    model : MPTLM, optional
+        The model of the run. lm-eval versions that ask only their own ``hf`` model for
+        its info (0.4.8) leave ``results["config"]["mptlml"]`` out: given the model, its
+        run's summary (``model.get_model_info()``) is put there first.
+
+    Returns
+    -------
+    dict
+        ``results``, changed in place.
+    """
+    config = results.setdefault("config", {})
+    if model is not None and "mptlml" not in config:
+        config.update(model.get_model_info())
+    summary = config.get("mptlml", {}).get("monte_carlo") or {}
+    for task, metrics in results.get("results", {}).items():
+        s = summary.get(task)
+        if not s:
+            continue
+        for key, value in list(metrics.items()):
+            metric, sep, filt = key.partition(",")
+            if metric not in _METRICS or not sep or not _finite(value):
+                continue
+            name, kind = _METRICS[metric]
+            if name not in s or not _finite(s[name]):
+                continue
+            se = float(s[name]) * (abs(float(value)) if kind == "rel" else 1.0)
+            metrics[f"{metric}_mc_stderr,{filt}"] = se
+    return results
 
 
 def summary_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
@@ -207,7 +301,13 @@ class RecordLog:
         self.write = bool(write) and self.path is not None
         if self.write:
             check_log_path(self.path)  # before any request is scored
+        if self.write and self.path is not None and self.path.exists():
+            raise FileExistsError(
+                f"mc_log {self.path} exists (an earlier run's records): one file holds one run; "
+                "pass a new path, or remove that file first.")
         self.records: list[dict[str, Any]] = []
+        #: the records and summary of the run :meth:`close_run` closed
+        self.finished: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None
         self._started = False
 
     def _append(self, lines: list[dict[str, Any]]) -> None:
@@ -221,14 +321,30 @@ class RecordLog:
             for r in lines:
                 f.write(json.dumps(_plain(r), allow_nan=False) + "\n")
 
+    def check_open(self) -> None:
+        """Refuse a second run into a file that holds a finished one (before any scoring)."""
+        if self.finished is not None and self.path is not None:
+            raise RuntimeError(
+                f"mc_log {self.path} holds a finished run: one file holds one run. Build a new "
+                "MPTLM (or pass a new mc_log) for the next evaluation.")
+
     def add(self, records: list[dict[str, Any]]) -> None:
         """Keep (and write) the records of one batch of requests."""
+        self.check_open()
         self.records.extend(records)
         self._append(records)
+
+    @classmethod
+    def dump(cls, path: str | os.PathLike, records: list[dict[str, Any]],
+             summary: dict[str, dict[str, Any]]) -> None:
+        """Write a finished run (its records, then its summary) to a new file ``path``."""
+        log = cls(path)
+        log._append([*records, {"summary": summary}])
 
     def close_run(self) -> dict[str, dict[str, Any]]:
         """The summary of the records since the last call; written as the file's last line."""
         summary = summarize(self.records)
         self._append([{"summary": summary}])
+        self.finished = (self.records, summary)
         self.records = []
         return summary

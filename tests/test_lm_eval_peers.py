@@ -1,0 +1,412 @@
+"""LLaDA's and Dream's lm-eval arguments through the model ``mptlml``; LLaDA's own scheme.
+
+The arguments are those of LLaDA's ``eval_llada.py`` (``llada_dist``) and Dream's
+``eval/eval.py`` (``dream``): each is taken with its meaning or refused before any
+scoring with a message naming it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import mptlml
+import mptlml.lm_eval as mle
+
+from .diffusion_helpers import MASK_WORD, make_word_tokenizer, save_remote_code_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def mdm(tmp_path_factory):
+    """A remote-code masked-diffusion checkpoint (a plain vocabulary entry as mask) and its id."""
+    root = tmp_path_factory.mktemp("mdm")
+    tok = make_word_tokenizer()
+    return save_remote_code_model(root / "mdm", len(tok)), tok.convert_tokens_to_ids(MASK_WORD)
+
+
+def test_llada_command_line_arguments_run_unchanged(mdm):
+    """eval_llada_lm_eval.sh's model_args (model_path, cfg=0., is_check_greedy, mc_num)."""
+    ckpt, mask_id = mdm
+    lm = mle.MPTLM.create_from_arg_string(
+        f"model_path={ckpt},mask_id={mask_id},trust_remote_code=true,add_special_tokens=false,"
+        "cfg=0.,is_check_greedy=False,mc_num=128", {"device": "cpu"})
+    assert lm.model.mask_token_id == mask_id and lm.greedy is False
+    assert (lm.num_masks, lm.max_masks, lm.mc_num, lm.cfg) == (16, 128, 128, 0.0)
+    # LLaDA's MMLU line: mc_num=1 (compare draws masks in pairs: 2, announced)
+    with pytest.raises(TypeError, match="mc_num=.* and max_masks=.* are one budget"):
+        mle.MPTLM.create_from_arg_string(f"model_path={ckpt},mask_id={mask_id},"
+                                         "trust_remote_code=true,mc_num=8,max_masks=8")
+
+
+def test_mc_num_is_a_fixed_budget(tiny, caplog):
+    lm = mle.MPTLM(tiny, mc_num=8)
+    assert (lm.num_masks, lm.max_masks) == (8, 8)
+    with caplog.at_level(logging.WARNING, logger="lm_eval.mptlml"):
+        lm = mle.MPTLM(tiny, mc_num=1)
+    assert (lm.num_masks, lm.max_masks) == (2, 2)
+    assert "mc_num=1" in caplog.text and "in pairs" in caplog.text
+    with pytest.raises(ValueError, match="num_masks=32 is more than mc_num=8"):
+        mle.MPTLM(tiny, mc_num=8, num_masks=32)
+    with pytest.raises(ValueError, match="mc_num must be"):
+        mle.MPTLM(tiny, mc_num=0)
+
+
+def test_dream_arguments(tiny, tiny_dir, mdm):
+    """Dream's eval_dream_mc.sh: pretrained, add_bos_token; its loglikelihood options."""
+    lm = mle.MPTLM.create_from_arg_string(
+        f"pretrained={tiny_dir},nll_type=mc,log_type=ftb,parallelize=false,"
+        "classifier_free_guidance=1.0,mc_num=16,max_length=10", {"device": "cpu"})
+    assert lm.cfg == 0.0 and lm.max_masks == 16 and lm._limit == 10 - 2  # [CLS] .. [SEP]
+    for arg, match in [("nll_type=ar_ftb", "nll_type='ar_ftb'.*only"),
+                       ("log_type=union", "log_type='union'.*only"),
+                       ("parallelize=true", "parallelize=True"),
+                       ("sampling_eps=0.001", "sampling_eps.*Dream's own"),
+                       ("classifier_free_guidance=0.5", "guides from 1 up"),
+                       ("max_length=2", "max_length=2 leaves no room")]:
+        with pytest.raises(ValueError, match=match):
+            mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},{arg}")
+    with pytest.raises(ValueError, match="add_bos_token=true: this tokenizer has no BOS"):
+        mle.MPTLM(tiny, add_bos_token=True)
+
+
+@pytest.mark.parametrize("arg", ["steps=1024", "gen_length=256", "block_length=32",
+                                 "remasking=low_confidence", "max_new_tokens=128",
+                                 "diffusion_steps=128", "temperature=0.0", "alg=entropy"])
+def test_generation_options_are_refused_by_name(tiny_dir, arg):
+    name = arg.split("=")[0]
+    with pytest.raises(TypeError, match=rf"\['{name}'\]: generation options.*does not generate"):
+        mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},{arg}")
+
+
+def test_one_argument_under_two_names_is_refused(tiny_dir):
+    for args, match in [(f"pretrained={tiny_dir},model_path={tiny_dir}", "model_path and "
+                         "pretrained are one argument"),
+                        (f"pretrained={tiny_dir},is_check_greedy=false,greedy=true",
+                         "is_check_greedy and greedy are one argument"),
+                        (f"pretrained={tiny_dir},cfg=0.5,classifier_free_guidance=1.5",
+                         "one guidance scale")]:
+        with pytest.raises(TypeError, match=match):
+            mle.MPTLM.create_from_arg_string(args)
+    with pytest.raises(ValueError, match="cfg=-1.0.*>= 0"):
+        mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},cfg=-1")
+
+
+def test_max_length_cuts_the_context_and_bos_leads_it(tmp_path):
+    """max_length counts the specials; add_bos_token puts the BOS id before every context."""
+    from .mlm_helpers import make_tiny_bert
+
+    d = make_tiny_bert(tmp_path / "bert")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(d)
+    tok.bos_token = tok.cls_token  # the frame leads with this BOS already: nothing added
+    tok.save_pretrained(d)
+    lm = mle.MPTLM.create_from_arg_string(f"pretrained={d},add_bos_token=true",
+                                          {"device": "cpu"})
+    assert lm.model.prefix == [tok.cls_token_id] and lm._bos == []
+    tok.bos_token = tok.sep_token  # a BOS the frame does not lead with: before each context
+    tok.save_pretrained(d)
+    lm = mle.MPTLM.create_from_arg_string(f"pretrained={d},add_bos_token=true,max_length=9",
+                                          {"device": "cpu"})
+    assert lm._bos == [tok.sep_token_id] and lm._limit == 7
+    ctx, cont = lm._pair_ids([mle.backend._Key("t", 0, 0, ("the cat sat", " on a mat"))])
+    assert ctx[0].tolist() == [tok.sep_token_id, *tok("the cat sat",
+                                                      add_special_tokens=False)["input_ids"]]
+    assert cont[0].tolist() == tok(" on a mat", add_special_tokens=False)["input_ids"]
+    assert torch.is_tensor(ctx[0])
+
+
+# ---------------------------------------------------------------------- LLaDA's scheme
+def _exact_profile(tiny_dir, context: list[int], target: list[int]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per count l = 1..L: mean and population variance over every mask of l tokens of the
+    continuation of (1/l) sum_{masked} log p(x_j | rest), by BertForMaskedLM directly."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    model = AutoModelForMaskedLM.from_pretrained(tiny_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    seq = [tok.cls_token_id, *context, *target, tok.sep_token_id]
+    off = 1 + len(context)
+    n = len(target)
+    mean, var = np.zeros(n), np.zeros(n)
+    for size in range(1, n + 1):
+        subsets = list(itertools.combinations(range(n), size))
+        x = torch.tensor([seq] * len(subsets))
+        for r, sub in enumerate(subsets):
+            x[r, [off + j for j in sub]] = tok.mask_token_id
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=x).logits.double(), -1)
+        v = np.array([sum(float(lp[r, off + j, target[j]]) for j in sub) / size
+                      for r, sub in enumerate(subsets)])
+        mean[size - 1], var[size - 1] = v.mean(), v.var()
+    return mean, var
+
+
+def _llada_counts(k: int, n: int, b: int) -> np.ndarray:
+    """LLaDA's formula in numpy: float32 linspace, round half to even, wrapped into 1..n."""
+    c = np.round(np.linspace(np.float32(k), np.float32(k + (b - 1) * (n / b)), b,
+                             dtype=np.float32)).astype(np.int64)
+    return (c - 1) % n + 1
+
+
+def test_llada_scheme_has_the_mean_and_variance_derived_for_it(tiny, tiny_dir):
+    """Over seeds, LLaDA's estimate has its closed-form mean and variance.
+
+    A batch of b copies from start k has mean m_k = (1/b) sum_j L S(l_j) and, given k,
+    variance (1/b^2) sum_j L^2 var(l_j) (independent uniform positions); k ~ U{1..L}:
+    E = mean_k m_k, Var(batch) = var_k m_k + mean_k (1/b^2) sum_j L^2 var(l_j); the
+    estimate averages mc_num / b independent batches. L = 5, b = 4: j L / b hits 2.5, so
+    round-half-to-even makes the counts uneven and E differs from the MPT sum.
+    """
+    from mptlml.estimators import llada_scores
+
+    enc = tiny.encode(["the cat", "sat on a big mat"])
+    context, target = enc[0].tolist(), enc[1].tolist()
+    n, b, mc_num, pairs = len(target), 4, 8, 400
+    assert n == 5
+    mean, var = _exact_profile(tiny_dir, context, target)
+    m_k, within = [], []
+    for k in range(1, n + 1):
+        c = _llada_counts(k, n, b) - 1
+        m_k.append(np.mean(n * mean[c]))
+        within.append(np.sum(n * n * var[c]) / b ** 2)
+    want_mean = float(np.mean(m_k))
+    want_var = (float(np.var(m_k)) + float(np.mean(within))) / (mc_num // b)
+    assert abs(want_mean - mean.sum()) > 1e-3  # the rounding's bias: not the MPT sum
+    res = llada_scores(tiny, [context] * pairs, [target] * pairs, mc_num=mc_num, batch=b,
+                       seed=11)
+    got = res.scores
+    assert (res.masked_inputs == mc_num).all() and res.batches == 2
+    assert abs(got.mean() - want_mean) < 4 * math.sqrt(want_var / pairs)
+    assert 0.7 < got.var(ddof=1) / want_var < 1.4  # chi2_399 / 399: sd 0.07
+    assert 0.7 < np.mean(res.stderr ** 2) / want_var < 1.4  # its SE from the batch means
+    # the registered estimator draws the same masks from the same seeds
+    with pytest.warns(RuntimeWarning, match="about 1.0 effective degrees of freedom"):
+        est = mptlml.estimate_lml(tiny, [target] * 3, "llada", num_masks=mc_num, batch=b,
+                                  context=[context] * 3, seed=11)
+    np.testing.assert_allclose(est.per_sample.numpy(), got[:3], rtol=0, atol=1e-9)
+    assert est.estimator == "llada" and est.num_masked_rows == 3 * mc_num
+
+
+def test_llada_scheme_refuses_partial_batches(tiny):
+    with pytest.raises(ValueError, match="mc_num\\) = 12 is not a multiple of batch = 8"):
+        mptlml.estimate_lml(tiny, ["the cat sat"], "llada", num_masks=12, batch=8)
+    with pytest.raises(ValueError, match="target_se= needs an unbiased estimator"):
+        mptlml.estimate_lml(tiny, ["the cat sat"], "llada", target_se=0.1)
+
+
+@pytest.mark.slow
+def test_scheme_llada_through_lm_eval(tiny, tmp_path):
+    """scheme=llada: lm-eval's --batch_size is LLaDA's batch, each candidate its own masks."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from mptlml._scoring.ragged import seq_seed
+    from mptlml.estimators import llada_scores
+    from mptlml.lm_eval.backend import _content_seed
+
+    from .test_lm_eval import MC_DOCS, read_records, write_tasks
+
+    tasks = write_tasks(tmp_path / "tasks", mc_docs=MC_DOCS[:3])
+    lm = mle.MPTLM.create_from_arg_obj({"pretrained": tiny, "scheme": "llada", "mc_num": 8,
+                                        "mc_log": tmp_path / "mc.jsonl"}, {"batch_size": 4})
+    assert (lm.mc_num, lm.batch_size) == (8, 4)
+    lm_eval.simple_evaluate(model=lm, tasks=["toy_mc"],
+                            task_manager=TaskManager(include_path=str(tasks)))
+    records, _ = read_records(tmp_path / "mc.jsonl")
+    assert len(records) == 9 and all(r["masked_inputs"] == 8 for r in records)
+    for d, doc in enumerate(MC_DOCS[:3]):
+        rs = sorted((r for r in records if r["doc_id"] == d), key=lambda r: r["idx"])
+        args = [(doc["context"], " " + c) for c in doc["choices"]]
+        q_seed = _content_seed(0, args)
+        ctx, cont = lm._pair_ids([mle.backend._Key("toy_mc", d, i, a)
+                                  for i, a in enumerate(args)])
+        want = llada_scores(tiny, [c.tolist() for c in ctx], [c.tolist() for c in cont],
+                            mc_num=8, batch=4, seed=[seq_seed(q_seed, j) for j in range(3)])
+        np.testing.assert_allclose([r["loglikelihood"] for r in rs], want.scores, atol=1e-9)
+        np.testing.assert_allclose([r["stderr"] for r in rs], want.stderr, atol=1e-9)
+        assert rs[0]["question"]["choice"] == int(np.argmax(want.scores))
+    for bad, match in [({"decide": True}, r"\['decide'\] are mptlml.compare's"),
+                       ({"mc_num": 12, "batch_size": 8}, "not a multiple of batch_size=8"),
+                       ({"scheme": "dream"}, "scheme='dream'")]:
+        with pytest.raises(ValueError, match=match):
+            mle.MPTLM(tiny, **{"scheme": "llada", **bad})
+
+
+@pytest.mark.slow
+def test_llada_guided_arguments_score_the_guided_sums(tiny, tmp_path):
+    """cfg=0.5,is_check_greedy=False (LLaDA's ARC line): short candidates score to the guided
+    exhaustive sum by direct forwards; Dream's classifier_free_guidance=1.5 is the same scale."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from .test_guidance import guided_exhaustive
+    from .test_lm_eval import MC_DOCS, read_records, write_tasks
+
+    docs = MC_DOCS[:3]
+    tasks = write_tasks(tmp_path / "tasks", mc_docs=docs, ppl_texts=["the cat sat"])
+    lm = mle.MPTLM.create_from_arg_obj({"pretrained": tiny, "cfg": 0.5,
+                                        "is_check_greedy": False,
+                                        "mc_log": tmp_path / "mc.jsonl"})
+    assert lm.cfg == 0.5 and mle.MPTLM(tiny, classifier_free_guidance=1.5, greedy=False).cfg == 0.5
+    with pytest.warns(UserWarning, match="greedy=false"):
+        lm_eval.simple_evaluate(model=lm, tasks=["toy_mc"],
+                                task_manager=TaskManager(include_path=str(tasks)))
+    records, _ = read_records(tmp_path / "mc.jsonl")
+    assert len(records) == 9 and all(r["exact"] for r in records)
+    for r in records:
+        doc = docs[r["doc_id"]]
+        want = guided_exhaustive(tiny, doc["context"], " " + doc["choices"][r["idx"]], 0.5)
+        assert r["loglikelihood"] == pytest.approx(want, abs=1e-4), r
+    with pytest.raises(ValueError, match="cfg=0.5 with the greedy check"):
+        mle.MPTLM(tiny, cfg=0.5)
+    lm = mle.MPTLM(tiny, cfg=0.5, greedy=False)
+    with pytest.raises(ValueError, match="guidance needs a context"):
+        lm_eval.simple_evaluate(model=lm, tasks=["toy_ppl"],
+                                task_manager=TaskManager(include_path=str(tasks)))
+
+
+# ---------------------------------------------------------------------- Monte Carlo SE in results
+def _independent_mc_stderr(records: list[dict], docs: list[dict], texts: list[str]
+                           ) -> dict[str, float]:
+    """The Monte Carlo SEs of acc, acc_norm and the perplexity metrics, from the records."""
+    from scipy.stats import norm
+
+    mc = [r for r in records if r["request"] == "loglikelihood"]
+    p_acc, p_norm = [], []
+    for d, doc in enumerate(docs):
+        rs = sorted((r for r in mc if r["doc_id"] == d), key=lambda r: r["idx"])
+        ll = np.array([r["loglikelihood"] for r in rs])
+        lead = int(np.argmax(ll))
+        z = min((ll[lead] - ll[k]) / rs[k]["paired_stderr"] for k in range(len(rs)) if k != lead)
+        p_acc.append(norm.cdf(-z))
+        n = np.array([len(c) for c in doc["choices"]], dtype=float)
+        se = np.array([r["stderr"] for r in rs]) / n
+        v = ll / n
+        lead = int(np.argmax(v))
+        z = min((v[lead] - v[k]) / (se[lead] + se[k]) for k in range(len(rs)) if k != lead)
+        p_norm.append(norm.cdf(-z))
+    roll = [r for r in records if r["request"] == "loglikelihood_rolling"]
+    se_ll = math.sqrt(sum(r["stderr"] ** 2 for r in roll))
+    ll = sum(r["loglikelihood"] for r in roll)
+    words = sum(len(t.split()) for t in texts)
+    nbytes = sum(len(t.encode()) for t in texts)
+    acc = lambda p: math.sqrt(sum(q * (1 - q) for q in p)) / len(p)  # noqa: E731
+    return {"acc": acc(p_acc), "acc_norm": acc(p_norm),
+            "word_perplexity": math.exp(-ll / words) * se_ll / words,
+            "byte_perplexity": math.exp(-ll / nbytes) * se_ll / nbytes,
+            "bits_per_byte": se_ll / (nbytes * math.log(2))}
+
+
+PPL_LONG = ["the dog was under the big tree and the cat sat on the mat",
+            "a small red house far away"]
+
+
+@pytest.mark.slow
+def test_monte_carlo_stderr_in_lm_evals_results_table_and_files(tiny_dir, tmp_path, capsys):
+    """mptlml eval: METRIC_mc_stderr keys beside lm-eval's, equal to their computation from the
+    per-request records; rows in the printed table; the records beside results_<ts>.json."""
+    import glob
+    import json
+
+    from mptlml.cli import main as mptlml_main
+
+    from .test_lm_eval import LONG_MC_DOCS, read_records, write_tasks
+
+    tasks = write_tasks(tmp_path / "tasks", mc_docs=LONG_MC_DOCS, ppl_texts=PPL_LONG)
+    (tasks / "toy_mc.yaml").write_text((tasks / "toy_mc.yaml").read_text() + (
+        "  - metric: acc_norm\n    aggregation: mean\n    higher_is_better: true\n"))
+    (tasks / "toy_ppl.yaml").write_text((tasks / "toy_ppl.yaml").read_text() + (
+        "  - metric: byte_perplexity\n    aggregation: weighted_perplexity\n"
+        "    higher_is_better: false\n"))
+    out = tmp_path / "out"
+    for _ in range(2):  # two runs into one --output_path: two pairs of files, never shared
+        assert mptlml_main(["eval", "--model", "mptlml", "--model_args",
+                            f"pretrained={tiny_dir},num_masks=4,greedy=false",
+                            "--tasks", "toy_mc,toy_ppl", "--include_path", str(tasks),
+                            "--device", "cpu", "--output_path", str(out)]) == 0
+    results = sorted(glob.glob(str(out / "*" / "results_*.json")))
+    logs = sorted(glob.glob(str(out / "*" / "mptlml_monte_carlo_*.jsonl")))
+    assert len(results) == len(logs) == 2 and not glob.glob(str(out / "*.jsonl"))
+    for res_file, log in zip(results, logs, strict=True):
+        stamp = Path(res_file).stem.removeprefix("results_")
+        assert Path(log) == Path(res_file).with_name(f"mptlml_monte_carlo_{stamp}.jsonl")
+        res = json.loads(Path(res_file).read_text())
+        assert res["config"]["mptlml"]["mc_log"] == log
+        records, summary = read_records(Path(log))
+        want = _independent_mc_stderr(records, LONG_MC_DOCS, PPL_LONG)
+        assert want["acc"] > 0 and want["word_perplexity"] > 0
+        got = {**res["results"]["toy_mc"], **res["results"]["toy_ppl"]}
+        for metric, value in want.items():
+            assert got[f"{metric}_mc_stderr,none"] == pytest.approx(value, rel=1e-9), metric
+        assert "acc_stderr,none" in got  # lm-eval's own, over documents, beside it
+    table = capsys.readouterr().out
+    for metric in want:
+        row = next(s for s in table.splitlines() if f"|{metric}_mc_stderr " in s)
+        assert f"{got[f'{metric}_mc_stderr,none']:.4f}" in row
+
+
+def test_add_monte_carlo_stderr_for_the_python_route():
+    from mptlml.lm_eval import add_monte_carlo_stderr
+
+    res = {"results": {"mc": {"acc,none": 0.5, "acc_stderr,none": 0.1, "alias": "mc"},
+                       "ppl": {"word_perplexity,none": 20.0, "bits_per_byte,none": 1.5},
+                       "other": {"acc,none": 1.0}},
+           "config": {"mptlml": {"monte_carlo": {
+               "mc": {"accuracy_mc_stderr": 0.02},
+               "ppl": {"word_perplexity_mc_rel_stderr": 0.01, "bits_per_byte_mc_stderr": 0.003},
+           }}}}
+    assert add_monte_carlo_stderr(res) is res
+    assert res["results"]["mc"]["acc_mc_stderr,none"] == 0.02
+    assert res["results"]["ppl"]["word_perplexity_mc_stderr,none"] == pytest.approx(0.2)
+    assert res["results"]["ppl"]["bits_per_byte_mc_stderr,none"] == 0.003
+    assert "acc_mc_stderr,none" not in res["results"]["other"]  # no records, nothing claimed
+    from mptlml.lm_eval.command import table_with_monte_carlo
+
+    shown = table_with_monte_carlo(res)["results"]["mc"]
+    assert shown["acc_mc_stderr ,none"] == 0.02 and "acc_mc_stderr,none" not in shown
+    assert res["results"]["mc"]["acc_mc_stderr,none"] == 0.02  # the results untouched
+
+
+def test_one_mc_log_holds_one_run(tiny, tmp_path):
+    log = tmp_path / "mc.jsonl"
+    log.write_text("{}\n")
+    with pytest.raises(FileExistsError, match="one file holds one run"):
+        mle.MPTLM(tiny, mc_log=log)
+    lm = mle.MPTLM(tiny, mc_log=tmp_path / "new.jsonl", num_masks=4, greedy=False)
+    lm.log.add([{"request": "loglikelihood", "task": "t", "doc_id": 0, "idx": 0,
+                 "loglikelihood": -1.0, "stderr": 0.1, "masked_inputs": 4}])
+    lm.get_model_info()
+    with pytest.raises(RuntimeError, match="holds a finished run"):
+        lm.loglikelihood([])
+
+
+def test_pretrained_antiberty_as_in_curve(antiberty):
+    lm = mle.MPTLM.create_from_arg_string("pretrained=antiberty,num_masks=4", {"device": "cpu"})
+    assert lm.model.name == antiberty.name and lm.model.vocab_size == antiberty.vocab_size
+    with pytest.raises(TypeError, match=r"\['tokenizer'\] do not apply to pretrained=antiberty"):
+        mle.MPTLM.create_from_arg_string("pretrained=antiberty,tokenizer=x")
+
+
+def test_the_summary_reaches_results_where_lm_eval_does_not_ask_for_it(tiny):
+    """lm-eval 0.4.8 calls get_model_info() for its hf model only: given the model, the
+    function puts the run's summary into the results' config first."""
+    from mptlml.lm_eval import add_monte_carlo_stderr
+
+    lm = mle.MPTLM(tiny, num_masks=4, greedy=False)
+    q = {"id": 1, "decided": False, "margin_z": 1.0, "z_threshold": 2.0}
+    lm.log.add([{"request": "loglikelihood", "task": "mc", "doc_id": 0, "idx": i,
+                 "loglikelihood": -1.0 - i, "stderr": 0.5, "masked_inputs": 4, "question": q}
+                for i in range(2)])
+    res = add_monte_carlo_stderr({"results": {"mc": {"acc,none": 1.0}}}, model=lm)
+    p = 0.5 * math.erfc(1.0 / math.sqrt(2.0))
+    assert res["results"]["mc"]["acc_mc_stderr,none"] == pytest.approx(math.sqrt(p * (1 - p)))
+    assert res["config"]["mptlml"]["monte_carlo"]["mc"]["questions"] == 1
