@@ -504,6 +504,12 @@ class MPTLM(LM):
         out = torch.stack(parts) if parts[0].ndim == 0 else torch.cat(parts)
         return out.to(tensor.device)
 
+    @property
+    def accelerator(self) -> SimpleNamespace:
+        """What lm-eval 0.4.8's evaluator asks of a model on several processes (later
+        versions call all_gather and barrier): ``gather`` and ``wait_for_everyone``."""
+        return SimpleNamespace(gather=self.all_gather, wait_for_everyone=self.barrier)
+
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         parts = gather(obj, self._ctx)
         return parts if self.rank == dst else None
