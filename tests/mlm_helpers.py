@@ -20,6 +20,46 @@ SENTENCES = [
 ]
 
 
+def _draw_weights(model: torch.nn.Module, *, seed: int, std: float) -> None:
+    """Draw every parameter of ``model`` ourselves, whatever transformers drew.
+
+    transformers 4.46.2 and 5.x draw ``cls.predictions.transform.dense.weight`` differently from
+    one global seed (5.x's decoder ``Linear`` has its own bias: one more draw at construction),
+    so the draws are made here, from a ``torch.Generator`` seeded with ``seed``, in the stream
+    transformers 5 uses, so that the tiny BERT the tests were written for keeps its weights.
+    For each top-level part (the encoder ``bert``, then the head ``cls``): what constructing
+    its modules draws (for each ``Embedding`` a standard normal, for each ``Linear`` a uniform
+    of the weight's shape then one of the bias's, in module order), then BERT's own scheme in
+    module order: ``N(0, std^2)`` for every ``Linear`` and ``Embedding`` weight (the padding
+    row zero; a tied weight keeps its first draw), zeros for biases, ones for LayerNorm weights.
+    """
+    from torch import nn
+
+    gen = torch.Generator().manual_seed(seed)
+    drawn: set[int] = set()
+    with torch.no_grad():
+        for part in model.children():
+            modules = list(part.modules())
+            for mod in modules:  # what constructing the modules draws (the values are replaced)
+                if isinstance(mod, nn.Embedding):
+                    torch.empty(mod.weight.shape).normal_(generator=gen)
+                elif isinstance(mod, nn.Linear):
+                    torch.empty(mod.weight.shape).uniform_(generator=gen)
+                    torch.empty(mod.out_features).uniform_(generator=gen)
+            for mod in modules:
+                if isinstance(mod, (nn.Linear, nn.Embedding)) and id(mod.weight) not in drawn:
+                    drawn.add(id(mod.weight))
+                    mod.weight.copy_(torch.empty(mod.weight.shape).normal_(0.0, std,
+                                                                           generator=gen))
+                    if isinstance(mod, nn.Embedding) and mod.padding_idx is not None:
+                        mod.weight[mod.padding_idx] = 0.0
+                elif isinstance(mod, nn.LayerNorm):
+                    mod.weight.fill_(1.0)
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.zero_()
+
+
 def make_tiny_bert(path: Path, *, seed: int = 0, max_position_embeddings: int = 64,
                    words: Sequence[str] = WORDS) -> Path:
     """Save a random 2-layer BERT masked LM and its WordPiece tokenizer to ``path``.
@@ -38,8 +78,9 @@ def make_tiny_bert(path: Path, *, seed: int = 0, max_position_embeddings: int = 
                      num_attention_heads=2, intermediate_size=64,
                      max_position_embeddings=max_position_embeddings,
                      initializer_range=0.5)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # only keeps the global generator's state after this call repeatable
     model = BertForMaskedLM(cfg)
+    _draw_weights(model, seed=seed, std=cfg.initializer_range)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path

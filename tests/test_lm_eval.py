@@ -159,10 +159,13 @@ def mc_exact(ref):
 
 
 def _evaluate(tasks_dir: Path, names: list[str], model: mle.MPTLM, **kw):
-    """lm-eval's evaluator on local tasks, the model built once by the test (the Python route)."""
+    """lm-eval's evaluator on local tasks, the model built once by the test (the Python route:
+    then ``add_monte_carlo_stderr(results, model=)``, which lm-eval 0.4.8 needs for the run's
+    summary, since it asks only its own ``hf`` model for its info)."""
     tm = TaskManager(include_path=str(tasks_dir))
-    return lm_eval.simple_evaluate(model=model, tasks=names, task_manager=tm, log_samples=True,
-                                   **kw)
+    res = lm_eval.simple_evaluate(model=model, tasks=names, task_manager=tm, log_samples=True,
+                                  **kw)
+    return mle.add_monte_carlo_stderr(res, model=model)
 
 
 # ---------------------------------------------------------------------- registration

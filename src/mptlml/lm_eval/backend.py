@@ -42,6 +42,7 @@ import re
 import warnings
 import weakref
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -314,7 +315,10 @@ class MPTLM(LM):
     #: the records and summary of the last run, until the command line writes them
     pending_run: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None
     #: the last model built (the command line asks it for its summary where lm-eval does not)
-    last: weakref.ref | None = None
+    last: Callable[[], MPTLM | None] | None = None
+    #: under the command line (set there): ``last`` holds the model itself, since lm-eval
+    #: 0.4.8 drops it before the run's summary is asked for (it never calls get_model_info)
+    hold_last: bool = False
 
     def __init__(self, pretrained: str | os.PathLike | MaskedLM | None = None, *,
                  device: str | None = None, num_masks: int | None = None,
@@ -436,7 +440,8 @@ class MPTLM(LM):
         self.log = RecordLog(mc_log, write=self._ctx.main)
         self._questions = 0
         self._announced_greedy = False
-        type(self).last = weakref.ref(self)
+        type(self).last = ((lambda model=self: model) if self.hold_last else
+                           weakref.ref(self))
 
     # ------------------------------------------------------------------ lm-eval plumbing
     @classmethod
@@ -498,6 +503,12 @@ class MPTLM(LM):
         parts = [torch.as_tensor(p) for p in gather(tensor.detach().cpu(), self._ctx)]
         out = torch.stack(parts) if parts[0].ndim == 0 else torch.cat(parts)
         return out.to(tensor.device)
+
+    @property
+    def accelerator(self) -> SimpleNamespace:
+        """What lm-eval 0.4.8's evaluator asks of a model on several processes (later
+        versions call all_gather and barrier): ``gather`` and ``wait_for_everyone``."""
+        return SimpleNamespace(gather=self.all_gather, wait_for_everyone=self.barrier)
 
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         parts = gather(obj, self._ctx)

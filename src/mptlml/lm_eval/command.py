@@ -215,9 +215,11 @@ def _harness_wrapped() -> Iterator[None]:
         setattr(m, name, new)
     lm_eval.simple_evaluate = simple_evaluate
     tracker_module.EvaluationTracker.save_results_aggregated = save_results_aggregated
+    MPTLM.hold_last = True
     try:
         yield
     finally:
+        MPTLM.hold_last, MPTLM.last = False, None
         for m, name, old in saved:
             setattr(m, name, old)
         if top is None:
