@@ -139,3 +139,24 @@ def exact_size_scores(model_dir: Path | str, texts: Sequence[str]) -> list[np.nd
             scores.append(float(np.mean(vals)))
         out.append(np.array(scores))
     return out
+
+
+def exhaustive_masked_sum(ids: torch.Tensor, scored: Sequence[int], mask_id: int,
+                          log_probs) -> float:
+    """sum_M mean over masks of size M inside ``scored`` of (1/M) sum_j log p(x_j | rest).
+
+    Every mask of every size, each masked copy of ``ids`` (1-D, the model's whole input)
+    scored by ``log_probs(x) -> (B, T, V)`` log-probabilities, called once per size; the
+    exhaustive (conditional) MPT sum of the positions ``scored``, the others visible.
+    """
+    total = 0.0
+    for m in range(1, len(scored) + 1):
+        subsets = list(itertools.combinations(scored, m))
+        x = ids.repeat(len(subsets), 1)
+        for r, sub in enumerate(subsets):
+            x[r, list(sub)] = mask_id
+        with torch.no_grad():
+            lp = log_probs(x)
+        total += float(np.mean([sum(float(lp[r, j, ids[j]]) for j in sub) / m
+                                for r, sub in enumerate(subsets)]))
+    return total

@@ -17,6 +17,8 @@ import torch
 
 import mptlml
 
+from .mlm_helpers import exhaustive_masked_sum
+
 CONTEXT = "the cat sat on"
 CANDIDATES = [" the big red mat and", " the big red tree and", " a small blue house or"]
 
@@ -29,17 +31,9 @@ def exhaustive_conditional(lm, context: str, continuation: str) -> float:
     assert full[:len(c)] == c
     ids = torch.tensor([tok.cls_token_id, *full, tok.sep_token_id])
     scored = list(range(1 + len(c), 1 + len(full)))
-    total = 0.0
-    for m in range(1, len(scored) + 1):
-        subsets = list(itertools.combinations(scored, m))
-        x = ids.repeat(len(subsets), 1)
-        for r, s in enumerate(subsets):
-            x[r, list(s)] = tok.mask_token_id
-        with torch.no_grad():
-            lp = torch.log_softmax(model(input_ids=x).logits.double(), -1)
-        vals = [sum(float(lp[r, j, ids[j]]) for j in s) / m for r, s in enumerate(subsets)]
-        total += float(np.mean(vals))
-    return total
+    return exhaustive_masked_sum(ids, scored, tok.mask_token_id,
+                                 lambda x: torch.log_softmax(model(input_ids=x).logits.double(),
+                                                             -1))
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ published mask ids.
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +22,7 @@ from mptlml.models import MaskedLM
 from mptlml.models.conventions import CONVENTIONS, convention_of, conventions_table
 
 from .diffusion_helpers import WORDS, IndependentLM, TinyDiffusionLM
+from .mlm_helpers import exhaustive_masked_sum
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -128,19 +128,13 @@ def dream_reference(module: nn.Module, tok, context: str, cont: str) -> float:
     full = tok(context + cont, add_special_tokens=False)["input_ids"]
     ids = torch.tensor([tok.bos_token_id, *full, tok.eos_token_id])
     scored = list(range(1 + len(c), 1 + len(full)))
-    total = 0.0
-    for m in range(1, len(scored) + 1):
-        subsets = list(itertools.combinations(scored, m))
-        x = ids.repeat(len(subsets), 1)
-        for r, s in enumerate(subsets):
-            x[r, list(s)] = tok.mask_token_id
-        with torch.no_grad():
-            logits = module(x).double()
+
+    def log_probs(x: torch.Tensor) -> torch.Tensor:
+        logits = module(x).double()
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)  # Dream's shift
-        lp = torch.log_softmax(logits, -1)
-        total += float(np.mean([sum(float(lp[r, j, ids[j]]) for j in s) / m
-                                for r, s in enumerate(subsets)]))
-    return total
+        return torch.log_softmax(logits, -1)
+
+    return exhaustive_masked_sum(ids, scored, tok.mask_token_id, log_probs)
 
 
 def test_dream_is_recognised_from_its_model_type_and_scored_as_its_evaluation_scores():

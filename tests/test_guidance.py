@@ -22,6 +22,7 @@ from mptlml.models import PPCA, MaskedLM
 from mptlml.models.conditional import ConditionedSequences
 
 from .diffusion_helpers import MASK_WORD, TinyDiffusionLM, make_word_tokenizer
+from .mlm_helpers import exhaustive_masked_sum
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -61,16 +62,9 @@ def framed(lm: MaskedLM, context: str, cont: str) -> tuple[torch.Tensor, int, li
 def guided_exhaustive(lm: MaskedLM, context: str, cont: str, scale: float) -> float:
     """sum_M mean over masks of size M of (1/M) sum of guided log-probs: every mask, directly."""
     ids, end, scored = framed(lm, context, cont)
-    total = 0.0
-    for m in range(1, len(scored) + 1):
-        subsets = list(itertools.combinations(scored, m))
-        x = ids.repeat(len(subsets), 1)
-        for r, s in enumerate(subsets):
-            x[r, list(s)] = lm.mask_token_id
-        lp = guided_log_probs(lm.model, x, end, scale, lm.mask_token_id)
-        total += float(np.mean([sum(float(lp[r, j, ids[j]]) for j in s) / m
-                                for r, s in enumerate(subsets)]))
-    return total
+    return exhaustive_masked_sum(
+        ids, scored, lm.mask_token_id,
+        lambda x: guided_log_probs(lm.model, x, end, scale, lm.mask_token_id))
 
 
 def guided_pll(lm: MaskedLM, context: str, cont: str, scale: float) -> float:
