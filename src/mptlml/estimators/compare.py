@@ -379,8 +379,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     flat_cand = [cands[q][k] for q, k in owner]
     scorer = with_context(model, flat_ctx, cfg_scale=cfg_scale)  # the contexts ride along
     ids = scorer.encode(flat_cand)
-    nctx = [0] * len(ids)
-    lengths = np.array([len(t) - n for t, n in zip(ids, nctx, strict=True)])
+    lengths = np.array([len(t) for t in ids])  # the continuations' (the scorer adds contexts)
     members = [[i for i, (qq, _) in enumerate(owner) if qq == q] for q in range(len(cands))]
     exact = (2.0 ** lengths - 2 <= max(p, 2 ** EXACT_LENGTH - 2)) | (lengths <= 1)
     sizes_of_rounds = round_sizes(p, max_masks)
@@ -430,8 +429,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                     meta[i] = (strata, rates, sizes)
                     if r == 0:  # the whole continuation: S_T(x; |T|) exactly, once
                         m = torch.cat([m, torch.ones(1, int(lengths[i]), dtype=torch.bool)])
-                masks[i] = torch.cat([torch.zeros(m.shape[0], nctx[i], dtype=torch.bool), m],
-                                     dim=1)
+                masks[i] = m
                 rows[q] += m.shape[0]
                 cand_rows[i] += m.shape[0]
         todo = sorted(masks)
@@ -448,7 +446,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
             t = int(lengths[i])
             s = np.asarray(sums_of[i], dtype=np.float64)
             if meta[i] is None:  # an exact candidate (first round only): the sum is the bound
-                size = masks[i][:, nctx[i]:].sum(1).numpy()
+                size = masks[i].sum(1).numpy()
                 tallies[i].exact_top = enumerated_sum(s, size)
                 continue
             strata, rates, sizes = meta[i]
