@@ -56,6 +56,17 @@ sys.meta_path.insert(0, _Blocker())
 """
 
 
+def _run_probe(probe: str, cwd: Path, **env: str) -> str:
+    """Run ``probe`` in a fresh Python on this checkout's src (one thread, no bars); its stdout."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"),
+                                                        os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", **env}
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=env, cwd=cwd, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
 def _readme_ppca_example() -> str:
     """The first Python block of README.md (the PPCA example)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -93,13 +104,7 @@ def core_only() -> dict:
         out["imported"] = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
         print(json.dumps(out))
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"),
-                                                        os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
-    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    readme, doors = run.stdout.split("----- README\n")[1].split("----- doors\n")
+    readme, doors = _run_probe(probe, ROOT).split("----- README\n")[1].split("----- doors\n")
     return {"readme": readme, **json.loads(doors)}
 
 
@@ -233,13 +238,7 @@ def test_the_hf_extra_alone_scores_a_masked_lm(tiny_dir):
         print(json.dumps({{"pll": pll, "ref": ref, "lml": float(est.mean),
                           "choice": cmp.choice[0], "imported": gone}}))
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"),
-                                                        os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
-    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out = json.loads(_run_probe(probe, ROOT, HF_HUB_OFFLINE="1").strip().splitlines()[-1])
     assert out["pll"] == pytest.approx(out["ref"], abs=1e-4)
     assert out["lml"] < 0 and out["choice"] in (0, 1)
     assert out["imported"] == []
@@ -278,13 +277,7 @@ def core_cli(tmp_path_factory) -> dict:
         out["imported"] = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
         print(json.dumps(out))
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"),
-                                                        os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
-    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         env=env, cwd=tmp, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(_run_probe(probe, tmp).strip().splitlines()[-1])
 
 
 @pytest.mark.slow
