@@ -141,15 +141,16 @@ def exact_size_scores(model_dir: Path | str, texts: Sequence[str]) -> list[np.nd
     return out
 
 
-def exhaustive_masked_sum(ids: torch.Tensor, scored: Sequence[int], mask_id: int,
-                          log_probs) -> float:
-    """sum_M mean over masks of size M inside ``scored`` of (1/M) sum_j log p(x_j | rest).
+def masked_size_scores(ids: torch.Tensor, scored: Sequence[int], mask_id: int,
+                       log_probs) -> np.ndarray:
+    """S(x; M) for M = 1..len(scored): the mean over every mask of size M inside ``scored`` of
+    (1/M) sum_j log p(x_j | rest).
 
-    Every mask of every size, each masked copy of ``ids`` (1-D, the model's whole input)
-    scored by ``log_probs(x) -> (B, T, V)`` log-probabilities, called once per size; the
-    exhaustive (conditional) MPT sum of the positions ``scored``, the others visible.
+    Every masked copy of ``ids`` (1-D, the model's whole input) scored by
+    ``log_probs(x) -> (B, T, V)`` log-probabilities, called once per size; the positions
+    outside ``scored`` stay visible (a context).
     """
-    total = 0.0
+    out = []
     for m in range(1, len(scored) + 1):
         subsets = list(itertools.combinations(scored, m))
         x = ids.repeat(len(subsets), 1)
@@ -157,6 +158,16 @@ def exhaustive_masked_sum(ids: torch.Tensor, scored: Sequence[int], mask_id: int
             x[r, list(sub)] = mask_id
         with torch.no_grad():
             lp = log_probs(x)
-        total += float(np.mean([sum(float(lp[r, j, ids[j]]) for j in sub) / m
-                                for r, sub in enumerate(subsets)]))
-    return total
+        out.append(float(np.mean([sum(float(lp[r, j, ids[j]]) for j in sub) / m
+                                  for r, sub in enumerate(subsets)])))
+    return np.array(out)
+
+
+def exhaustive_masked_sum(ids: torch.Tensor, scored: Sequence[int], mask_id: int,
+                          log_probs) -> float:
+    """sum_M mean over masks of size M inside ``scored`` of (1/M) sum_j log p(x_j | rest).
+
+    The exhaustive (conditional) MPT sum of the positions ``scored``, the others visible:
+    :func:`masked_size_scores` summed.
+    """
+    return float(masked_size_scores(ids, scored, mask_id, log_probs).sum())

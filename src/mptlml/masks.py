@@ -30,6 +30,7 @@ from ._validation import check_positive_int, check_rate, make_generator
 __all__ = [
     "all_masks",
     "count_masks",
+    "distinct_masks",
     "every_mask",
     "fixed_rate_size",
     "prefix_masks",
@@ -353,6 +354,27 @@ def every_mask(num_tokens: int) -> torch.Tensor:
     d = check_positive_int(num_tokens, "num_tokens")
     codes = torch.arange(1, 2 ** d)
     return ((codes[:, None] >> torch.arange(d)) & 1).bool()
+
+
+def distinct_masks(num_tokens: int, size: int, count: int,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """``count`` uniform masks of ``size`` of ``num_tokens`` positions, distinct where the
+    C(D, M) masks are enough: a simple random sample without replacement (a mask that
+    repeats an earlier one is drawn again; the masks that repeat none are those of
+    :func:`sample_masks`). Where ``count`` exceeds C(D, M), i.i.d. uniform masks.
+    ``(count, D)`` bool."""
+    out = sample_masks(num_tokens, torch.full((count,), size, dtype=torch.long),
+                       generator=generator)
+    if count > math.comb(num_tokens, size):
+        return out
+    seen: set[bytes] = set()
+    for k in range(count):
+        key = out[k].numpy().tobytes()
+        while key in seen:
+            out[k] = sample_masks(num_tokens, size, num_masks=1, generator=generator)[0]
+            key = out[k].numpy().tobytes()
+        seen.add(key)
+    return out
 
 
 def count_masks(num_tokens: int, sizes: list[int] | range | None = None) -> int:

@@ -5,19 +5,37 @@ code floors), ``D * S_hat(x; M)`` estimates ``D * S(x; M)``, which differs from
 log p(x) = sum_{M'} S(x; M') by a bias that does not depend on the masks
 (Moreno-Munoz, Recasens & Hauberg, NeurIPS 2023, Sec. 3 and Fig. 2; the
 paper's training code uses exactly this objective). On ragged sequences each
-sequence gets ``M_i = max(1, floor(rate * D_i))``.
+sequence gets ``M_i = max(1, floor(rate * D_i))``, and its P masks are distinct: a
+simple random sample without replacement from the C(D_i, M_i) masks of that size, whose
+mean has variance ``(1 - P / C(D_i, M_i)) s^2 / P`` (the finite-population correction);
+where C(D_i, M_i) is no more than P, or than ``2^EXACT_LENGTH - 1`` = 15 (a few: the
+rule that enumerates short sequences, :data:`~mptlml.estimators.runs.EXACT_LENGTH`), every
+mask of the size is scored once instead (its term exact, standard error 0): from a
+population of 3 masks, 2 draws give a t-statistic far from Student's (their spread
+says little of the third). Drawn with replacement, the two masks of a 2-token continuation at
+P = 2 were the same one in half the sequences: a standard error of 0 for an estimate
+that was not D * S(x; M).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 import torch
 
 from .._scoring.dense import Counter
+from .._scoring.ragged import run_pairs
 from .._validation import check_positive_int, check_rate, check_size
-from ..masks import fixed_rate_size
+from ..masks import all_masks, distinct_masks, fixed_rate_size
 from ..models.base import MaskedModel
+from ..models.protocols import RaggedMaskedModel
 from .api import register
 from .base import Draws, Estimator
+from .runs import EXACT_LENGTH
+from .stats import exact_cell, sampled_cell
 
 __all__ = ["FixedRate"]
 
@@ -103,3 +121,47 @@ class FixedRate(Estimator):
                  counter: Counter, progress: bool) -> Draws:
         rows, s = self._score_rows(model, x, generator, progress, counter)
         return Draws(self._combine(rows, s, model.num_tokens), [int(rows[0])], s.mean().reshape(1))
+
+    def ragged_cells(self, model: RaggedMaskedModel, toks: list[torch.Tensor],
+                     counts: Sequence[np.ndarray], seed: int, *, tag: str,
+                     units: list[torch.Tensor] | None = None,
+                     **run: Any) -> tuple[list[list[np.ndarray]], int]:
+        """``counts[i][0]`` distinct masks of size M_i of sequence i, each term
+        ``D_i * S_hat(x_i; M_i)``: a :class:`~mptlml.estimators.stats.SampledCell` of the
+        C(D_i, M_i) masks, or every mask of the size once (an exact cell) where the draws
+        would be as many (module docstring)."""
+        draws = [int(c[0]) for c in counts]
+
+        def masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
+            m = self.size(d)
+            if self._enumerates(d, draws[i]):
+                return all_masks(d, m)
+            return distinct_masks(d, m, draws[i], g)
+
+        total = sum(self.scored_rows(len(t), np.array([p])) for t, p in zip(toks, draws,
+                                                                         strict=True))
+        out = run_pairs(model, toks, masks, seed=seed, tag=tag, units=units,
+                        spec={"kind": "draws", "estimator": self.fingerprint(),
+                              "num_masks": draws[0] if len(set(draws)) == 1 else draws,
+                              "total_pairs": total}, desc=f"{self.name} draws", **run)
+        cells = []
+        for s, d, p in zip(out.sums, out.lengths, draws, strict=True):
+            m = self.size(int(d))
+            terms = int(d) * np.asarray(s, dtype=np.float64) / m
+            n = math.comb(int(d), m)
+            cells.append([exact_cell(terms) if self._enumerates(int(d), p)
+                          else sampled_cell(terms, n)])
+        return cells, out.num_model_calls
+
+    def scored_rows(self, num_tokens: int, counts: np.ndarray) -> int:
+        """Masked inputs of a sequence: its draws, or the C(D, M) masks of its size where
+        they are no more (every one scored once)."""
+        d = int(num_tokens)
+        p = int(np.max(counts))
+        return math.comb(d, self.size(d)) if self._enumerates(d, p) else p
+
+    def _enumerates(self, num_tokens: int, draws: int) -> bool:
+        """Whether the C(D, M) masks of a sequence's size are scored, each once, instead of
+        ``draws``: where they are no more than the draws or than 2^EXACT_LENGTH - 1."""
+        n = math.comb(num_tokens, self.size(num_tokens))
+        return n <= max(draws, 2 ** EXACT_LENGTH - 1)

@@ -12,10 +12,28 @@ size). Subclasses change :meth:`RandomSize.size_probs`; the weights follow.
 On ragged sequences (a masked LM) each draw of sequence i takes its own size
 M ~ U{1..D_i} and weight D_i / M: the any-order autoregressive /
 masked-diffusion bound whose 1/t weight is D/M (see ``docs/notes.md``).
+
+On ragged sequences the P draws of a sequence are distinct masks: draw k is made
+from the masks not drawn before (a draw that repeats an earlier mask is drawn
+again), and the estimate is the mean of des Raj's ordered terms
+(:func:`~mptlml.estimators.stats.des_raj`), with p(mask) = q(M) / C(D, M) and
+``y(mask) / p(mask) = S_hat(x; M) / q(M)`` (the with-replacement draw)::
+
+    t_1 = S_hat_1 / q(M_1),
+    t_k = sum_{j<k} S_hat_j / C(D, M_j) + (S_hat_k / q(M_k)) (1 - sum_{j<k} p_j),
+    estimate = mean_k t_k,   se^2 = sum_k (t_k - mean)^2 / (P (P - 1))   (P - 1 dof),
+
+both unbiased. Drawn with replacement, the P draws of a short continuation
+repeated each other often (both of P = 2 draws on the one mask of size D = 5 in
+1 of 25 sequences; some mask twice in 1 of 16): a standard error of 0 on
+infinite degrees of freedom, a promise of exactness for an estimate that is not
+exact. A size whose population is no larger than the draws of its stratum keeps
+i.i.d. draws (its term is then as good as enumerated).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +46,7 @@ from ..masks import sample_masks, sizes_at, uniform_sizes, unit_uniforms
 from ..models.protocols import RaggedMaskedModel
 from .api import register
 from .base import Estimator, check_size_rule
+from .stats import des_raj
 
 __all__ = ["RandomSize"]
 
@@ -122,34 +141,94 @@ class RandomSize(Estimator):
         permutation of the P draws): ``U_p = (pi_p // 2 + V_p) / (P / 2)``
         (:func:`~mptlml.masks.unit_uniforms` with ``per_stratum=2``),
         ``M_p = F_q^{-1}(U_p)`` (:func:`~mptlml.masks.sizes_at`). The estimate is the
-        mean of the P terms ``w(M_p) S_hat(x_i; M_p)``, i.e. the sum over strata of each pair's
-        mean over P/2; each pair's two draws are i.i.d. within its stratum.
+        sum over strata of each pair's mean over P/2; each pair's two masks are drawn
+        within its stratum without replacement (des Raj's terms, module docstring, with
+        the stratum's own probabilities ``q_h(M) / C(D, M)``, ``q_h`` the mass of size M
+        inside the stratum times P/2).
         """
         p = self.num_masks
         if not self.stratified or p < 2 or p % 2:
             return super().sequence_cells(model, toks, counts, seed, **run)
-        h = p // 2
+        return self._distinct_cells(model, toks, [p] * len(toks), seed, pairs=True,
+                                    tag=self.ragged_tag, **run)
 
-        def draw(d: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-            u = unit_uniforms((p,), g, stratified=True, per_stratum=2)
-            m = sizes_at(u, torch.full((p,), d), self._q(d))
-            check_size_rule(self, m, torch.full((p,), d))
-            return m, (u * h).floor().long().clamp(max=h - 1)  # the stratum of each draw
+    def ragged_cells(self, model: RaggedMaskedModel, toks: list[torch.Tensor],
+                     counts: Sequence[np.ndarray], seed: int, *, tag: str,
+                     units: list[torch.Tensor] | None = None,
+                     **run: Any) -> tuple[list[list[np.ndarray]], int]:
+        """``counts[i][0]`` distinct draws of sequence i, one cell of des Raj's terms
+        (module docstring); stratified over the draws (an odd P, a plan): i.i.d. draws
+        one per quantile stratum, as :meth:`Estimator.ragged_cells`."""
+        if self.stratified:
+            return super().ragged_cells(model, toks, counts, seed, tag=tag, units=units, **run)
+        return self._distinct_cells(model, toks, [int(c[0]) for c in counts], seed,
+                                    pairs=False, tag=tag, units=units, **run)
+
+    def _distinct_draws(self, d: int, p: int, g: torch.Generator, pairs: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                   torch.Tensor]:
+        """P masks of a sequence of ``d`` units, distinct within each stratum (one, or P/2
+        of two draws each with ``pairs``): ``(masks, sizes, stratum, probs, distinct)``,
+        ``probs`` each mask's probability under its stratum's draw, ``distinct`` whether
+        its stratum was drawn without replacement (more masks than draws)."""
+        h = p // 2 if pairs else 1
+        q = self._q(d)
+        qq = torch.full((d,), 1.0 / d, dtype=torch.float64) if q is None else q
+        u = unit_uniforms((p,), g, stratified=pairs, per_stratum=2)
+        stratum = (u * h).floor().long().clamp(max=h - 1)
+        full = torch.full((p,), d)
+        m = sizes_at(u, full, q)
+        check_size_rule(self, m, full)
+        masks = sample_masks(d, m, generator=g)
+        # q_h(M): the mass of size M inside stratum h, times h (the stratum's size law)
+        cdf = torch.cat([torch.zeros(1, dtype=torch.float64), qq.cumsum(0) / qq.sum()])
+        lo = torch.arange(h, dtype=torch.float64)[:, None] / h
+        overlap = (torch.minimum(cdf[1:][None], lo + 1.0 / h)
+                   - torch.maximum(cdf[:-1][None], lo)).clamp_min(0.0) * h  # (h, D)
+        comb = torch.tensor([math.comb(d, k) for k in range(1, d + 1)], dtype=torch.float64)
+        population = ((overlap > 0).double() * comb).sum(1)
+        distinct = population[stratum] > torch.bincount(stratum, minlength=h)[stratum]
+        seen: set[tuple[int, bytes]] = set()
+        for k in range(p):
+            s = int(stratum[k])
+            key = (s, masks[k].numpy().tobytes())
+            while bool(distinct[k]) and key in seen:  # drawn again from the rest
+                uk = (s + torch.rand(1, generator=g, dtype=torch.float64)) / h
+                m[k] = sizes_at(uk, full[:1], q)[0]
+                masks[k] = sample_masks(d, m[k:k + 1], generator=g)[0]
+                key = (s, masks[k].numpy().tobytes())
+            seen.add(key)
+        probs = overlap[stratum, m - 1] / comb[m - 1]
+        return masks, m, stratum, probs, distinct
+
+    def _distinct_cells(self, model: RaggedMaskedModel, toks: list[torch.Tensor],
+                        draws: list[int], seed: int, *, pairs: bool, tag: str,
+                        **run: Any) -> tuple[list[list[np.ndarray]], int]:
+        """The cells of :meth:`_distinct_draws`' masks: per stratum, des Raj's terms over
+        the number of strata (its draws' own terms where drawn with replacement)."""
 
         def masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
-            return sample_masks(d, draw(d, g)[0], generator=g)
+            return self._distinct_draws(d, draws[i], g, pairs)[0]
 
-        out = run_pairs(model, toks, masks, seed=seed, tag=self.ragged_tag,
+        out = run_pairs(model, toks, masks, seed=seed, tag=tag,
                         spec={"kind": "draws", "estimator": self.fingerprint(),
-                              "num_masks": p, "total_pairs": p * len(toks)},
-                        desc=f"{self.name} draws", **run)
+                              "num_masks": draws[0] if len(set(draws)) == 1 else draws,
+                              "total_pairs": sum(draws)}, desc=f"{self.name} draws", **run)
         cells = []
         for i, (s, d) in enumerate(zip(out.sums, out.lengths, strict=True)):
-            # the same sizes and strata again, from the same generator
-            m, stratum = draw(int(d), torch.Generator().manual_seed(seq_seed(seed, i)))
+            # the same masks again, from the same generator
+            _, m, stratum, probs, distinct = self._distinct_draws(
+                int(d), draws[i], torch.Generator().manual_seed(seq_seed(seed, i)), pairs)
             w = self.weights(m, torch.full_like(m, int(d)))
-            terms = (w * torch.as_tensor(s, dtype=torch.float64) / m).numpy() / h
-            cells.append([terms[(stratum == k).numpy()] for k in range(h)])
+            ratio = (w * torch.as_tensor(s, dtype=torch.float64) / m).numpy()
+            h = draws[i] // 2 if pairs else 1
+            cell = []
+            for k in range(h):
+                sel = (stratum == k).numpy()
+                r = ratio[sel]
+                terms = des_raj(r, probs.numpy()[sel]) if bool(distinct[sel].all()) else r
+                cell.append(terms / h)
+            cells.append(cell)
         return cells, out.num_model_calls
 
     def weights(self, sizes: torch.Tensor, num_tokens: int | torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ Sec. 4). Biased by the grid. Its draws, P masks per (sequence, rate)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ import torch
 
 from .._scoring.ragged import check_run_size, encode_units, run_pairs, unit_counts
 from .._validation import check_positive_int
-from ..masks import sample_masks
+from ..masks import all_masks, distinct_masks
 from ..models.protocols import RaggedMaskedModel
 from .api import register
 from .base import Estimator, RaggedScores
@@ -85,12 +86,22 @@ def rate_counts(num_masks: int | Sequence[int] | np.ndarray, num_rates: int) -> 
 
 def rate_grid_scores(model: RaggedMaskedModel, sequences: Any, rates: Any,
                      num_masks: int | Sequence[int] | np.ndarray, seed: int, *,
-                     whole_word: bool = False, remedy: str | None = None, **run: Any
+                     whole_word: bool = False, remedy: str | None = None, encoded: bool = False,
+                     **run: Any
                      ) -> tuple[GridScores, list[torch.Tensor], list[torch.Tensor] | None]:
     """P uniform masks of M_ik units per (sequence, rate), scored: the Riemann draws.
 
+    The P masks of a cell are distinct (:func:`~mptlml.masks.distinct_masks`, a sample
+    without replacement from the C = C(D_i, M_ik) masks of its size): the cell's standard
+    error carries the finite-population correction ``sqrt(1 - P / C)``; where P >= C the
+    cell holds every mask (cycled) and is exact, its score the mean of the C, standard
+    error 0.
+
     Returns the scores, the content ids and (``whole_word``) the word of each
-    token: the units of the run, for a further sum over every size. A run too
+    token: the units of the run, for a further sum over every size. ``encoded``:
+    ``sequences`` are the model's own content ids already (``model.encode``'s, as an
+    estimate's run holds them: a conditioned model knows their contexts by them), scored
+    as they are. A run too
     large is refused first (:func:`~mptlml._scoring.ragged.check_run_size`) with
     ``remedy``; by default the caller's own counts: lower ``num_masks`` or take
     fewer rates.
@@ -102,7 +113,10 @@ def rate_grid_scores(model: RaggedMaskedModel, sequences: Any, rates: Any,
         raise TypeError(f"seed must be an int, got {seed!r}.")
     if not isinstance(whole_word, bool):
         raise TypeError(f"whole_word must be bool, got {whole_word!r}.")
-    toks, words, _ = encode_units(model, sequences, words=whole_word)
+    if encoded and whole_word:
+        raise ValueError("encoded=True takes token ids: whole-word units need the texts.")
+    toks, words = ((list(sequences), None) if encoded
+                   else encode_units(model, sequences, words=whole_word)[:2])
     lengths = unit_counts(toks, words)
     if remedy is None:
         remedy = f"{'lower num_masks or ' if p > 1 else ''}take fewer rates (now {r.size})"
@@ -112,8 +126,11 @@ def rate_grid_scores(model: RaggedMaskedModel, sequences: Any, rates: Any,
     unit = {"unit": "word"} if whole_word else {}
 
     def curve_masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
-        return sample_masks(d, torch.as_tensor(sizes[i]).repeat_interleave(
-            torch.as_tensor(counts)), generator=g)
+        # each (sequence, rate) cell's masks distinct where its size has as many
+        return torch.cat([distinct_masks(d, int(m), int(c), g) if c < math.comb(d, int(m))
+                          else all_masks(d, int(m)).repeat(-(-int(c) // math.comb(d, int(m))),
+                                                           1)[:int(c)]
+                          for m, c in zip(sizes[i], counts, strict=True)])
 
     out = run_pairs(model, toks, curve_masks, seed=int(seed),
                     tag="curve" + ("_whole_word" if whole_word else ""), units=words,
@@ -122,9 +139,19 @@ def rate_grid_scores(model: RaggedMaskedModel, sequences: Any, rates: Any,
                           "total_pairs": int(len(toks) * counts.sum()), **unit},
                     desc="MPT curve", **run)
     bounds = np.cumsum(counts)[:-1]
-    stats = [[mean_stderr(c) for c in np.split(sm, bounds)] for sm in out.sums]
+    # a cell whose P masks are every mask of its size (cycled where P exceeds them) is
+    # exact: the mean of the C(D, M) masks, standard error 0
+    pops = [[math.comb(int(d), int(m)) for m in row] for d, row in zip(lengths, sizes,
+                                                                        strict=True)]
+    stats = [[(float(np.mean(c[:n])), 0.0) if len(c) >= n else mean_stderr(c)
+              for c, n in zip(np.split(sm, bounds), pop, strict=True)]
+             for sm, pop in zip(out.sums, pops, strict=True)]
     scores = np.array([[m for m, _ in row] for row in stats]) / sizes  # (N, K)
-    scores_se = np.array([[e for _, e in row] for row in stats]) / sizes
+    # a cell of P distinct masks among C(D, M): variance (1 - P / C) s^2 / P (sampled
+    # without replacement; 0 where the P masks are all of them)
+    fpc = np.array([[max(0.0, 1.0 - c / n) for n, c in zip(pop, counts, strict=True)]
+                    for pop in pops])
+    scores_se = np.array([[e for _, e in row] for row in stats]) * np.sqrt(fpc) / sizes
     lml_se = np.array([lengths[i] / k * float(sum_stderr(scores_se[i] if counts.min() > 1
                                                          else None, scores[i]))
                        for i in range(len(toks))])
@@ -160,7 +187,7 @@ class Riemann(Estimator):
                         progress: bool, run: dict[str, Any]) -> RaggedScores:
         """``D_i * mean_k S_ik`` per sequence, its standard error and degrees of freedom."""
         grid, _, _ = rate_grid_scores(model, toks, self.rates, self.num_masks, seed,
-                                      progress=progress, **run)
+                                      progress=progress, encoded=True, **run)
         rows = np.full(grid.lengths.size, int(grid.counts.sum()), dtype=np.int64)
         return RaggedScores(grid.lml, grid.lml_stderr, grid.num_model_calls, int(rows.sum()),
                             rows, grid.dof)

@@ -38,8 +38,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-__all__ = ["ExactCell", "cell_error", "cell_spread", "cell_sums", "enumerated_sum", "exact_cell",
-           "mean_stderr",
+__all__ = ["ExactCell", "SampledCell", "cell_error", "cell_spread", "cell_sums", "des_raj",
+           "enumerated_sum", "exact_cell", "mean_stderr", "sampled_cell",
            "strata_stderr",
            "sum_stderr", "welch_dof"]
 
@@ -117,12 +117,11 @@ def cell_sums(cell: Sequence[np.ndarray], single_draws: bool = False
     successive differences of the means), each cell's variance of the mean and
     its degrees of freedom (its draws minus one).
     """
-    stats = [(float(np.mean(c)), 0.0) if isinstance(c, ExactCell) else mean_stderr(c)
-             for c in cell]
-    mean = np.array([m for m, _ in stats])
-    se = np.array([e for _, e in stats])
+    stats = [cell_error(c) for c in cell]
+    mean = np.array([m for m, _, _ in stats])
+    se = np.sqrt(np.array([v for _, v, _ in stats], dtype=np.float64))
     total_se = sum_stderr(None if single_draws else se, mean)
-    dofs = np.array([cell_error(c)[2] for c in cell], dtype=np.float64)
+    dofs = np.array([d for _, _, d in stats], dtype=np.float64)
     return float(mean.sum()), float(total_se), se ** 2, dofs
 
 
@@ -149,6 +148,62 @@ def exact_cell(values: Any) -> ExactCell:
     return np.asarray(values, dtype=np.float64).view(ExactCell)
 
 
+class SampledCell(np.ndarray):
+    """Draws made without replacement from a finite population of ``population`` equally
+    likely members (distinct random orders, say): the mean of n of them is unbiased and its
+    variance is ``(1 - n / N) S^2 / n`` (the finite-population correction; S^2 the population
+    variance with divisor N - 1, estimated without bias by the sample variance)."""
+
+    population: float = math.inf
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.population = getattr(obj, "population", math.inf)
+
+
+def sampled_cell(values: Any, population: float) -> SampledCell:
+    """``values``, n distinct members of a population of ``population``, as a
+    :class:`SampledCell`."""
+    out = np.asarray(values, dtype=np.float64).view(SampledCell)
+    out.population = float(population)
+    return out
+
+
+def des_raj(ratios: Any, probs: Any) -> np.ndarray:
+    """des Raj's ordered terms of P draws made one by one without replacement.
+
+    Draw k is made from the members not drawn before, with probability ``p_u / (1 -
+    sum_{j<k} p_j)`` for a member u of draw probability p_u (one draw of the with-replacement
+    design, rejected while it repeats an earlier one). With ``ratios[k] = y_k / p_k`` (the
+    with-replacement estimate of the total ``Y = sum_u y_u`` from draw k alone)::
+
+        t_1 = y_1 / p_1,    t_k = sum_{j<k} y_j + (y_k / p_k) (1 - sum_{j<k} p_j).
+
+    Each t_k is unbiased for Y given the draws before it, so the t_k are uncorrelated, their
+    mean is unbiased and ``sum_k (t_k - t_mean)^2 / (P (P - 1))`` is an unbiased estimate of
+    its variance on P - 1 degrees of freedom (des Raj, "Some estimators in sampling with
+    varying probabilities without replacement", JASA 51, 1956). Unlike i.i.d. draws, no two
+    draws repeat a member, so the variance estimate is 0 only when the members' ratios are
+    equal, and what is drawn first is known exactly thereafter (t_k for k >= 2 shrinks as
+    the drawn probability grows).
+
+    Parameters
+    ----------
+    ratios, probs : array-like, (P,)
+        ``y_k / p_k`` and ``p_k`` of the draws in the order drawn.
+
+    Returns
+    -------
+    numpy.ndarray, (P,)
+        t_1 .. t_P.
+    """
+    r = np.asarray(ratios, dtype=np.float64)
+    p = np.asarray(probs, dtype=np.float64)
+    y = r * p
+    before_y = np.concatenate([[0.0], np.cumsum(y)[:-1]])
+    before_p = np.concatenate([[0.0], np.cumsum(p)[:-1]])
+    return before_y + r * (1.0 - before_p)
+
+
 def cell_spread(cell: np.ndarray) -> float:
     """The variance of one draw of a cell's term: the sample variance of its draws, or, for
     an :class:`ExactCell` (the whole population), the population variance."""
@@ -160,14 +215,16 @@ def cell_error(cell: np.ndarray) -> tuple[float, float, float]:
     """Mean of a cell's draws, the variance of that mean and its degrees of freedom.
 
     An :class:`ExactCell` has variance 0 (weighing nothing in :func:`welch_dof`); other
-    cells ``var(ddof=1) / n`` on ``n - 1`` (NaN below two draws).
+    cells ``var(ddof=1) / n`` on ``n - 1`` (NaN below two draws), times ``1 - n / N`` for
+    a :class:`SampledCell` of a population of N.
     """
     c = np.asarray(cell, dtype=np.float64)
     if isinstance(cell, ExactCell):
         return float(c.mean()), 0.0, 1.0
     if c.size < 2:
         return float(c.mean()), float("nan"), 0.0
-    return float(c.mean()), float(c.var(ddof=1)) / c.size, float(c.size - 1)
+    fpc = 1.0 - c.size / cell.population if isinstance(cell, SampledCell) else 1.0
+    return float(c.mean()), fpc * float(c.var(ddof=1)) / c.size, float(c.size - 1)
 
 
 def welch_dof(variances: torch.Tensor, dofs: torch.Tensor | float) -> float:
