@@ -216,3 +216,24 @@ if __name__ == "__main__":  # the rates, estimator by estimator
                   f"|z|>t(dof={design_dof(n, pm, {**OPTIONS.get(n, {}), **o})}) "
                   f"{r['over_t']:.3f}, spread/SE {np.round(r['spread_ratio'], 2).tolist()}")
 
+
+def test_a_run_too_large_says_what_it_would_score(tiny):
+    """Chain-rule on 4-token continuations scores every mask (2^4 - 1 = 15 each, exact), not
+    num_masks x 4 draws: the refusal says so and does not offer a lower num_masks, which
+    would not help; with a drawn 6-token continuation beside it, it does."""
+    four, six = " a big red tree", " the big red tree and the"
+    with mptlml.settings.max_masked_inputs(10):
+        with pytest.raises(ValueError) as err:
+            mptlml.estimate_lml(tiny, [four, four], "chain-rule", context=CONTEXT,
+                                num_masks=2, seed=0)
+    msg = str(err.value)
+    assert "2 sequence(s) scored on every mask, 2^D - 1 = 15 masked inputs each" in msg
+    assert "would score 30 masked inputs" in msg and "lower num_masks" not in msg
+    with mptlml.settings.max_masked_inputs(20):
+        with pytest.raises(ValueError) as err:
+            mptlml.estimate_lml(tiny, [four, six], "chain-rule", context=CONTEXT,
+                                num_masks=2, seed=0)
+    msg = str(err.value)
+    assert "1 sequence(s) scored on every mask" in msg
+    assert "1 drawn, 12 masked inputs" in msg  # 2 orders x 6 tokens
+    assert "would score 27 masked inputs" in msg and "lower num_masks" in msg

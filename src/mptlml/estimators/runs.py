@@ -66,8 +66,8 @@ from .stats import (
     welch_dof,
 )
 
-__all__ = ["EXACT_LENGTH", "DenseRun", "RaggedRun", "rows_per_datum", "score_every_mask",
-           "start_run"]
+__all__ = ["EXACT_LENGTH", "DenseRun", "RaggedRun", "rows_per_datum", "run_what",
+           "score_every_mask", "start_run"]
 
 #: sequences (continuations) of at most this many units are scored on every mask (exact,
 #: standard error 0): their 2^D - 1 <= 15 masks cost no more than a few draws
@@ -93,6 +93,23 @@ def score_every_mask(model: RaggedMaskedModel, toks: list[torch.Tensor], seed: i
                     for s, t in zip(out.sums, toks, strict=True)])
     rows = np.array([2 ** len(t) - 1 for t in toks], dtype=np.int64)
     return lml, rows, out.num_model_calls
+
+
+def run_what(est: Any, whole: list[int], drawn: list[int]) -> str:
+    """What a plain ragged run would score, for its refusal: the sequences scored on every
+    mask (``whole``: 2^D - 1 masked inputs each; those of at most :data:`EXACT_LENGTH` units
+    whatever ``num_masks``, longer ones because their draws would cost as much) and those
+    drawn (``drawn``: ``num_masks`` draws of
+    :meth:`~mptlml.estimators.Estimator.masks_per_draw` each)."""
+    what = f"the {est.name!r} estimate"
+    if not whole:
+        return what
+    each = (f"{min(whole):,}" if min(whole) == max(whole)
+            else f"{min(whole):,} to {max(whole):,}")
+    rest = f", and {len(drawn)} drawn, {sum(drawn):,} masked inputs" if drawn else ""
+    return (f"{what} ({len(whole)} sequence(s) scored on every mask, 2^D - 1 = {each} "
+            f"masked inputs each: exact, always up to {EXACT_LENGTH} units, longer ones "
+            f"where their draws would cost as much{rest})")
 
 
 def rows_per_datum(rows: int, n: int, pilot_rows: int = 0,
@@ -308,11 +325,12 @@ class RaggedRun:
         est, n = self.est, self.n_all
         if plan is None:  # the whole run's size, exact sequences included, before any work
             p = est.num_masks
-            rows = [2 ** int(len(t)) - 1 for t in self.exact_toks] + [
-                est.masks_per_draw(int(d)) * p for d in self.lengths]
+            whole = [2 ** int(len(t)) - 1 for t in self.exact_toks]
+            drawn = [est.masks_per_draw(int(d)) * p for d in self.lengths]
             lengths = [len(t) for t in self.exact_toks] + self.lengths.tolist()
-            check_run_size(rows, lengths, f"the {est.name!r} estimate",
-                           "lower num_masks" if p > 1 else None)
+            fewer = p > 1 and (drawn or max(whole) > 2 ** EXACT_LENGTH - 1)
+            check_run_size(whole + drawn, lengths, run_what(est, whole, drawn),
+                           "lower num_masks" if fewer else None)
         ex_lml, ex_rows, ex_calls = score_every_mask(
             self.model, self.exact_toks, self.seed, progress=self.progress, run=self.run)
         if plan is None:
