@@ -45,12 +45,18 @@ request here gets a record, written as one JSON line (``mc_log``, by default
 
 :func:`summarize` turns the records of a run into what the run's metrics owe to
 Monte Carlo noise, per task: the share of multiple-choice decisions not
-decided, the Monte Carlo standard error of the accuracy (at most
+decided, the Monte Carlo standard error of the accuracy (estimated by
 sqrt(sum_q p_q (1 - p_q)) / Q, p_q = Phi(-margin_z_q) the chance that question
-q's leader and its closest rival swap under a normal approximation; a swap
-changes the accuracy only when one of them is the gold answer; the decision on
-the log-likelihoods themselves, lm-eval's ``acc``, not ``acc_norm``'s
-length-normalised one), and of the perplexities (the delta method on the summed
+q's leader and its closest rival swap under a normal approximation centred on the
+observed margin; the decision on the log-likelihoods themselves, lm-eval's ``acc``,
+not ``acc_norm``'s length-normalised one). It is an estimate, not a bound: a swap
+changes the accuracy only when one of the two is the gold answer (the estimate then
+counts too much), but p_q is read off the observed margin, and near a tie that margin
+is far from 0 more often than not: on exact ties margin_z is |N(0, 1)|, p_q is uniform
+on (0, 1/2) and E[p_q (1 - p_q)] = 1/6 against the 1/4 of the coin the decision is, so
+the estimate falls short of the spread over seeds by up to sqrt(2/3) = 0.82 (0.091
+against 0.108 measured on 16 near ties at num_masks=4); past a true margin of about one
+standard error it overstates it. And of the perplexities (the delta method on the summed
 log-likelihood). It is the last line of the
 file (``{"summary": ...}``) and goes into lm-eval's results
 (``results["config"]["mptlml"]``).
