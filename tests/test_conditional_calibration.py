@@ -182,6 +182,15 @@ def test_distinct_draws_are_distinct_and_des_raj_is_unbiased():
         assert bool(distinct.all())
         assert len({m.numpy().tobytes() for m in masks}) == 6
         assert float(probs.sum()) < 1.0
+    for pairs in (False, True):  # a long sequence: C(D, M) past a float, no overflow
+        _, _, _, probs, distinct = RandomSize(8, stratified=pairs)._distinct_draws(
+            1500, 8, torch.Generator().manual_seed(0), pairs)
+        assert bool(distinct.all()) and bool(torch.isfinite(probs).all())
+    from mptlml.estimators.chain_rule import distinct_orders
+    from mptlml.estimators.stats import cell_error, sampled_cell
+
+    assert distinct_orders(300, 2, torch.Generator().manual_seed(0)).shape == (2, 300)
+    assert cell_error(sampled_cell([1.0, 2.0], 10 ** 400)) == (1.5, 0.25, 1.0)  # 300!: no fpc
     from mptlml.masks import distinct_masks
 
     for seed in range(20):  # a whole population of 10 masks in 10 draws: each once

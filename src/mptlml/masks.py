@@ -357,14 +357,15 @@ def every_mask(num_tokens: int) -> torch.Tensor:
 
 
 def distinct_masks(num_tokens: int, size: int, count: int,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
+                   generator: torch.Generator | None = None,
+                   drawn: torch.Tensor | None = None) -> torch.Tensor:
     """``count`` uniform masks of ``size`` of ``num_tokens`` positions, distinct where the
     C(D, M) masks are enough: a simple random sample without replacement (a mask that
-    repeats an earlier one is drawn again; the masks that repeat none are those of
-    :func:`sample_masks`). Where ``count`` exceeds C(D, M), i.i.d. uniform masks.
-    ``(count, D)`` bool."""
-    out = sample_masks(num_tokens, torch.full((count,), size, dtype=torch.long),
-                       generator=generator)
+    repeats an earlier one is drawn again from ``generator``; the masks that repeat none
+    are those of :func:`sample_masks`, or ``drawn``, the ``(count, D)`` masks already drawn
+    i.i.d. by it). Where ``count`` exceeds C(D, M), the i.i.d. masks. ``(count, D)`` bool."""
+    out = (sample_masks(num_tokens, torch.full((count,), size, dtype=torch.long),
+                        generator=generator) if drawn is None else drawn.clone())
     if count > math.comb(num_tokens, size):
         return out
     seen: set[bytes] = set()

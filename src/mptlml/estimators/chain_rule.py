@@ -138,7 +138,7 @@ class ChainRule(Estimator):
         cells = []
         for s, d, p in zip(out.sums, lengths, draws, strict=True):
             total = s.reshape(p, d).sum(axis=1)
-            n = math.factorial(d)
+            n = _orders(d)
             cells.append([sampled_cell(total, n) if p <= n else total])
         return cells, out.num_model_calls
 
@@ -150,7 +150,7 @@ def distinct_orders(num_tokens: int, num_orders: int, generator: torch.Generator
     one is drawn again from ``generator``; orders that repeat none are those of
     :func:`~mptlml.masks.random_orders`)."""
     orders = random_orders(num_tokens, num_orders, generator=generator)
-    if num_orders > math.factorial(num_tokens):
+    if num_orders > _orders(num_tokens):
         return orders
     seen: set[bytes] = set()
     for k in range(num_orders):
@@ -161,3 +161,8 @@ def distinct_orders(num_tokens: int, num_orders: int, generator: torch.Generator
             key = orders[k].numpy().tobytes()
         seen.add(key)
     return orders
+
+
+def _orders(num_tokens: int) -> float:
+    """D!, the number of orders of D tokens (inf past what a float holds: D > 170)."""
+    return float(math.factorial(num_tokens)) if num_tokens <= 170 else math.inf

@@ -185,8 +185,14 @@ class RandomSize(Estimator):
         lo = torch.arange(h, dtype=torch.float64)[:, None] / h
         overlap = (torch.minimum(cdf[1:][None], lo + 1.0 / h)
                    - torch.maximum(cdf[:-1][None], lo)).clamp_min(0.0) * h  # (h, D)
-        comb = torch.tensor([math.comb(d, k) for k in range(1, d + 1)], dtype=torch.float64)
-        population = ((overlap > 0).double() * comb).sum(1)
+        if d <= 60:  # C(D, M) exactly
+            comb = torch.tensor([float(math.comb(d, m)) for m in range(1, d + 1)],
+                                dtype=torch.float64)
+        else:  # as floats from log-gammas (inf past what a float holds)
+            k = torch.arange(1, d + 1, dtype=torch.float64)
+            comb = (torch.lgamma(torch.tensor(d + 1.0)) - torch.lgamma(k + 1)
+                    - torch.lgamma(d - k + 1)).exp()
+        population = torch.where(overlap > 0, comb, 0.0).sum(1)
         distinct = population[stratum] > torch.bincount(stratum, minlength=h)[stratum]
         seen: set[tuple[int, bytes]] = set()
         for k in range(p):

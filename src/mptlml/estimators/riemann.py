@@ -21,7 +21,7 @@ import torch
 
 from .._scoring.ragged import check_run_size, encode_units, run_pairs, unit_counts
 from .._validation import check_positive_int
-from ..masks import all_masks, distinct_masks
+from ..masks import all_masks, distinct_masks, sample_masks
 from ..models.protocols import RaggedMaskedModel
 from .api import register
 from .base import Estimator, RaggedScores
@@ -126,11 +126,15 @@ def rate_grid_scores(model: RaggedMaskedModel, sequences: Any, rates: Any,
     unit = {"unit": "word"} if whole_word else {}
 
     def curve_masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
-        # each (sequence, rate) cell's masks distinct where its size has as many
-        return torch.cat([distinct_masks(d, int(m), int(c), g) if c < math.comb(d, int(m))
+        drawn = sample_masks(d, torch.as_tensor(sizes[i]).repeat_interleave(
+            torch.as_tensor(counts)), generator=g).split(counts.tolist())
+        # each (sequence, rate) cell's masks made distinct (repeats drawn again), or every
+        # mask of its size, cycled, where they are no more than its draws
+        return torch.cat([distinct_masks(d, int(m), int(c), g, drawn=part)
+                          if c < math.comb(d, int(m))
                           else all_masks(d, int(m)).repeat(-(-int(c) // math.comb(d, int(m))),
                                                            1)[:int(c)]
-                          for m, c in zip(sizes[i], counts, strict=True)])
+                          for m, c, part in zip(sizes[i], counts, drawn, strict=True)])
 
     out = run_pairs(model, toks, curve_masks, seed=int(seed),
                     tag="curve" + ("_whole_word" if whole_word else ""), units=words,

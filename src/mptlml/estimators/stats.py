@@ -117,11 +117,15 @@ def cell_sums(cell: Sequence[np.ndarray], single_draws: bool = False
     successive differences of the means), each cell's variance of the mean and
     its degrees of freedom (its draws minus one).
     """
-    stats = [cell_error(c) for c in cell]
-    mean = np.array([m for m, _, _ in stats])
-    se = np.sqrt(np.array([v for _, v, _ in stats], dtype=np.float64))
+    stats = [(float(np.mean(c)), 0.0) if isinstance(c, ExactCell) else mean_stderr(c)
+             for c in cell]
+    mean = np.array([m for m, _ in stats])
+    # a sample without replacement: the finite-population correction (cell_error's)
+    fpc = np.array([1.0 - len(c) / c.population if isinstance(c, SampledCell) else 1.0
+                    for c in cell], dtype=np.float64)
+    se = np.array([e for _, e in stats], dtype=np.float64) * np.sqrt(fpc)
     total_se = sum_stderr(None if single_draws else se, mean)
-    dofs = np.array([d for _, _, d in stats], dtype=np.float64)
+    dofs = np.array([cell_error(c)[2] for c in cell], dtype=np.float64)
     return float(mean.sum()), float(total_se), se ** 2, dofs
 
 
@@ -164,7 +168,10 @@ def sampled_cell(values: Any, population: float) -> SampledCell:
     """``values``, n distinct members of a population of ``population``, as a
     :class:`SampledCell`."""
     out = np.asarray(values, dtype=np.float64).view(SampledCell)
-    out.population = float(population)
+    try:
+        out.population = float(population)
+    except OverflowError:  # more members than a float holds (C(D, M), D! of long sequences)
+        out.population = math.inf
     return out
 
 
