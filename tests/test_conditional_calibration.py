@@ -6,17 +6,18 @@ from (seed, i)). Each drawn estimate is compared with its expectation computed f
 forwards (every mask of every size, :func:`tests.mlm_helpers.masked_size_scores`): the exact
 conditional MPT sum for the unbiased estimators, ``D * S(x; M)`` for fixed-rate and the rate
 grid's ``D * mean_k S(x; M_k)`` for riemann. Continuations scored on every mask (the
-unbiased estimators' of up to 4 tokens; fixed-rate's sizes of at most 15 masks; riemann's
-cells whose masks are no more than the draws) must equal their expectation exactly.
+unbiased estimators' of up to 4 tokens; fixed-rate's sizes of at most 15 masks) must equal
+their expectation exactly.
 
 What is required, with z = (estimate - expectation) / stderr on each drawn continuation:
 
 - no drawn estimate reports a standard error of 0 (a promise of exactness). With
   replacement, chain-rule's orders, random-size's masks and fixed-rate's masks repeated each
   other on short continuations (1 in 120, 1 in 16 and 1 in 2 sequences at num_masks=2; the
-  old code failed here: random-size 6 zero SEs in 100, |z| beyond the t quantile in 11%);
-  they are now drawn without replacement;
-- the spread over seeds matches the reported standard errors (RMS), within sampling error;
+  old code failed here: random-size 6 zero SEs in 100, |z| beyond the t quantile in 11%;
+  chain-rule 1; fixed-rate 59; riemann 12 in 250); they are now drawn without replacement;
+- the spread over seeds matches the reported standard errors (RMS), within sampling error
+  (riemann's err on the large side, ``CONSERVATIVE``);
 - |z| exceeds Student's t quantile (97.5%) at the estimate's degrees of freedom in at most
   10% of seeds. A drawn continuation's dof is at least P - 1 (one cell of P draws; the
   pairs of stratified random-size: 1), which the quantile uses (a lower bound of the Welch
@@ -118,6 +119,13 @@ def calibration(lm, refs: list[np.ndarray], name: str, num_masks: int,
             "spread_ratio": spread, "drawn": int(drawn.sum())}
 
 
+#: estimators whose standard error errs on the large side by design: riemann's cells draw
+#: without replacement but report the i.i.d. SE s / sqrt(P) (its s^2 is the spread a
+#: target's pilot plans with), 1 / sqrt(1 - P / C(D, M)) too large, up to an exact cell
+#: reported with an SE (a 2-token continuation at P = 2: both masks of size 1 drawn)
+CONSERVATIVE = {"riemann"}
+
+
 @pytest.fixture(scope="module")
 def refs(tiny):
     return [size_scores(tiny, CONTEXT, c) for c in CONTINUATIONS]
@@ -145,7 +153,8 @@ def test_conditional_standard_errors_are_calibrated_at_small_num_masks(tiny, ref
         assert res["drawn"] >= 1, res  # the 6-token continuation at least
         assert res["zero_se"] == 0, res["zero_se"]
         assert np.all(np.isfinite(res["z"]))
-        assert np.all((res["spread_ratio"] > 0.6) & (res["spread_ratio"] < 1.6)), res
+        low = 0.0 if name in CONSERVATIVE else 0.6
+        assert np.all((res["spread_ratio"] > low) & (res["spread_ratio"] < 1.6)), res
         assert res["over_t"] <= 0.10, (num_masks, res["over_t"], res["over_2"])
 
 

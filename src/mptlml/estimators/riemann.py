@@ -28,7 +28,7 @@ from .base import Estimator, RaggedScores
 from .rates import check_rates, mask_sizes
 from .stats import mean_stderr, sum_stderr, welch_dof
 
-__all__ = ["GridScores", "Riemann", "rate_counts", "rate_grid_scores"]
+__all__ = ["GridScores", "Riemann", "balanced_masks", "rate_counts", "rate_grid_scores"]
 
 
 @dataclass
@@ -91,11 +91,13 @@ def rate_grid_scores(model: RaggedMaskedModel, sequences: Any, rates: Any,
                      ) -> tuple[GridScores, list[torch.Tensor], list[torch.Tensor] | None]:
     """P uniform masks of M_ik units per (sequence, rate), scored: the Riemann draws.
 
-    The P masks of a cell are distinct (:func:`~mptlml.masks.distinct_masks`, a sample
-    without replacement from the C = C(D_i, M_ik) masks of its size): the cell's standard
-    error carries the finite-population correction ``sqrt(1 - P / C)``; where P >= C the
-    cell holds every mask (cycled) and is exact, its score the mean of the C, standard
-    error 0.
+    The P masks of a cell never repeat while the C = C(D_i, M_ik) masks of its size last
+    (:func:`balanced_masks`: a sample without replacement, then every mask as often as P
+    allows and the rest without replacement), so that the cell's spread is 0 only where
+    its masks score alike (C = 1). Its standard error is that of i.i.d. draws,
+    ``s / sqrt(P)``: for draws without replacement it errs on the large side (by
+    ``1 / sqrt(1 - P / C)`` while P <= C), and ``s^2`` stays the spread of one mask, which
+    a target's pilot plans with.
 
     Returns the scores, the content ids and (``whole_word``) the word of each
     token: the units of the run, for a further sum over every size. ``encoded``:
@@ -128,12 +130,7 @@ def rate_grid_scores(model: RaggedMaskedModel, sequences: Any, rates: Any,
     def curve_masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
         drawn = sample_masks(d, torch.as_tensor(sizes[i]).repeat_interleave(
             torch.as_tensor(counts)), generator=g).split(counts.tolist())
-        # each (sequence, rate) cell's masks made distinct (repeats drawn again), or every
-        # mask of its size, cycled, where they are no more than its draws
-        return torch.cat([distinct_masks(d, int(m), int(c), g, drawn=part)
-                          if c < math.comb(d, int(m))
-                          else all_masks(d, int(m)).repeat(-(-int(c) // math.comb(d, int(m))),
-                                                           1)[:int(c)]
+        return torch.cat([balanced_masks(d, int(m), int(c), g, part)
                           for m, c, part in zip(sizes[i], counts, drawn, strict=True)])
 
     out = run_pairs(model, toks, curve_masks, seed=int(seed),
@@ -143,25 +140,32 @@ def rate_grid_scores(model: RaggedMaskedModel, sequences: Any, rates: Any,
                           "total_pairs": int(len(toks) * counts.sum()), **unit},
                     desc="MPT curve", **run)
     bounds = np.cumsum(counts)[:-1]
-    # a cell whose P masks are every mask of its size (cycled where P exceeds them) is
-    # exact: the mean of the C(D, M) masks, standard error 0
-    pops = [[math.comb(int(d), int(m)) for m in row] for d, row in zip(lengths, sizes,
-                                                                        strict=True)]
-    stats = [[(float(np.mean(c[:n])), 0.0) if len(c) >= n else mean_stderr(c)
-              for c, n in zip(np.split(sm, bounds), pop, strict=True)]
-             for sm, pop in zip(out.sums, pops, strict=True)]
+    stats = [[mean_stderr(c) for c in np.split(sm, bounds)] for sm in out.sums]
     scores = np.array([[m for m, _ in row] for row in stats]) / sizes  # (N, K)
-    # a cell of P distinct masks among C(D, M): variance (1 - P / C) s^2 / P (sampled
-    # without replacement; 0 where the P masks are all of them)
-    fpc = np.array([[max(0.0, 1.0 - c / n) for n, c in zip(pop, counts, strict=True)]
-                    for pop in pops])
-    scores_se = np.array([[e for _, e in row] for row in stats]) * np.sqrt(fpc) / sizes
+    scores_se = np.array([[e for _, e in row] for row in stats]) / sizes
     lml_se = np.array([lengths[i] / k * float(sum_stderr(scores_se[i] if counts.min() > 1
                                                          else None, scores[i]))
                        for i in range(len(toks))])
     grid = GridScores(r, counts, lengths, sizes, scores, scores_se,
                       lengths * scores.mean(axis=1), lml_se, out.num_model_calls)
     return grid, toks, words
+
+
+def balanced_masks(num_tokens: int, size: int, count: int, generator: torch.Generator,
+                   drawn: torch.Tensor) -> torch.Tensor:
+    """``count`` masks of ``size`` that repeat none while the C = C(D, M) masks last.
+
+    ``count <= C``: ``drawn`` (``count`` i.i.d. uniform masks) with its repeats drawn again
+    (:func:`~mptlml.masks.distinct_masks`: a sample without replacement). ``count > C``:
+    every mask ``count // C`` times and ``count % C`` more without replacement. Each row is
+    a uniform mask of the size, so the mean of their scores is unbiased for S(x; M).
+    """
+    n = math.comb(num_tokens, size)
+    if count <= n:
+        return distinct_masks(num_tokens, size, count, generator, drawn=drawn)
+    every = all_masks(num_tokens, size)
+    extra = every[torch.randperm(n, generator=generator)[:count % n]]
+    return torch.cat([every.repeat(count // n, 1), extra])
 
 
 @register
