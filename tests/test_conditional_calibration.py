@@ -138,6 +138,7 @@ CASES = [(name, {}) for name in available(ragged=True) if name != "llada"] + [
     ("random-size", {"stratified": True})]
 
 
+@pytest.mark.slow  # 2 to 4.5 s a case on a busy machine
 @pytest.mark.parametrize(("name", "options"), CASES,
                          ids=[n + ("-stratified" if o else "") for n, o in CASES])
 def test_conditional_standard_errors_are_calibrated_at_small_num_masks(tiny, refs, name,
@@ -185,7 +186,7 @@ def test_distinct_draws_are_distinct_and_des_raj_is_unbiased():
     from mptlml.estimators.stats import des_raj
 
     est = RandomSize(6)
-    for seed in range(200):
+    for seed in range(50):
         masks, _, _, probs, distinct = est._distinct_draws(
             3, 6, torch.Generator().manual_seed(seed), pairs=False)
         assert bool(distinct.all())
