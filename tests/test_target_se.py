@@ -108,21 +108,24 @@ def _exact_sums(tiny_dir, texts):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("allocation", ["neyman", "uniform"])
-def test_masked_lm_target_se_unbiased_and_calibrated(tiny, tiny_dir, allocation):
+@pytest.mark.parametrize("estimator, allocation", [("cumulative", None),
+                                                   ("learned-rate", "neyman"),
+                                                   ("learned-rate", "uniform")])
+def test_masked_lm_target_se_unbiased_and_calibrated(tiny, tiny_dir, estimator, allocation):
+    """Ragged sequences at a target run on the sequential engine (rounds, no pilot)."""
     # 6, 6 and 5 tokens (shorter ones are scored on every mask: exact, tested elsewhere)
     texts = [SENTENCES[0], SENTENCES[1], "the small red house and"]
     exact = float(_exact_sums(tiny_dir, texts).mean())
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an occasional "missed"
-        # (a target of 0.4 or less plans at least every mask of these short texts: the
-        # sizes are then enumerated, exact)
-        runs = [mptlml.estimate_lml(tiny, texts, target_se=0.7, allocation=allocation, seed=s)
+        warnings.simplefilter("ignore", RuntimeWarning)  # an occasional "budget"
+        runs = [mptlml.estimate_lml(tiny, texts, estimator, target_se=0.7,
+                                    allocation=allocation, num_masks=2, seed=s)
                 for s in range(100)]
-    _check([r.mean for r in runs], [r.stderr for r in runs], exact, allocation)
+    _check([r.mean for r in runs], [r.stderr for r in runs], exact, allocation or "uniform")
     r = runs[0]
     assert int(r.num_masked_rows_per_sample.sum()) == r.num_masked_rows
-    assert r.masks_per_size is not None and r.allocation == allocation
+    assert r.masks_per_size is None and r.stop_reason in ("target", "budget")
+    assert r.allocation == {"neyman": "learned", "uniform": "uniform"}.get(allocation)
 
 
 def test_masked_lm_curve_to_target(tiny):

@@ -87,15 +87,19 @@ class LMLEstimate(_Result):
     target_se : float or None
         The standard error asked for (``estimate_lml(..., target_se=)``).
     stop_reason : str or None
-        With ``target_se``: ``"target"`` (reached) or ``"budget"``
-        (``max_masks`` spent first; ``stderr`` is then above the target).
+        With ``target_se``, one of
+        :data:`~mptlml.estimators.sequential.STOP_REASONS`: ``"target"`` (reached),
+        ``"budget"`` (``max_masks`` spent first; ``stderr`` is then above the target),
+        ``"exact"`` (ragged: every sequence scored on every mask) or ``"missed"`` (dense:
+        the pilot's plan met the target, the fresh draws did not). None without a target.
     allocation : str or None
-        With ``target_se``: ``"neyman"`` or ``"uniform"``.
+        With ``target_se``: dense data ``"neyman"`` or ``"uniform"``; ragged sequences
+        the rate density of ``"learned-rate"`` (``"learned"`` or ``"uniform"``), else None.
     masks_per_size : list of int or None
-        With ``target_se``: the masks per size (per rate bin for ragged
-        sequences) the pilot allocated.
+        With ``target_se`` on dense data: the masks per size the pilot allocated (ragged
+        sequences draw in rounds: ``num_masks`` is then the most draws of a sequence).
     masks_wanted : float or None
-        With ``target_se``: masked inputs per datum the plan needed (pilot
+        With ``target_se`` on dense data: masked inputs per datum the plan needed (pilot
         included); above ``max_masks`` when the budget cut it.
     rate : float or None
         Masking rate (fixed-rate only).
