@@ -399,7 +399,10 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                                                        isinstance(draw, RateDraw)),
                      num_masks=p, max_masks=[max_masks] * len(members), rule=rule,
                      run=dict(chunk_size=chunk_size, token_budget=token_budget,
-                              batch_size=batch_size, progress=progress))
+                              batch_size=batch_size, progress=progress),
+                     what=f"compare ({len(cands)} questions, at most max_masks={max_masks} "
+                          "draws per candidate)",
+                     remedy="lower max_masks (or num_masks)")
     tallies, exact = out.tallies, out.enumerated
     cand_rows = np.array([t.rows for t in tallies], dtype=np.int64)
     out_rows = [_question(tallies, members[q], behind[q]) for q in range(len(cands))]

@@ -77,7 +77,6 @@ class LearnedRate(Estimator):
                         progress: bool, run: dict[str, Any]) -> RaggedScores:
         """One round of P stratified draws per sequence (uniform q), and the whole mask."""
         n = len(toks)
-        run = {k: v for k, v in run.items() if k != "checkpoint_dir"}
         out = run_rounds(RateDraw(self.num_masks, "uniform", EXACT_LENGTH), model, toks,
                          [[i] for i in range(n)], [(seed, i) for i in range(n)],
                          num_masks=self.num_masks, max_masks=[self.num_masks] * n,

@@ -211,8 +211,9 @@ class MPTCurve(_Result):
         (dense), ``D_i * mean_k S_ik`` (ragged; the Riemann form of sum_M S).
     lml_stderr : torch.Tensor or None, (N,)
         Mask-sampling standard error of ``lml`` (ragged; successive differences when P = 1).
-    lml_exact, lml_exact_stderr : torch.Tensor or None, (N,)
-        ``sum_{M=1..D_i} S_hat(x_i; M)`` and its standard error, when requested.
+    lml_cumulative, lml_cumulative_stderr : torch.Tensor or None, (N,)
+        ``sum_{M=1..D_i} S_hat(x_i; M)`` (the cumulative estimate, P masks per size) and
+        its Monte Carlo standard error, with ``mpt_curve(..., cumulative=True)``.
     nominal_length : float or None
         L of the ragged area.
     model, corruption : str or None
@@ -244,8 +245,8 @@ class MPTCurve(_Result):
     per_sample_stderr: torch.Tensor | None = None
     lml: torch.Tensor | None = None
     lml_stderr: torch.Tensor | None = None
-    lml_exact: torch.Tensor | None = None
-    lml_exact_stderr: torch.Tensor | None = None
+    lml_cumulative: torch.Tensor | None = None
+    lml_cumulative_stderr: torch.Tensor | None = None
     nominal_length: float | None = None
     model: str | None = None
     corruption: str | None = None

@@ -398,12 +398,7 @@ def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed
     """
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise TypeError(f"for ragged sequences pass an int seed, got {seed!r}.")
-    run = dict(run or {})
-    if run.get("checkpoint_dir") is not None:
-        raise ValueError("checkpoint_dir does not apply with target_se on ragged sequences (the "
-                         "rounds are decided as the draws come in); drop one of the two.")
-    run.pop("checkpoint_dir", None)
-    run["progress"] = progress
+    run = {**dict(run or {}), "progress": progress}
     toks = encode(model, sequences)
     lengths = np.array([len(t) for t in toks], dtype=np.int64)
     for d in np.unique(lengths):
@@ -420,7 +415,9 @@ def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed
     caps = [MAX_TARGET_DRAWS if max_masks is None else max(p, int(max_masks // c) // 2 * 2)
             for c in per_draw]
     out = run_rounds(draw, model, toks, [[i] for i in range(n)], [(seed, i) for i in range(n)],
-                     num_masks=p, max_masks=caps, rule=target_rule([t_i] * n), run=run)
+                     num_masks=p, max_masks=caps, rule=target_rule([t_i] * n), run=run,
+                     what=f"the {est.name!r} estimate at target_se={target_se:g}",
+                     remedy=plan_remedy("sequence"))
     stats = [t.stats() for t in out.tallies]
     lml = np.array([e for e, _, _ in stats])
     se_i = np.array([s for _, s, _ in stats])

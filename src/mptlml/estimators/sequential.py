@@ -28,12 +28,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .._scoring.ragged import run_pairs
+from .._scoring.ragged import check_run_size, run_pairs
 from ..masks import every_mask
 from .stats import ExactCell, cell_error, enumerated_sum, welch_dof
 
@@ -286,6 +287,10 @@ class RoundDraw:
         batches rounds up to a multiple of its batch)."""
         return draws
 
+    def most_rows(self, length: int, draws: int) -> int:
+        """The most masked inputs ``draws`` draws of a sequence of ``length`` can score."""
+        raise NotImplementedError
+
     def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
               run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
                                             int]:
@@ -330,6 +335,9 @@ class RateDraw(RoundDraw):
     def enumerates(self, length: int) -> bool:
         return bool(2.0 ** length - 2 <= max(self.p, 2 ** self.exact_length - 2) or length <= 1)
 
+    def most_rows(self, length: int, draws: int) -> int:
+        return 2 ** length - 1 if self.enumerates(length) else draws + 1
+
     def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
               run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
                                             int]:
@@ -351,7 +359,7 @@ class RateDraw(RoundDraw):
                         lambda k, d, g: masks[order_[k]], seed=0, tag="sequential",
                         spec={"kind": "sequential", "round": r,
                               "total_pairs": int(sum(m.shape[0] for m in masks.values()))},
-                        desc="sequential draws", **run)
+                        desc="sequential draws", **_round_dir(run, r))
         res: dict[int, tuple[list[np.ndarray] | None, float, int]] = {}
         for i, s in zip(order_, out.sums, strict=True):
             t, s = int(self.lengths[i]), np.asarray(s, dtype=np.float64)
@@ -402,6 +410,11 @@ class CellDraw(RoundDraw):
         unit = int(getattr(self.est, "draw_unit", 1))
         return -(-int(draws) // unit) * unit
 
+    def most_rows(self, length: int, draws: int) -> int:
+        if self.enumerates(length):
+            return 2 ** length - 1
+        return int(self.est.masks_per_draw(int(length))) * int(draws)
+
     def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
               run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
                                             int]:
@@ -413,7 +426,7 @@ class CellDraw(RoundDraw):
                             lambda k, d, g: every_mask(d), seed=0, tag="every_mask",
                             spec={"kind": "every_mask",
                                   "total_pairs": int(sum(2 ** len(ids[i]) - 1 for i in whole))},
-                            desc="every mask", **run)
+                            desc="every mask", **_round_dir(run, r, "every_mask"))
             calls += out.num_model_calls
             for i, s in zip(whole, out.sums, strict=True):
                 t = int(self.lengths[i])
@@ -427,10 +440,21 @@ class CellDraw(RoundDraw):
             strata, _ = est.ragged_strata(np.array([d]))
             counts = [np.full(len(strata[0]), int(p))]
             cells, c = est.sequence_cells(scorer, [ids[i]], counts,
-                                          round_seed(*self.keys[i], r), **run)
+                                          round_seed(*self.keys[i], r),
+                                          **_round_dir(run, r, f"sequence_{i:06d}"))
             calls += c
             res[i] = (list(cells[0]), 0.0, int(est.scored_rows(d, counts[0])))
         return res, calls
+
+
+def _round_dir(run: dict[str, Any], r: int, part: str = "") -> dict[str, Any]:
+    """The runner's options for one call of round r: a checkpoint folder of its own under
+    ``checkpoint_dir/sequential`` (a rerun of the same call redraws the same rounds from the
+    same seeds and reuses their finished chunks)."""
+    if run.get("checkpoint_dir") is None:
+        return run
+    return {**run, "checkpoint_dir": Path(run["checkpoint_dir"]) / "sequential"
+            / f"round_{r:03d}" / part}
 
 
 #: a stop rule: ``rule(group, members, tallies, at_cap) -> (drawing, status, need)``: the
@@ -480,7 +504,8 @@ def fixed_rule(q: int, members: list[int], tallies: list[Tally], at_cap: bool
 
 def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: list[list[int]],
                keys: list[tuple[int, int]], *, num_masks: int, max_masks: Sequence[int],
-               rule: Rule, run: dict[str, Any]) -> SequentialRun:
+               rule: Rule, run: dict[str, Any], what: str = "the sequential draws",
+               remedy: str | None = "lower max_masks") -> SequentialRun:
     """The sequential engine: rounds of ``draw`` over groups of sequences until each stops.
 
     Every group (a question's candidates; one sequence for an estimate) starts with
@@ -512,6 +537,11 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
         :func:`target_rule`, :func:`fixed_rule` or the caller's (compare's decision).
     run : dict
         The runner's options (``token_budget``, ``batch_size``, ``chunk_size``, ``progress``).
+    what, remedy : str
+        The run and what its caller can lower, for the refusal, before any draw, of a run
+        whose cap (``max_masks`` draws of every member) could score more than
+        ``mptlml.settings.max_masked_inputs`` masked inputs
+        (:func:`~mptlml._scoring.ragged.check_run_size`).
 
     Returns
     -------
@@ -520,6 +550,9 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
     lengths = np.array([len(t) for t in ids], dtype=np.int64)
     draw.bind(lengths, groups, keys)
     enumerated = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
+    cap = {i: max_masks[q] for q, m in enumerate(groups) for i in m}
+    check_run_size([draw.most_rows(int(d), draw.round_size(cap[i]))
+                    for i, d in enumerate(lengths)], lengths.tolist(), what, remedy)
     tallies = [Tally() for _ in ids]
     n = len(groups)
     rounds, drawn = [0] * n, [0] * n
