@@ -196,11 +196,10 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
                    checkpoint_dir=checkpoint_dir, progress=progress)
         curve = dict(rates=rates, nominal_length=nominal_length, cumulative=cumulative,
                      whole_word=whole_word, ids=ids)
-        if target_se is None:
-            return _announce(_ragged_curve(model, x, num_masks, ragged_seed(seed), **curve,
-                                           **run))
-        return _announce(_ragged_curve_to_target(model, x, target_se, max_masks, allocation,
-                                                 num_masks, ragged_seed(seed), curve, run))
+        s = ragged_seed(seed)
+        drawn = None if target_se is None else _draws_to_target(
+            model, x, target_se, max_masks, allocation, num_masks, s, curve, run)
+        return _announce(_ragged_curve(model, x, num_masks, s, **curve, **run, target=drawn))
     data = DenseRun(Cumulative(num_masks, share_masks=share_masks, nested=nested), model, x,
                     seed=seed, progress=progress, run=ragged_only)
     return _announce(_dense_curve(data, sizes, target_se, max_masks, allocation_))
@@ -297,17 +296,18 @@ def _ragged_curve(model: RaggedMaskedModel, sequences: Any, num_masks: Any, seed
                   rates: Any = None, nominal_length: float | None = None, cumulative: bool = False,
                   whole_word: bool = False, ids: list[str] | None = None,
                   remedy: str | None = None,
-                  grid: tuple[GridScores, list[torch.Tensor], Any] | None = None,
+                  target: tuple[GridScores, list[torch.Tensor], Any] | None = None,
                   **run: Any) -> MPTCurve:
     """The curve, area and per-sequence LML of ragged sequences (the Riemann draws).
 
     ``remedy``: what to lower when the run is too large (default: the caller's
     ``num_masks`` or rates; :func:`~mptlml.estimators.riemann.rate_grid_scores`).
-    ``grid``: the draws already made (the sequential engine's, at a target).
+    ``target``: the draws already made at a target (:func:`_draws_to_target`: the grid,
+    the ids and the engine's run), recorded with their cost and stop reason.
     """
     grid, toks, words = (rate_grid_scores(model, sequences, rates, num_masks, seed,
                                           whole_word=whole_word, remedy=remedy, **run)
-                         if grid is None else grid)
+                         if target is None else (target[0], target[1], None))
     lengths, scores, counts = grid.lengths, grid.scores, grid.counts
     p = int(counts.max())
     length = float(lengths.mean()) if nominal_length is None else float(nominal_length)
@@ -338,15 +338,24 @@ def _ragged_curve(model: RaggedMaskedModel, sequences: Any, num_masks: Any, seed
         res.num_model_calls += calls
         rows = rows + lengths * p
     res.num_masked_rows, res.num_masked_rows_per_sample = int(rows.sum()), torch.from_numpy(rows)
-    if len(set(counts.tolist())) > 1:  # an allocation over the rates
+    if target is not None:
+        out, target_se = target[2]
+        rows = np.array([t.rows for t in out.tallies], dtype=np.int64)
+        res.num_masked_rows = int(rows.sum())
+        res.num_masked_rows_per_sample = torch.from_numpy(rows)
+        res.target_se = target_se
+        res.stop_reason = "budget" if "budget" in out.stop_reason else "target"
+        res.extra["rounds"] = list(out.rounds)
+    elif len(set(counts.tolist())) > 1:  # an allocation over the rates
         res.extra["masks_per_rate"] = counts.tolist()
     return res
 
 
-def _ragged_curve_to_target(model: RaggedMaskedModel, sequences: Any, target_se: float,
-                            max_masks: int | None, allocation: str | None, num_masks: int,
-                            seed: int, curve: dict[str, Any], run: dict[str, Any]) -> MPTCurve:
-    """The ragged curve at a target SE of the mean LML ``D_i mean_k S_ik``, on the engine.
+def _draws_to_target(model: RaggedMaskedModel, sequences: Any, target_se: float,
+                     max_masks: int | None, allocation: str | None, num_masks: int, seed: int,
+                     curve: dict[str, Any], run: dict[str, Any]
+                     ) -> tuple[GridScores, list[torch.Tensor], Any]:
+    """The ragged curve's draws at a target SE of the mean LML ``D_i mean_k S_ik``.
 
     Each sequence draws the Riemann terms in rounds (:class:`~mptlml.estimators.Riemann`'s
     cells, one per rate: ``(D_i / K) S_hat(x_i; M_ik)`` over its masks;
@@ -396,11 +405,4 @@ def _ragged_curve_to_target(model: RaggedMaskedModel, sequences: Any, target_se:
                       np.stack([mask_sizes(int(d), grid_rates) for d in lengths]), scores,
                       scores_se, np.array([e for e, _, _ in stats]),
                       np.array([s for _, s, _ in stats]), out.num_model_calls)
-    res = _ragged_curve(model, sequences, p, seed, **curve, **run, grid=(grid, toks, None))
-    res.num_model_calls = out.num_model_calls
-    rows = np.array([t.rows for t in out.tallies], dtype=np.int64)
-    res.num_masked_rows, res.num_masked_rows_per_sample = int(rows.sum()), torch.from_numpy(rows)
-    res.target_se = target_se
-    res.stop_reason = "budget" if "budget" in out.stop_reason else "target"
-    res.extra["rounds"] = list(out.rounds)
-    return res
+    return grid, toks, (out, target_se)

@@ -145,7 +145,10 @@ def at_target(se: float, dof: float, target: float) -> bool:
 
 
 def draws_needed(drawn: float, se: float, dof: float, target: float) -> float:
-    """Draws a candidate needs for :func:`at_target`: SE^2 falls as 1 / n, the dof grow as n."""
+    """Draws a candidate needs for :func:`at_target`: SE^2 falls as 1 / n, the dof grow as n
+    (unknown without dof: infinite, the next round doubles)."""
+    if not dof > 0:
+        return math.inf
     need = drawn * (se / target) ** 2
     if math.isfinite(dof) and dof > 0:
         need = max(need, drawn * TARGET_MIN_DOF / dof)
@@ -232,8 +235,15 @@ class Tally:
     enumerated: bool = False
 
     def stats(self) -> tuple[float, float, float]:
-        """Estimate ``exact + sum_r w_r est_r`` (``w_r`` its share of the draws), SE, dof."""
+        """Estimate ``exact + sum_r w_r est_r`` (``w_r`` its share of the draws), SE, dof.
+
+        A standard error 0 from draws that are not all enumerations (every pair of a few
+        draws fell on one mask) says nothing of the spread: its dof are 0, so it is never
+        taken as at a target (:func:`at_target`)."""
         est, se, dof = combine_rounds(list(weighted_rounds(self.rounds).values()))
+        if se == 0 and any(not isinstance(c, ExactCell)
+                           for _, cells in self.rounds.values() for c in cells):
+            dof = 0.0
         return est + self.exact, se, dof
 
 
@@ -394,14 +404,32 @@ class RateDraw(RoundDraw):
 
 
 class CellDraw(RoundDraw):
-    """Any ragged estimator's own draws as rounds: ``P`` draws per row of a draw
-    (:meth:`~mptlml.estimators.Estimator.sequence_cells` of ``est.with_draws(P)``), seeded
-    by the sequence's key and the round; a sequence it would score on every mask
-    (:meth:`~mptlml.estimators.Estimator.enumerates_sequence`) is enumerated once (exact).
-    Sequences sharing a key (equal-length candidates of a question) get the same draws."""
+    """Any ragged estimator's own draws as rounds, its rows allocated as the rounds learn.
 
-    def __init__(self, est: Any) -> None:
-        self.est = est
+    A round of ``P`` draws scores :meth:`~mptlml.estimators.Estimator.sequence_cells` of
+    ``est.with_draws(P)``, seeded by the sequence's key and the round (sequences sharing a
+    key, equal-length candidates of a question, get the same draws); a sequence it would
+    score on every mask (:meth:`~mptlml.estimators.Estimator.enumerates_sequence`) is
+    enumerated once (exact). An estimator whose draw is a sum of several rows (the sizes
+    1..D_i of ``cumulative``, pooled in the strata of
+    :meth:`~mptlml.estimators.Estimator.ragged_strata`) gets, after the first round, the
+    ``R P`` masks of a round over its R rows in proportion to the spread of a row's term in
+    its stratum, pooled over the call (Neyman: ``c_k = R P s_h(k) / sum_j s_h(j)``, at least
+    2, ``s_h`` floored at :data:`DENSITY_FLOOR` of the largest, a stratum never drawn given
+    the largest); each round is unbiased given the counts, fixed before its draws.
+    """
+
+    def __init__(self, est: Any, allocation: str = "learned") -> None:
+        self.est, self.allocation = est, allocation
+
+    def bind(self, lengths: np.ndarray, groups: list[list[int]],
+             keys: list[tuple[int, int]]) -> None:
+        super().bind(lengths, groups, keys)
+        self.strata, h = self.est.ragged_strata(lengths)
+        self.spread_sum, self.spread_n = np.zeros(h), np.zeros(h)
+        self.sd: np.ndarray | None = None
+        if h < 2:  # one row per draw: nothing to allocate
+            self.allocation = None
 
     def enumerates(self, length: int) -> bool:
         return bool(self.est.enumerates_sequence(int(length)))
@@ -414,6 +442,14 @@ class CellDraw(RoundDraw):
         if self.enumerates(length):
             return 2 ** length - 1
         return int(self.est.masks_per_draw(int(length))) * int(draws)
+
+    def counts(self, i: int, p: int) -> np.ndarray:
+        """Draws per row of sequence i's round of ``p``: ``p`` each, or Neyman's."""
+        rows = self.strata[i]
+        if self.sd is None or len(rows) < 2:
+            return np.full(len(rows), int(p), dtype=np.int64)
+        w = self.sd[rows]
+        return np.maximum(2, np.round(p * len(rows) * w / w.sum())).astype(np.int64)
 
     def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
               run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
@@ -437,14 +473,26 @@ class CellDraw(RoundDraw):
                 continue
             est = self.est.with_draws(int(p))
             d = int(self.lengths[i])
-            strata, _ = est.ragged_strata(np.array([d]))
-            counts = [np.full(len(strata[0]), int(p))]
-            cells, c = est.sequence_cells(scorer, [ids[i]], counts,
+            counts = self.counts(i, p)
+            cells, c = est.sequence_cells(scorer, [ids[i]], [counts],
                                           round_seed(*self.keys[i], r),
                                           **_round_dir(run, r, f"sequence_{i:06d}"))
             calls += c
-            res[i] = (list(cells[0]), 0.0, int(est.scored_rows(d, counts[0])))
+            res[i] = (list(cells[0]), 0.0, int(est.scored_rows(d, counts)))
+            if len(self.strata[i]) == len(cells[0]):
+                for h, cell in zip(self.strata[i], cells[0], strict=True):
+                    if not isinstance(cell, ExactCell) and cell.size > 1:
+                        self.spread_sum[h] += float(np.var(cell, ddof=1))
+                        self.spread_n[h] += 1
         return res, calls
+
+    def learn(self, active: list[int]) -> None:
+        seen = self.spread_n > 0
+        if self.allocation != "learned" or len(self.spread_n) < 2 or not seen.any():
+            return
+        sd = np.sqrt(self.spread_sum / np.maximum(self.spread_n, 1))
+        sd[~seen] = sd[seen].max()  # a stratum never drawn (enumerated rows) keeps the most
+        self.sd = np.maximum(sd, DENSITY_FLOOR * sd.max()) if sd.max() > 0 else None
 
 
 def _round_dir(run: dict[str, Any], r: int, part: str = "") -> dict[str, Any]:
