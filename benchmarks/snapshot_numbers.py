@@ -14,7 +14,7 @@ on every run):
 - on a tiny random BERT (WordPiece tokenizer saved to a temporary directory)
   and on AntiBERTy with three short germline sequences: the PLL (and its
   whole-word and word-l2r variants on the BERT), the cumulative, Riemann and
-  chain-rule estimates, the MPT curve (with its exact cumulative sum and
+  chain-rule estimates, the MPT curve (with its cumulative estimate and
   whole-word units on the BERT) and the cumulative estimate and curve at a
   target standard error;
 - gradients of :class:`mptlml.objectives.MPTLoss` for a PPCA;

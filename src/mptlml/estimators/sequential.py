@@ -585,11 +585,12 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
         :func:`target_rule`, :func:`fixed_rule` or the caller's (compare's decision).
     run : dict
         The runner's options (``token_budget``, ``batch_size``, ``chunk_size``, ``progress``).
-    what, remedy : str
-        The run and what its caller can lower, for the refusal, before any draw, of a run
-        whose cap (``max_masks`` draws of every member) could score more than
-        ``mptlml.settings.max_masked_inputs`` masked inputs
-        (:func:`~mptlml._scoring.ragged.check_run_size`).
+    what : str
+        The run, named in the refusal, before any draw, of a run whose cap (``max_masks``
+        draws of every member) could score more than ``mptlml.settings.max_masked_inputs``
+        masked inputs (:func:`~mptlml._scoring.ragged.check_run_size`).
+    remedy : str, optional
+        What its caller can lower, in that refusal.
 
     Returns
     -------
