@@ -196,10 +196,10 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
                    checkpoint_dir=checkpoint_dir, progress=progress)
         curve = dict(rates=rates, nominal_length=nominal_length, cumulative=cumulative,
                      whole_word=whole_word, ids=ids)
-        s = ragged_seed(seed)
-        drawn = None if target_se is None else _draws_to_target(
-            model, x, target_se, max_masks, allocation, num_masks, s, curve, run)
-        return _announce(_ragged_curve(model, x, num_masks, s, **curve, **run, target=drawn))
+        to_target = None if target_se is None else (target_se, max_masks, allocation)
+        res = _ragged_curve(model, x, num_masks, ragged_seed(seed), **curve, **run,
+                            to_target=to_target)
+        return _announce(res)
     data = DenseRun(Cumulative(num_masks, share_masks=share_masks, nested=nested), model, x,
                     seed=seed, progress=progress, run=ragged_only)
     return _announce(_dense_curve(data, sizes, target_se, max_masks, allocation_))
@@ -296,15 +296,18 @@ def _ragged_curve(model: RaggedMaskedModel, sequences: Any, num_masks: Any, seed
                   rates: Any = None, nominal_length: float | None = None, cumulative: bool = False,
                   whole_word: bool = False, ids: list[str] | None = None,
                   remedy: str | None = None,
-                  target: tuple[GridScores, list[torch.Tensor], Any] | None = None,
+                  to_target: tuple[float, int | None, str | None] | None = None,
                   **run: Any) -> MPTCurve:
     """The curve, area and per-sequence LML of ragged sequences (the Riemann draws).
 
     ``remedy``: what to lower when the run is too large (default: the caller's
     ``num_masks`` or rates; :func:`~mptlml.estimators.riemann.rate_grid_scores`).
-    ``target``: the draws already made at a target (:func:`_draws_to_target`: the grid,
-    the ids and the engine's run), recorded with their cost and stop reason.
+    ``to_target``: ``(target_se, max_masks, allocation)``: the draws are then the
+    sequential engine's (:func:`_draws_to_target`), recorded with their cost and stop reason.
     """
+    curve = dict(rates=rates, cumulative=cumulative, whole_word=whole_word)
+    target = None if to_target is None else _draws_to_target(
+        model, sequences, *to_target, num_masks, seed, curve, run)
     grid, toks, words = (rate_grid_scores(model, sequences, rates, num_masks, seed,
                                           whole_word=whole_word, remedy=remedy, **run)
                          if target is None else (target[0], target[1], None))
