@@ -14,7 +14,7 @@ on every run):
 - on a tiny random BERT (WordPiece tokenizer saved to a temporary directory)
   and on AntiBERTy with three short germline sequences: the PLL (and its
   whole-word and word-l2r variants on the BERT), the cumulative, Riemann and
-  chain-rule estimates, the MPT curve (with its exact cumulative sum and
+  chain-rule estimates, the MPT curve (with its cumulative estimate and
   whole-word units on the BERT) and the cumulative estimate and curve at a
   target standard error;
 - gradients of :class:`mptlml.objectives.MPTLoss` for a PPCA;
@@ -74,7 +74,7 @@ class Snapshot(dict):
 
     def put_curve(self, name: str, c: Any) -> None:
         for f in ("mean", "stderr", "per_sample", "per_sample_stderr", "area", "area_stderr",
-                  "lml", "lml_stderr", "lml_stderr_mean", "lml_exact", "lml_exact_stderr",
+                  "lml", "lml_stderr", "lml_stderr_mean", "lml_cumulative", "lml_cumulative_stderr",
                   "num_masked_rows", "num_model_calls", "sizes"):
             self.put(f"{name}/{f}", getattr(c, f))
         for k, v in sorted(c.extra.items()):
@@ -202,13 +202,13 @@ def ragged(snap: Snapshot, label: str, lm: Any, texts: list[str], words: bool) -
     snap.put_estimate(f"{p}/chain_rule", mptlml.estimate_lml(lm, texts, "chain-rule", num_masks=2,
                                                          seed=2))
     snap.put_curve(f"{p}/curve", mptlml.mpt_curve(lm, texts, rates=[0.1, 0.4, 0.7, 0.95],
-                                              num_masks=3, seed=3, exact=True))
+                                              num_masks=3, seed=3, cumulative=True))
     snap.put_curve(f"{p}/curve_p1", mptlml.mpt_curve(lm, texts, rates=[0.25, 0.5, 0.75],
                                                  num_masks=1, seed=4, nominal_length=100))
     if words:
         snap.put_curve(f"{p}/curve_whole_word",
                    mptlml.mpt_curve(lm, texts, rates=[0.3, 0.6, 0.9], num_masks=2, seed=5,
-                                    whole_word=True, exact=True))
+                                    whole_word=True, cumulative=True))
     snap.put_estimate(f"{p}/target", mptlml.estimate_lml(lm, texts, "cumulative", target_se=0.5,
                                                      num_masks=2, seed=6))
     snap.put_curve(f"{p}/curve_target", mptlml.mpt_curve(lm, texts, rates=[0.2, 0.5, 0.8],

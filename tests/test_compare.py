@@ -222,10 +222,10 @@ def test_a_round_towards_a_target_draws_no_more_than_it_needs():
 
 def test_max_masks_alone_is_a_budget_spent_whole(tiny):
     res = mptlml.compare(tiny, [CONTEXT], [CANDIDATES], num_masks=8, max_masks=64, seed=0)
-    assert res.stop_reason == ["spent"] and res.rounds == [4]  # 8 + 8 + 16 + 32
+    assert res.stop_reason == ["fixed"] and res.rounds == [4]  # 8 + 8 + 16 + 32
     assert list(res.candidate_masked_rows[0]) == [65, 65, 65]  # and the whole continuation
     one = mptlml.compare(tiny, [CONTEXT], [CANDIDATES], num_masks=8, seed=0)
-    assert one.stop_reason == ["one round"] and list(one.candidate_masked_rows[0]) == [9] * 3
+    assert one.stop_reason == ["fixed"] and list(one.candidate_masked_rows[0]) == [9] * 3
 
 
 class Toy:

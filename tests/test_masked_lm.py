@@ -163,12 +163,12 @@ def test_curve_area_defaults_to_the_mean_token_count(tiny):
 
 def test_exact_cumulative_with_m1_term(tiny):
     # D=2 sentence: sum over M=1..2 with P masks; M=2 is the single full mask
-    res = mpt_curve(tiny, ["blue tree"], rates=[0.5], num_masks=4, exact=True, seed=0)
+    res = mpt_curve(tiny, ["blue tree"], rates=[0.5], num_masks=4, cumulative=True, seed=0)
     ids = tiny.encode(["blue tree"])[0]
     full = float(_raw_logprobs(tiny, ids, torch.ones(2, dtype=torch.bool)).sum()) / 2
     singles = [float(_raw_logprobs(tiny, ids, torch.tensor(m)).sum())
                for m in ([True, False], [False, True])]
-    assert min(singles) - 1e-5 <= res.lml_exact[0] - full <= max(singles) + 1e-5
+    assert min(singles) - 1e-5 <= res.lml_cumulative[0] - full <= max(singles) + 1e-5
 
 
 def test_antiberty_pretrained_far_above_random(antiberty):

@@ -112,7 +112,7 @@ def test_reproduce_bert_missing_reference(tmp_path):
 # ---------------------------------------------------------------------- resume
 def test_resume_after_interruption_gives_identical_results(tiny_dir, tmp_path):
     lm = MaskedLM.from_pretrained(tiny_dir)
-    kw = dict(rates=[0.1, 0.3, 0.6, 0.9], num_masks=2, seed=5, chunk_size=2, exact=True)
+    kw = dict(rates=[0.1, 0.3, 0.6, 0.9], num_masks=2, seed=5, chunk_size=2, cumulative=True)
     full = mpt_curve(lm, SENTENCES * 2, **kw)
 
     calls = {"n": 0}
@@ -132,7 +132,7 @@ def test_resume_after_interruption_gives_identical_results(tiny_dir, tmp_path):
     resumed = mpt_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **kw)
     assert calls["n"] == -1000 + (5 - 2) + 5  # 3 curve chunks left, 5 exact chunks
     assert torch.equal(resumed.per_sample, full.per_sample)
-    assert torch.equal(resumed.lml_exact, full.lml_exact)
+    assert torch.equal(resumed.lml_cumulative, full.lml_cumulative)
     # a different run in the same checkpoint directory is refused
     with pytest.raises(ValueError, match="different run"):
         mpt_curve(lm, SENTENCES * 2, checkpoint_dir=tmp_path, **{**kw, "seed": 6})
@@ -293,11 +293,9 @@ def _curve(tiny_dir, data, out, *extra):
 
 def test_curve_target_se_records_the_mc_se_the_stop_and_the_plan(tiny_dir, texts_file, tmp_path,
                                                                   capsys, caplog):
-    """--target-se: results.json and the summary give the MC SE, the target and stop_reason;
-    the plan is logged before its draws; --max-masks bounds it (stop_reason 'budget')."""
-    import logging
-
-    caplog.set_level(logging.INFO, logger="mptlml")
+    """--target-se: results.json and the summary give the MC SE, the target, stop_reason and
+    the rounds of each sequence (the sequential engine); --max-masks bounds it
+    (stop_reason 'budget')."""
     assert _curve(tiny_dir, texts_file, tmp_path / "t", "--target-se", "0.5") == 0
     printed = capsys.readouterr().out
     s = json.loads((tmp_path / "t" / "results.json").read_text())["results"]["models"]
@@ -306,10 +304,9 @@ def test_curve_target_se_records_the_mc_se_the_stop_and_the_plan(tiny_dir, texts
                        rates=[0.1, 0.3, 0.5, 0.7, 0.9], seed=0, target_se=0.5)
     assert s["mc_se"] == pytest.approx(direct.lml_stderr_mean, rel=1e-9)
     assert s["target_se"] == 0.5 and s["stop_reason"] == direct.stop_reason
-    assert s["masks_per_rate"] == direct.extra["masks_per_rate"]
+    assert s["rounds_per_sequence"] == direct.extra["rounds"]
     assert s["num_masked_inputs"] == direct.num_masked_rows
     assert "stop_reason" in printed and f"{s['mc_se']:.4f}" in printed
-    assert "target_se=0.5" in caplog.text and "the pilot scored" in caplog.text
     # a budget below the plan: cut to it, and said so
     assert _curve(tiny_dir, texts_file, tmp_path / "b", "--target-se", "0.01",
                   "--max-masks", "60") == 0
@@ -330,7 +327,7 @@ def test_curve_refuses_conflicts_and_unbounded_work_before_any_work(tiny_dir, te
     cases = [
         (["--whole-word", "--pll", "--pll-variant", "word_l2r"], "pass one of the two"),
         (["--max-masks", "100"], "give --target-se too"),
-        (["--target-se", "0.1", "--exact"], "does not combine with --target-se"),
+        (["--target-se", "0.1", "--cumulative"], "does not combine with --target-se"),
         (["--rates", "0.00000001:0.99999999:0.000000001"], "take a larger step"),
         (["--context-column", "context", "--whole-word"], "does not combine"),
     ]
@@ -346,7 +343,12 @@ def test_curve_refuses_conflicts_and_unbounded_work_before_any_work(tiny_dir, te
         assert msg in err, (extra, err)
         assert not (tmp_path / f"c{i}").exists()
     monkeypatch.setattr(curve_job, "load_model", real)
-    assert _curve(tiny_dir, texts_file, tmp_path / "tiny", "--target-se", "1e-12") == 2
+    # a target beyond reach spends its cap (the engine's rounds), within max_masked_inputs:
+    # past it, refused before any draw, naming the target and its budget
+    from mptlml import settings
+
+    with settings.max_masked_inputs(1000):
+        assert _curve(tiny_dir, texts_file, tmp_path / "tiny", "--target-se", "1e-12") == 2
     err = capsys.readouterr().err
     assert "target_se=1e-12" in err and "max_masks" in err and "-9223" not in err
     assert not (tmp_path / "tiny").exists()

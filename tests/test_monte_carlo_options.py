@@ -97,7 +97,7 @@ def test_mpt_curve_dense_refuses_every_wrong_option_naming_it(dense, name, value
 
 @pytest.mark.parametrize(("name", "value"), _cases(
     {**BAD, "num_masks": [2.5, "4", True, 0, [2, 0], [2, 2.5], "22"],
-     "exact": ["yes", 1], "whole_word": ["no", 1], "nominal_length": ["512", True, 0.0]}))
+     "cumulative": ["yes", 1], "whole_word": ["no", 1], "nominal_length": ["512", True, 0.0]}))
 def test_mpt_curve_ragged_refuses_every_wrong_option_naming_it(tiny, name, value):
     kw = {name: value}
     if name == "max_masks":

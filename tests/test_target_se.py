@@ -108,28 +108,35 @@ def _exact_sums(tiny_dir, texts):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("allocation", ["neyman", "uniform"])
-def test_masked_lm_target_se_unbiased_and_calibrated(tiny, tiny_dir, allocation):
+@pytest.mark.parametrize("estimator, allocation", [("cumulative", None),
+                                                   ("learned-rate", "neyman"),
+                                                   ("learned-rate", "uniform")])
+def test_masked_lm_target_se_unbiased_and_calibrated(tiny, tiny_dir, estimator, allocation):
+    """Ragged sequences at a target run on the sequential engine (rounds, no pilot)."""
     # 6, 6 and 5 tokens (shorter ones are scored on every mask: exact, tested elsewhere)
     texts = [SENTENCES[0], SENTENCES[1], "the small red house and"]
     exact = float(_exact_sums(tiny_dir, texts).mean())
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an occasional "missed"
-        # (a target of 0.4 or less plans at least every mask of these short texts: the
-        # sizes are then enumerated, exact)
-        runs = [mptlml.estimate_lml(tiny, texts, target_se=0.7, allocation=allocation, seed=s)
+        warnings.simplefilter("ignore", RuntimeWarning)  # an occasional "budget"
+        runs = [mptlml.estimate_lml(tiny, texts, estimator, target_se=0.7,
+                                    allocation=allocation, num_masks=2, seed=s)
                 for s in range(100)]
-    _check([r.mean for r in runs], [r.stderr for r in runs], exact, allocation)
+    _check([r.mean for r in runs], [r.stderr for r in runs], exact, allocation or "uniform")
     r = runs[0]
     assert int(r.num_masked_rows_per_sample.sum()) == r.num_masked_rows
-    assert r.masks_per_size is not None and r.allocation == allocation
+    assert r.masks_per_size is None and r.stop_reason in ("target", "budget")
+    assert r.allocation == ("uniform" if allocation == "uniform" else "learned")
 
 
 def test_masked_lm_curve_to_target(tiny):
     texts = SENTENCES[:3]
     c = mptlml.mpt_curve(tiny, texts, rates=[0.2, 0.5, 0.8], target_se=0.3, seed=0)
-    assert c.stop_reason in ("target", "missed") and len(c.extra["masks_per_rate"]) == 3
+    assert c.stop_reason == "target" and c.lml_stderr_mean <= 0.3
+    assert len(c.extra["rounds"]) == 3 and min(c.extra["rounds"]) >= 2
     assert c.num_masked_rows == int(c.num_masked_rows_per_sample.sum())
+    # the curve's points are the rounds' cells: their mean over the rates is lml / D_i
+    d = c.num_tokens.numpy()
+    assert np.allclose(c.per_sample.numpy().mean(1) * d, c.lml.numpy(), rtol=1e-12)
 
 
 def test_cli_curve_target_se(tiny_dir, tmp_path):
@@ -224,7 +231,6 @@ def test_a_masked_lm_run_too_large_names_what_the_caller_can_lower(tiny, caplog)
     one said "lower num_masks (or the number of rates)", also for a target where no
     num_masks was given, and a masked-LM estimate at a target beyond the cap died in the
     allocator (a raw "can't allocate memory" of 244 GB) instead of being refused."""
-    import logging
 
     from mptlml import settings
     from mptlml._scoring.ragged import MAX_SEQUENCE_MASK_BYTES
@@ -234,16 +240,14 @@ def test_a_masked_lm_run_too_large_names_what_the_caller_can_lower(tiny, caplog)
             call()
         return str(info.value)
 
-    # the pilot of a curve at a target: its counts are the package's; only the rates are not
-    msg = refusal(lambda: mptlml.mpt_curve(tiny, SENTENCES, target_se=1e-5, seed=0))
-    assert "take fewer rates (the pilot of target_se draws" in msg and "num_masks" not in msg
-    # the plan of an estimate at a target: the target and its budget
-    with caplog.at_level(logging.INFO):
-        msg = refusal(lambda: mptlml.estimate_lml(tiny, SENTENCES, "cumulative", target_se=1e-5,
-                                                  seed=0))
-    assert "the plan draws" in caplog.text  # shown before the refusal
-    assert "target_se=1e-05 after its pilot" in msg and "num_masks" not in msg
-    assert "ask for a larger target_se, or bound the plan with max_masks=" in msg
+    # a curve or an estimate at a target (the sequential engine): its cap is the package's,
+    # so the refusal names the target and its budget, before any draw
+    for call in (lambda: mptlml.mpt_curve(tiny, SENTENCES, target_se=1e-5, seed=0),
+                 lambda: mptlml.estimate_lml(tiny, SENTENCES, "cumulative", target_se=1e-5,
+                                             seed=0)):
+        msg = refusal(call)
+        assert "target_se=1e-05" in msg and "num_masks" not in msg
+        assert "ask for a larger target_se, or bound the plan with max_masks=" in msg
     # the caller's own counts
     msg = refusal(lambda: mptlml.mpt_curve(tiny, SENTENCES, num_masks=10**4, seed=0))
     assert "lower num_masks or take fewer rates (now 99)" in msg

@@ -147,11 +147,11 @@ def test_one_piece_words_reduce_to_tokens(wp):
         other = pll(wp, ONE_PIECE, per_token=True, **kw)
         for a, b in zip(base.log_probs, other.log_probs, strict=True):
             np.testing.assert_array_equal(a, b)
-    a = mpt_curve(wp, ONE_PIECE, rates=[0.2, 0.5, 0.9], num_masks=3, seed=4, exact=True)
-    b = mpt_curve(wp, ONE_PIECE, rates=[0.2, 0.5, 0.9], num_masks=3, seed=4, exact=True,
+    a = mpt_curve(wp, ONE_PIECE, rates=[0.2, 0.5, 0.9], num_masks=3, seed=4, cumulative=True)
+    b = mpt_curve(wp, ONE_PIECE, rates=[0.2, 0.5, 0.9], num_masks=3, seed=4, cumulative=True,
                   whole_word=True)
     assert torch.equal(a.per_sample, b.per_sample) and torch.equal(a.sizes, b.sizes)
-    assert torch.equal(a.lml_exact, b.lml_exact)
+    assert torch.equal(a.lml_cumulative, b.lml_cumulative)
     assert a.extra == {} and b.extra == {"unit": "word"}
 
 

@@ -396,7 +396,7 @@ MONTE_CARLO_OPTIONS: dict[str, list[Any]] = {
     "batch_size": [Interval(numbers.Integral, 1, None), None],
     "chunk_size": [Interval(numbers.Integral, 1, None), None],
     **{flag: ["boolean"] for flag in ("decide", "common_masks", "progress", "share_masks",
-                                      "nested", "exact", "whole_word", "per_token")},
+                                      "nested", "cumulative", "whole_word", "per_token")},
 }
 
 

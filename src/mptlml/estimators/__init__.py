@@ -15,6 +15,7 @@ name               estimate of log p(x)                        bias          dat
 ``fixed-rate``     D * S_hat(x; M), M = max(1, floor(rate D))  biased        both
 ``chain-rule``     sum_t log p(x_pi(t) | x_pi(t+1..D))          unbiased      both
 ``riemann``        D_i * mean_k S(x_i; M_ik) on a rate grid     grid-biased   ragged
+``learned-rate``   S(x; D) + S_hat(x; M) / q(M), r ~ q learned  unbiased      ragged
 ``llada``          mean (L/l) sum log p, l systematic/batch     rounding      ragged
 =================  ==========================================  ============  ========
 
@@ -30,7 +31,9 @@ On ragged sequences (a masked LM) each sequence has its own D_i. Rooms:
 ``cumulative``, ``random_size``, ``adaptive_size``, ``fixed_rate``, ``exhaustive``,
 ``chain_rule``, ``riemann``, ``llada``   one estimator each, its dense and ragged maths
 ``curve``       :func:`mpt_curve`, dense and ragged
-``allocation``  the pilot, Neyman's allocation and the stop rule of a target standard error
+``allocation``  the pilot, Neyman's allocation and the stop rule of a dense target
+``sequential``  the sequential engine: rounds of draws, the learned rate density, stop
+                rules (one vocabulary), the cap; under ragged targets, curves and compare
 ``pseudo_likelihood``  :func:`pll`, the pseudo-log-likelihood per sequence, token or word
 ``rates``       rate grids and the paper's area; ``results``: the result types;
 ``stats``       the one mean / standard-error helper
@@ -47,6 +50,7 @@ from .cumulative import Cumulative
 from .curve import mpt_curve
 from .exhaustive import Exhaustive
 from .fixed_rate import FixedRate
+from .learned_rate import LearnedRate
 from .llada import LLaDA, LLaDAScores, llada_scores
 from .pseudo_likelihood import pll
 from .random_size import RandomSize
@@ -66,6 +70,7 @@ __all__ = [
     "LLaDA",
     "LLaDAScores",
     "LMLEstimate",
+    "LearnedRate",
     "MPTCurve",
     "NonFiniteWarning",
     "RaggedScores",

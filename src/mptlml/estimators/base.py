@@ -63,7 +63,7 @@ from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
 from .allocation import check_target, plan_counts, show_plan
 from .results import LMLEstimate
-from .runs import EXACT_LENGTH, start_run
+from .runs import EXACT_LENGTH, ragged_to_target, start_run
 from .stats import cell_sums, welch_dof
 
 __all__ = ["Draws", "Estimator", "RaggedScores", "accepted_options", "check_size_rule"]
@@ -171,6 +171,8 @@ class Estimator:
     ragged: ClassVar[bool] = False
     trainable: ClassVar[bool] = False
     per_sequence_sizes: ClassVar[bool] = False
+    #: whether its draws are the rate draw of the sequential engine (:class:`LearnedRate`)
+    rate_draw: ClassVar[bool] = False
     #: options that only dense data take (refused for ragged sequences)
     dense_only: ClassVar[tuple[str, ...]] = ("share_masks",)
     ragged_tag: ClassVar[str] = ""
@@ -400,7 +402,11 @@ class Estimator:
 
         One procedure for every estimator and both kinds of data (the kind
         decides the run, :mod:`mptlml.estimators.runs`): ``num_masks`` draws
-        per stratum of a draw, or, with ``target_se`` (unbiased estimators):
+        per stratum of a draw, or, with ``target_se`` (unbiased estimators), on
+        ragged sequences the sequential engine
+        (:func:`~mptlml.estimators.runs.ragged_to_target`: rounds of the estimator's
+        draws per sequence until each one's SE is at ``target_se N / sqrt(N_mc)``, no
+        pilot; the engine of :func:`mptlml.compare`), and on dense data:
 
         1. a pilot (:func:`~mptlml.estimators.allocation.pilot_masks` draws per
            stratum on at most :data:`~mptlml.estimators.allocation.PILOT_DATA`
@@ -416,6 +422,10 @@ class Estimator:
            the target was reached, ``num_masked_rows`` and ``masks_wanted``
            what it cost (:mod:`mptlml.estimators.allocation`).
 
+        Dense data keep the pilot: a dense draw scores every datum on one batch of masks,
+        so the plan is over strata (sizes) shared by all the data, fixed before the draws
+        (the rounds of the engine are per sequence).
+
         Parameters
         ----------
         model : MaskedModel or RaggedMaskedModel
@@ -428,9 +438,11 @@ class Estimator:
         target_se : float, optional
             The Monte Carlo standard error of the mean LML to reach (nats).
         max_masks : int, optional
-            With ``target_se``: the most masked inputs per datum, pilot included.
+            With ``target_se``: the most masked inputs per datum (dense: pilot included;
+            ragged: default :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS` draws).
         allocation : {None, "neyman", "uniform"}
-            With ``target_se`` (default ``"neyman"``).
+            With ``target_se`` (default ``"neyman"``): dense data, and the rate density of
+            ``"learned-rate"`` on ragged sequences (``"neyman"``: learned over the rounds).
 
         Returns
         -------
@@ -444,13 +456,25 @@ class Estimator:
             :data:`~mptlml.estimators.results.MIN_STDERR_DOF` degrees of freedom, or a
             target was missed (:func:`~mptlml.estimators.results.announce_estimate`).
         """
+        asked = allocation
         target_se, budget, allocation = check_target(target_se, max_masks, allocation)
         if target_se is None and budget is not None:
             raise ValueError(f"max_masks={max_masks!r} is the budget of a target standard error "
                              "and applies with target_se= only.")
         if target_se is not None:
             self.check_targetable()
-        self.check_applies(ragged=isinstance(model, RaggedMaskedModel))
+        ragged = isinstance(model, RaggedMaskedModel)
+        self.check_applies(ragged=ragged)
+        if target_se is not None and ragged:  # the sequential engine: rounds, no pilot
+            if asked is not None and not self.rate_draw and self.ragged_strata(
+                    np.array([2]))[1] < 2:
+                raise ValueError(
+                    f"allocation={asked!r} does not apply to the {self.name!r} estimate of "
+                    "ragged sequences at a target: its draw is one term, nothing to allocate "
+                    "(the rate density is learned by estimator='learned-rate', the sizes by "
+                    "'cumulative'). Drop allocation.")
+            return ragged_to_target(self, model, x, seed=seed, progress=progress, run=run,
+                                    target_se=target_se, max_masks=budget, allocation=asked)
         data = start_run(self, model, x, seed=seed, progress=progress, run=run)
         if target_se is None:
             return data.result()

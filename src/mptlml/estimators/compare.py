@@ -71,38 +71,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 from scipy import stats as sps
 
 from .._optional import require
-from .._scoring.ragged import run_pairs
 from .._validation import SEED_INT, Options, check_options
-from ..masks import every_mask
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .results import MIN_STDERR_DOF, _Result, announce_nonfinite
 from .runs import EXACT_LENGTH
 from .sequential import (
-    NUM_RATE_BINS,
-    PRIOR_PAIRS,
-    RateDensity,
-    at_target,
-    combine_rounds,
-    density_of,
-    draws_needed,
-    masks_at_rates,
-    next_draws,
-    round_seed,
+    MAX_TARGET_DRAWS,
+    CellDraw,
+    RateDraw,
+    RoundDraw,
+    Tally,
+    fixed_rule,
+    paired,
     round_sizes,
-    stratified_rates,
-    weighted_rounds,
+    run_rounds,
+    target_rule,
 )
-from .stats import enumerated_sum
 
 __all__ = ["Comparison", "compare"]
 
-#: most masks per candidate with ``target_se``, unless ``max_masks`` says
-MAX_MASKS = 512
+#: most masks per candidate with ``target_se``, unless ``max_masks`` says (the engine's)
+MAX_MASKS = MAX_TARGET_DRAWS
 #: most masks per candidate with ``decide``, unless ``max_masks`` says: LLaDA's 128 draws
 #: (measured with :data:`DELTA`: at most a third of LLaDA's cost on easy and close question
 #: sets, benchmarks/bench_conditional.py; fewer looks, so a lower threshold)
@@ -156,12 +149,12 @@ class Comparison(_Result):
         the leader at the end (``|diff| + z paired_stderr < delta``, a practical
         tie; :func:`compare`'s guarantee covers it).
     stop_reason : list of str
-        ``"one round"`` (no target), ``"decided"``, ``"tied"`` (with ``decide``: every
-        other candidate behind the leader or tied with it, at least one tied), ``"target"``,
-        ``"budget"`` (spent
-        before a decision or the target), ``"spent"`` (a fixed ``max_masks`` spent
-        whole, as asked), or ``"exact"`` (every candidate short enough to be scored
-        on every mask).
+        One of :data:`~mptlml.estimators.sequential.STOP_REASONS`: ``"fixed"`` (no
+        ``decide``, no target: ``num_masks``, or ``max_masks`` alone, spent whole),
+        ``"decided"``, ``"tied"`` (with ``decide``: every other candidate behind the
+        leader or tied with it, at least one tied), ``"target"``, ``"budget"``
+        (``max_masks`` spent before a decision or the target), or ``"exact"`` (every
+        candidate short enough to be scored on every mask).
     num_model_calls : int
         Forward passes of the whole call.
     """
@@ -219,40 +212,14 @@ class Comparison(_Result):
         return pd.DataFrame(rows)
 
 
-@dataclass
-class _Tally:
-    """Per-candidate sums over rounds: estimates, variances, dof pieces, paired draws."""
-
-    exact_top: float = 0.0
-    rounds: dict[int, tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict)
-    """round index -> (draws, y (P,), stratum id (P,)), for the rounds it drew in"""
-
-
-def _pair(lead: _Tally, other: _Tally) -> tuple[float, float, float]:
-    """``lead - other`` on the rounds both drew in (paired draws): estimate, SE, dof.
-
-    A candidate that stopped drawing (behind the leader, or exact) is compared
-    on its own rounds, the leader's draws of those rounds weighted the same:
-    the difference stays paired. An exact candidate (no rounds) is compared
-    with all the leader's rounds.
-    """
-    ra, rb = set(lead.rounds), set(other.rounds)
-    common = ra & rb if ra and rb else ra | rb
-    a = weighted_rounds({r: lead.rounds[r] for r in common if r in ra})
-    b = weighted_rounds({r: other.rounds[r] for r in common if r in rb})
-    diff = [((a[r][0] if r in a else 0.0) - (b[r][0] if r in b else 0.0),
-             (a[r] if r in a else b[r])[1]) for r in sorted(common)]
-    est, se, dof = combine_rounds(diff)
-    return est + lead.exact_top - other.exact_top, se, dof
-
-
 def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[Any]], *,
             num_masks: int = 16, decide: bool = False, target_se: float | None = None,
             alpha: float = 0.05, delta: float | None = None,
             max_masks: int | None = None, allocation: str = "learned",
             common_masks: bool = True, seed: int | Sequence[int] = 0,
             token_budget: int = 8192, batch_size: int | None = None, chunk_size: int = 64,
-            progress: bool = False, cfg_scale: float = 0.0) -> Comparison:
+            progress: bool = False, cfg_scale: float = 0.0,
+            estimator: str | Any = "learned-rate") -> Comparison:
     """Score the K candidate continuations of each question on common masks, and choose.
 
     Parameters
@@ -300,7 +267,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         :data:`MAX_MASKS` (512). Alone (no
         ``decide``, no ``target_se``) it is a fixed budget, spent whole: rounds
         of doubling size, the allocation learned as they go (``stop_reason``
-        ``"spent"``).
+        ``"fixed"``).
     allocation : {"learned", "uniform"}
         ``"learned"``: rounds after the first draw rates in proportion to the
         pooled spread by rate; ``"uniform"``: rates uniform every round.
@@ -324,6 +291,18 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     cfg_scale : float
         Classifier-free guidance by the context, as in :func:`mptlml.estimate_lml`
         (LLaDA's ``cfg``): the scores are then guided scores, not bounds. 0: none.
+    estimator : str or Estimator
+        Whose draws score the candidates: ``"learned-rate"`` (default,
+        :class:`~mptlml.estimators.LearnedRate`), the rate draw above (stratified
+        rates, the density learned over rounds, shared positions); or any registered
+        ragged estimator (``mptlml.estimators.available(ragged=True)``, e.g.
+        ``"cumulative"``, ``"random-size"``), built with ``num_masks`` draws per round and
+        drawn in the same rounds, stop rules and cap
+        (:class:`~mptlml.estimators.sequential.CellDraw`). Its draws are common random
+        numbers across a question's candidates of one length (one seed: the same sizes,
+        positions or orders, differenced draw by draw); candidates of different lengths
+        draw independently. A biased estimator (``"fixed-rate"``, ``"riemann"``,
+        ``"llada"``) ranks by its own score; ``allocation`` applies to the rate draw only.
 
     Returns
     -------
@@ -351,7 +330,6 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     if p % 2:
         raise ValueError(f"num_masks must be even (two masks per rate stratum); got {p}.")
     to_target = target_se is not None and not decide  # draw until each SE is at the target
-    spend = max_masks is not None and target_se is None and not decide  # a fixed budget
     if delta is not None and not decide:
         raise ValueError(f"delta={delta!r} is the indifference zone of decide=True (a pair "
                          "confidently within delta nats is a practical tie); pass decide=True "
@@ -365,6 +343,12 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                  else MAX_MASKS if target_se is not None else p)
     if max_masks < p:
         raise ValueError(f"max_masks ({max_masks}) is below num_masks ({p}); raise it.")
+    if allocation != "learned" and not getattr(estimator, "rate_draw",
+                                                estimator == "learned-rate"):
+        who = getattr(estimator, "name", estimator)
+        raise ValueError(f"allocation={allocation!r} is the rate draw's (estimator="
+                         f"'learned-rate'); the estimator {who!r} draws its own way. Drop "
+                         "allocation, or estimator.")
     ctxs, cands = _questions_of(contexts, candidates)
     if isinstance(seed, numbers.Integral):
         seeds = [(int(seed), q) for q in range(len(ctxs))]
@@ -381,133 +365,46 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     ids = scorer.encode(flat_cand)
     lengths = np.array([len(t) for t in ids])  # the continuations' (the scorer adds contexts)
     members = [[i for i, (qq, _) in enumerate(owner) if qq == q] for q in range(len(cands))]
-    exact = (2.0 ** lengths - 2 <= max(p, 2 ** EXACT_LENGTH - 2)) | (lengths <= 1)
-    sizes_of_rounds = round_sizes(p, max_masks)
-    max_rounds = len(sizes_of_rounds)
+    draw = _draw_of(estimator, p, allocation)
+    max_rounds = len(round_sizes(p, max_masks))
     tail = alpha / (2 * max_rounds) if decide else alpha / 2
 
     def threshold(dof: float) -> float:
         """The z a leader must clear: a t quantile at the paired SEs' dof."""
         return float(sps.norm.isf(tail) if not math.isfinite(dof) else sps.t.isf(tail, dof))
 
-    tallies = [_Tally() for _ in ids]
-    rows = np.zeros(len(cands), dtype=np.int64)
-    cand_rows = np.zeros(len(ids), dtype=np.int64)
-    rounds_done = np.zeros(len(cands), dtype=np.int64)
-    drawn = np.zeros(len(cands), dtype=np.int64)  # masks per drawing candidate so far
-    round_draws = np.full(len(cands), p, dtype=np.int64)  # this round's, per question
-    active = list(range(len(cands)))
-    density = RateDensity(np.ones(NUM_RATE_BINS))  # the call's (pooled), reported
-    densities = [density] * len(cands)  # each question's, in force for its next round
-    calls = 0
-    status = ["one round"] * len(cands)
-    spread_sum = np.zeros((len(cands), NUM_RATE_BINS))  # per question and rate bin
-    spread_n = np.zeros((len(cands), NUM_RATE_BINS))
-    # the candidates that still draw: all at first; then, with decide, those not yet
-    # behind the leader beyond the threshold, with target_se those above it
-    drawing = [set(m) for m in members]
     behind: list[set[int]] = [set() for _ in members]  # positions found behind (decide)
-    r = 0
-    while active:
-        masks: dict[int, torch.Tensor] = {}
-        meta: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
-        for q in active:
-            pr = int(round_draws[q])
-            tmax = int(lengths[members[q]].max())
-            for j, i in enumerate(members[q]):
-                if i not in drawing[q] or (exact[i] and r > 0):
-                    continue
-                if exact[i]:  # every mask, once, in the first round; nothing after
-                    m = every_mask(int(lengths[i]))
-                    meta[i] = None
-                else:
-                    key = (seeds[q][0], seeds[q][1], r) if common_masks else (
-                        seeds[q][0], seeds[q][1] * 1_000_003 + j + 1, r)
-                    g = torch.Generator().manual_seed(round_seed(*key))
-                    strata, rates, order = stratified_rates(g, pr, tmax, densities[q])
-                    m, sizes = masks_at_rates(int(lengths[i]), rates, order)
-                    meta[i] = (strata, rates, sizes)
-                    if r == 0:  # the whole continuation: S_T(x; |T|) exactly, once
-                        m = torch.cat([m, torch.ones(1, int(lengths[i]), dtype=torch.bool)])
-                masks[i] = m
-                rows[q] += m.shape[0]
-                cand_rows[i] += m.shape[0]
-        todo = sorted(masks)
-        out = run_pairs(scorer, [ids[i] for i in todo],
-                        lambda k, d, g, todo=todo, masks=masks: masks[todo[k]], seed=0,
-                        tag="compare",
-                        spec={"kind": "compare", "round": r,
-                              "total_pairs": int(sum(masks[i].shape[0] for i in todo))},
-                        chunk_size=chunk_size, token_budget=token_budget, batch_size=batch_size,
-                        progress=progress, desc="comparing candidates")
-        calls += out.num_model_calls
-        sums_of = dict(zip(todo, out.sums, strict=True))
-        for i in sorted(meta):
-            t = int(lengths[i])
-            s = np.asarray(sums_of[i], dtype=np.float64)
-            if meta[i] is None:  # an exact candidate (first round only): the sum is the bound
-                size = masks[i].sum(1).numpy()
-                tallies[i].exact_top = enumerated_sum(s, size)
-                continue
-            strata, rates, sizes = meta[i]
-            if r == 0:
-                tallies[i].exact_top = float(s[-1]) / t
-                s = s[:-1]
-            q = owner[i][0]
-            y = s / (sizes * densities[q].size_probs(sizes, t))
-            score = s / sizes
-            b = np.minimum((rates * NUM_RATE_BINS).astype(int), NUM_RATE_BINS - 1)
-            pair = score.reshape(-1, 2)
-            np.add.at(spread_sum[q], b.reshape(-1, 2)[:, 0],
-                      (pair[:, 0] - pair[:, 1]) ** 2 / 2)
-            np.add.at(spread_n[q], b.reshape(-1, 2)[:, 0], 1)
-            tallies[i].rounds[r] = (len(y), y, strata)
-        for q in active:
-            rounds_done[q] += 1
-            drawn[q] += round_draws[q]
-        if allocation == "learned" and spread_n.sum(0).min() > 0:
-            pooled = spread_sum.sum(0) / spread_n.sum(0)
-            density = density_of(pooled)
-            for q in active:  # its own spread, shrunk toward the call's by PRIOR_PAIRS
-                densities[q] = density_of((spread_sum[q] + PRIOR_PAIRS * pooled)
-                                           / (spread_n[q] + PRIOR_PAIRS))
-        r += 1
-        still = []
-        for q in active:
-            res = _question(tallies, members[q], behind[q])
-            passed = _passed(res, threshold)
-            tied = _tied(res, threshold, delta) if decide else set()
-            if decide:  # a candidate behind the leader beyond its threshold stops drawing,
-                # one confidently within delta of it pauses (it draws again if the leader
-                # changes and it is no longer tied with the new one)
-                behind[q] |= passed - {res["lead"]}
-                drawing[q] = {i for j, i in enumerate(members[q])
-                              if j not in behind[q] and j not in tied and not exact[i]}
-            elif to_target:  # a candidate at its target stops
-                drawing[q] = {i for j, i in enumerate(members[q])
-                              if not at_target(res["se"][j], res["se_dof"][j], target_se)
-                              and not exact[i]}
-            if exact[members[q]].all():  # every candidate an exact sum: nothing to draw
-                status[q] = "exact"
-            elif decide and len(passed) == len(members[q]):
-                status[q] = "decided"
-            elif decide and len(passed | tied) == len(members[q]):
-                status[q] = "tied"
-            elif to_target and not drawing[q]:  # every candidate at its target (or exact)
-                status[q] = "target"
-            elif not decide and target_se is None and not spend:
-                status[q] = "one round"
-            elif drawn[q] + 2 > max_masks:
-                status[q] = "spent" if spend else "budget"
-            else:
-                still.append(q)
-                # towards a target: the draws its slowest candidate still drawing needs
-                need = max(draws_needed(float(drawn[q]), res["se"][j], res["se_dof"][j], target_se)
-                           for j, i in enumerate(members[q])
-                           if i in drawing[q]) if to_target else None
-                round_draws[q] = next_draws(int(drawn[q]), max_masks, need)
-        active = still
+    to_target_rule = target_rule([float(target_se or 0.0)] * len(ids))
 
+    def rule(q: int, idx: list[int], tallies: list[Tally], at_cap: bool
+             ) -> tuple[set[int], str | None, float | None]:
+        """The decision (with ``decide``), the target, or none (fixed draws)."""
+        if not decide:
+            return (to_target_rule if to_target else fixed_rule)(q, idx, tallies, at_cap)
+        res = _question(tallies, idx, behind[q])
+        passed = _passed(res, threshold)
+        tied = _tied(res, threshold, delta)
+        # a candidate behind the leader beyond its threshold stops drawing, one confidently
+        # within delta of it pauses (it draws again if the leader changes and it is no longer
+        # tied with the new one)
+        behind[q] |= passed - {res["lead"]}
+        drawing = {i for j, i in enumerate(idx) if j not in behind[q] and j not in tied}
+        if len(passed) == len(idx):
+            return drawing, "decided", None
+        if len(passed | tied) == len(idx):
+            return drawing, "tied", None
+        return drawing, "budget" if at_cap else None, None
+
+    out = run_rounds(draw, scorer, ids, members, _keys(seeds, members, lengths, common_masks,
+                                                       isinstance(draw, RateDraw)),
+                     num_masks=p, max_masks=[max_masks] * len(members), rule=rule,
+                     run=dict(chunk_size=chunk_size, token_budget=token_budget,
+                              batch_size=batch_size, progress=progress),
+                     what=f"compare ({len(cands)} questions, at most max_masks={max_masks} "
+                          "draws per candidate)",
+                     remedy="lower max_masks (or num_masks)")
+    tallies, exact = out.tallies, out.enumerated
+    cand_rows = np.array([t.rows for t in tallies], dtype=np.int64)
     out_rows = [_question(tallies, members[q], behind[q]) for q in range(len(cands))]
     # the threshold of the runner-up (the smallest margin); decided: every pair past its own
     z = [threshold(float(o["pair_dof"][int(np.argmin(o["z"]))])) for o in out_rows]
@@ -519,16 +416,66 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         tied=[np.isin(np.arange(len(o["z"])), sorted(_tied(o, threshold, delta)))
               if decide else np.zeros(len(o["z"]), dtype=bool) for o in out_rows],
         z_threshold=z, exact=[exact[m] for m in members],
-        stderr_dof=[o["dof"] for o in out_rows], num_masked_rows=rows.tolist(),
+        stderr_dof=[o["dof"] for o in out_rows],
+        num_masked_rows=[int(cand_rows[m].sum()) for m in members],
         candidate_masked_rows=[cand_rows[m] for m in members],
-        rounds=rounds_done.tolist(), stop_reason=status, num_model_calls=calls,
+        rounds=list(out.rounds), stop_reason=list(out.stop_reason),
+        num_model_calls=out.num_model_calls,
         common_masks=common_masks, seed=seed, model=getattr(model, "name", None),
-        extra={"allocation": allocation, "num_masks": p, "max_masks": max_masks,
-               "alpha": alpha, "delta": delta if decide else None, "target_se": target_se,
-               "rate_density": density.mass.tolist()})
+        extra={"estimator": draw.name, "allocation": draw.allocation, "num_masks": p,
+               "max_masks": max_masks, "alpha": alpha, "delta": delta if decide else None,
+               "target_se": target_se,
+               "rate_density": draw.density.mass.tolist() if isinstance(draw, RateDraw)
+               else None})
     announce_nonfinite(np.concatenate(res.scores), "the candidates' scores", "candidates")
     _announce(res, decide, target_se, max_masks)
     return res
+
+
+def _draw_of(estimator: Any, num_masks: int, allocation: str) -> RoundDraw:
+    """The rate draw (``"learned-rate"``), or a registered ragged estimator's draws, refused
+    naming ``estimator`` when it does not score ragged sequences."""
+    from .api import available, create, get
+
+    if getattr(estimator, "rate_draw", False) or (
+            isinstance(estimator, str) and estimator in available(ragged=True)
+            and get(estimator).rate_draw):
+        return RateDraw(num_masks, allocation, EXACT_LENGTH)
+
+    try:
+        cls = get(estimator)
+    except ValueError:
+        raise ValueError(f"estimator={estimator!r} is not a registered estimator; compare takes "
+                         f"one of {', '.join(available(ragged=True))}.") from None
+    if not cls.ragged:
+        raise ValueError(f"estimator={cls.name!r} estimates dense (N, D) data only; compare "
+                         "scores candidate continuations (ragged sequences): pass one of "
+                         f"{', '.join(available(ragged=True))}.")
+    est = create(estimator, for_ragged=True)  # its own defaults; num_masks draws per round
+    draw = CellDraw(est.with_draws(num_masks))
+    draw.name = est.name
+    return draw
+
+
+def _keys(seeds: list[tuple[int, int]], members: list[list[int]], lengths: np.ndarray,
+          common: bool, rate: bool) -> list[tuple[int, int]]:
+    """The seed key of each candidate: the question's (common random numbers) for the rate
+    draw; for an estimator's draws the first candidate of its length's (equal lengths share
+    draws, other lengths draw independently); its own without ``common_masks``."""
+    keys: list[tuple[int, int]] = [(0, 0)] * len(lengths)
+    for q, idx in enumerate(members):
+        s0, s1 = seeds[q]
+        first: dict[int, int] = {}
+        for j, i in enumerate(idx):
+            own = (s0, s1 * 1_000_003 + j + 1)
+            if not common:
+                keys[i] = own
+            elif rate:
+                keys[i] = (s0, s1)
+            else:  # the first length's key is the question's: an estimate's of sequence q
+                f = first.setdefault(int(lengths[i]), j)
+                keys[i] = (s0, s1) if f == 0 else (s0, s1 * 1_000_003 + f)
+    return keys
 
 
 def _questions_of(contexts: Any, candidates: Any) -> tuple[list[Any], list[list[Any]]]:
@@ -620,7 +567,7 @@ def _tied(res: dict[str, Any], threshold: Any, delta: float) -> set[int]:
     return out
 
 
-def _question(tallies: list[_Tally], idx: list[int], out: set[int] | None = None
+def _question(tallies: list[Tally], idx: list[int], out: set[int] | None = None
               ) -> dict[str, Any]:
     """Estimates, SEs, paired SEs to the leader and the margin of one question.
 
@@ -630,8 +577,7 @@ def _question(tallies: list[_Tally], idx: list[int], out: set[int] | None = None
     k = len(idx)
     est, se, dof = np.zeros(k), np.zeros(k), []
     for j, i in enumerate(idx):
-        e, s, d = combine_rounds(list(weighted_rounds(tallies[i].rounds).values()))
-        est[j], se[j] = e + tallies[i].exact_top, s
+        est[j], se[j], d = tallies[i].stats()
         dof.append(d)
     out = out or set()
     lead = max((j for j in range(k) if j not in out), key=lambda j: est[j])
@@ -640,7 +586,7 @@ def _question(tallies: list[_Tally], idx: list[int], out: set[int] | None = None
     for j in range(k):
         if j == lead:
             continue
-        g, ps, d = _pair(tallies[idx[lead]], tallies[idx[j]])
+        g, ps, d = paired(tallies[idx[lead]], tallies[idx[j]])
         pse[j], pair_dof[j] = ps, d
         zs[j] = g / ps if ps > 0 else (math.inf if g > 0 else 0.0)
         dof.append(d)

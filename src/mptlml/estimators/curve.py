@@ -46,10 +46,8 @@ from ..models.protocols import RaggedMaskedModel
 from .allocation import (
     ALLOCATIONS,
     check_target,
-    fresh_seed,
     pilot_data,
     pilot_masks,
-    pilot_subset,
     plan_counts,
     plan_remedy,
     show_plan,
@@ -58,7 +56,7 @@ from .allocation import (
 )
 from .api import given, ragged_seed, refuse_for_ragged
 from .cumulative import Cumulative
-from .rates import check_rates, rate_widths
+from .rates import check_rates, mask_sizes, rate_widths
 from .results import (
     MPTCurve,
     announce_nonfinite,
@@ -66,9 +64,10 @@ from .results import (
     warn_single_datum,
     warn_target_missed,
 )
-from .riemann import rate_grid_scores
+from .riemann import GridScores, Riemann, rate_grid_scores
 from .runs import DenseRun, rows_per_datum
-from .stats import cell_sums, mean_stderr, strata_stderr
+from .sequential import weighted_rounds
+from .stats import cell_error, cell_sums, mean_stderr, strata_stderr
 
 __all__ = ["mpt_curve"]
 
@@ -84,7 +83,7 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
               share_masks: bool = False, nested: bool = False, target_se: float | None = None,
               max_masks: int | None = None, allocation: str | None = None,
               progress: bool = False, rates: Any = None, nominal_length: float | None = None,
-              exact: bool = False, whole_word: bool = False, ids: list[str] | None = None,
+              cumulative: bool = False, whole_word: bool = False, ids: list[str] | None = None,
               token_budget: int | None = None, chunk_size: int | None = None,
               batch_size: int | None = None,
               checkpoint_dir: str | os.PathLike | None = None, context: Any = None) -> MPTCurve:
@@ -132,9 +131,11 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
     nominal_length : float, optional
         Ragged sequences: L of the area ``L * sum_k w_k curve_k`` (paper:
         512); default the mean D_i.
-    exact : bool
-        Ragged sequences: also compute ``sum_{M=1..D_i} S_hat(x_i; M)`` (P
-        masks per M), the cumulative estimate.
+    cumulative : bool
+        Ragged sequences: also compute ``lml_cumulative``, ``sum_{M=1..D_i}
+        S_hat(x_i; M)`` from P masks per M: the cumulative estimator's estimate (Monte
+        Carlo, with its standard error; ``estimate_lml(..., "cumulative")`` on the same
+        masks).
     whole_word : bool
         Ragged sequences: the units are words (a fast tokenizer's
         ``word_ids()``), not tokens: D_i counts words, M_ik words are masked
@@ -152,7 +153,7 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
         Ragged sequences: padded tokens per forward pass (default 8192);
         sequences per checkpointed chunk (default 8); most inputs per forward pass (None: the budget
         alone decides); a folder where finished chunks are saved atomically
-        (``curve``, ``exact``, ``pll``) and reused when the same run is
+        (``curve``, ``cumulative``, ``pll``) and reused when the same run is
         started again.
 
     Returns
@@ -165,7 +166,7 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
     check_options("mpt_curve", overrides=_CURVE_OPTIONS, num_masks=num_masks, seed=seed,
                   share_masks=share_masks, nested=nested, target_se=target_se,
                   max_masks=max_masks, allocation=allocation, progress=progress,
-                  nominal_length=nominal_length, exact=exact, whole_word=whole_word,
+                  nominal_length=nominal_length, cumulative=cumulative, whole_word=whole_word,
                   token_budget=token_budget, chunk_size=chunk_size, batch_size=batch_size)
     if context is not None:
         if whole_word:
@@ -184,7 +185,7 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
         raise ValueError("max_masks applies to mpt_curve with target_se= only (the budget of "
                          "the masks allocated for a target standard error).")
     target_se, max_masks, allocation_ = check_target(target_se, max_masks, allocation)
-    ragged_only = given(rates=rates, nominal_length=nominal_length, exact=exact,
+    ragged_only = given(rates=rates, nominal_length=nominal_length, cumulative=cumulative,
                         whole_word=whole_word, ids=ids, token_budget=token_budget,
                         chunk_size=chunk_size, batch_size=batch_size,
                         checkpoint_dir=checkpoint_dir)
@@ -193,13 +194,12 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
         run = dict(token_budget=8192 if token_budget is None else token_budget,
                    chunk_size=8 if chunk_size is None else chunk_size, batch_size=batch_size,
                    checkpoint_dir=checkpoint_dir, progress=progress)
-        curve = dict(rates=rates, nominal_length=nominal_length, exact=exact,
+        curve = dict(rates=rates, nominal_length=nominal_length, cumulative=cumulative,
                      whole_word=whole_word, ids=ids)
-        if target_se is None:
-            return _announce(_ragged_curve(model, x, num_masks, ragged_seed(seed), **curve,
-                                           **run))
-        return _announce(_ragged_curve_to_target(model, x, target_se, max_masks, allocation_,
-                                                 num_masks, ragged_seed(seed), curve, run))
+        to_target = None if target_se is None else (target_se, max_masks, allocation)
+        res = _ragged_curve(model, x, num_masks, ragged_seed(seed), **curve, **run,
+                            to_target=to_target)
+        return _announce(res)
     data = DenseRun(Cumulative(num_masks, share_masks=share_masks, nested=nested), model, x,
                     seed=seed, progress=progress, run=ragged_only)
     return _announce(_dense_curve(data, sizes, target_se, max_masks, allocation_))
@@ -293,16 +293,24 @@ def _dense_curve(data: DenseRun, sizes: Sequence[int] | None, target_se: float |
 
 # ---------------------------------------------------------------------- ragged sequences
 def _ragged_curve(model: RaggedMaskedModel, sequences: Any, num_masks: Any, seed: int, *,
-                  rates: Any = None, nominal_length: float | None = None, exact: bool = False,
+                  rates: Any = None, nominal_length: float | None = None, cumulative: bool = False,
                   whole_word: bool = False, ids: list[str] | None = None,
-                  remedy: str | None = None, **run: Any) -> MPTCurve:
+                  remedy: str | None = None,
+                  to_target: tuple[float, int | None, str | None] | None = None,
+                  **run: Any) -> MPTCurve:
     """The curve, area and per-sequence LML of ragged sequences (the Riemann draws).
 
     ``remedy``: what to lower when the run is too large (default: the caller's
     ``num_masks`` or rates; :func:`~mptlml.estimators.riemann.rate_grid_scores`).
+    ``to_target``: ``(target_se, max_masks, allocation)``: the draws are then the
+    sequential engine's (:func:`_draws_to_target`), recorded with their cost and stop reason.
     """
-    grid, toks, words = rate_grid_scores(model, sequences, rates, num_masks, seed,
-                                         whole_word=whole_word, remedy=remedy, **run)
+    curve = dict(rates=rates, cumulative=cumulative, whole_word=whole_word)
+    target = None if to_target is None else _draws_to_target(
+        model, sequences, *to_target, num_masks, seed, curve, run)
+    grid, toks, words = (rate_grid_scores(model, sequences, rates, num_masks, seed,
+                                          whole_word=whole_word, remedy=remedy, **run)
+                         if target is None else (target[0], target[1], None))
     lengths, scores, counts = grid.lengths, grid.scores, grid.counts
     p = int(counts.max())
     length = float(lengths.mean()) if nominal_length is None else float(nominal_length)
@@ -322,79 +330,82 @@ def _ragged_curve(model: RaggedMaskedModel, sequences: Any, num_masks: Any, seed
         lml_stderr=as_float64(grid.lml_stderr), nominal_length=length, model=model.name,
         corruption=model.fingerprint().get("corruption"), ids=ids, extra=dict(unit))
     announce_nonfinite(res.per_sample, "the MPT curve", "sequences", stacklevel=4)
-    if exact:
+    if cumulative:
         cells, calls = Cumulative(p).ragged_cells(
-            model, toks, [np.full(int(d), p) for d in lengths], seed, tag="exact", units=words,
+            model, toks, [np.full(int(d), p) for d in lengths], seed, tag="cumulative", units=words,
             **run)
         sums = [cell_sums(c, p == 1) for c in cells]
         tot, tse = [t for t, _, _, _ in sums], [e for _, e, _, _ in sums]
-        res.lml_exact, res.lml_exact_stderr = as_float64(tot), as_float64(tse)
+        res.lml_cumulative, res.lml_cumulative_stderr = as_float64(tot), as_float64(tse)
         announce_nonfinite(tot, "the cumulative sum over M", "sequences", stacklevel=4)
         res.num_model_calls += calls
         rows = rows + lengths * p
     res.num_masked_rows, res.num_masked_rows_per_sample = int(rows.sum()), torch.from_numpy(rows)
-    if len(set(counts.tolist())) > 1:  # an allocation over the rates
+    if target is not None:
+        out, target_se = target[2]
+        rows = np.array([t.rows for t in out.tallies], dtype=np.int64)
+        res.num_masked_rows = int(rows.sum())
+        res.num_masked_rows_per_sample = torch.from_numpy(rows)
+        res.target_se = target_se
+        res.stop_reason = "budget" if "budget" in out.stop_reason else "target"
+        res.extra["rounds"] = list(out.rounds)
+    elif len(set(counts.tolist())) > 1:  # an allocation over the rates
         res.extra["masks_per_rate"] = counts.tolist()
     return res
 
 
-def _ragged_curve_to_target(model: RaggedMaskedModel, sequences: Any, target_se: float,
-                            max_masks: int | None, allocation: str, num_masks: int, seed: int,
-                            curve: dict[str, Any], run: dict[str, Any]) -> MPTCurve:
-    """The ragged curve at a target SE of the mean LML ``D_i mean_k S_ik``.
+def _draws_to_target(model: RaggedMaskedModel, sequences: Any, target_se: float,
+                     max_masks: int | None, allocation: str | None, num_masks: int, seed: int,
+                     curve: dict[str, Any], run: dict[str, Any]
+                     ) -> tuple[GridScores, list[torch.Tensor], Any]:
+    """The ragged curve's draws at a target SE of the mean LML ``D_i mean_k S_ik``.
 
-    Strata are the rates of the grid; the pilot
-    (:func:`~mptlml.estimators.allocation.pilot_masks` masks per rate on at
-    most :data:`~mptlml.estimators.allocation.PILOT_DATA` sequences) gives
-    each rate's spread of ``(D_i / K) S_hat``, the counts per rate follow
-    (:func:`~mptlml.estimators.allocation.plan_counts`), and the curve is
-    drawn afresh with them.
+    Each sequence draws the Riemann terms in rounds (:class:`~mptlml.estimators.Riemann`'s
+    cells, one per rate: ``(D_i / K) S_hat(x_i; M_ik)`` over its masks;
+    :func:`~mptlml.estimators.sequential.run_rounds`) until its SE is at most
+    ``target_se * sqrt(N)`` on at least
+    :data:`~mptlml.estimators.sequential.TARGET_MIN_DOF` degrees of freedom (so that the
+    mean's is at most ``target_se``), or ``max_masks`` masked inputs (``K`` per draw) are
+    spent; no pilot, as :func:`mptlml.estimate_lml` and :func:`mptlml.compare`. The curve's
+    points are the rounds' cells combined by their draws: ``S_ik = (K / D_i) sum_r w_r
+    mean(cell_rk)``, their SEs the same sums' (``w_r`` a round's share of the draws).
     """
-    if curve.get("exact"):
-        raise ValueError("exact=True does not combine with target_se (its sum over every size is "
+    if curve.get("cumulative"):
+        raise ValueError("cumulative=True does not combine with target_se (its sum over every "
+                         "size is "
                          "a separate estimate); use estimate_lml(..., target_se=) for it.")
-    seqs = list(sequences)
-    n = len(seqs)
-    sub = pilot_subset(n, seed)
-    p0 = pilot_masks(num_masks, len(sub))
-    pilot_curve = {k: v for k, v in curve.items() if k != "ids"}
-    pilot_run = {k: v for k, v in run.items() if k != "checkpoint_dir"}
-    k = len(check_rates(curve.get("rates")))
-    # the pilot's counts are the package's unless num_masks (the pilot's masks per rate) set them
-    own = "lower num_masks or " if p0 == num_masks and p0 > 2 else ""
-    pilot = _ragged_curve(model, [seqs[i] for i in sub], p0, seed, **pilot_curve, **pilot_run,
-                          remedy=f"{own}take fewer rates (the pilot of target_se draws {p0} "
-                                 f"masks at each of {k} rates)")
-    assert pilot.per_sample_stderr is not None
-    d_sub = np.asarray(pilot.num_tokens, dtype=np.float64)
-    s2 = (pilot.per_sample_stderr.numpy() ** 2) * p0  # (n_sub, K): variance of one mask
-    v = np.nanmean((d_sub[:, None] / k) ** 2 * s2, axis=0) / n
-    left = None if max_masks is None else max_masks - pilot.num_masked_rows / n
-    counts, capped, wanted = plan_counts(v, np.ones(k), target_se, allocation, left)
-    _refuse_oversized_plan(counts, n, target_se)
-    show_plan("the curve", target_se, allocation, counts, float(counts.sum()),
-              pilot.num_masked_rows / n, n, capped, bool(run.get("progress")))
-    res = _ragged_curve(model, seqs, counts, fresh_seed(seed), **curve, **run,
-                        remedy=plan_remedy("sequence"))
-    assert res.num_masked_rows_per_sample is not None and res.lml_stderr_mean is not None
-    rows = res.num_masked_rows_per_sample.clone()
-    rows[torch.as_tensor(sub)] += int(pilot.num_masked_rows // max(len(sub), 1))
-    res.num_masked_rows += pilot.num_masked_rows
-    res.num_masked_rows_per_sample = rows
-    res.num_model_calls += pilot.num_model_calls
-    res.target_se, res.allocation = target_se, allocation
-    res.stop_reason = stop_reason(res.lml_stderr_mean, target_se, capped)
-    res.extra["masks_per_rate"] = counts.tolist()
-    res.extra["masks_wanted"] = wanted + pilot.num_masked_rows / n
-    return res
+    if curve.get("whole_word"):
+        raise ValueError("whole_word=True does not combine with target_se (the rounds score "
+                         "tokens); drop one of the two.")
+    if allocation is not None:
+        raise ValueError(f"allocation={allocation!r} does not apply to a ragged curve at a "
+                         "target: its rounds draw every rate of the grid alike. Drop it.")
+    from ..models.sequence_input import encode
+    from .sequential import MAX_TARGET_DRAWS, CellDraw, run_rounds, target_rule
 
-
-def _refuse_oversized_plan(counts: np.ndarray, n: int, target_se: float) -> None:
-    """Refuse, before its draws, a plan for a target SE over ``max_masked_inputs``.
-
-    The plan is the package's, not the caller's: the message names the target
-    and the budget (``max_masks``), not ``num_masks``.
-    """
-    per = sum(int(c) for c in counts)  # masked inputs per sequence: one per mask and rate
-    check_masked_inputs(per * n, f"target_se={target_se:g} after its pilot ({per:,} per sequence)",
-                        plan_remedy("sequence"))
+    grid_rates = check_rates(curve.get("rates"))
+    k = grid_rates.size
+    toks = encode(model, list(sequences))
+    n = len(toks)
+    p = max(2, int(num_masks))
+    est = Riemann(p, rates=grid_rates)
+    cap = MAX_TARGET_DRAWS if max_masks is None else max(p, int(max_masks) // k)
+    out = run_rounds(CellDraw(est), model, toks, [[i] for i in range(n)],
+                     [(seed, i) for i in range(n)], num_masks=p, max_masks=[cap] * n,
+                     rule=target_rule([target_se * math.sqrt(n)] * n), run=run,
+                     what=f"the curve at target_se={target_se:g}",
+                     remedy=plan_remedy("sequence"))
+    lengths = np.array([len(t) for t in toks], dtype=np.int64)
+    scores, scores_se = np.zeros((n, k)), np.zeros((n, k))
+    for i, t in enumerate(out.tallies):
+        weighted = weighted_rounds(t.rounds)
+        for j in range(k):
+            cells = [w[j] for w in weighted.values()]
+            scores[i, j] = sum(float(c.mean()) for c in cells) * k / lengths[i]
+            scores_se[i, j] = math.sqrt(sum(cell_error(c)[1] for c in cells)) * k / lengths[i]
+    stats = [t.stats() for t in out.tallies]
+    grid = GridScores(grid_rates, np.full(k, max(out.drawn)), lengths,
+                      np.stack([mask_sizes(int(d), grid_rates) for d in lengths]), scores,
+                      scores_se, np.array([e for e, _, _ in stats]),
+                      np.array([s for _, s, _ in stats]), out.num_model_calls)
+    return grid, toks, (out, target_se)

@@ -141,6 +141,11 @@ class LLaDA(Estimator):
         super().__init__(num_masks)
         self.num_masks, self.batch = _check(num_masks, batch)
 
+    @property
+    def draw_unit(self) -> int:
+        """Draws come in whole batches: a round of the sequential engine is a multiple."""
+        return self.batch
+
     def sequence_cells(self, model: RaggedMaskedModel, toks: list[torch.Tensor],
                        counts: Sequence[np.ndarray], seed: int,
                        **run: Any) -> tuple[list[list[np.ndarray]], int]:

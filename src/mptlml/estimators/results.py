@@ -87,15 +87,19 @@ class LMLEstimate(_Result):
     target_se : float or None
         The standard error asked for (``estimate_lml(..., target_se=)``).
     stop_reason : str or None
-        With ``target_se``: ``"target"`` (reached) or ``"budget"``
-        (``max_masks`` spent first; ``stderr`` is then above the target).
+        With ``target_se``, one of
+        :data:`~mptlml.estimators.sequential.STOP_REASONS`: ``"target"`` (reached),
+        ``"budget"`` (``max_masks`` spent first; ``stderr`` is then above the target),
+        ``"exact"`` (ragged: every sequence scored on every mask) or ``"missed"`` (dense:
+        the pilot's plan met the target, the fresh draws did not). None without a target.
     allocation : str or None
-        With ``target_se``: ``"neyman"`` or ``"uniform"``.
+        With ``target_se``: dense data ``"neyman"`` or ``"uniform"``; ragged sequences
+        the rate density of ``"learned-rate"`` (``"learned"`` or ``"uniform"``), else None.
     masks_per_size : list of int or None
-        With ``target_se``: the masks per size (per rate bin for ragged
-        sequences) the pilot allocated.
+        With ``target_se`` on dense data: the masks per size the pilot allocated (ragged
+        sequences draw in rounds: ``num_masks`` is then the most draws of a sequence).
     masks_wanted : float or None
-        With ``target_se``: masked inputs per datum the plan needed (pilot
+        With ``target_se`` on dense data: masked inputs per datum the plan needed (pilot
         included); above ``max_masks`` when the budget cut it.
     rate : float or None
         Masking rate (fixed-rate only).
@@ -207,8 +211,9 @@ class MPTCurve(_Result):
         (dense), ``D_i * mean_k S_ik`` (ragged; the Riemann form of sum_M S).
     lml_stderr : torch.Tensor or None, (N,)
         Mask-sampling standard error of ``lml`` (ragged; successive differences when P = 1).
-    lml_exact, lml_exact_stderr : torch.Tensor or None, (N,)
-        ``sum_{M=1..D_i} S_hat(x_i; M)`` and its standard error, when requested.
+    lml_cumulative, lml_cumulative_stderr : torch.Tensor or None, (N,)
+        ``sum_{M=1..D_i} S_hat(x_i; M)`` (the cumulative estimate, P masks per size) and
+        its Monte Carlo standard error, with ``mpt_curve(..., cumulative=True)``.
     nominal_length : float or None
         L of the ragged area.
     model, corruption : str or None
@@ -240,8 +245,8 @@ class MPTCurve(_Result):
     per_sample_stderr: torch.Tensor | None = None
     lml: torch.Tensor | None = None
     lml_stderr: torch.Tensor | None = None
-    lml_exact: torch.Tensor | None = None
-    lml_exact_stderr: torch.Tensor | None = None
+    lml_cumulative: torch.Tensor | None = None
+    lml_cumulative_stderr: torch.Tensor | None = None
     nominal_length: float | None = None
     model: str | None = None
     corruption: str | None = None

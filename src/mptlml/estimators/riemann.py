@@ -191,6 +191,32 @@ class Riemann(Estimator):
         super().__init__(num_masks)
         self.rates = rates
 
+    def sequence_cells(self, model: RaggedMaskedModel, toks: list[torch.Tensor],
+                       counts: Sequence[np.ndarray], seed: int,
+                       **run: Any) -> tuple[list[list[np.ndarray]], int]:
+        """One cell per rate: the P terms ``(D_i / K) S_hat(x_i; M_ik)`` of its masks (the
+        draws of :func:`rate_grid_scores`, whose mean over the rates is ``lml_i``)."""
+        grid_rates = check_rates(self.rates)
+        k = grid_rates.size
+        p = int(np.max(counts[0])) if len(counts) else self.num_masks
+        lengths = [len(t) for t in toks]
+        sizes = [mask_sizes(int(d), grid_rates) for d in lengths]
+
+        def masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
+            return sample_masks(d, torch.as_tensor(sizes[i]).repeat_interleave(p), generator=g)
+
+        out = run_pairs(model, toks, masks, seed=int(seed), tag=self.ragged_tag,
+                        spec={"kind": "curve", "rates": grid_rates.tolist(), "num_masks": p,
+                              "total_pairs": len(toks) * k * p}, desc="MPT curve", **run)
+        cells = [[(d / k) * c / m for c, m in zip(np.split(np.asarray(s, dtype=np.float64), k),
+                                                  sizes[i], strict=True)]
+                 for i, (s, d) in enumerate(zip(out.sums, lengths, strict=True))]
+        return cells, out.num_model_calls
+
+    def masks_per_draw(self, num_tokens: int) -> int:
+        """One mask per rate of the grid."""
+        return int(check_rates(self.rates).size)
+
     def score_sequences(self, model: RaggedMaskedModel, toks: list[torch.Tensor], seed: int,
                         progress: bool, run: dict[str, Any]) -> RaggedScores:
         """``D_i * mean_k S_ik`` per sequence, its standard error and degrees of freedom."""

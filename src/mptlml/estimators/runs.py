@@ -56,6 +56,7 @@ from .allocation import (
     stratum_variances,
 )
 from .results import LMLEstimate, announce_estimate, as_float64
+from .sequential import MAX_TARGET_DRAWS, CellDraw, RateDraw, run_rounds, target_rule
 from .stats import (
     cell_error,
     cell_spread,
@@ -66,8 +67,8 @@ from .stats import (
     welch_dof,
 )
 
-__all__ = ["EXACT_LENGTH", "DenseRun", "RaggedRun", "rows_per_datum", "run_what",
-           "score_every_mask", "start_run"]
+__all__ = ["EXACT_LENGTH", "DenseRun", "RaggedRun", "ragged_to_target", "rows_per_datum",
+           "run_what", "score_every_mask", "start_run"]
 
 #: sequences (continuations) of at most this many units are scored on every mask (exact,
 #: standard error 0): their 2^D - 1 <= 15 masks cost no more than a few draws
@@ -389,3 +390,68 @@ class RaggedRun:
             stop_reason=stop_reason(stderr, float(target_se), capped),
             allocation=allocation, masks_per_size=plan.tolist(), masks_wanted=wanted,
             seed=self.seed, model=self.model.name))
+
+
+def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed: int,
+                     progress: bool, run: Mapping[str, Any] | None, target_se: float,
+                     max_masks: int | None, allocation: str | None) -> LMLEstimate:
+    """Ragged sequences at a target standard error of the mean, on the sequential engine.
+
+    Each sequence is drawn in rounds (:func:`~mptlml.estimators.sequential.run_rounds`) by
+    the estimator's own draws (:class:`~mptlml.estimators.sequential.CellDraw`; the rate
+    draw of :class:`~mptlml.estimators.LearnedRate`, the draw of :func:`mptlml.compare`,
+    with the rate density learned over the rounds, pooled over the call) until its standard
+    error is at most
+
+        t_i = target_se * N / sqrt(N_mc)
+
+    on at least :data:`~mptlml.estimators.sequential.TARGET_MIN_DOF` degrees of freedom
+    (N sequences, N_mc of them drawn, the others scored on every mask, exactly), so that
+    ``se(mean) = sqrt(sum_i se_i^2) / N <= target_se``; or until ``max_masks`` masked
+    inputs per sequence are spent (``stop_reason="budget"``). No pilot: each round is
+    unbiased given the past and the rounds are combined by their draws. A sequence of one
+    question costs here what it costs in :func:`mptlml.compare` (same draws, same rounds,
+    same seed: sequence i draws from ``(seed, i)`` as question i does there).
+    """
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+        raise TypeError(f"for ragged sequences pass an int seed, got {seed!r}.")
+    run = {**dict(run or {}), "progress": progress}
+    toks = encode(model, sequences)
+    lengths = np.array([len(t) for t in toks], dtype=np.int64)
+    for d in np.unique(lengths):
+        est.check_num_tokens(int(d))
+    p = max(2, 2 * math.ceil(est.num_masks / 2))
+    draw = (RateDraw(p, "uniform" if allocation == "uniform" else "learned", EXACT_LENGTH)
+            if getattr(est, "rate_draw", False) else
+            CellDraw(est.with_draws(p), "uniform" if allocation == "uniform" else "learned"))
+    n = len(toks)
+    whole = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
+    n_mc = int((~whole).sum())
+    t_i = target_se * n / math.sqrt(max(n_mc, 1))
+    per_draw = np.array([1 if isinstance(draw, RateDraw) else est.masks_per_draw(int(d))
+                         for d in lengths])
+    caps = [MAX_TARGET_DRAWS if max_masks is None else max(p, int(max_masks // c) // 2 * 2)
+            for c in per_draw]
+    out = run_rounds(draw, model, toks, [[i] for i in range(n)], [(seed, i) for i in range(n)],
+                     num_masks=p, max_masks=caps, rule=target_rule([t_i] * n), run=run,
+                     what=f"the {est.name!r} estimate at target_se={target_se:g}",
+                     remedy=plan_remedy("sequence"))
+    stats = [t.stats() for t in out.tallies]
+    lml = np.array([e for e, _, _ in stats])
+    se_i = np.array([s for _, s, _ in stats])
+    dofs = np.array([d for _, _, d in stats])
+    rows = np.array([t.rows for t in out.tallies], dtype=np.int64)
+    stderr = float(np.sqrt(np.sum(se_i ** 2))) / n
+    drawn = se_i > 0
+    reasons = set(out.stop_reason)
+    stop = ("budget" if "budget" in reasons else "exact" if reasons == {"exact"} else "target")
+    return announce_estimate(LMLEstimate(
+        estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se_i),
+        mean=float(lml.mean()), stderr=stderr, stderr_data=float(mean_stderr(lml)[1]),
+        sizes=None, size_scores=None, num_masks=int(max(out.drawn)),
+        num_model_calls=out.num_model_calls, num_masked_rows=int(rows.sum()),
+        num_masked_rows_per_sample=torch.as_tensor(rows),
+        stderr_dof=welch_dof(torch.from_numpy(se_i[drawn] ** 2),
+                             torch.from_numpy(dofs[drawn])) if drawn.any() else math.inf,
+        target_se=target_se, stop_reason=stop, allocation=draw.allocation,
+        seed=seed, model=model.name))

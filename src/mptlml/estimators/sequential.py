@@ -26,16 +26,24 @@ Marginal Likelihood", NeurIPS 2023, Proposition 1.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from .stats import welch_dof
+from .._scoring.ragged import check_run_size, run_pairs
+from ..masks import every_mask
+from .stats import ExactCell, cell_error, enumerated_sum, welch_dof
 
-__all__ = ["DENSITY_FLOOR", "NEED_MARGIN", "NUM_RATE_BINS", "PRIOR_PAIRS", "TARGET_MIN_DOF",
-           "RateDensity", "at_target", "combine_rounds", "density_of", "draws_needed",
-           "masks_at_rates", "next_draws", "round_seed", "round_sizes", "round_stats",
-           "stratified_rates", "weighted_rounds"]
+__all__ = ["DENSITY_FLOOR", "MAX_TARGET_DRAWS", "NEED_MARGIN", "NUM_RATE_BINS", "PRIOR_PAIRS",
+           "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "RateDensity", "RateDraw", "RoundDraw",
+           "Rule", "SequentialRun", "Tally", "at_target", "cells_error", "combine_rounds",
+           "density_of", "draws_needed", "fixed_rule", "masks_at_rates", "next_draws", "paired",
+           "round_seed", "round_sizes", "run_rounds", "stratified_rates", "target_rule",
+           "weighted_rounds"]
 
 #: rate bins of the learned allocation
 NUM_RATE_BINS = 10
@@ -48,6 +56,8 @@ PRIOR_PAIRS = 8
 TARGET_MIN_DOF = 10
 #: a round towards a target SE draws this times the predicted remainder (fewer extra rounds)
 NEED_MARGIN = 1.15
+#: most draws per sequence (candidate) towards a target SE, unless ``max_masks`` says
+MAX_TARGET_DRAWS = 512
 
 
 def round_seed(seed: int, q: int, r: int) -> int:
@@ -77,32 +87,40 @@ class RateDensity:
         return self.cdf(sizes / n) - self.cdf((sizes - 1) / n)
 
 
-def round_stats(y: np.ndarray, strata: np.ndarray) -> tuple[float, float, np.ndarray]:
-    """Mean of a stratified round (two draws per stratum), its variance, per-stratum pieces."""
-    h = int(strata.max()) + 1
-    pairs = y.reshape(h, 2)
-    pieces = (pairs[:, 0] - pairs[:, 1]) ** 2 / (4.0 * h * h)
-    return float(y.mean()), float(pieces.sum()), pieces
+def cells_error(cells: list[np.ndarray]) -> tuple[float, np.ndarray, np.ndarray]:
+    """A round's estimate ``sum_c mean(cell_c)``, each cell's variance of the mean and its dof.
+
+    A cell holds independent draws of one term (:func:`~mptlml.estimators.stats.cell_error`:
+    ``var(ddof=1) / n`` on ``n - 1`` degrees of freedom; an
+    :class:`~mptlml.estimators.stats.ExactCell` 0). A stratified round of the rate draw is
+    H cells of two draws of ``y / H`` each: its variance ``sum_h (y_h1 - y_h2)^2 / (4 H^2)``
+    on H degrees of freedom.
+    """
+    errs = [cell_error(c) for c in cells]
+    return (float(sum(m for m, _, _ in errs)), np.array([v for _, v, _ in errs]),
+            np.array([d for _, _, d in errs], dtype=np.float64))
 
 
-def weighted_rounds(rounds: dict[int, tuple[int, np.ndarray, np.ndarray]]
-              ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Each round's draws times its weight (its share of the candidate's draws)."""
-    total = sum(n for n, _, _ in rounds.values())
-    return {r: (y * (n / total), s) for r, (n, y, s) in rounds.items()} if total else {}
+def weighted_rounds(rounds: dict[int, tuple[int, list[np.ndarray]]]
+                    ) -> dict[int, list[np.ndarray]]:
+    """Each round's cells times its weight (its share of the draws): ``sum_r w_r est_r``."""
+    total = sum(n for n, _ in rounds.values())
+    return {r: [c * (n / total) for c in cells] for r, (n, cells) in rounds.items()} \
+        if total else {}
 
 
-def combine_rounds(terms: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float, float]:
-    """Sum of stratified rounds' means (weighted draws): estimate, standard error, Welch dof."""
-    if not terms:
-        return 0.0, 0.0, math.inf
-    est, var, pieces = 0.0, 0.0, []
-    for z, s in terms:
-        m, v, p = round_stats(z, s)
+def combine_rounds(terms: list[list[np.ndarray]]) -> tuple[float, float, float]:
+    """Sum of rounds' (weighted) cells: estimate, standard error, Welch dof."""
+    est, var, dof = 0.0, [], []
+    for cells in terms:
+        m, v, d = cells_error(cells)
         est += m
-        var += v
-        pieces.append(p)
-    return est, math.sqrt(var), welch_dof(torch.from_numpy(np.concatenate(pieces)), 1.0)
+        var.append(v)
+        dof.append(d)
+    if not var:
+        return 0.0, 0.0, math.inf
+    v, d = np.concatenate(var), np.concatenate(dof)
+    return est, math.sqrt(float(v.sum())), welch_dof(torch.from_numpy(v), torch.from_numpy(d))
 
 
 def round_sizes(p: int, max_masks: int) -> list[int]:
@@ -127,7 +145,10 @@ def at_target(se: float, dof: float, target: float) -> bool:
 
 
 def draws_needed(drawn: float, se: float, dof: float, target: float) -> float:
-    """Draws a candidate needs for :func:`at_target`: SE^2 falls as 1 / n, the dof grow as n."""
+    """Draws a candidate needs for :func:`at_target`: SE^2 falls as 1 / n, the dof grow as n
+    (unknown without dof: infinite, the next round doubles)."""
+    if not dof > 0:
+        return math.inf
     need = drawn * (se / target) ** 2
     if math.isfinite(dof) and dof > 0:
         need = max(need, drawn * TARGET_MIN_DOF / dof)
@@ -176,3 +197,452 @@ def masks_at_rates(length: int, rates: np.ndarray, order: torch.Tensor
     rank.scatter_(1, keep, torch.arange(length).expand(p, -1))
     m = rank < torch.as_tensor(sizes)[:, None]
     return m, sizes
+
+
+# ---------------------------------------------------------------------- the engine
+#: every ``stop_reason`` a result of :func:`mptlml.estimate_lml`, :func:`mptlml.mpt_curve` or
+#: :func:`mptlml.compare` may carry (None: no stop rule was asked), by meaning
+STOP_REASONS: dict[str, str] = {
+    "exact": "every draw is an enumeration (each sequence short enough to score on every "
+             "mask): the result is exact, standard error 0",
+    "fixed": "no stop rule: the draws asked (num_masks, or max_masks alone) were spent",
+    "target": "every standard error at target_se (on at least TARGET_MIN_DOF degrees of "
+              "freedom)",
+    "budget": "max_masks was spent before the target or the decision: the standard error is "
+              "above the target, or the question undecided",
+    "missed": "dense data at a target: the pilot's plan met the target but the fresh draws "
+              "came out above it",
+    "decided": "compare(decide=True): the leader is ahead of every other candidate beyond the "
+               "threshold",
+    "tied": "compare(decide=True): every other candidate behind the leader or confidently "
+            "within delta of it, at least one tied",
+}
+
+
+@dataclass
+class Tally:
+    """One sequence's (candidate's) draws so far.
+
+    ``exact``: the terms known exactly, added once (the whole-continuation term of the rate
+    draw, or the enumerated sum of a sequence scored on every mask); ``rounds``: round index
+    -> (draws, cells), each round an unbiased estimate of the rest; ``rows``: masked inputs
+    scored for it; ``enumerated``: scored on every mask (exact, no rounds).
+    """
+
+    exact: float = 0.0
+    rounds: dict[int, tuple[int, list[np.ndarray]]] = field(default_factory=dict)
+    rows: int = 0
+    enumerated: bool = False
+
+    def stats(self) -> tuple[float, float, float]:
+        """Estimate ``exact + sum_r w_r est_r`` (``w_r`` its share of the draws), SE, dof.
+
+        A standard error 0 from draws that are not all enumerations (every pair of a few
+        draws fell on one mask) says nothing of the spread: its dof are 0, so it is never
+        taken as at a target (:func:`at_target`)."""
+        est, se, dof = combine_rounds(list(weighted_rounds(self.rounds).values()))
+        if se == 0 and any(not isinstance(c, ExactCell)
+                           for _, cells in self.rounds.values() for c in cells):
+            dof = 0.0
+        return est + self.exact, se, dof
+
+
+def paired(lead: Tally, other: Tally) -> tuple[float, float, float]:
+    """``lead - other`` on the rounds both drew in (common random numbers): estimate, SE, dof.
+
+    A round's cells are differenced draw by draw when both candidates' cells line up (the
+    same number of cells of the same sizes: the same stratified rates and mask positions, or
+    an estimator's draws on two sequences of one length from one seed); otherwise the two
+    rounds count as independent (their variances add). A candidate that stopped drawing is
+    compared on its own rounds, the leader's draws of those rounds weighted the same; an
+    exact candidate (no rounds) with all the leader's rounds.
+    """
+    ra, rb = set(lead.rounds), set(other.rounds)
+    common = ra & rb if ra and rb else ra | rb
+    a = weighted_rounds({r: lead.rounds[r] for r in common if r in ra})
+    b = weighted_rounds({r: other.rounds[r] for r in common if r in rb})
+    diff = []
+    for r in sorted(common):
+        ca, cb = a.get(r, []), b.get(r, [])
+        if ca and cb and len(ca) == len(cb) and all(x.shape == y.shape
+                                                    for x, y in zip(ca, cb, strict=True)):
+            diff.append([(x - y) if isinstance(x, ExactCell) and isinstance(y, ExactCell)
+                         else np.asarray(x) - np.asarray(y) for x, y in zip(ca, cb, strict=True)])
+        else:
+            diff.append(ca + [-c for c in cb])
+    est, se, dof = combine_rounds(diff)
+    return est + lead.exact - other.exact, se, dof
+
+
+class RoundDraw:
+    """What the engine asks of an estimator's draw: which sequences it enumerates, the
+    cells of one round, and what it learns between rounds (base class: nothing)."""
+
+    #: the allocation reported in the result (the rate draw's ``"learned"`` or ``"uniform"``)
+    allocation: str | None = None
+    #: the estimator whose draws these are (None: the rate draw)
+    name: str | None = None
+
+    def bind(self, lengths: np.ndarray, groups: list[list[int]],
+             keys: list[tuple[int, int]]) -> None:
+        """The sequences' lengths, their groups (questions) and each one's seed key."""
+        self.lengths, self.groups, self.keys = lengths, groups, keys
+        self.group_of = {i: q for q, m in enumerate(groups) for i in m}
+
+    def enumerates(self, length: int) -> bool:
+        raise NotImplementedError
+
+    def round_size(self, draws: int) -> int:
+        """The draws a round takes when ``draws`` are asked (an estimator drawing whole
+        batches rounds up to a multiple of its batch)."""
+        return draws
+
+    def most_rows(self, length: int, draws: int) -> int:
+        """The most masked inputs ``draws`` draws of a sequence of ``length`` can score."""
+        raise NotImplementedError
+
+    def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
+              run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
+                                            int]:
+        """Round r of the sequences ``todo`` ((sequence, draws) pairs): per sequence its
+        cells (None when enumerated), the exact part to add, the masked inputs; and the
+        model calls."""
+        raise NotImplementedError
+
+    def learn(self, active: list[int]) -> None:
+        """After a round of the groups ``active``."""
+
+
+class RateDraw(RoundDraw):
+    """The rate draw of Proposition 1 conditionally, with a rate density learned over rounds.
+
+    ``sum_{M=1..T} S_T(x; M) = S_T(x; T) + E_{M ~ q}[S_T(x; M) / q(M)]`` (M < T): the whole
+    continuation scored once (exactly, in round 0), and per round P draws on H = P/2 strata
+    of equal q-mass (:func:`stratified_rates`, :func:`masks_at_rates`: M = ceil(r (T-1)));
+    the candidates of a group share the rates and the order of positions (common random
+    numbers, from the group's key unless the caller gives each candidate its own). A short
+    sequence, whose ``2^T - 2`` other masks are no more than ``max(P, 2^EXACT_LENGTH - 2)``,
+    is scored on every mask instead (exact). With ``allocation="learned"`` q follows the
+    spread of a mask's score by rate bin (Neyman, :func:`density_of`), a group's own spread
+    shrunk toward the call's as if that were :data:`PRIOR_PAIRS` pairs per bin.
+    """
+
+    name = "learned-rate"
+
+    def __init__(self, num_masks: int, allocation: str = "learned", exact_length: int = 4
+                 ) -> None:
+        self.p, self.allocation, self.exact_length = num_masks, allocation, exact_length
+
+    def bind(self, lengths: np.ndarray, groups: list[list[int]],
+             keys: list[tuple[int, int]]) -> None:
+        super().bind(lengths, groups, keys)
+        self.density = RateDensity(np.ones(NUM_RATE_BINS))  # the call's (pooled), reported
+        self.densities = [self.density] * len(groups)  # each group's, for its next round
+        self.spread_sum = np.zeros((len(groups), NUM_RATE_BINS))
+        self.spread_n = np.zeros((len(groups), NUM_RATE_BINS))
+        self.tmax = [int(lengths[m].max()) for m in groups]
+
+    def enumerates(self, length: int) -> bool:
+        return bool(2.0 ** length - 2 <= max(self.p, 2 ** self.exact_length - 2) or length <= 1)
+
+    def most_rows(self, length: int, draws: int) -> int:
+        return 2 ** length - 1 if self.enumerates(length) else draws + 1
+
+    def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
+              run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
+                                            int]:
+        masks: dict[int, torch.Tensor] = {}
+        meta: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
+        for i, p in todo:
+            t, q = int(self.lengths[i]), self.group_of[i]
+            if self.enumerates(t):  # every mask, once
+                masks[i], meta[i] = every_mask(t), None
+                continue
+            g = torch.Generator().manual_seed(round_seed(*self.keys[i], r))
+            _, rates, order = stratified_rates(g, p, self.tmax[q], self.densities[q])
+            m, sizes = masks_at_rates(t, rates, order)
+            if r == 0:  # the whole continuation: S_T(x; |T|) exactly, once
+                m = torch.cat([m, torch.ones(1, t, dtype=torch.bool)])
+            masks[i], meta[i] = m, (rates, sizes)
+        order_ = sorted(masks)
+        out = run_pairs(scorer, [ids[i] for i in order_],
+                        lambda k, d, g: masks[order_[k]], seed=0, tag="sequential",
+                        spec={"kind": "sequential", "round": r,
+                              "total_pairs": int(sum(m.shape[0] for m in masks.values()))},
+                        desc="sequential draws", **_round_dir(run, r))
+        res: dict[int, tuple[list[np.ndarray] | None, float, int]] = {}
+        for i, s in zip(order_, out.sums, strict=True):
+            t, s = int(self.lengths[i]), np.asarray(s, dtype=np.float64)
+            rows = int(masks[i].shape[0])
+            if meta[i] is None:
+                res[i] = (None, enumerated_sum(s, masks[i].sum(1).numpy()), rows)
+                continue
+            rates, sizes = meta[i]
+            top = 0.0
+            if r == 0:
+                top, s = float(s[-1]) / t, s[:-1]
+            q = self.group_of[i]
+            y = s / (sizes * self.densities[q].size_probs(sizes, t))
+            h = len(y) // 2
+            res[i] = ([c for c in (y / h).reshape(h, 2)], top, rows)
+            score = s / sizes
+            b = np.minimum((rates * NUM_RATE_BINS).astype(int), NUM_RATE_BINS - 1)
+            pair = score.reshape(-1, 2)
+            np.add.at(self.spread_sum[q], b.reshape(-1, 2)[:, 0],
+                      (pair[:, 0] - pair[:, 1]) ** 2 / 2)
+            np.add.at(self.spread_n[q], b.reshape(-1, 2)[:, 0], 1)
+        return res, out.num_model_calls
+
+    def learn(self, active: list[int]) -> None:
+        if self.allocation != "learned" or self.spread_n.sum(0).min() <= 0:
+            return
+        pooled = self.spread_sum.sum(0) / self.spread_n.sum(0)
+        self.density = density_of(pooled)
+        for q in active:  # its own spread, shrunk toward the call's by PRIOR_PAIRS
+            self.densities[q] = density_of((self.spread_sum[q] + PRIOR_PAIRS * pooled)
+                                           / (self.spread_n[q] + PRIOR_PAIRS))
+
+
+class CellDraw(RoundDraw):
+    """Any ragged estimator's own draws as rounds, its rows allocated as the rounds learn.
+
+    A round of ``P`` draws scores :meth:`~mptlml.estimators.Estimator.sequence_cells` of
+    ``est.with_draws(P)``, seeded by the sequence's key and the round (sequences sharing a
+    key, equal-length candidates of a question, get the same draws); a sequence it would
+    score on every mask (:meth:`~mptlml.estimators.Estimator.enumerates_sequence`) is
+    enumerated once (exact). An estimator whose draw is a sum of several rows (the sizes
+    1..D_i of ``cumulative``, pooled in the strata of
+    :meth:`~mptlml.estimators.Estimator.ragged_strata`) gets, after the first round, the
+    ``R P`` masks of a round over its R rows in proportion to the spread of a row's term in
+    its stratum, pooled over the call (Neyman: ``c_k = R P s_h(k) / sum_j s_h(j)``, at least
+    2, ``s_h`` floored at :data:`DENSITY_FLOOR` of the largest, a stratum never drawn given
+    the largest); each round is unbiased given the counts, fixed before its draws.
+    """
+
+    def __init__(self, est: Any, allocation: str = "learned") -> None:
+        self.est, self.allocation = est, allocation
+
+    def bind(self, lengths: np.ndarray, groups: list[list[int]],
+             keys: list[tuple[int, int]]) -> None:
+        super().bind(lengths, groups, keys)
+        self.strata, h = self.est.ragged_strata(lengths)
+        self.spread_sum, self.spread_n = np.zeros(h), np.zeros(h)
+        self.sd: np.ndarray | None = None
+        if h < 2:  # one row per draw: nothing to allocate
+            self.allocation = None
+
+    def enumerates(self, length: int) -> bool:
+        return bool(self.est.enumerates_sequence(int(length)))
+
+    def round_size(self, draws: int) -> int:
+        unit = int(getattr(self.est, "draw_unit", 1))
+        return -(-int(draws) // unit) * unit
+
+    def most_rows(self, length: int, draws: int) -> int:
+        if self.enumerates(length):
+            return 2 ** length - 1
+        return int(self.est.masks_per_draw(int(length))) * int(draws)
+
+    def counts(self, i: int, p: int) -> np.ndarray:
+        """Draws per row of sequence i's round of ``p``: ``p`` each, or Neyman's."""
+        rows = self.strata[i]
+        if self.sd is None or len(rows) < 2:
+            return np.full(len(rows), int(p), dtype=np.int64)
+        w = self.sd[rows]
+        return np.maximum(2, np.round(p * len(rows) * w / w.sum())).astype(np.int64)
+
+    def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
+              run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
+                                            int]:
+        res: dict[int, tuple[list[np.ndarray] | None, float, int]] = {}
+        calls = 0
+        whole = [i for i, _ in todo if self.enumerates(int(self.lengths[i]))]
+        if whole:
+            out = run_pairs(scorer, [ids[i] for i in whole],
+                            lambda k, d, g: every_mask(d), seed=0, tag="every_mask",
+                            spec={"kind": "every_mask",
+                                  "total_pairs": int(sum(2 ** len(ids[i]) - 1 for i in whole))},
+                            desc="every mask", **_round_dir(run, r, "every_mask"))
+            calls += out.num_model_calls
+            for i, s in zip(whole, out.sums, strict=True):
+                t = int(self.lengths[i])
+                res[i] = (None, enumerated_sum(np.asarray(s), every_mask(t).sum(1).numpy()),
+                          2 ** t - 1)
+        for i, p in todo:
+            if i in res:
+                continue
+            est = self.est.with_draws(int(p))
+            d = int(self.lengths[i])
+            counts = self.counts(i, p)
+            cells, c = est.sequence_cells(scorer, [ids[i]], [counts],
+                                          round_seed(*self.keys[i], r),
+                                          **_round_dir(run, r, f"sequence_{i:06d}"))
+            calls += c
+            res[i] = (list(cells[0]), 0.0, int(est.scored_rows(d, counts)))
+            if len(self.strata[i]) == len(cells[0]):
+                for h, cell in zip(self.strata[i], cells[0], strict=True):
+                    if not isinstance(cell, ExactCell) and cell.size > 1:
+                        self.spread_sum[h] += float(np.var(cell, ddof=1))
+                        self.spread_n[h] += 1
+        return res, calls
+
+    def learn(self, active: list[int]) -> None:
+        seen = self.spread_n > 0
+        if self.allocation != "learned" or len(self.spread_n) < 2 or not seen.any():
+            return
+        sd = np.sqrt(self.spread_sum / np.maximum(self.spread_n, 1))
+        sd[~seen] = sd[seen].max()  # a stratum never drawn (enumerated rows) keeps the most
+        self.sd = np.maximum(sd, DENSITY_FLOOR * sd.max()) if sd.max() > 0 else None
+
+
+def _round_dir(run: dict[str, Any], r: int, part: str = "") -> dict[str, Any]:
+    """The runner's options for one call of round r: a checkpoint folder of its own under
+    ``checkpoint_dir/sequential`` (a rerun of the same call redraws the same rounds from the
+    same seeds and reuses their finished chunks)."""
+    if run.get("checkpoint_dir") is None:
+        return run
+    return {**run, "checkpoint_dir": Path(run["checkpoint_dir"]) / "sequential"
+            / f"round_{r:03d}" / part}
+
+
+#: a stop rule: ``rule(group, members, tallies, at_cap) -> (drawing, status, need)``: the
+#: members still drawing, the group's stop reason (None: go on) and the draws per member the
+#: next round is predicted to need (None: double)
+Rule = Callable[[int, list[int], list[Tally], bool], tuple[set[int], "str | None", "float | None"]]
+
+
+@dataclass
+class SequentialRun:
+    """What :func:`run_rounds` returns: per sequence its tally, per group its rounds, draws
+    per member and stop reason, and the model calls."""
+
+    tallies: list[Tally]
+    rounds: list[int]
+    drawn: list[int]
+    stop_reason: list[str]
+    num_model_calls: int
+    enumerated: np.ndarray
+
+
+def target_rule(targets: Sequence[float]) -> Rule:
+    """Stop a group once every member's SE is at its target (:func:`at_target`): members at
+    it stop drawing; the next round draws what the slowest needs (:func:`draws_needed`);
+    at the cap ``"budget"``."""
+
+    def rule(q: int, members: list[int], tallies: list[Tally], at_cap: bool
+             ) -> tuple[set[int], str | None, float | None]:
+        stats = {i: tallies[i].stats() for i in members if not tallies[i].enumerated}
+        drawing = {i for i, (_, se, dof) in stats.items() if not at_target(se, dof, targets[i])}
+        if not drawing:
+            return drawing, "target", None
+        if at_cap:
+            return drawing, "budget", None
+        drawn = max(sum(n for n, _ in tallies[i].rounds.values()) for i in drawing)
+        return drawing, None, max(draws_needed(float(drawn), stats[i][1], stats[i][2],
+                                               targets[i]) for i in drawing)
+
+    return rule
+
+
+def fixed_rule(q: int, members: list[int], tallies: list[Tally], at_cap: bool
+               ) -> tuple[set[int], str | None, float | None]:
+    """No stop rule: draw until the cap (``max_masks``, or one round of ``num_masks``)."""
+    return {i for i in members if not tallies[i].enumerated}, "fixed" if at_cap else None, None
+
+
+def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: list[list[int]],
+               keys: list[tuple[int, int]], *, num_masks: int, max_masks: Sequence[int],
+               rule: Rule, run: dict[str, Any], what: str = "the sequential draws",
+               remedy: str | None = "lower max_masks") -> SequentialRun:
+    """The sequential engine: rounds of ``draw`` over groups of sequences until each stops.
+
+    Every group (a question's candidates; one sequence for an estimate) starts with
+    ``num_masks`` draws per member (a member enumerated by the draw is scored on every mask
+    once, exact); after each round the draw learns (the rate density, pooled over the call)
+    and ``rule`` says which members go on drawing and whether the group stops; the next
+    round doubles the draws so far (:func:`next_draws`), or draws what the rule predicts it
+    needs, within ``max_masks[q]`` draws per member (at the cap the rule names the stop).
+    The rounds of all active groups are scored together (one batch of masks per round).
+
+    Parameters
+    ----------
+    draw : RoundDraw
+        :class:`RateDraw` or :class:`CellDraw` (an estimator's draws).
+    scorer : RaggedMaskedModel
+        The model (with its contexts, :func:`mptlml.models.conditional.with_context`).
+    ids : list of LongTensor
+        The sequences' (continuations') content ids.
+    groups : list of list of int
+        The sequences of each group (common random numbers within it).
+    keys : list of (int, int)
+        The seed key of each sequence: round r of sequence i draws from
+        ``round_seed(*keys[i], r)``.
+    num_masks : int
+        Draws per member in the first round.
+    max_masks : list of int
+        Most draws per member of each group.
+    rule : callable
+        :func:`target_rule`, :func:`fixed_rule` or the caller's (compare's decision).
+    run : dict
+        The runner's options (``token_budget``, ``batch_size``, ``chunk_size``, ``progress``).
+    what : str
+        The run, named in the refusal, before any draw, of a run whose cap (``max_masks``
+        draws of every member) could score more than ``mptlml.settings.max_masked_inputs``
+        masked inputs (:func:`~mptlml._scoring.ragged.check_run_size`).
+    remedy : str, optional
+        What its caller can lower, in that refusal.
+
+    Returns
+    -------
+    SequentialRun
+    """
+    lengths = np.array([len(t) for t in ids], dtype=np.int64)
+    draw.bind(lengths, groups, keys)
+    enumerated = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
+    cap = {i: max_masks[q] for q, m in enumerate(groups) for i in m}
+    check_run_size([draw.most_rows(int(d), draw.round_size(cap[i]))
+                    for i, d in enumerate(lengths)], lengths.tolist(), what, remedy)
+    tallies = [Tally() for _ in ids]
+    n = len(groups)
+    rounds, drawn = [0] * n, [0] * n
+    round_draws = [draw.round_size(int(num_masks))] * n
+    status = ["fixed"] * n
+    drawing = [set(m) for m in groups]
+    calls, r = 0, 0
+    active = list(range(n))
+    while active:
+        todo: list[tuple[int, int]] = [(i, round_draws[q]) for q in active for i in groups[q]
+                if i in drawing[q] and not (enumerated[i] and r > 0)]
+        out, c = draw.score(scorer, ids, todo, r, run) if todo else ({}, 0)
+        calls += c
+        asked = dict(todo)
+        for i, (cells, exact, rows) in out.items():
+            t = tallies[i]
+            t.exact += exact
+            t.rows += rows
+            if cells is None:
+                t.enumerated = True
+            else:
+                t.rounds[r] = (asked[i], cells)
+        for q in active:
+            rounds[q] += 1
+            drawn[q] += round_draws[q]
+        draw.learn(active)
+        r += 1
+        still = []
+        for q in active:
+            if enumerated[groups[q]].all():  # nothing to draw: every member exact
+                status[q] = "exact"
+                continue
+            at_cap = drawn[q] + 2 > max_masks[q]
+            drawing[q], stop, need = rule(q, groups[q], tallies, at_cap)
+            drawing[q] -= {i for i in groups[q] if enumerated[i]}
+            if stop is None and at_cap:
+                stop = "budget"
+            if stop is not None:
+                status[q] = stop
+                continue
+            still.append(q)
+            round_draws[q] = draw.round_size(next_draws(drawn[q], max_masks[q], need))
+        active = still
+    return SequentialRun(tallies, rounds, drawn, status, calls, enumerated)

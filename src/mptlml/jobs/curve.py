@@ -9,7 +9,7 @@ The job :data:`JOB` (:class:`CurveConfig`, :func:`load_curve`,
 - ``curve.csv``: model (its name), weights (``pretrained`` or ``random_init``),
   rate, mean log-prob of the masked tokens, standard error;
 - ``per_sequence.csv``: model, weights, id, D_i, LML estimate D_i * mean_k S_ik
-  (and the exact cumulative sum when computed), PLL when computed; with
+  (and the cumulative estimate when computed), PLL when computed; with
   contexts (a conditional curve, log p(x_T | x_C)), a ``context`` column;
 - ``pll_tokens.csv`` (with the PLL, unconditional runs): model, weights and the
   columns of :meth:`~mptlml.estimators.results.TokenScores.to_pandas` (datum,
@@ -80,7 +80,8 @@ class MLMRunConfig(RunConfig):
     seed: int = setting(0, "seed of the masks", min=0)
     nominal_length: float | None = setting(None, "L of the area (L/100) * sum (the paper: 512; "
                                            "none: the mean sequence length)", gt=0)
-    exact: bool = setting(False, "also the exact cumulative sum over M = 1..D_i (D_i*P pairs)")
+    cumulative: bool = setting(False, "also the cumulative estimate, the sum over M = 1..D_i "
+                               "of P masks each (D_i*P pairs)")
     pll: bool = setting(False, "also the pseudo-log-likelihood, per token in pll_tokens.csv")
     pll_variant: str = setting("original", "PLL masking: one token at a time, or word_l2r "
                                "(Kauf & Ivanova 2023: a word's later sub-tokens masked too)",
@@ -172,7 +173,7 @@ def score_models(models: Mapping[str, MaskedLM], texts: Sequence[str], cfg: MLMR
         target_se = getattr(cfg, "target_se", None)
         curve = partial(mpt_curve, target_se=target_se, max_masks=getattr(cfg, "max_masks", None))
         res = curve(model, texts, rates=rates, num_masks=cfg.num_masks, seed=cfg.seed,
-                    nominal_length=cfg.nominal_length, exact=cfg.exact, ids=ids,
+                    nominal_length=cfg.nominal_length, cumulative=cfg.cumulative, ids=ids,
                     whole_word=cfg.whole_word, context=contexts, **run)
         entry: dict[str, Any] = {"curve": res, "placement": {**model.placement(),
                                                              "world_size": world}}
@@ -226,9 +227,9 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
                    "lml_riemann": float(res.lml[i]),  # type: ignore[index]
                    "lml_riemann_se": float(res.lml_stderr[i]),  # type: ignore[index]
                    "area": float(res.nominal_length * (scores[i] * widths).sum())}
-            if res.lml_exact is not None and res.lml_exact_stderr is not None:
-                row["lml_exact"] = float(res.lml_exact[i])
-                row["lml_exact_se"] = float(res.lml_exact_stderr[i])
+            if res.lml_cumulative is not None and res.lml_cumulative_stderr is not None:
+                row["lml_cumulative"] = float(res.lml_cumulative[i])
+                row["lml_cumulative_se"] = float(res.lml_cumulative_stderr[i])
             if p is not None:
                 row["pll"] = float(p[i])
             seq_rows.append(row)
@@ -248,12 +249,9 @@ def write_curves(run_dir: RunDir, scored: Mapping[str, Mapping[str, Any]], *,
             summary[label]["conditional"] = "log p(text | context): masks drawn in the text"
         if res.target_se is not None:
             summary[label] |= {"target_se": res.target_se, "stop_reason": res.stop_reason,
-                               "allocation": res.allocation,
-                               "masks_per_rate": res.extra.get("masks_per_rate"),
-                               "masked_inputs_wanted_per_sequence":
-                                   res.extra.get("masks_wanted")}
-        if res.lml_exact is not None:
-            summary[label]["mean_lml_exact"] = float(res.lml_exact.mean())
+                               "rounds_per_sequence": res.extra.get("rounds")}
+        if res.lml_cumulative is not None:
+            summary[label]["mean_lml_cumulative"] = float(res.lml_cumulative.mean())
         if p is not None:
             summary[label]["mean_pll"] = float(p.mean())
         drawn[f"{label} (area {res.area:.1f})"] = (res.rates, res.mean.numpy(), res.stderr.numpy())
@@ -342,8 +340,8 @@ class CurveConfig(MLMRunConfig):
         if self.max_masks is not None and self.target_se is None:
             raise ValueError("--max-masks bounds the masks that --target-se plans; give "
                              "--target-se too, or set the masks yourself with --num-masks.")
-        if self.target_se is not None and self.exact:
-            raise ValueError("--exact does not combine with --target-se (the exact cumulative "
+        if self.target_se is not None and self.cumulative:
+            raise ValueError("--cumulative does not combine with --target-se (the cumulative "
                              "sum is a separate estimate at --num-masks per size); drop one.")
         if self.context_column is not None and (self.whole_word
                                                 or self.pll_variant != "original"):
@@ -422,7 +420,7 @@ def curve_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
         row |= {"sequences": s["num_sequences"], "area": s["area"], "area_se": s["area_se"],
                 "L": s["nominal_length"], "mean_lml_riemann": s["mean_lml_riemann"],
                 "mc_se": s.get("mc_se")}
-        row.update({k: s[k] for k in ("mean_lml_exact", "mean_pll", "target_se", "stop_reason")
+        row.update({k: s[k] for k in ("mean_lml_cumulative", "mean_pll", "target_se", "stop_reason")
                     if k in s})
         rows.append(row)
     return rows

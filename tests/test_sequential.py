@@ -1,0 +1,153 @@
+"""The sequential engine (``estimators/sequential.py``) under ``estimate_lml(target_se=)``,
+``compare`` and their stop reasons.
+
+References: the exhaustive conditional MPT sum of short continuations (``BertForMaskedLM``
+called directly, every mask of every size inside the continuation, the context visible:
+``tests/mlm_helpers.exhaustive_masked_sum``), and the spread of seeded runs.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import mptlml
+from mptlml.estimators import FixedRate, LLaDA, RandomSize, Riemann, register, unregister
+from mptlml.estimators.sequential import STOP_REASONS
+
+from .test_compare import exhaustive_conditional
+
+CONTEXT = "the cat sat on"
+#: 11 tokens: drawn, not enumerated
+LONG = " the big red mat and the small blue house"
+#: 5 and 6 tokens: drawn at the masks asked here, short enough to enumerate for a reference
+SHORT = [" the big red mat and", " a small blue house or the"]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    return np.array([exhaustive_conditional(tiny, CONTEXT, c) for c in SHORT])
+
+
+@pytest.mark.parametrize("estimator", ["learned-rate", "cumulative", "random-size"])
+def test_one_target_costs_the_same_through_estimate_lml_and_compare(tiny, estimator):
+    """One continuation at one target SE: the same draws, rounds and masked inputs through
+    both doors. Before the engine, estimate_lml planned from a pilot (at target 0.25 on this
+    continuation: 524-568 masked inputs for cumulative, 332-1200 for random-size, over 3
+    seeds) and compare drew its rounds (513): two costs for one question."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a target past the cap says so
+        for seed in (0, 1):
+            e = mptlml.estimate_lml(tiny, [LONG], estimator, context=CONTEXT, target_se=0.5,
+                                    num_masks=4, seed=seed)
+            c = mptlml.compare(tiny, [CONTEXT], [[LONG]], target_se=0.5, num_masks=4,
+                               seed=seed, estimator=estimator)
+            assert e.num_masked_rows == c.num_masked_rows[0] > 0
+            assert e.mean == pytest.approx(float(c.scores[0][0]), abs=1e-12)
+            assert e.stderr == pytest.approx(float(c.stderr[0][0]), abs=1e-12)
+            assert e.stop_reason == c.stop_reason[0] in ("target", "budget")
+
+
+@pytest.mark.slow
+def test_the_engine_s_standard_error_at_target_covers_the_exhaustive_value(tiny, reference):
+    """Rounds until each SE is at the target (the rate density learned as they go): over
+    80 seeds each continuation is centred on its exhaustive sum and ``|z| > 2`` in at most
+    about 5% of the runs (calibrated SEs on at least TARGET_MIN_DOF dof)."""
+    n, target = 80, 0.3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        runs = [mptlml.estimate_lml(tiny, SHORT, "learned-rate", context=CONTEXT,
+                                    target_se=target, num_masks=4, seed=s) for s in range(n)]
+    est = np.stack([r.per_sample.numpy() for r in runs])
+    se = np.stack([r.per_sample_stderr.numpy() for r in runs])
+    assert np.all(se > 0)  # drawn, not enumerated
+    z = (est - reference) / se
+    assert np.mean(np.abs(z) > 2) <= 0.10, np.mean(np.abs(z) > 2, axis=0)
+    assert np.all(np.abs(est.mean(0) - reference) < 4 * est.std(0, ddof=1) / math.sqrt(n))
+    reached = [r for r in runs if r.stop_reason == "target"]
+    assert len(reached) > n / 2 and all(r.stderr <= target for r in reached)
+
+
+def _every_ragged_estimator() -> list:
+    """Every registered ragged estimator, as a name or (options it needs) an instance."""
+    need = {"fixed-rate": FixedRate(rate=0.3), "llada": LLaDA(8, batch=4),
+            "riemann": Riemann(rates=[0.2, 0.5, 0.8])}
+    return [need.get(n, n) for n in mptlml.estimators.available(ragged=True)]
+
+
+@pytest.mark.parametrize("estimator", _every_ragged_estimator(),
+                         ids=lambda e: getattr(e, "name", e))
+def test_compare_takes_every_ragged_estimator_on_common_random_numbers(tiny, reference,
+                                                                       estimator):
+    """Each ragged estimator scores compare's candidates in its rounds: two copies of one
+    candidate get the same draws (a paired SE 0), an exact estimator gives the exhaustive
+    sums, and an unbiased one is centred on them over seeds."""
+    name = getattr(estimator, "name", estimator)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # few dof at 8 masks
+        twin = mptlml.compare(tiny, [CONTEXT], [[SHORT[0], SHORT[0]]], num_masks=8, seed=3,
+                              estimator=estimator)
+        assert twin.scores[0][0] == twin.scores[0][1] and twin.paired_stderr[0][1] == 0
+        assert twin.extra["estimator"] == name
+        runs = [mptlml.compare(tiny, [CONTEXT], [SHORT], num_masks=8, seed=s,
+                               estimator=estimator) for s in range(12)]
+    scores = np.stack([r.scores[0] for r in runs])
+    assert np.all(np.isfinite(scores))
+    if name == "exhaustive":
+        assert np.allclose(scores, reference, atol=1e-5) and runs[0].stop_reason == ["exact"]
+    elif mptlml.estimators.get(name).unbiased:
+        spread = scores.std(0, ddof=1) / math.sqrt(len(runs))
+        assert np.all(np.abs(scores.mean(0) - reference) < 4.5 * spread + 1e-5), (
+            scores.mean(0), reference)
+
+
+def test_compare_refuses_an_estimator_of_dense_data_only_naming_the_argument(tiny):
+    class DenseOnly(RandomSize):
+        name = "dense-only"
+        ragged = False
+
+    register(DenseOnly, replace=True)
+    try:
+        with pytest.raises(ValueError, match="estimator='dense-only' estimates dense"):
+            mptlml.compare(tiny, [CONTEXT], [SHORT], estimator="dense-only")
+        with pytest.raises(ValueError, match="estimator='no-such' is not a registered"):
+            mptlml.compare(tiny, [CONTEXT], [SHORT], estimator="no-such")
+        with pytest.raises(ValueError, match="allocation='uniform' is the rate draw's"):
+            mptlml.compare(tiny, [CONTEXT], [SHORT], estimator="cumulative",
+                           allocation="uniform")
+    finally:
+        unregister("dense-only")
+
+
+def test_every_result_reports_a_stop_reason_of_the_one_vocabulary(tiny):
+    """estimate_lml, mpt_curve and compare name why they stopped from STOP_REASONS (None:
+    no stop rule was asked)."""
+    from mptlml.models import PPCA
+
+    ppca = PPCA.random(6, 2, sigma2=0.3, seed=0)
+    x = ppca.sample(8, generator=0)
+    seen: list = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        seen.append(mptlml.estimate_lml(ppca, x, num_masks=2, seed=0).stop_reason)
+        seen.append(mptlml.estimate_lml(ppca, x, target_se=0.05, seed=0).stop_reason)
+        seen.append(mptlml.estimate_lml(ppca, x, target_se=1e-4, max_masks=80,
+                                        seed=0).stop_reason)
+        seen.append(mptlml.mpt_curve(ppca, x, target_se=0.05, seed=0).stop_reason)
+        for est in ("learned-rate", "cumulative"):
+            seen.append(mptlml.estimate_lml(tiny, SHORT, est, context=CONTEXT, target_se=0.5,
+                                            seed=0).stop_reason)
+            seen.append(mptlml.estimate_lml(tiny, SHORT, est, context=CONTEXT, target_se=0.01,
+                                            max_masks=16, seed=0).stop_reason)
+        seen.append(mptlml.estimate_lml(tiny, [" a mat"], "learned-rate", context=CONTEXT,
+                                        target_se=0.5, seed=0).stop_reason)
+        seen.append(mptlml.mpt_curve(tiny, SHORT, rates=[0.3, 0.7], target_se=0.5,
+                                     seed=0).stop_reason)
+        for kw in ({}, {"max_masks": 32}, {"decide": True}, {"target_se": 0.5}):
+            seen += mptlml.compare(tiny, [CONTEXT] * 2, [SHORT, [" a mat", " a dog"]],
+                                   num_masks=8, seed=0, **kw).stop_reason
+    assert set(seen) - {None} <= set(STOP_REASONS), set(seen) - set(STOP_REASONS)
+    assert {"fixed", "target", "budget", "exact"} <= set(seen)
