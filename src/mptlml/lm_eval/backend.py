@@ -48,9 +48,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import torch
-from scipy import stats as sps
 
 from .._optional import require
 from .._scoring.distributed import (
@@ -61,11 +59,9 @@ from .._scoring.distributed import (
     resolve_device,
     shard,
 )
-from .._scoring.ragged import seq_seed
 from .._validation import check_positive_int
 from ..estimators.compare import EXACT_LENGTH, compare
-from ..estimators.llada import llada_scores
-from ..estimators.stats import welch_dof
+from ..estimators.llada import llada_questions
 from ..models import MaskedLM
 from ..models.sequence_input import context_bos, encode_with_context, window_pairs
 from .greedy import greedy_reproduces
@@ -590,11 +586,12 @@ class MPTLM(LM):
     def _compare(self, contexts: list[list[int]], candidates: list[list[list[int]]],
                  seeds: list[int]) -> Any:
         """The questions scored by the run's scheme: :func:`mptlml.compare`'s result, or
-        LLaDA's estimate of each candidate in the same fields (:func:`_llada_questions`)."""
+        LLaDA's estimate of each candidate in the same fields
+        (:func:`~mptlml.estimators.llada.llada_questions`)."""
         if self.scheme == "llada":
-            return _llada_questions(self.model, contexts, candidates, seeds, self.mc_num,
-                                    int(self.batch_size), token_budget=self.token_budget,
-                                    progress=self.progress, cfg_scale=self.cfg)
+            return llada_questions(self.model, contexts, candidates, seeds, self.mc_num,
+                                   int(self.batch_size), token_budget=self.token_budget,
+                                   progress=self.progress, cfg_scale=self.cfg)
         return compare(self.model, contexts, candidates, seed=seeds, **self._compare_options())
 
     def _compare_options(self) -> dict[str, Any]:
@@ -670,54 +667,3 @@ class MPTLM(LM):
             "(multiple-choice) and loglikelihood_rolling (perplexity) tasks. Run generation "
             "tasks (generate_until, e.g. gsm8k) with a model that generates, such as lm-eval's "
             "'hf' backend or a masked-diffusion LM's own sampler.")
-
-
-def _llada_questions(model: MaskedLM, contexts: list[list[int]],
-                     candidates: list[list[list[int]]], seeds: list[int], mc_num: int,
-                     batch: int, **run: Any) -> SimpleNamespace:
-    """LLaDA's estimate of every candidate (each its own masks), as a comparison's fields.
-
-    Candidate j of question q draws from ``seq_seed(seeds[q], j)``; the leader's lead
-    over candidate k has the standard error ``sqrt(se_lead^2 + se_k^2)`` (independent
-    masks), its threshold the t quantile at their Welch degrees of freedom
-    (:func:`mptlml.compare`'s rule for one look).
-    """
-    flat = [(q, j) for q, c in enumerate(candidates) for j in range(len(c))]
-    res = llada_scores(model, [contexts[q] for q, _ in flat],
-                       [candidates[q][j] for q, j in flat], mc_num=mc_num, batch=batch,
-                       seed=[seq_seed(seeds[q], j) for q, j in flat], **run)
-    out = SimpleNamespace(scores=[], stderr=[], exact=[], candidate_masked_rows=[],
-                          num_masked_rows=[], stderr_dof=[], rounds=[], stop_reason=[],
-                          choice=[], decided=[], margin_z=[], z_threshold=[],
-                          paired_stderr=[])
-    dof = float(res.batches - 1)
-    w = 0
-    for cands in candidates:
-        k = len(cands)
-        est, se = res.scores[w:w + k], res.stderr[w:w + k]
-        rows = res.masked_inputs[w:w + k]
-        w += k
-        lead = int(np.argmax(est))
-        pse = np.sqrt(se[lead] ** 2 + se ** 2)
-        pse[lead] = 0.0
-        z = np.where(pse > 0, (est[lead] - est) / np.where(pse > 0, pse, 1.0), np.inf)
-        z[lead] = np.inf
-        runner = int(np.argmin(z))
-        welch = (welch_dof(torch.tensor([se[lead] ** 2, se[runner] ** 2]), dof)
-                 if k > 1 and dof > 0 else math.inf)
-        thr = float(sps.t.isf(0.025, welch) if math.isfinite(welch) else sps.norm.isf(0.025))
-        margin = float(z.min())
-        out.scores.append(est)
-        out.stderr.append(se)
-        out.exact.append(rows == 0)  # an empty continuation: 0, exactly
-        out.candidate_masked_rows.append(rows)
-        out.num_masked_rows.append(int(rows.sum()))
-        out.stderr_dof.append(dof)
-        out.rounds.append(1)
-        out.stop_reason.append("spent")
-        out.choice.append(lead)
-        out.decided.append(margin > thr)
-        out.margin_z.append(margin)
-        out.z_threshold.append(thr)
-        out.paired_stderr.append(pse)
-    return out
