@@ -355,6 +355,19 @@ def encode_with_context(model: Any, contexts: Any, continuations: Any, *,
             cont_ids = model.encode(conts)
             full = model.encode([torch.cat([ctx_ids[i], t]) if i in ctx_ids else t
                                  for i, t in enumerate(cont_ids)])  # the joined length
+    if grouped:  # the unknown tokens: each named continuation, the contexts, the joined
+        try:
+            if names is not None:
+                model.check_unknown([t[len(ctx_ids.get(i, ())):] for i, t in enumerate(full)],
+                                    names=names)
+            model.check_unknown(list(ctx_ids.values()))
+            if not from_text:
+                model.check_unknown(cont_ids)
+            model.check_unknown(full)
+        except ValueError:
+            if from_text and names is None:  # the named texts keep their own refusal
+                _blame_the_join(model, ctxs, conts)
+            raise
     num_context = []
     for i, t in enumerate(full):
         c = ctx_ids.get(i, torch.zeros(0, dtype=torch.long))
@@ -368,14 +381,6 @@ def encode_with_context(model: Any, contexts: Any, continuations: Any, *,
                           f"{n} tokens visible, the other {len(t) - n} scored).",
                           ContextBoundaryWarning, stacklevel=3)
         num_context.append(n)
-    if grouped:  # the unknown tokens: each named continuation, the contexts, the joined
-        if names is not None:
-            model.check_unknown([t[n:] for t, n in zip(full, num_context, strict=True)],
-                                names=names)
-        model.check_unknown(list(ctx_ids.values()))
-        if not from_text:
-            model.check_unknown(cont_ids)
-        model.check_unknown(full)
     if from_text and word_warnings:
         _warn_completed_words(model, joined, full, num_context)
     if len(bos):
