@@ -27,10 +27,10 @@ from lm_eval.tasks import TaskManager
 
 import mptlml
 import mptlml.lm_eval as mle
-from mptlml.lm_eval.backend import _windows
 from mptlml.lm_eval.greedy import greedy_reproduces
 from mptlml.lm_eval.records import summarize
 from mptlml.models import MaskedLM
+from mptlml.models.sequence_input import rolling_windows as _windows
 
 from .mlm_helpers import make_tiny_bert
 

@@ -138,3 +138,104 @@ def test_sampling_refuses_float_allowed_ids(tiny):
     mlm, _ = tiny
     with pytest.raises(TypeError, match="allowed_ids, position 0: 5.5"):
         sample_random_order(mlm, 2, 3, allowed_ids=[5.5, 6])
+
+
+# ---------------------------------------------------------------- (context, continuation) pairs
+PAIRS = [("the cat sat", " on a mat"), ("the cat sat ", "on a mat"), ("the cat", " sat on a mat"),
+         ("", "a big mat")]
+
+
+def _split_by_the_tokenizer(tok, context: str, cont: str) -> tuple[list[int], list[int]]:
+    """lm-eval's split, by the tokenizer called directly: the context's trailing space moves
+    to the continuation; the continuation is the joined text's tokens after the context's."""
+    ctx = context.rstrip()
+    c = tok(ctx, add_special_tokens=False)["input_ids"] if ctx else []
+    full = tok(ctx + context[len(ctx):] + cont, add_special_tokens=False)["input_ids"]
+    return c, full[len(c):]
+
+
+def _metaspace_lm(family: str) -> MaskedLM:
+    """A sentencepiece-like tokenizer (a word's leading space is its own token's) with BOS,
+    EOS and a mask token, on a module of independent tokens, as ``family`` scores it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from .diffusion_helpers import IndependentLM
+
+    words = "the cat sat on a mat big".split()
+    vocab = ["[PAD]", "[UNK]", "<bos>", "<eos>", "<mask>", "\u2581",
+             *("\u2581" + w for w in words), *words]
+    tk = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(vocab)},
+                                    unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tk.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]",
+                                  bos_token="<bos>", eos_token="<eos>", mask_token="<mask>")
+    return MaskedLM(IndependentLM(len(vocab), seed=1), tok, family=family,
+                    mask_token_id=tok.mask_token_id)
+
+
+@pytest.mark.parametrize("family", ["bert", "dream", "llada"])
+def test_a_pair_is_tokenised_as_the_tokenizer_splits_its_joined_text(tiny, family):
+    """encode_with_context, the one tokenisation of (context, continuation) at every door,
+    equals the tokenizer called on the pieces: BERT's WordPiece, and a sentencepiece-like
+    tokenizer (where the leading space belongs to the word) under Dream's frame (BOS/EOS,
+    prepended BOS already there) and LLaDA's (the tokenizer's frame: add_bos puts a BOS
+    before each context, visible)."""
+    from mptlml.models.sequence_input import context_bos, encode_with_context
+
+    lm = tiny[0] if family == "bert" else _metaspace_lm(family)
+    tok = lm.tokenizer
+    want = [_split_by_the_tokenizer(tok, c, x) for c, x in PAIRS]
+    if family != "bert":  # the space before "on" is one token ▁on, on either side of the join
+        assert want[0] == want[1]
+        assert tok.convert_ids_to_tokens(want[1][1])[0] == "\u2581on"
+    ids, nctx = encode_with_context(lm, [c for c, _ in PAIRS], [x for _, x in PAIRS])
+    assert [(t[:n].tolist(), t[n:].tolist()) for t, n in zip(ids, nctx, strict=True)] == want
+    if family == "dream":  # Dream's frame leads with the BOS: nothing is added before contexts
+        assert (lm.prefix, lm.suffix) == ([tok.bos_token_id], [tok.eos_token_id])
+        assert context_bos(lm, True) == []
+    elif family == "llada":
+        bos = context_bos(lm, True)
+        assert bos == [tok.bos_token_id] and context_bos(lm, False) == []
+        ids, nctx = encode_with_context(lm, [c for c, _ in PAIRS], [x for _, x in PAIRS],
+                                        bos=bos)
+        assert [(t[:n].tolist(), t[n:].tolist()) for t, n in zip(ids, nctx, strict=True)] == [
+            (bos + c, x) for c, x in want]
+    else:
+        with pytest.raises(ValueError, match="no BOS token"):
+            context_bos(lm, True)
+
+
+def test_an_lm_eval_request_is_tokenised_in_one_pass(tiny, monkeypatch):
+    """The lm-eval backend calls the tokenizer once for all its requests, on each joined
+    text and each distinct context (a question's candidates share theirs), and compare
+    does not tokenize again (it is handed ids)."""
+    from lm_eval.api.instance import Instance
+
+    import mptlml.lm_eval as mle
+
+    mlm, tok = tiny
+    calls: list[list[str]] = []
+    real = type(tok).__call__
+
+    def counting(self, text, *args, **kwargs):
+        calls.append(list(text) if isinstance(text, list | tuple) else [text])
+        return real(self, text, *args, **kwargs)
+
+    docs = [("the cat sat on ", ["a mat", "the dog"]), ("a big dog", [" ran", " is big", " sat"])]
+    reqs = [Instance("loglikelihood", {}, (c, x), i, ("t", d, 1))
+            for d, (c, xs) in enumerate(docs) for i, x in enumerate(xs)]
+    model = mle.MPTLM(mlm, num_masks=4, greedy=False)
+    monkeypatch.setattr(type(tok), "__call__", counting)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.loglikelihood(reqs)
+    monkeypatch.undo()
+    assert len(calls) == 1  # one pass
+    joined = [c.rstrip() + c[len(c.rstrip()):] + x for c, xs in docs for x in xs]
+    assert sorted(calls[0]) == sorted(joined + [c.rstrip() for c, _ in docs])
+    # the ids scored are the tokenizer's split of each request
+    (cmp_ids,) = [model._pair_ids([mle.backend._Key("t", 0, 0, ("the cat sat on ", "a mat"))])]
+    c, x = _split_by_the_tokenizer(tok, "the cat sat on ", "a mat")
+    assert (cmp_ids[0][0].tolist(), cmp_ids[1][0].tolist()) == (c, x)

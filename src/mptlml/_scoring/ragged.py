@@ -50,9 +50,15 @@ __all__ = ["MAX_SEQUENCE_MASK_BYTES", "RunOutput", "check_run_size", "encode_uni
            "seq_seed", "targeted", "token_masks", "unit_counts", "word_model"]
 
 
-def seq_seed(seed: int, index: int) -> int:
-    """The seed of sequence ``index``'s generator in a run seeded by ``seed``."""
-    return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1)[0])
+def seq_seed(seed: int, *keys: int) -> int:
+    """The seed of the generator named by integer ``keys`` in a run seeded by ``seed``.
+
+    ``numpy.random.SeedSequence([seed, *keys])``'s first 32-bit word: sequence ``i``'s
+    generator is ``seq_seed(seed, i)``, question q's round r ``seq_seed(seed, q, r)``;
+    distinct keys give independent streams.
+    """
+    return int(np.random.SeedSequence([int(seed), *(int(k) for k in keys)]
+                                      ).generate_state(1)[0])
 
 
 # ---------------------------------------------------------------------- scoring units

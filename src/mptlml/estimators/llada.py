@@ -27,12 +27,15 @@ switching to its own estimators: :class:`LLaDA` (``estimate_lml(model, x,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
+from scipy import stats as sps
 
 from .._scoring.ragged import run_pairs, seq_seed
 from .._validation import check_positive_int
@@ -40,8 +43,10 @@ from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .api import register
 from .base import Estimator
+from .stats import welch_dof
 
-__all__ = ["LLaDA", "LLaDAScores", "llada_counts", "llada_masks", "llada_scores"]
+__all__ = ["LLaDA", "LLaDAScores", "llada_counts", "llada_masks", "llada_questions",
+           "llada_scores"]
 
 
 def llada_counts(k: int, length: int, batch: int) -> np.ndarray:
@@ -240,3 +245,77 @@ def llada_scores(model: RaggedMaskedModel, contexts: Sequence[Any],
                        for m in means])
     rows = np.array([mc_num if m.size else 0 for m in means], dtype=np.int64)
     return LLaDAScores(scores, stderr, n, rows, calls)
+
+
+def llada_questions(model: RaggedMaskedModel, contexts: list[list[int]],
+                    candidates: list[list[list[int]]], seeds: list[int], mc_num: int,
+                    batch: int, **run: Any) -> SimpleNamespace:
+    """LLaDA's estimate of every candidate (each its own masks), as a comparison's fields.
+
+    Candidate j of question q draws from ``seq_seed(seeds[q], j)``; the leader's lead
+    over candidate k has the standard error ``sqrt(se_lead^2 + se_k^2)`` (independent
+    masks), its threshold the t quantile at their Welch degrees of freedom
+    (:func:`mptlml.compare`'s rule for one look).
+
+    Parameters
+    ----------
+    model : RaggedMaskedModel
+    contexts : list of token-id lists
+        One per question.
+    candidates : list of list of token-id lists
+        Each question's candidate continuations.
+    seeds : list of int
+        One per question.
+    mc_num, batch : int
+        As for :func:`llada_scores`.
+    **run
+        Passed to :func:`llada_scores` (``token_budget``, ``progress``, ``cfg_scale``).
+
+    Returns
+    -------
+    SimpleNamespace
+        Per question, the fields of :class:`~mptlml.estimators.compare.Comparison`
+        that the lm-eval records read (``scores``, ``stderr``, ``exact``,
+        ``candidate_masked_rows``, ``num_masked_rows``, ``stderr_dof``, ``rounds``,
+        ``stop_reason`` ``"spent"``, ``choice``, ``decided``, ``margin_z``,
+        ``z_threshold``, ``paired_stderr``).
+    """
+    flat = [(q, j) for q, c in enumerate(candidates) for j in range(len(c))]
+    res = llada_scores(model, [contexts[q] for q, _ in flat],
+                       [candidates[q][j] for q, j in flat], mc_num=mc_num, batch=batch,
+                       seed=[seq_seed(seeds[q], j) for q, j in flat], **run)
+    out = SimpleNamespace(scores=[], stderr=[], exact=[], candidate_masked_rows=[],
+                          num_masked_rows=[], stderr_dof=[], rounds=[], stop_reason=[],
+                          choice=[], decided=[], margin_z=[], z_threshold=[],
+                          paired_stderr=[])
+    dof = float(res.batches - 1)
+    w = 0
+    for cands in candidates:
+        k = len(cands)
+        est, se = res.scores[w:w + k], res.stderr[w:w + k]
+        rows = res.masked_inputs[w:w + k]
+        w += k
+        lead = int(np.argmax(est))
+        pse = np.sqrt(se[lead] ** 2 + se ** 2)
+        pse[lead] = 0.0
+        z = np.where(pse > 0, (est[lead] - est) / np.where(pse > 0, pse, 1.0), np.inf)
+        z[lead] = np.inf
+        runner = int(np.argmin(z))
+        welch = (welch_dof(torch.tensor([se[lead] ** 2, se[runner] ** 2]), dof)
+                 if k > 1 and dof > 0 else math.inf)
+        thr = float(sps.t.isf(0.025, welch) if math.isfinite(welch) else sps.norm.isf(0.025))
+        margin = float(z.min())
+        out.scores.append(est)
+        out.stderr.append(se)
+        out.exact.append(rows == 0)  # an empty continuation: 0, exactly
+        out.candidate_masked_rows.append(rows)
+        out.num_masked_rows.append(int(rows.sum()))
+        out.stderr_dof.append(dof)
+        out.rounds.append(1)
+        out.stop_reason.append("spent")
+        out.choice.append(lead)
+        out.decided.append(margin > thr)
+        out.margin_z.append(margin)
+        out.z_threshold.append(thr)
+        out.paired_stderr.append(pse)
+    return out

@@ -48,11 +48,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import torch
-from scipy import stats as sps
-
-import mptlml
 
 from .._optional import require
 from .._scoring.distributed import (
@@ -63,17 +59,20 @@ from .._scoring.distributed import (
     resolve_device,
     shard,
 )
-from .._scoring.ragged import seq_seed
 from .._validation import check_positive_int
-from ..estimators.compare import EXACT_LENGTH
-from ..estimators.llada import llada_scores
-from ..estimators.stats import welch_dof
+from ..estimators.compare import EXACT_LENGTH, compare
+from ..estimators.llada import llada_questions
 from ..models import MaskedLM
-from ..models.sequence_input import encode_with_context, tokenize
-from ..models.tokenizer_checks import MAX_UNKNOWN_FRACTION
+from ..models.sequence_input import context_bos, encode_with_context, window_pairs
 from .greedy import greedy_reproduces
 from .peers import ALIASES, PEER_ARGUMENTS, translate
-from .records import RecordLog, check_log_path, summary_lines
+from .records import (
+    RecordLog,
+    check_log_path,
+    pair_records,
+    rolling_records,
+    summary_lines,
+)
 
 try:
     from lm_eval.api.model import LM
@@ -92,7 +91,7 @@ SCHEMES = ("mptlml", "llada")
 #: ``mc_log`` in the results' config until the command line names the file
 BESIDE_RESULTS = "beside the results file"
 #: mptlml.compare's first round when ``mc_num`` does not set it
-_COMPARE_NUM_MASKS = int(inspect.signature(mptlml.compare).parameters["num_masks"].default)
+_COMPARE_NUM_MASKS = int(inspect.signature(compare).parameters["num_masks"].default)
 #: loading options passed to ``MaskedLM.from_pretrained`` (transformers' among them)
 _LOADING = ("tokenizer", "mask_token_id", "trust_remote_code", "dtype", "add_special_tokens",
             "revision", "autocast", "attn_implementation", "local_files_only", "cache_dir",
@@ -169,8 +168,8 @@ def _budget(mc_num: int, num_masks: int | None, max_masks: int | None
     return first, budget
 
 
-def _frame(model: MaskedLM, max_length: int | None, add_bos: bool) -> tuple[int, list[int]]:
-    """Content tokens one scored input may hold, and the BOS id put before every context.
+def _content_limit(model: MaskedLM, max_length: int | None) -> int:
+    """Content tokens one scored input may hold.
 
     ``max_length`` (LLaDA's and Dream's) counts every token of the input, the
     model's special tokens included; the model's own length bounds it too.
@@ -182,52 +181,13 @@ def _frame(model: MaskedLM, max_length: int | None, add_bos: bool) -> tuple[int,
             raise ValueError(f"model_args max_length={max_length} leaves no room for a token "
                              f"beside the model's {frame} special tokens; pass more.")
         limit = min(limit, max_length - frame)
-    bos: list[int] = []
-    if add_bos:
-        bos_id = getattr(model.tokenizer, "bos_token_id", None)
-        if bos_id is None:
-            raise ValueError("model_args add_bos_token=true: this tokenizer has no BOS token "
-                             "(bos_token_id is None); leave add_bos_token out.")
-        # a frame that leads with the BOS (the Dream family's convention) has it already
-        bos = [] if list(model.prefix[:1]) == [int(bos_id)] else [int(bos_id)]
-    return limit, bos
+    return limit
 
 
 def _flag(value: Any, name: str) -> bool:
     if isinstance(value, bool):
         return value
     raise TypeError(f"model_args {name} must be true or false, got {value!r}.")
-
-
-def _check_unknown(model: MaskedLM, ids: list[torch.Tensor], where: list[str]) -> None:
-    """The unknown-token check of each text that is a decision (a candidate, a document).
-
-    The fraction is each text's own, not pooled over the run: one all-unknown choice
-    among many good texts is refused, naming its task, document and choice.
-    """
-    unk = getattr(model.tokenizer, "unk_token_id", None)
-    if unk is None or model.allow_unknown:
-        return
-    for t, w in zip(ids, where, strict=True):
-        n = int((t == unk).sum())
-        if n and n / len(t) > MAX_UNKNOWN_FRACTION:
-            raise ValueError(
-                f"{w}: {n} of its {len(t)} tokens map to the unknown token "
-                f"{model.tokenizer.unk_token} (more than {100 * MAX_UNKNOWN_FRACTION:g}%): it "
-                "would be scored as unknown tokens, not as its text. Check the task's data and "
-                "the tokenizer, or pass model_args allow_unknown=true to score it anyway.")
-
-
-class _Unbounded:
-    """The model's tokenisation without its length check (contexts are cut to fit later)."""
-
-    def __init__(self, model: MaskedLM) -> None:
-        self.model = model
-
-    def encode(self, sequences: Any) -> list[torch.Tensor]:
-        m = self.model
-        return tokenize(sequences, m.tokenizer, vocab_size=m.vocab_size, preprocess=m.preprocess,
-                        forbidden_ids=[m.mask_token_id])
 
 
 @register_model("mptlml")
@@ -430,7 +390,8 @@ class MPTLM(LM):
             else:
                 lm = MaskedLM.from_pretrained(pretrained, device=dev, **loading)
         self.model = lm
-        self._limit, self._bos = _frame(lm, max_length, _flag(add_bos_token, "add_bos_token"))
+        self._limit = _content_limit(lm, max_length)
+        self._bos = context_bos(lm, _flag(add_bos_token, "add_bos_token"))
         self.max_length = max_length
         self._rank, self._world_size = self._ctx.rank, self._ctx.world
         self._device = lm.device
@@ -575,18 +536,20 @@ class MPTLM(LM):
                 for k in keys]
 
     def _pair_ids(self, keys: list[_Key]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Context and continuation ids of each pair: the joined text, tokenised by the model."""
-        ids, nctx = encode_with_context(_Unbounded(self.model), [k.args[0] for k in keys],
-                                        [k.args[1] for k in keys])
-        bos = torch.tensor(self._bos, dtype=torch.long)
-        return [torch.cat([bos, t[:n]]) for t, n in zip(ids, nctx, strict=True)], [
-            t[n:] for t, n in zip(ids, nctx, strict=True)]
+        """Context (BOS first, where asked) and continuation ids of each pair, in one pass of
+        :func:`~mptlml.models.sequence_input.encode_with_context`; each continuation's
+        unknown tokens checked on its own, naming its task, document and choice."""
+        ids, nctx = encode_with_context(
+            self.model, [k.args[0] for k in keys], [k.args[1] for k in keys], bos=self._bos,
+            check_length=False, word_warnings=False,
+            names=[f"task {k.task!r}, document {k.doc_id}, choice {k.idx} ({k.args[1]!r})"
+                   for k in keys])
+        return ([t[:n] for t, n in zip(ids, nctx, strict=True)],
+                [t[n:] for t, n in zip(ids, nctx, strict=True)])
 
     def _score_pairs(self, keys: list[_Key]) -> dict[_Key, dict[str, Any]]:
         """Records of (context, continuation) requests: one question per document and context."""
         ctx_ids, cont_ids = self._pair_ids(keys)
-        _check_unknown(self.model, cont_ids, [f"task {k.task!r}, document {k.doc_id}, choice "
-                                              f"{k.idx} ({k.args[1]!r})" for k in keys])
         limit = self._limit
         groups: dict[tuple[str, int, str], list[int]] = defaultdict(list)
         for i, k in enumerate(keys):
@@ -609,35 +572,12 @@ class MPTLM(LM):
             [kept[m[0]].tolist() for m in questions],
             [[cont_ids[i].tolist() for i in m] for m in questions],
             [_content_seed(self.seed, [keys[i].args for i in m]) for m in questions])
-        records: dict[_Key, dict[str, Any]] = {}
-        for q, members in enumerate(questions):
-            self._questions += 1
-            k_q = len(members)
-            rows = int(cmp.num_masked_rows[q])
-            question = None
-            if k_q > 1:
-                question = {
-                    "id": self._questions, "choice": keys[members[cmp.choice[q]]].idx,
-                    "decided": bool(cmp.decided[q]),
-                    "tied": str(cmp.stop_reason[q]) == "tied",
-                    "margin_z": float(cmp.margin_z[q]),
-                    "z_threshold": float(cmp.z_threshold[q]), "candidates": k_q,
-                    "masked_inputs": rows}
-            for j, i in enumerate(members):
-                k = keys[i]
-                records[k] = {
-                    "request": "loglikelihood", "task": k.task, "doc_id": k.doc_id,
-                    "idx": k.idx, "loglikelihood": float(cmp.scores[q][j]),
-                    "stderr": float(cmp.stderr[q][j]), "exact": bool(cmp.exact[q][j]),
-                    "masked_inputs": int(cmp.candidate_masked_rows[q][j]),
-                    "num_tokens": len(cont_ids[i]), "context_tokens": len(kept[i]),
-                    "continuation_chars": len(k.args[1].lstrip()),
-                    "context_tokens_dropped": len(ctx_ids[i]) - len(kept[i]),
-                    "stderr_dof": float(cmp.stderr_dof[q]), "rounds": int(cmp.rounds[q]),
-                    "stop_reason": str(cmp.stop_reason[q])}
-                if question is not None:
-                    records[k]["paired_stderr"] = float(cmp.paired_stderr[q][j])
-                    records[k]["question"] = question
+        records = pair_records(
+            keys, questions, cmp, num_tokens=[len(t) for t in cont_ids],
+            context_tokens=[len(kept[i]) for i in range(len(keys))],
+            dropped=[len(ctx_ids[i]) - len(kept[i]) for i in range(len(keys))],
+            first_id=self._questions)
+        self._questions += len(questions)
         greedy = self._greedy(keys, kept, cont_ids)
         for k, g in zip(keys, greedy, strict=True):
             records[k]["is_greedy"] = g
@@ -646,13 +586,13 @@ class MPTLM(LM):
     def _compare(self, contexts: list[list[int]], candidates: list[list[list[int]]],
                  seeds: list[int]) -> Any:
         """The questions scored by the run's scheme: :func:`mptlml.compare`'s result, or
-        LLaDA's estimate of each candidate in the same fields (:func:`_llada_questions`)."""
+        LLaDA's estimate of each candidate in the same fields
+        (:func:`~mptlml.estimators.llada.llada_questions`)."""
         if self.scheme == "llada":
-            return _llada_questions(self.model, contexts, candidates, seeds, self.mc_num,
-                                    int(self.batch_size), token_budget=self.token_budget,
-                                    progress=self.progress, cfg_scale=self.cfg)
-        return mptlml.compare(self.model, contexts, candidates, seed=seeds,
-                              **self._compare_options())
+            return llada_questions(self.model, contexts, candidates, seeds, self.mc_num,
+                                   int(self.batch_size), token_budget=self.token_budget,
+                                   progress=self.progress, cfg_scale=self.cfg)
+        return compare(self.model, contexts, candidates, seed=seeds, **self._compare_options())
 
     def _compare_options(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"token_budget": self.token_budget, "progress": self.progress,
@@ -694,51 +634,30 @@ class MPTLM(LM):
         if not keys and self.world_size == 1:
             return []
         everyone = self._everyone(keys)
-        ids = _Unbounded(self.model).encode([k.args[0] for k in everyone]) if everyone else []
+        texts = [k.args[0] for k in everyone]
+        ids = self.model.encode_groups([texts], check_length=False)[0] if everyone else []
         for k, t in zip(everyone, ids, strict=True):
             if not len(t):  # lm-eval's perplexity would count it as one word of probability 1
                 raise ValueError(f"task {k.task!r}, document {k.doc_id}: the text is empty (no "
                                  "token); a perplexity task scores texts: remove the empty "
                                  "document from the task's data.")
-        _check_unknown(self.model, ids, [f"task {k.task!r}, document {k.doc_id}"
-                                         for k in everyone])
-        # Dream's BOS (add_bos_token) is the first window's context: every window leaves room
-        spans = [_windows(len(t), self._limit - len(self._bos)) for t in ids]
-        targets = [[t[s:e].tolist()] for t, sp in zip(ids, spans, strict=True) for _, s, e in sp]
-        contexts = [(self._bos if s == 0 else []) + t[c:s].tolist()
-                    for t, sp in zip(ids, spans, strict=True) for c, s, _ in sp]
+        self.model.check_unknown(ids, names=[f"task {k.task!r}, document {k.doc_id}"
+                                             for k in everyone])
+        windows = [window_pairs(t, self._limit, self._bos) for t in ids]
         seeds = [_content_seed(self.seed, [k.args, (str(w),)])
-                 for k, sp in zip(everyone, spans, strict=True) for w in range(len(sp))]
-        ll, se, rows = np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
-        exact = np.zeros(0, dtype=bool)
-        stops: list[str] = []
-        if targets:
+                 for k, ws in zip(everyone, windows, strict=True) for w in range(len(ws))]
+        cmp = SimpleNamespace(scores=[], stderr=[], exact=[], num_masked_rows=[], stop_reason=[])
+        if seeds:
             with warnings.catch_warnings(record=True) as said:
                 warnings.simplefilter("always", RuntimeWarning)
-                cmp = self._compare(contexts, targets, seeds)
+                cmp = self._compare([c for ws in windows for c, _ in ws],
+                                    [[t] for ws in windows for _, t in ws], seeds)
             for w in said:  # compare's words for its inputs: here windows of texts, no question
                 text = re.sub(r"\bquestions\b", "text windows",
                               re.sub(r"\bquestion\b", "text window", str(w.message)))
                 warnings.warn(text, w.category, stacklevel=2)
-            ll = np.array([float(v[0]) for v in cmp.scores])
-            se = np.array([float(v[0]) for v in cmp.stderr])
-            rows = np.array(cmp.num_masked_rows, dtype=np.int64)
-            exact = np.array([bool(v[0]) for v in cmp.exact])
-            stops = list(cmp.stop_reason)
-        records: dict[_Key, dict[str, Any]] = {}
-        w = 0
-        for k, t, sp in zip(everyone, ids, spans, strict=True):
-            n = len(sp)
-            text = k.args[0]
-            records[k] = {
-                "request": "loglikelihood_rolling", "task": k.task, "doc_id": k.doc_id,
-                "idx": k.idx, "loglikelihood": float(ll[w:w + n].sum()),
-                "stderr": float(math.sqrt((se[w:w + n] ** 2).sum())),
-                "exact": bool(exact[w:w + n].all()),
-                "masked_inputs": int(rows[w:w + n].sum()), "num_tokens": len(t), "windows": n,
-                "stop_reason": _worst(stops[w:w + n]),
-                "words": len(re.split(r"\s+", text)), "bytes": len(text.encode("utf-8"))}
-            w += n
+        records = rolling_records(everyone, [len(t) for t in ids], [len(ws) for ws in windows],
+                                  cmp)
         self.log.add([records[k] for k in everyone])
         return [records[k]["loglikelihood"] for k in keys]
 
@@ -748,82 +667,3 @@ class MPTLM(LM):
             "(multiple-choice) and loglikelihood_rolling (perplexity) tasks. Run generation "
             "tasks (generate_until, e.g. gsm8k) with a model that generates, such as lm-eval's "
             "'hf' backend or a masked-diffusion LM's own sampler.")
-
-
-def _llada_questions(model: MaskedLM, contexts: list[list[int]],
-                     candidates: list[list[list[int]]], seeds: list[int], mc_num: int,
-                     batch: int, **run: Any) -> SimpleNamespace:
-    """LLaDA's estimate of every candidate (each its own masks), as a comparison's fields.
-
-    Candidate j of question q draws from ``seq_seed(seeds[q], j)``; the leader's lead
-    over candidate k has the standard error ``sqrt(se_lead^2 + se_k^2)`` (independent
-    masks), its threshold the t quantile at their Welch degrees of freedom
-    (:func:`mptlml.compare`'s rule for one look).
-    """
-    flat = [(q, j) for q, c in enumerate(candidates) for j in range(len(c))]
-    res = llada_scores(model, [contexts[q] for q, _ in flat],
-                       [candidates[q][j] for q, j in flat], mc_num=mc_num, batch=batch,
-                       seed=[seq_seed(seeds[q], j) for q, j in flat], **run)
-    out = SimpleNamespace(scores=[], stderr=[], exact=[], candidate_masked_rows=[],
-                          num_masked_rows=[], stderr_dof=[], rounds=[], stop_reason=[],
-                          choice=[], decided=[], margin_z=[], z_threshold=[],
-                          paired_stderr=[])
-    dof = float(res.batches - 1)
-    w = 0
-    for cands in candidates:
-        k = len(cands)
-        est, se = res.scores[w:w + k], res.stderr[w:w + k]
-        rows = res.masked_inputs[w:w + k]
-        w += k
-        lead = int(np.argmax(est))
-        pse = np.sqrt(se[lead] ** 2 + se ** 2)
-        pse[lead] = 0.0
-        z = np.where(pse > 0, (est[lead] - est) / np.where(pse > 0, pse, 1.0), np.inf)
-        z[lead] = np.inf
-        runner = int(np.argmin(z))
-        welch = (welch_dof(torch.tensor([se[lead] ** 2, se[runner] ** 2]), dof)
-                 if k > 1 and dof > 0 else math.inf)
-        thr = float(sps.t.isf(0.025, welch) if math.isfinite(welch) else sps.norm.isf(0.025))
-        margin = float(z.min())
-        out.scores.append(est)
-        out.stderr.append(se)
-        out.exact.append(rows == 0)  # an empty continuation: 0, exactly
-        out.candidate_masked_rows.append(rows)
-        out.num_masked_rows.append(int(rows.sum()))
-        out.stderr_dof.append(dof)
-        out.rounds.append(1)
-        out.stop_reason.append("spent")
-        out.choice.append(lead)
-        out.decided.append(margin > thr)
-        out.margin_z.append(margin)
-        out.z_threshold.append(thr)
-        out.paired_stderr.append(pse)
-    return out
-
-
-def _worst(reasons: list[str]) -> str | None:
-    """The stop reason of a text scored in windows: "budget" if any window ran out."""
-    if not reasons:
-        return None
-    if "budget" in reasons:
-        return "budget"
-    return next((r for r in reasons if r != "exact"), reasons[0])
-
-
-def _windows(n: int, limit: int) -> list[tuple[int, int, int]]:
-    """(context start, start, end) of the windows of a text of n tokens, at most ``limit`` each.
-
-    One window when the text fits; else the first ``limit`` tokens, then windows of
-    ``limit - limit // 2`` tokens, each given the ``limit - its length`` tokens before it.
-    An empty text has no window.
-    """
-    if n <= limit:
-        return [(0, 0, n)] if n else []
-    out = [(0, 0, limit)]
-    step = limit - limit // 2
-    start = limit
-    while start < n:
-        end = min(start + step, n)
-        out.append((max(0, start - (limit - (end - start))), start, end))
-        start = end
-    return out

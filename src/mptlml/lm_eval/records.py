@@ -67,12 +67,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RecordLog", "add_monte_carlo_stderr", "check_log_path", "summarize", "summary_lines"]
+import numpy as np
+
+from ..estimators.stats import sum_stderr
+
+__all__ = ["RecordLog", "add_monte_carlo_stderr", "check_log_path", "pair_records",
+           "rolling_records", "summarize", "summary_lines"]
 
 def _phi(z: float) -> float:
     """Standard normal CDF."""
@@ -194,6 +200,98 @@ def _norm_flips(records: list[dict[str, Any]]) -> list[float] | None:
                 z = min(z, gap / bound if bound > 0 else (math.inf if gap > 0 else 0.0))
         flips.append(0.0 if math.isinf(z) else _phi(-z))
     return flips
+
+
+def pair_records(keys: Sequence[Any], questions: Sequence[Sequence[int]], cmp: Any, *,
+                 num_tokens: Sequence[int], context_tokens: Sequence[int],
+                 dropped: Sequence[int], first_id: int) -> dict[Any, dict[str, Any]]:
+    """The records of ``loglikelihood`` requests scored as questions (module docstring).
+
+    Parameters
+    ----------
+    keys : list
+        The requests, each with ``task``, ``doc_id``, ``idx`` and ``args`` (context,
+        continuation).
+    questions : list of list of int
+        The positions in ``keys`` of each question's candidates, in order.
+    cmp : Comparison or its fields
+        :func:`mptlml.compare`'s result over ``questions`` (or LLaDA's in the same fields).
+    num_tokens, context_tokens, dropped : list of int
+        Per request: T, the context tokens scored, the context tokens cut to fit.
+    first_id : int
+        The ``id`` of the first question of several candidates minus 1 (ids run on
+        over the run's calls).
+
+    Returns
+    -------
+    dict
+        key -> record (``is_greedy`` is added by the caller).
+    """
+    records: dict[Any, dict[str, Any]] = {}
+    for q, members in enumerate(questions):
+        k_q = len(members)
+        question = None
+        if k_q > 1:
+            question = {
+                "id": first_id + q + 1, "choice": keys[members[cmp.choice[q]]].idx,
+                "decided": bool(cmp.decided[q]), "tied": str(cmp.stop_reason[q]) == "tied",
+                "margin_z": float(cmp.margin_z[q]), "z_threshold": float(cmp.z_threshold[q]),
+                "candidates": k_q, "masked_inputs": int(cmp.num_masked_rows[q])}
+        for j, i in enumerate(members):
+            k = keys[i]
+            records[k] = {
+                "request": "loglikelihood", "task": k.task, "doc_id": k.doc_id, "idx": k.idx,
+                "loglikelihood": float(cmp.scores[q][j]), "stderr": float(cmp.stderr[q][j]),
+                "exact": bool(cmp.exact[q][j]),
+                "masked_inputs": int(cmp.candidate_masked_rows[q][j]),
+                "num_tokens": int(num_tokens[i]), "context_tokens": int(context_tokens[i]),
+                "continuation_chars": len(k.args[1].lstrip()),
+                "context_tokens_dropped": int(dropped[i]),
+                "stderr_dof": float(cmp.stderr_dof[q]), "rounds": int(cmp.rounds[q]),
+                "stop_reason": str(cmp.stop_reason[q])}
+            if question is not None:
+                records[k]["paired_stderr"] = float(cmp.paired_stderr[q][j])
+                records[k]["question"] = question
+    return records
+
+
+def rolling_records(keys: Sequence[Any], num_tokens: Sequence[int], windows: Sequence[int],
+                    cmp: Any) -> dict[Any, dict[str, Any]]:
+    """The records of ``loglikelihood_rolling`` requests, each text the sum of its windows.
+
+    ``cmp`` holds one question of one candidate per window, the windows of
+    ``keys[0]`` first (``windows[i]`` of them for text i). A text's log-likelihood is
+    the sum of its windows' and its standard error
+    :func:`~mptlml.estimators.stats.sum_stderr` of theirs (independent masks:
+    ``sqrt(sum_w se_w^2)``); it is exact when every window is.
+    """
+    ll = np.array([float(v[0]) for v in cmp.scores]) if len(cmp.scores) else np.zeros(0)
+    se = np.array([float(v[0]) for v in cmp.stderr]) if len(cmp.stderr) else np.zeros(0)
+    exact = [bool(v[0]) for v in cmp.exact]
+    rows = [int(v) for v in cmp.num_masked_rows]
+    stops = [str(v) for v in cmp.stop_reason]
+    records: dict[Any, dict[str, Any]] = {}
+    w = 0
+    for k, t, n in zip(keys, num_tokens, windows, strict=True):
+        text = k.args[0]
+        records[k] = {
+            "request": "loglikelihood_rolling", "task": k.task, "doc_id": k.doc_id,
+            "idx": k.idx, "loglikelihood": float(ll[w:w + n].sum()),
+            "stderr": float(sum_stderr(se[w:w + n])), "exact": all(exact[w:w + n]),
+            "masked_inputs": sum(rows[w:w + n]), "num_tokens": int(t), "windows": n,
+            "stop_reason": _worst(stops[w:w + n]),
+            "words": len(re.split(r"\s+", text)), "bytes": len(text.encode("utf-8"))}
+        w += n
+    return records
+
+
+def _worst(reasons: list[str]) -> str | None:
+    """The stop reason of a text scored in windows: "budget" if any window ran out."""
+    if not reasons:
+        return None
+    if "budget" in reasons:
+        return "budget"
+    return next((r for r in reasons if r != "exact"), reasons[0])
 
 
 #: lm-eval's metrics and the summary entry of their Monte Carlo standard error: absolute

@@ -66,8 +66,14 @@ from .mlm_inputs import (
     ragged_mask_list,
     score_in_buckets,
 )
-from .sequence_input import check_content, tokenize
-from .tokenizer_checks import check_module_vocab, check_tokenizer, special_frame
+from .sequence_input import check_content, tokenize_groups
+from .tokenizer_checks import (
+    check_module_vocab,
+    check_tokenizer,
+    check_unknown_each,
+    check_unknown_tokens,
+    special_frame,
+)
 
 __all__ = ["CORRUPTIONS", "MaskedLM"]
 
@@ -397,13 +403,44 @@ class MaskedLM(nn.Module):
             ``truncate=True``), out-of-vocabulary ids, special tokens, or a
             flood of unknown tokens.
         """
-        ids = tokenize(sequences, self.tokenizer, vocab_size=self.vocab_size,
-                       preprocess=self.preprocess, forbidden_ids=[self.mask_token_id])
-        return check_content(ids, max_length=self.max_content_length,
-                             frame=len(self.prefix) + len(self.suffix), truncate=self.truncate,
-                             unk_id=self.tokenizer.unk_token_id,
-                             unk_token=str(self.tokenizer.unk_token),
-                             allow_unknown=self.allow_unknown)
+        return self.encode_groups([sequences])[0]
+
+    def encode_groups(self, groups: Sequence[Any], *, check_length: bool = True,
+                      check_unknown: bool = True) -> list[list[torch.Tensor]]:
+        """:meth:`encode` of each group of sequences, the tokenizer called once for all.
+
+        Each group is checked as :meth:`encode` checks it (its unknown tokens pooled
+        over the group). ``check_length=False`` skips the content checks (empty,
+        too long, unknown tokens): the caller cuts the sequences to fit and checks
+        their unknown tokens (:meth:`check_unknown`); ``check_unknown=False`` skips
+        the unknown tokens only.
+        """
+        out = tokenize_groups(groups, self.tokenizer, vocab_size=self.vocab_size,
+                              preprocess=self.preprocess, forbidden_ids=[self.mask_token_id])
+        if not check_length:
+            return out
+        return [check_content(ids, max_length=self.max_content_length,
+                              frame=len(self.prefix) + len(self.suffix), truncate=self.truncate,
+                              unk_id=self.tokenizer.unk_token_id if check_unknown else None,
+                              unk_token=str(self.tokenizer.unk_token),
+                              allow_unknown=self.allow_unknown) for ids in out]
+
+    def check_unknown(self, ids: Sequence[torch.Tensor], names: Sequence[str] | None = None
+                      ) -> None:
+        """The unknown-token check of content ids: pooled, or each sequence on its own.
+
+        Without ``names`` :func:`~mptlml.models.tokenizer_checks.check_unknown_tokens`
+        (the fraction pooled over ``ids``); with a name per sequence
+        :func:`~mptlml.models.tokenizer_checks.check_unknown_each` (each its own
+        fraction, the refusal naming it). Nothing with ``allow_unknown`` for names.
+        """
+        tok = self.tokenizer
+        if names is None:
+            check_unknown_tokens(ids, tok.unk_token_id, str(tok.unk_token),
+                                 allow_unknown=self.allow_unknown)
+        elif not self.allow_unknown:
+            check_unknown_each(ids, names, getattr(tok, "unk_token_id", None),
+                               str(tok.unk_token))
 
     def corrupt(self, ids: torch.Tensor, masks: torch.Tensor,
                 generator: torch.Generator | None = None) -> torch.Tensor:

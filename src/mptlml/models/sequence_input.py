@@ -48,9 +48,9 @@ import torch
 from .protocols import RaggedMaskedModel
 from .tokenizer_checks import check_unknown_tokens
 
-__all__ = ["ContextBoundaryWarning", "as_token_ids", "check_content", "encode",
-           "encode_with_context",
-           "normalise_sequences", "tokenize"]
+__all__ = ["ContextBoundaryWarning", "as_token_ids", "check_content", "context_bos", "encode",
+           "encode_with_context", "normalise_sequences", "rolling_windows", "tokenize",
+           "tokenize_groups", "window_pairs"]
 
 _HOW = ("pass the texts themselves, or content token ids "
         "(tokenizer(texts, add_special_tokens=False)['input_ids'])")
@@ -156,7 +156,7 @@ def tokenize(sequences: Any, tokenizer: Any, *, vocab_size: int,
     taken as they are. Then, on both paths: every id lies in
     ``[0, vocab_size)``, and no id is a special token other than the unknown
     token, nor one of ``forbidden_ids`` (a mask id that is a plain vocabulary
-    entry, as in masked-diffusion LMs).
+    entry, as in masked-diffusion LMs). :func:`tokenize_groups` of one group.
 
     Raises
     ------
@@ -164,42 +164,64 @@ def tokenize(sequences: Any, tokenizer: Any, *, vocab_size: int,
         On an id outside the vocabulary or a special token, naming the
         sequence, the token and what to do.
     """
-    seqs = normalise_sequences(sequences)
-    from_text = isinstance(seqs[0], str)
-    if from_text:
-        texts = [preprocess(s) if preprocess else s for s in seqs]  # type: ignore[arg-type]
-        out = [torch.as_tensor(i, dtype=torch.long)
+    return tokenize_groups([sequences], tokenizer, vocab_size=vocab_size, preprocess=preprocess,
+                           forbidden_ids=forbidden_ids)[0]
+
+
+def tokenize_groups(groups: Sequence[Any], tokenizer: Any, *, vocab_size: int,
+                    preprocess: Callable[[str], str] | None = None,
+                    forbidden_ids: Sequence[int] = ()) -> list[list[torch.Tensor]]:
+    """:func:`tokenize` of each group of sequences, the tokenizer called once for all of them.
+
+    The texts of every group go through one tokenizer call (a request's context
+    and its joined text are tokenized in one pass); each group is then checked
+    on its own, its sequences named by their index in the group.
+    """
+    seqs = [normalise_sequences(g) for g in groups]
+    texts = [preprocess(s) if preprocess else s for g in seqs for s in g
+             if isinstance(s, str)]
+    it = iter([torch.as_tensor(i, dtype=torch.long)
                for i in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-    else:
-        out = list(seqs)  # type: ignore[arg-type]
+              if texts else [])
     unk = getattr(tokenizer, "unk_token_id", None)
-    forbidden = torch.tensor(sorted(({int(i) for i in tokenizer.all_special_ids} - (
-        set() if unk is None else {int(unk)})) | {int(i) for i in forbidden_ids}),
-        dtype=torch.long)
-    for i, t in enumerate(out):
-        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab_size):
-            raise ValueError(f"sequence {i} has token ids outside [0, {vocab_size}); pass ids "
-                             "of this model's vocabulary.")
-        hit = torch.isin(t, forbidden)
-        if bool(hit.any()):
-            j = int(hit.nonzero()[0, 0])
-            name = tokenizer.convert_ids_to_tokens(int(t[j]))
-            where = f"sequence {i} ({_show(seqs[i])})" if from_text else f"sequence {i}"
-            special = {int(s) for s in tokenizer.all_special_ids}
-            if int(t[j]) in {int(f) for f in forbidden_ids} and int(t[j]) not in special:
-                raise ValueError(
-                    f"{where} contains {name!r} (id {int(t[j])}) at content position {j}, the "
-                    f"id given as mask_token_id={int(t[j])}: the model reads it as masked, so "
-                    "no text may contain it. If it is a word of your texts, mask_token_id is "
-                    "wrong: pass the id the model was trained to read as masked (a special "
-                    "token, e.g. tokenizer.mask_token_id; LLaDA's 126336).")
-            raise ValueError(
-                f"{where} contains the special token {name!r} (id {int(t[j])}) at content "
-                f"position {j}: special tokens are not content and are never scored. Remove it "
-                + ("from the text" if from_text else "from the ids")
-                + " (the model adds its own [CLS]/[SEP]-like frame, and masks are placed by the "
-                "estimator).")
+    special = {int(i) for i in tokenizer.all_special_ids}
+    forbidden = torch.tensor(sorted((special - (set() if unk is None else {int(unk)}))
+                                    | {int(i) for i in forbidden_ids}), dtype=torch.long)
+    out = []
+    for g in seqs:
+        from_text = bool(g) and isinstance(g[0], str)
+        ids = [next(it) for _ in g] if from_text else list(g)
+        for i, t in enumerate(ids):
+            _check_ids(t, f"sequence {i} ({_show(g[i])})" if from_text else f"sequence {i}",
+                       from_text, tokenizer, vocab_size, forbidden, special, forbidden_ids)
+        out.append(ids)
     return out
+
+
+def _check_ids(t: torch.Tensor, where: str, from_text: bool, tokenizer: Any, vocab_size: int,
+               forbidden: torch.Tensor, special: set[int], forbidden_ids: Sequence[int]) -> None:
+    """Refuse ids outside the vocabulary, special tokens and the mask id (:func:`tokenize`)."""
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab_size):
+        raise ValueError(f"{where.split(' (')[0]} has token ids outside [0, {vocab_size}); pass "
+                         "ids of this model's vocabulary.")
+    hit = torch.isin(t, forbidden)
+    if not bool(hit.any()):
+        return
+    j = int(hit.nonzero()[0, 0])
+    name = tokenizer.convert_ids_to_tokens(int(t[j]))
+    if int(t[j]) in {int(f) for f in forbidden_ids} and int(t[j]) not in special:
+        raise ValueError(
+            f"{where} contains {name!r} (id {int(t[j])}) at content position {j}, the "
+            f"id given as mask_token_id={int(t[j])}: the model reads it as masked, so "
+            "no text may contain it. If it is a word of your texts, mask_token_id is "
+            "wrong: pass the id the model was trained to read as masked (a special "
+            "token, e.g. tokenizer.mask_token_id; LLaDA's 126336).")
+    raise ValueError(
+        f"{where} contains the special token {name!r} (id {int(t[j])}) at content "
+        f"position {j}: special tokens are not content and are never scored. Remove it "
+        + ("from the text" if from_text else "from the ids")
+        + " (the model adds its own [CLS]/[SEP]-like frame, and masks are placed by the "
+        "estimator).")
 
 
 def encode(model: Any, sequences: Any) -> list[torch.Tensor]:
@@ -221,10 +243,15 @@ class ContextBoundaryWarning(UserWarning):
     """A context's last token and its continuation's first merge into one token when joined."""
 
 
-def encode_with_context(model: Any, contexts: Any, continuations: Any
+def encode_with_context(model: Any, contexts: Any, continuations: Any, *,
+                        bos: Sequence[int] = (), check_length: bool = True,
+                        names: Sequence[str] | None = None, word_warnings: bool = True
                         ) -> tuple[list[torch.Tensor], list[int]]:
     """Content ids of each context + continuation, and how many of them are the context's.
 
+    The one tokenisation of (context, continuation) pairs: every door that scores
+    a continuation given a context (:func:`mptlml.compare`, ``estimate_lml`` and
+    ``pll`` with ``context=``, LLaDA's scheme, the lm-eval backend) calls it.
     The tokenisation is the model's own, of the joined text: the continuation's
     tokens are those of ``context + continuation`` after the first
     ``len(encode(context))`` tokens (the convention of lm-evaluation-harness;
@@ -235,12 +262,36 @@ def encode_with_context(model: Any, contexts: Any, continuations: Any
     :class:`ContextBoundaryWarning` names the pair. Token ids are joined as
     given. An empty context (``""`` or ``[]``) makes the score unconditional.
 
+    A model with ``encode_groups`` (:class:`~mptlml.models.MaskedLM`) tokenizes
+    the distinct contexts and the joined texts in one tokenizer call; any other
+    model's ``encode`` is called per group.
+
+    Parameters
+    ----------
+    model : RaggedMaskedModel
+    contexts : str, or list of str or token-id sequences
+    continuations : list of str or token-id sequences
+    bos : sequence of int
+        Ids put before every context, always visible (Dream's ``add_bos_token``:
+        :func:`context_bos`); counted in ``num_context``.
+    check_length : bool
+        Refuse (or cut, with ``truncate``) sequences longer than the model's
+        maximum. False: the caller cuts each context to fit (the lm-eval backend);
+        needs ``encode_groups``.
+    names : list of str, optional
+        A name per pair: each continuation's unknown tokens are then checked on
+        their own, naming it (:func:`~mptlml.models.tokenizer_checks.check_unknown_each`),
+        before the pooled checks of the contexts and the joined sequences.
+    word_warnings : bool
+        Warn where a continuation's first token completes the context's last word
+        (texts; a model with ``encode_words``).
+
     Returns
     -------
     ids : list of LongTensor
-        ``(C_i + T_i,)`` content ids of the joined sequence.
+        ``(B + C_i + T_i,)`` content ids of the joined sequence, ``bos`` first.
     num_context : list of int
-        C_i, the always-visible leading tokens of each.
+        B + C_i, the always-visible leading tokens of each.
 
     Raises
     ------
@@ -263,28 +314,60 @@ def encode_with_context(model: Any, contexts: Any, continuations: Any
     if any(isinstance(c, str) != from_text for c in ctxs):
         raise TypeError("contexts and continuations must be the same kind: texts with texts, "
                         "token ids with token ids.")
+    grouped = hasattr(model, "encode_groups")
+    if not grouped and (not check_length or names is not None):
+        raise TypeError(f"check_length=False and names= need a model with encode_groups (a "
+                        f"MaskedLM); got {type(model).__name__}.")
     if from_text:
         moved = [len(c) - len(c.rstrip()) for c in ctxs]
         ctxs = [c[:len(c) - k] for c, k in zip(ctxs, moved, strict=True)]
         conts = [c0[len(c0) - k:] + x if k else x
                  for c0, k, x in zip(contexts, moved, conts, strict=True)]
         nonempty = [i for i, c in enumerate(ctxs) if c.strip()]
-        ctx_ids = dict(zip(nonempty, model.encode([ctxs[i] for i in nonempty]) if nonempty
-                           else [], strict=True))
         joined = [c + x for c, x in zip(ctxs, conts, strict=True)]
+        distinct = list(dict.fromkeys(ctxs[i] for i in nonempty))  # one tokenisation each
         try:
-            full = model.encode(joined)
+            if grouped:
+                *got, full = model.encode_groups([distinct, joined] if distinct else [joined],
+                                                 check_length=check_length, check_unknown=False)
+                got = got[0] if got else []
+            else:
+                got = model.encode(distinct) if distinct else []
+                full = model.encode(joined)
         except ValueError:
             _blame_the_join(model, ctxs, conts)  # the parts alone encode: the join is at fault
             raise
+        of_text = dict(zip(distinct, got, strict=True))
+        ctx_ids = {i: of_text[ctxs[i]] for i in nonempty}
     else:
         nonempty = [i for i, c in enumerate(ctxs) if len(c)]
-        ctx_ids = dict(zip(nonempty, model.encode([ctxs[i] for i in nonempty]) if nonempty
-                           else [], strict=True))
-        cont_ids = model.encode(conts)
-        full = [torch.cat([ctx_ids[i], t]) if i in ctx_ids else t
-                for i, t in enumerate(cont_ids)]
-        full = model.encode(full)  # the joined length against the model's maximum
+        raw = [as_token_ids(ctxs[i], f"context {i}") for i in nonempty]
+        if grouped:  # the contexts, the continuations and the joined ids in one pass
+            at = dict(zip(nonempty, raw, strict=True))
+            joined_ids = [torch.cat([at[i], t]) if i in at else t for i, t in enumerate(conts)]
+            *got, cont_ids, full = model.encode_groups(
+                [raw, conts, joined_ids] if raw else [conts, joined_ids],
+                check_length=check_length, check_unknown=False)
+            got = got[0] if got else []
+            ctx_ids = dict(zip(nonempty, got, strict=True))
+        else:
+            ctx_ids = dict(zip(nonempty, model.encode(raw) if raw else [], strict=True))
+            cont_ids = model.encode(conts)
+            full = model.encode([torch.cat([ctx_ids[i], t]) if i in ctx_ids else t
+                                 for i, t in enumerate(cont_ids)])  # the joined length
+    if grouped:  # the unknown tokens: each named continuation, the contexts, the joined
+        try:
+            if names is not None:
+                model.check_unknown([t[len(ctx_ids.get(i, ())):] for i, t in enumerate(full)],
+                                    names=names)
+            model.check_unknown(list(ctx_ids.values()))
+            if not from_text:
+                model.check_unknown(cont_ids)
+            model.check_unknown(full)
+        except ValueError:
+            if from_text and names is None:  # the named texts keep their own refusal
+                _blame_the_join(model, ctxs, conts)
+            raise
     num_context = []
     for i, t in enumerate(full):
         c = ctx_ids.get(i, torch.zeros(0, dtype=torch.long))
@@ -298,9 +381,67 @@ def encode_with_context(model: Any, contexts: Any, continuations: Any
                           f"{n} tokens visible, the other {len(t) - n} scored).",
                           ContextBoundaryWarning, stacklevel=3)
         num_context.append(n)
-    if from_text:
+    if from_text and word_warnings:
         _warn_completed_words(model, joined, full, num_context)
+    if len(bos):
+        head = torch.as_tensor(list(bos), dtype=torch.long)
+        full = [torch.cat([head, t]) for t in full]
+        num_context = [n + len(head) for n in num_context]
     return full, num_context
+
+
+def context_bos(model: Any, add_bos: bool) -> list[int]:
+    """The BOS id to put before every context (Dream's ``add_bos_token``), or ``[]``.
+
+    ``[]`` when not asked, or when the model's frame leads with that BOS already
+    (the Dream family's ``bos_eos`` frame, :mod:`~mptlml.models.conventions`).
+
+    Raises
+    ------
+    ValueError
+        When asked and the tokenizer has no BOS token.
+    """
+    if not add_bos:
+        return []
+    bos_id = getattr(model.tokenizer, "bos_token_id", None)
+    if bos_id is None:
+        raise ValueError("model_args add_bos_token=true: this tokenizer has no BOS token "
+                         "(bos_token_id is None); leave add_bos_token out.")
+    return [] if list(model.prefix[:1]) == [int(bos_id)] else [int(bos_id)]
+
+
+def rolling_windows(n: int, limit: int) -> list[tuple[int, int, int]]:
+    """(context start, start, end) of the windows of a text of n tokens, at most ``limit`` each.
+
+    One window when the text fits; else the first ``limit`` tokens, then windows of
+    ``limit - limit // 2`` tokens, each given the ``limit - its length`` tokens before it
+    (the chain rule with a truncated context, as lm-eval's rolling log-likelihood
+    does for causal models). An empty text has no window.
+    """
+    if n <= limit:
+        return [(0, 0, n)] if n else []
+    out = [(0, 0, limit)]
+    step = limit - limit // 2
+    start = limit
+    while start < n:
+        end = min(start + step, n)
+        out.append((max(0, start - (limit - (end - start))), start, end))
+        start = end
+    return out
+
+
+def window_pairs(ids: torch.Tensor, limit: int, bos: Sequence[int] = ()
+                 ) -> list[tuple[list[int], list[int]]]:
+    """The (context, target) ids of each of a text's :func:`rolling_windows`.
+
+    ``bos`` (:func:`context_bos`) is the first window's context and every window
+    leaves room for it: windows of at most ``limit - len(bos)`` tokens. The text's
+    log-likelihood is the sum of the windows' (their variances add:
+    :func:`~mptlml.estimators.stats.sum_stderr`).
+    """
+    head = [int(b) for b in bos]
+    return [((head if s == 0 else []) + ids[c:s].tolist(), ids[s:e].tolist())
+            for c, s, e in rolling_windows(len(ids), limit - len(head))]
 
 
 def _blame_the_join(model: Any, contexts: list[str], continuations: list[str]) -> None:

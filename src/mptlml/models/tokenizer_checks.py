@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 __all__ = ["MAX_UNKNOWN_FRACTION", "check_module_vocab", "check_round_trip", "check_tokenizer",
-           "check_unknown_tokens", "special_frame"]
+           "check_unknown_each", "check_unknown_tokens", "special_frame"]
 
 #: Largest fraction of unknown tokens in the encoded data accepted without allow_unknown=True.
 MAX_UNKNOWN_FRACTION = 0.05
@@ -154,6 +154,25 @@ def check_unknown_tokens(ids: Sequence[torch.Tensor], unk_id: int | None, unk_to
                  "alphabet).", allow_unknown)
     else:
         warnings.warn(f"{what}; they are scored as such.", stacklevel=3)
+
+
+def check_unknown_each(ids: Sequence[torch.Tensor], names: Sequence[str], unk_id: int | None,
+                       unk_token: str) -> None:
+    """Refuse any one sequence with more than :data:`MAX_UNKNOWN_FRACTION` unknown tokens.
+
+    Each sequence's own fraction, not pooled: one all-unknown text (an lm-eval
+    choice, a document) among many good ones is refused, naming it by ``names``.
+    """
+    if unk_id is None:
+        return
+    for t, name in zip(ids, names, strict=True):
+        n = int((t == unk_id).sum())
+        if n and n / len(t) > MAX_UNKNOWN_FRACTION:
+            raise ValueError(
+                f"{name}: {n} of its {len(t)} tokens map to the unknown token {unk_token} "
+                f"(more than {100 * MAX_UNKNOWN_FRACTION:g}%): it would be scored as unknown "
+                "tokens, not as its text. Check the task's data and the tokenizer, or pass "
+                "allow_unknown=true (model_args in lm-eval) to score it anyway.")
 
 
 def check_module_vocab(model: Any, tokenizer: Any, *, mask_token_id: int | None,
