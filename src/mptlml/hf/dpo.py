@@ -275,6 +275,12 @@ class MPTDPOTrainer(Trainer):
             n = self.accelerator.gather(n.to(device)).sum()
         return n.to(device)
 
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train``; the last step's draws are folded into the allocation after it."""
+        out = super().train(*args, **kwargs)
+        self._learn()
+        return out
+
     # ------------------------------------------------------------------ allocation
     def _learn(self) -> None:
         """Fold the finished steps' spread into the allocation (before a step's masks)."""
@@ -379,17 +385,23 @@ class MPTDPOTrainer(Trainer):
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """transformers' log, with the DPO metrics of the steps (evaluation) since the last."""
-        split = "eval" if "eval_loss" in logs else "train"
-        extra = self._summary(split)
-        if split == "eval":
-            extra = {f"eval_{k}": v for k, v in extra.items()}
+        extra = {} if any(k.endswith("_loss") and k != "loss" for k in logs) else (
+            self._summary("train"))  # an evaluation's come with its metrics
         super().log({**logs, **extra}, *args, **kwargs)
 
     # ------------------------------------------------------------------ evaluation
-    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+    def evaluation_loop(self, dataloader: Any, description: str,
+                        prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None,
+                        metric_key_prefix: str = "eval") -> Any:
+        """transformers' loop on fixed masks; its metrics get the DPO ones of the pairs."""
         self._eval_batch = 0  # the same masks at every evaluation
         self._records.pop("eval", None)
-        return super().evaluation_loop(*args, **kwargs)
+        out = super().evaluation_loop(dataloader, description, prediction_loss_only,
+                                      ignore_keys, metric_key_prefix)
+        out.metrics.update({f"{metric_key_prefix}_{k}": v
+                            for k, v in self._summary("eval").items()})
+        return out
 
     def prediction_step(self, model: torch.nn.Module, inputs: dict[str, Any],
                         prediction_loss_only: bool,

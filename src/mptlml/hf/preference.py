@@ -295,29 +295,29 @@ def masked_sums(module: torch.nn.Module, lm: Any, inputs: list[torch.Tensor],
     read from the logits at i - 1.
     """
     takes_mask = accepts_keyword(module, "attention_mask")
-    lengths = torch.tensor([len(x) for x in inputs])
+    lengths = torch.tensor([x.shape[0] for x in inputs])
     groups = [torch.arange(len(inputs))] if takes_mask else [
         (lengths == n).nonzero().flatten() for n in lengths.unique()]
     dev = next(module.parameters()).device
-    out: list[torch.Tensor] = [torch.zeros(())] * len(inputs)
+    pad = torch.nn.utils.rnn.pad_sequence
+    parts, order = [], []
     ctx = contextlib.nullcontext() if grad else torch.no_grad()
     with ctx:
         for rows in groups:
-            width = int(lengths[rows].max())
-            ids = torch.full((len(rows), width), int(lm.pad_token_id), dtype=torch.long)
-            lab = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
-            att = torch.zeros((len(rows), width), dtype=torch.long)
-            for k, r in enumerate(rows.tolist()):
-                n = len(inputs[r])
-                ids[k, :n], lab[k, :n], att[k, :n] = inputs[r], targets[r], 1
+            sel = rows.tolist()
+            ids = pad([inputs[r] for r in sel], batch_first=True,
+                      padding_value=int(lm.pad_token_id))
+            lab = pad([targets[r] for r in sel], batch_first=True, padding_value=IGNORE_INDEX)
+            att = (torch.arange(ids.shape[1]) < lengths[rows][:, None]).long()
             extra = {"attention_mask": att.to(dev)} if takes_mask else {}
             logits = logits_of(module(input_ids=ids.to(dev), **extra), "the model", ids.shape)
             if lm.shift_logits:  # Dream's head: position i predicted at i - 1
                 logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-            sums = -mpt_loss(logits, lab, torch.ones(len(rows), device=dev), reduction="none")
-            for k, r in enumerate(rows.tolist()):
-                out[r] = sums[k]
-    return torch.stack(out)
+            parts.append(-mpt_loss(logits, lab, torch.ones(len(sel), device=dev),
+                                   reduction="none"))
+            order.append(rows)
+    out = torch.cat(parts)
+    return out[torch.cat(order).argsort().to(out.device)]
 
 
 def preference_bounds(policy: Any, reference: Any, prompts: Sequence[Any] | EncodedPairs,
