@@ -334,9 +334,13 @@ def preference_bounds(policy: Any, reference: Any, prompts: Sequence[Any] | Enco
     policy, reference : MaskedLM
         Two :class:`~mptlml.models.MaskedLM` of one tokenizer and its conventions. The
         policy's bounds carry gradients; the reference runs under ``torch.no_grad``.
-    prompts, chosen, rejected : lists of str (or token-id lists)
-        One prompt (always visible, never scored) and two responses per pair; or an
-        :class:`EncodedPairs` (:func:`encode_pairs`) as ``prompts`` alone.
+    prompts : list of str (or token-id lists), or EncodedPairs
+        One prompt per pair (always visible, never scored); or an :class:`EncodedPairs`
+        (:func:`encode_pairs`) alone, without ``chosen`` and ``rejected``.
+    chosen : list of str (or token-id lists)
+        The preferred response of each pair.
+    rejected : list of str (or token-id lists)
+        The other response of each pair.
     beta : float
         DPO's inverse temperature (> 0).
     num_masks : int
