@@ -2,7 +2,7 @@
 
 A small masked LM is trained here (nothing is downloaded)::
 
-    PYTHONPATH=src python benchmarks/bench_dpo.py            # ~5 min on 2 CPU cores
+    PYTHONPATH=src python benchmarks/bench_dpo.py            # ~10 min on 2 busy CPU cores
     PYTHONPATH=src python benchmarks/bench_dpo.py --smoke    # seconds: only checks that it runs
 
 **Task.** Letters a-h. A prompt is 3 letters; a *chosen* response is 8 letters drawn from
@@ -13,7 +13,8 @@ rejected-like with equal chance, so it has no preference to start with; the poli
 that model after ``--dpo-steps`` of :class:`mptlml.hf.MPTDPOTrainer` (beta 0.1, 8 masks
 per response and step, the allocation learned).
 
-**Variance.** On ``--pairs`` held-out pairs, each margin is estimated ``--repeats`` times
+**Variance.** After ``--early-steps`` (the policy near its reference) and after
+``--dpo-steps``, on ``--pairs`` held-out pairs, each margin is estimated ``--repeats`` times
 (other seeds) by each scheme at equal masks: ``num_masks = 8`` draws plus the whole
 response (9 masked inputs per response and model) for the paired schemes, 9 draws for
 VRPO's rule (one mask per size M ~ U{1..T}, weight T / M, shared by policy and
@@ -132,12 +133,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--dpo-steps", type=int, default=60)
-    ap.add_argument("--pairs", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=100)
+    ap.add_argument("--early-steps", type=int, default=5,
+                    help="also measure the variance at this step (policy near its reference)")
+    ap.add_argument("--pairs", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=80)
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     if a.smoke:
-        a.sft_steps, a.dpo_steps, a.pairs, a.repeats = 5, 3, 4, 6
+        a.sft_steps, a.dpo_steps, a.early_steps, a.pairs, a.repeats = 5, 3, 1, 4, 6
     torch.set_num_threads(1)
     from transformers import TrainingArguments
 
@@ -154,9 +157,18 @@ def main() -> None:
                              use_cpu=True, disable_tqdm=True, seed=0)
     import copy
 
+    from transformers import TrainerCallback
+
+    early: dict = {}
+
+    class Snapshot(TrainerCallback):  # the policy and allocation at --early-steps
+        def on_step_end(self, args, state, control, model=None, **kw):
+            if state.global_step == a.early_steps:
+                early["model"] = copy.deepcopy(model).eval()
+
     trainer = MPTDPOTrainer(model=copy.deepcopy(ref_model), ref_model=ref_model, args=args,
                             train_dataset=make_pairs(2048, seed=5), processing_class=tok,
-                            beta=0.1, num_masks=8)
+                            beta=0.1, num_masks=8, callbacks=[Snapshot()])
     policy, reference = trainer.policy_lm, trainer.ref_lm
     prompts = [p["prompt"] for p in held]
 
@@ -188,13 +200,14 @@ def main() -> None:
         print(f"| {h['step']} | {h['loss']:.3f} | {h['rewards/accuracies']:.2f} | "
               f"{h['rewards/margins']:.3f} | {h['rewards/margins_sd']:.3f} | "
               f"{h['margin_mc_se']:.3f} |")
-    rows = variance_table(policy, reference, held, a.repeats, trainer.density)
-    print(f"\n| scheme (after {a.dpo_steps} DPO steps) | masked inputs per response and model | "
-          "margin variance per mask | vs ours | mean SE^2 / variance |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['scheme']} | {r['masks']:.0f} | {r['var_per_mask']:.4f} | "
-              f"{r['ratio']:.1f}x | {r['calibration']:.2f} |")
+    print("\n| state | scheme | masked inputs per response and model | margin variance per "
+          "mask | vs ours | mean SE^2 / variance |")
+    print("|---|---|---|---|---|---|")
+    for state, pol in ((f"after {a.early_steps} DPO steps", MaskedLM(early["model"], tok)),
+                       (f"after {a.dpo_steps} DPO steps", policy)):
+        for r in variance_table(pol, reference, held, a.repeats, trainer.density):
+            print(f"| {state} | {r['scheme']} | {r['masks']:.0f} | {r['var_per_mask']:.4g} | "
+                  f"{r['ratio']:.1f}x | {r['calibration']:.2f} |")
     print(f"\nlearned rate density (10 bins): {np.round(trainer.density.mass, 3).tolist()}")
     print(f"total {time.time() - t0:.0f} s")
 

@@ -294,7 +294,8 @@ def masked_sums(module: torch.nn.Module, lm: Any, inputs: list[torch.Tensor],
     :func:`~mptlml.hf.mpt_loss` with unit weights. With ``lm.shift_logits`` position i is
     read from the logits at i - 1.
     """
-    takes_mask = accepts_keyword(module, "attention_mask")
+    # the unwrapped model's signature (a DistributedDataParallel wrapper takes **kwargs)
+    takes_mask = accepts_keyword(getattr(lm, "model", module), "attention_mask")
     lengths = torch.tensor([x.shape[0] for x in inputs])
     groups = [torch.arange(len(inputs))] if takes_mask else [
         (lengths == n).nonzero().flatten() for n in lengths.unique()]
