@@ -151,3 +151,20 @@ def test_a_datasets_dataset_trains(tiny, tmp_path):
     path, tok = tiny
     tr = _trainer(path, tok, _args(tmp_path, max_steps=1), data=Dataset.from_list(PAIRS))
     assert math.isfinite(tr.train().training_loss)
+
+
+def test_the_allocation_is_learned_from_the_steps_draws(tiny, tmp_path):
+    """10 strata per response cover the 10 rate bins in step 1: from step 2 on, the density
+    is Neyman's of the margin's spread by rate (density_of), no longer uniform."""
+    import numpy as np
+
+    from mptlml.estimators.sequential import density_of
+
+    path, tok = tiny
+    tr = _trainer(path, tok, _args(tmp_path, max_steps=2, per_device_train_batch_size=3))
+    tr.num_masks = 20
+    tr.train()
+    assert (tr.spread_count > 0).all()
+    np.testing.assert_allclose(tr.density.mass,
+                               density_of(tr.spread_sum / tr.spread_count).mass)
+    assert np.ptp(tr.density.mass) > 0.01
