@@ -67,6 +67,7 @@ from .preference import MASK_SCHEMES, EncodedPairs, dpo_loss, encode_pairs, pref
 
 try:
     from transformers import Trainer
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 except ImportError:
     require("transformers", "mptlml.hf.MPTDPOTrainer")  # names the extra when it is missing
     raise
@@ -293,8 +294,6 @@ class MPTDPOTrainer(Trainer):
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         super()._save_checkpoint(model, trial)
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
         out = os.path.join(self._get_output_dir(trial=trial),
                            f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if self.args.should_save and os.path.isdir(out):
