@@ -168,3 +168,25 @@ def test_the_allocation_is_learned_from_the_steps_draws(tiny, tmp_path):
     np.testing.assert_allclose(tr.density.mass,
                                density_of(tr.spread_sum / tr.spread_count).mass)
     assert np.ptp(tr.density.mass) > 0.01
+
+
+def test_a_masked_diffusion_module_with_a_plain_mask_id_trains(tmp_path):
+    """A plain module (no config, no attention mask) and ``mask_token_id=``, as LLaDA's."""
+    from mptlml.hf import MPTDPOTrainer
+
+    from .diffusion_helpers import TinyDiffusionLM, make_word_tokenizer
+
+    tok = make_word_tokenizer()
+    model = TinyDiffusionLM(len(tok), seed=0)
+    pairs = [{"prompt": "the cat", "chosen": " sat on a mat", "rejected": " ran far"},
+             {"prompt": "a", "chosen": " big red tree", "rejected": " dog sat on the house"}]
+    tr = MPTDPOTrainer(model=model, args=_args(tmp_path, max_steps=2), train_dataset=pairs,
+                       processing_class=tok, num_masks=2, exact_length=1,
+                       mask_token_id=tok.convert_tokens_to_ids("mdm_mask"))
+    assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    assert all(m.dropout == 0 for m in model.modules()
+               if isinstance(m, torch.nn.MultiheadAttention))
+    tr.train()
+    first, second = [h for h in tr.state.log_history if "loss" in h]
+    assert first["loss"] == pytest.approx(math.log(2)) and math.isfinite(second["loss"])
+    assert second["margin_mc_se"] > 0

@@ -166,8 +166,11 @@ class MPTDPOTrainer(Trainer):
     mask_token_id, family : optional
         As for :class:`~mptlml.models.MaskedLM` (a masked-diffusion LM's plain mask id).
     disable_dropout : bool
-        Set every dropout of the policy to 0 (TRL's default): the policy and reference
-        then differ by their weights only, which common masks need to cancel noise.
+        Set the policy's dropout to 0 (TRL's default): its dropout modules and
+        ``torch.nn.MultiheadAttention``'s attention dropout. The policy and reference
+        then differ by their weights only, which common masks need to cancel noise (a
+        model that applies dropout from its config, e.g. ``attention_dropout``, keeps
+        it: set it to 0 in the config).
     **kwargs
         The rest of ``transformers.Trainer``'s arguments (``callbacks``, ``optimizers``, ...).
     """
@@ -212,8 +215,10 @@ class MPTDPOTrainer(Trainer):
                 _check_dataset(part, what)
         if disable_dropout:
             for mod in model.modules():
-                if isinstance(mod, torch.nn.Dropout):
+                if isinstance(mod, torch.nn.modules.dropout._DropoutNd):
                     mod.p = 0.0
+                elif isinstance(mod, torch.nn.MultiheadAttention):
+                    mod.dropout = 0.0
         if ref_model is None:
             ref_model = copy.deepcopy(model)
         ref_model.eval().requires_grad_(False)
