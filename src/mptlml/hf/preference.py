@@ -58,6 +58,7 @@ Optimization for Large Language Diffusion Models", 2025 (VRPO).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import numbers
 from collections.abc import Sequence
@@ -227,13 +228,24 @@ class _Plan:
     strata: np.ndarray | None  # (P,) stratum of each draw (None: i.i.d. draws or exact)
 
 
-def _exact_plan(t: int) -> _Plan:
+@functools.lru_cache(maxsize=16)
+def _every_mask_weights(t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every mask of t positions and its weight in the exact sum, ``sum_r coef_r s_r``.
+
+    :func:`~mptlml.estimators.stats.enumerated_sum` is linear in the masks' sums: its
+    coefficients are its values at unit vectors ((1 / M_r) / #masks of size M_r).
+    """
     m = every_mask(t)
-    sizes = m.sum(1).double()
-    # enumerated_sum's weights: row r counts (1 / M_r) / #masks of size M_r
-    coef = torch.tensor([enumerated_sum(np.eye(len(sizes))[r], sizes.numpy())
-                         for r in range(len(sizes))], dtype=torch.float64)
-    return _Plan(m, coef, torch.zeros(0, len(sizes), dtype=torch.float64), None, None)
+    sizes = m.sum(1).numpy()
+    eye = np.eye(len(sizes))
+    coef = torch.tensor([enumerated_sum(eye[r], sizes) for r in range(len(sizes))],
+                        dtype=torch.float64)
+    return m, coef
+
+
+def _exact_plan(t: int) -> _Plan:
+    m, coef = _every_mask_weights(t)
+    return _Plan(m, coef, torch.zeros(0, len(coef), dtype=torch.float64), None, None)
 
 
 def _rate_plan(t: int, rates: np.ndarray, order: torch.Tensor, strata: np.ndarray,
