@@ -190,3 +190,113 @@ def test_a_masked_diffusion_module_with_a_plain_mask_id_trains(tmp_path):
     first, second = [h for h in tr.state.log_history if "loss" in h]
     assert first["loss"] == pytest.approx(math.log(2)) and math.isfinite(second["loss"])
     assert second["margin_mc_se"] > 0
+
+
+_DP_SCRIPT = """
+import json, os, sys
+import torch
+from transformers import AutoTokenizer, BertForMaskedLM, TrainingArguments
+from mptlml.hf import MPTDPOTrainer
+
+path, out, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+pairs = json.loads(sys.argv[4])
+tok = AutoTokenizer.from_pretrained(path)
+args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch,
+                         per_device_eval_batch_size=batch, max_steps=4, learning_rate=0.1,
+                         optim="sgd", report_to=[], use_cpu=True, save_strategy="steps",
+                         save_steps=2, logging_steps=1, seed=0, dataloader_num_workers=0,
+                         disable_tqdm=True)
+tr = MPTDPOTrainer(model=BertForMaskedLM.from_pretrained(path), args=args, train_dataset=pairs,
+                   eval_dataset=pairs[:6], processing_class=tok, beta=0.5, num_masks=20,
+                   exact_length=1)
+tr.train()
+ev = tr.evaluate()
+rank = tr.args.process_index
+with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+    json.dump({"world_size": tr.args.world_size, "spread_sum": tr.spread_sum.tolist(),
+               "spread_count": tr.spread_count.tolist(), "density": tr.density.mass.tolist(),
+               "logs": tr.state.log_history, "eval": ev}, f)
+if rank == 0:
+    torch.save({k: v.cpu() for k, v in tr.model.state_dict().items()},
+               os.path.join(out, "weights.pt"))
+"""
+
+_DP_PAIRS = [*PAIRS, {"prompt": "a red", "chosen": " cat sat on the mat", "rejected": " tree"},
+             {"prompt": "the big", "chosen": " house", "rejected": " dog ran under a tree"}]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("launchers")  # one launcher at a time (ports)
+def test_two_processes_train_as_one(tiny, tmp_path):
+    """torchrun, 2 CPU processes (gloo) x 2 pairs == 1 process x 4 pairs: the same masks
+    (seeded by each pair's place among all the step's pairs), the same logged losses and
+    metrics, the same evaluation, the same final weights and one allocation, learned from
+    the draws of both processes and equal on each (and in the checkpoint).
+
+    SGD, not Adam: Adam divides by the root of the gradient's second moment, so a weight
+    whose gradient is 0 in exact arithmetic (an attention key bias: softmax ignores a shift)
+    takes lr-sized steps on float rounding noise, which differs between the two runs."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    import mptlml
+
+    path, _ = tiny
+    script = tmp_path / "dpo_dp.py"
+    script.write_text(_DP_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(mptlml.__file__).resolve().parents[1]),
+           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    runs = {}
+    for name, launch, batch in (
+            ("one", [sys.executable], 4),
+            ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                     "--nproc_per_node", "2"], 2)):
+        out = tmp_path / name
+        p = subprocess.run([*launch, str(script), str(path), str(out), str(batch),
+                            json.dumps(_DP_PAIRS)], env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs[name] = out
+    one = json.loads((runs["one"] / "rank0.json").read_text())
+    two = [json.loads((runs["two"] / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert one["world_size"] == 1 and two[0]["world_size"] == 2
+    # one allocation on both processes, learned from every pair's draws: the 1-process one
+    # the runs differ by float32 rounding only (other padded batches, gradients summed in
+    # another order): log-probability sums of ~-20 nats agree to ~1e-6 absolute, so the
+    # logged figures do to ~1e-5 and the spreads (squared differences of policy - reference
+    # terms that nearly cancel) to ~1e-4 relative
+    for k in ("spread_sum", "spread_count", "density"):
+        assert two[0][k] == two[1][k], k
+    assert two[0]["spread_count"] == one["spread_count"]
+    np.testing.assert_allclose(two[0]["spread_sum"], one["spread_sum"], rtol=1e-4)
+    np.testing.assert_allclose(two[0]["density"], one["density"], rtol=0, atol=1e-5)
+    assert np.ptp(one["density"]) > 0.01  # learned, not uniform
+    for step in ("checkpoint-2", "checkpoint-4"):
+        saved = [json.loads((runs[n] / step / "mpt_dpo_allocation.json").read_text())
+                 for n in ("one", "two")]
+        np.testing.assert_allclose(saved[1]["spread_sum"], saved[0]["spread_sum"], rtol=1e-4)
+        assert saved[1]["spread_count"] == saved[0]["spread_count"]
+
+    def logs(run):
+        return {h["step"]: h for h in run["logs"] if "loss" in h}
+
+    a, b = logs(one), logs(two[0])
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for s in a:
+        for k in ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                  "rewards/margins", "rewards/margins_sd", "margin_mc_se", "logps/chosen",
+                  "logps/rejected", "grad_norm"):
+            assert b[s][k] == pytest.approx(a[s][k], rel=1e-5, abs=1e-5), (s, k)
+    for k, v in one["eval"].items():
+        if k.startswith("eval_") and not k.endswith(("runtime", "per_second")):
+            assert two[0]["eval"][k] == pytest.approx(v, rel=1e-5, abs=1e-5), k
+    wa = torch.load(runs["one"] / "weights.pt")
+    wb = torch.load(runs["two"] / "weights.pt")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=1e-6, msg=k)

@@ -20,15 +20,21 @@ What it guarantees
   masks, chosen and rejected at the same rates), the mean over *all* B pairs of the
   accumulated micro-batches (and, with ``average_tokens_across_devices``, of all
   processes), as :class:`~mptlml.hf.MPTTrainer` does for sequences.
-- **The masks.** Pair j of update step s (its place among the step's pairs on process r)
-  draws from a generator seeded by ``(seed, s, j, r)`` (``seed``: the trainer's, else
-  ``args.seed``): the masks do not depend on how the step is cut into micro-batches
-  (accumulating 2 x 2 pairs draws what one batch of 4 draws), differ from step to step,
-  and are drawn again identically when training resumes from a checkpoint.
+- **The masks.** Pair j of update step s draws from a generator seeded by ``(seed, s, j)``
+  (``seed``: the trainer's, else ``args.seed``), j its place among *all* the step's pairs:
+  micro-batch k of process r is the sampler's micro-batch ``k R + r`` of the step (R
+  processes, accelerate's sharding), so its pairs follow those of the micro-batches before
+  it in that order. The masks depend neither on how the step is cut into micro-batches
+  nor on how many processes share it (accumulating 2 x 2 pairs, or 2 processes of 2,
+  draw what one batch of 4 draws), differ from step to step, and are drawn again
+  identically when training resumes from a checkpoint. Evaluation pair j (its place in
+  the evaluation set, likewise global) draws from ``(seed, j)`` of the evaluation stream.
 - **The allocation.** With ``allocation="learned"`` the rate density of step s is set in
   proportion to the spread of the margin's draws by rate bin over steps 0..s-1 (Neyman,
-  :func:`~mptlml.estimators.sequential.density_of`, floored): no pilot, each step unbiased
-  given the past. It is saved with every checkpoint and read back on resume.
+  :func:`~mptlml.estimators.sequential.density_of`, floored), summed over all processes
+  (one all-reduce per step): no pilot, each step unbiased given the past, and every
+  process draws with the same density. It is saved with every checkpoint and read back
+  on resume.
 - **The reference.** ``ref_model=None`` makes a frozen deep copy of the model as it is at
   construction; the reference runs in eval mode under ``torch.no_grad`` and never has a
   gradient.
@@ -64,6 +70,7 @@ from ..estimators.runs import EXACT_LENGTH
 from ..estimators.sequential import NUM_RATE_BINS, RateDensity, density_of
 from .collator import stream_seed
 from .preference import MASK_SCHEMES, EncodedPairs, dpo_loss, encode_pairs, preference_bounds
+from .trainer import _items_mean
 
 try:
     from transformers import Trainer
@@ -236,7 +243,7 @@ class MPTDPOTrainer(Trainer):
         self.density = RateDensity(np.ones(NUM_RATE_BINS))
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self._records: dict[str, list[dict[str, np.ndarray]]] = defaultdict(list)
-        self._eval_batch = 0
+        self._eval_seen = 0  # evaluation pairs (of all processes) before the next batch
         super().__init__(model=model, args=args, data_collator=DataCollatorForPreference(
             self.policy_lm), train_dataset=train_dataset, eval_dataset=eval_dataset,
             processing_class=processing_class, **kwargs)
@@ -258,28 +265,47 @@ class MPTDPOTrainer(Trainer):
         """Seed of the masks: the trainer's ``seed``, else ``args.seed``."""
         return int(self.args.seed if self.dpo_seed is None else self.dpo_seed)
 
+    def _global_sizes(self, sizes: list[int], slots: int) -> torch.Tensor:
+        """``(R, slots)`` pair counts of every process's micro-batches (one gather; 0: none)."""
+        local = torch.zeros(1, slots, dtype=torch.long)
+        local[0, :len(sizes)] = torch.tensor(sizes, dtype=torch.long)
+        if self.args.world_size == 1:
+            return local
+        return self.accelerator.gather(local.to(self.args.device)).cpu()
+
+    def _offsets(self, sizes: torch.Tensor) -> torch.Tensor:
+        """Where this process's micro-batches start among all pairs, ``(slots,)``.
+
+        Micro-batch k of process r is the sampler's ``k R + r``-th (accelerate's sharding of
+        the batches): its pairs follow those of every earlier one in that order.
+        """
+        flat = sizes.T.reshape(-1)  # the sampler's order: k major, process minor
+        start = (flat.cumsum(0) - flat).reshape(sizes.shape[1], sizes.shape[0])
+        return start[:, self.args.process_index]
+
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int,
                           device: torch.device) -> tuple[list, Any]:
         """The micro-batches of one update step, each told where its pairs start in the step.
 
-        The allocation learned from the steps so far is set here, once per step.
+        Returns them with the number of pairs in the step (of all processes with
+        ``average_tokens_across_devices``). The allocation learned from the steps so far
+        (of all processes) is set here, once per step.
         """
-        batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        batches = []
+        for _ in range(num_batches):
+            try:
+                batches.append(next(epoch_iterator))
+            except StopIteration:
+                break
         self._learn()
-        off = 0
-        for b in batches:
-            b[OFFSET] = torch.tensor(off)
-            off += len(b["chosen_ids"])
-        return batches, num_items
-
-    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> Any:
-        """Pairs in the accumulated micro-batches (summed over processes when averaging)."""
-        if not batch_samples:
-            return None
-        n = torch.tensor(sum(len(b["chosen_ids"]) for b in batch_samples))
-        if self.args.average_tokens_across_devices and self.args.world_size > 1:
-            n = self.accelerator.gather(n.to(device)).sum()
-        return n.to(device)
+        sizes = self._global_sizes([len(b["chosen_ids"]) for b in batches], num_batches)
+        for b, off in zip(batches, self._offsets(sizes), strict=False):
+            b[OFFSET] = off.clone()
+        if not batches:
+            return batches, None
+        spread = self.args.average_tokens_across_devices and self.args.world_size > 1
+        n = sizes.sum() if spread else sizes[self.args.process_index].sum()
+        return batches, n.to(device)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train``; the last step's draws are folded into the allocation after it."""
@@ -289,11 +315,23 @@ class MPTDPOTrainer(Trainer):
 
     # ------------------------------------------------------------------ allocation
     def _learn(self) -> None:
-        """Fold the finished steps' spread into the allocation (before a step's masks)."""
+        """Fold the finished steps' spread, summed over processes, into the allocation.
+
+        Called by every process at the same points (before a step's masks, at a checkpoint,
+        after training): the sum is one all-reduce.
+        """
+        new = np.zeros((2, NUM_RATE_BINS))
         for s, n in self._pending:
-            self.spread_sum += s
-            self.spread_count += n
+            new += np.stack([s, n])
         self._pending = []
+        if self.args.world_size > 1:
+            t = self.accelerator.reduce(torch.from_numpy(new).to(self.args.device), "sum")
+            new = t.cpu().double().numpy()
+        self.spread_sum += new[0]
+        self.spread_count += new[1]
+        self._set_density()
+
+    def _set_density(self) -> None:
         if self.allocation == "learned" and self.spread_count.min() > 0:
             self.density = density_of(self.spread_sum / self.spread_count)
 
@@ -301,8 +339,8 @@ class MPTDPOTrainer(Trainer):
         super()._save_checkpoint(model, trial)
         out = os.path.join(self._get_output_dir(trial=trial),
                            f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self._learn()  # the step just taken belongs to the saved state (every process)
         if self.args.should_save and os.path.isdir(out):
-            self._learn()  # the step just taken belongs to the saved state
             with open(os.path.join(out, STATE_FILE), "w") as f:
                 json.dump({"spread_sum": self.spread_sum.tolist(),
                            "spread_count": self.spread_count.tolist()}, f)
@@ -317,7 +355,7 @@ class MPTDPOTrainer(Trainer):
         self.spread_sum = np.asarray(state["spread_sum"], dtype=np.float64)
         self.spread_count = np.asarray(state["spread_count"], dtype=np.float64)
         self._pending = []
-        self._learn()
+        self._set_density()
 
     # ------------------------------------------------------------------ loss
     @property
@@ -329,9 +367,9 @@ class MPTDPOTrainer(Trainer):
 
     def _bounds(self, model: Any, inputs: Mapping[str, Any], keys: Sequence[int],
                 offset: int) -> Any:
+        """The bounds of a micro-batch; its pair i draws from ``(seed, *keys, offset + i)``."""
         pairs = _pairs_of(inputs)
-        gens = [torch.Generator().manual_seed(stream_seed(self.mask_seed, *keys, offset + i,
-                                                          self.args.process_index))
+        gens = [torch.Generator().manual_seed(stream_seed(self.mask_seed, *keys, offset + i))
                 for i in range(len(pairs))]
         return preference_bounds(self.policy_lm, self.ref_lm, pairs, beta=self.beta,
                                  num_masks=self.num_masks, masks=self.masks,
@@ -343,26 +381,26 @@ class MPTDPOTrainer(Trainer):
         """``sum_i -log sigmoid(m_i) / num_items_in_batch`` (else the batch mean)."""
         offset = int(inputs.get(OFFSET, 0))
         b = self._bounds(model, inputs, (_TRAIN, int(self.state.global_step)), offset)
-        terms = dpo_loss(b.margin, "none")
         self._dpo_scaled = num_items_in_batch is not None
-        if num_items_in_batch is None:
-            loss = terms.mean()
-        else:
-            loss = terms.sum() / num_items_in_batch.to(terms.device, terms.dtype)
-            if self.args.average_tokens_across_devices and self.args.world_size > 1:
-                loss = loss * self.accelerator.num_processes  # DDP averages the gradients
+        loss = _items_mean(self, dpo_loss(b.margin, "none"), num_items_in_batch)
         self._pending.append((b.spread_sum, b.spread_count))
         self._record("train", b, int(self.state.global_step))
         return (loss, {"margin": b.margin.detach()}) if return_outputs else loss
 
     # ------------------------------------------------------------------ metrics
     def _record(self, split: str, b: Any, step: int) -> None:
-        """Keep the pairs' rewards, margins and margin SEs (gathered over processes)."""
+        """Keep the pairs' rewards, margins and margin SEs (gathered over processes).
+
+        An evaluation drops the pairs that accelerate repeats to even out the processes'
+        last batches (``gather_for_metrics``); a training step keeps them (they are trained on).
+        """
         vals = torch.stack([b.policy_chosen.detach() - b.ref_chosen,
                             b.policy_rejected.detach() - b.ref_rejected,
                             b.policy_chosen.detach(), b.policy_rejected.detach(),
                             torch.as_tensor(b.margin_se).to(b.margin)], 1).double()
-        vals = self.accelerator.gather(vals.to(self.args.device)).cpu().numpy()
+        gather = self.accelerator.gather if split == "train" else (
+            self.accelerator.gather_for_metrics)
+        vals = gather(vals.to(self.args.device)).cpu().numpy()
         self._records[split].append({"step": np.full(len(vals), step), "vals": vals})
 
     def _summary(self, split: str) -> dict[str, float]:
@@ -399,7 +437,7 @@ class MPTDPOTrainer(Trainer):
                         ignore_keys: list[str] | None = None,
                         metric_key_prefix: str = "eval") -> Any:
         """transformers' loop on fixed masks; its metrics get the DPO ones of the pairs."""
-        self._eval_batch = 0  # the same masks at every evaluation
+        self._eval_seen = 0  # the same masks at every evaluation
         self._records.pop("eval", None)
         out = super().evaluation_loop(dataloader, description, prediction_loss_only,
                                       ignore_keys, metric_key_prefix)
@@ -410,11 +448,12 @@ class MPTDPOTrainer(Trainer):
     def prediction_step(self, model: torch.nn.Module, inputs: dict[str, Any],
                         prediction_loss_only: bool,
                         ignore_keys: list[str] | None = None) -> tuple[Any, Any, Any]:
-        """The DPO loss of an evaluation batch on masks seeded by (seed, batch, pair)."""
-        k = self._eval_batch
-        self._eval_batch += 1
+        """The DPO loss of an evaluation batch; pair j of the evaluation draws from (seed, j)."""
+        sizes = self._global_sizes([len(inputs["chosen_ids"])], 1)
+        offset = self._eval_seen + int(self._offsets(sizes)[0])
+        self._eval_seen += int(sizes.sum())
         model.eval()
         with torch.no_grad():
-            b = self._bounds(model, inputs, (_EVAL, k), 0)
+            b = self._bounds(model, inputs, (_EVAL,), offset)
         self._record("eval", b, 0)
         return dpo_loss(b.margin.detach()), None, None
