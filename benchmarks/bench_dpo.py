@@ -200,14 +200,19 @@ def main() -> None:
         print(f"| {h['step']} | {h['loss']:.3f} | {h['rewards/accuracies']:.2f} | "
               f"{h['rewards/margins']:.3f} | {h['rewards/margins_sd']:.3f} | "
               f"{h['margin_mc_se']:.3f} |")
-    print("\n| state | scheme | masked inputs per response and model | margin variance per "
-          "mask | vs ours | mean SE^2 / variance |")
-    print("|---|---|---|---|---|---|")
-    for state, pol in ((f"after {a.early_steps} DPO steps", MaskedLM(early["model"], tok)),
-                       (f"after {a.dpo_steps} DPO steps", policy)):
-        for r in variance_table(pol, reference, held, a.repeats, trainer.density):
-            print(f"| {state} | {r['scheme']} | {r['masks']:.0f} | {r['var_per_mask']:.4g} | "
-                  f"{r['ratio']:.1f}x | {r['calibration']:.2f} |")
+    rows = [(state, r) for state, pol in (
+        (f"after {a.early_steps} DPO steps", MaskedLM(early["model"], tok)),
+        (f"after {a.dpo_steps} DPO steps", policy))
+        for r in variance_table(pol, reference, held, a.repeats, trainer.density)]
+    cost = {r["masks"] for _, r in rows}
+    if len(cost) != 1:
+        raise RuntimeError(f"the schemes were not run at equal masks: {sorted(cost)}")
+    print(f"\nevery scheme at {cost.pop():.0f} masked inputs per response and model\n")
+    print("| state | scheme | margin variance per mask | vs common masks | mean SE² / variance |")
+    print("|---|---|---|---|---|")
+    for state, r in rows:
+        print(f"| {state} | {r['scheme']} | {r['var_per_mask']:.4g} | {r['ratio']:.1f}x | "
+              f"{r['calibration']:.2f} |")
     print(f"\nlearned rate density (10 bins): {np.round(trainer.density.mass, 3).tolist()}")
     print(f"total {time.time() - t0:.0f} s")
 
