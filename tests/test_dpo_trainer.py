@@ -198,10 +198,11 @@ import torch
 from transformers import AutoTokenizer, BertForMaskedLM, TrainingArguments
 from mptlml.hf import MPTDPOTrainer
 
-path, out, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
-pairs = json.loads(sys.argv[4])
+path, out, batch, accumulate = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+pairs = json.loads(sys.argv[5])
 tok = AutoTokenizer.from_pretrained(path)
 args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch,
+                         gradient_accumulation_steps=accumulate,
                          per_device_eval_batch_size=batch, max_steps=4, learning_rate=0.1,
                          optim="sgd", report_to=[], use_cpu=True, save_strategy="steps",
                          save_steps=2, logging_steps=1, seed=0, dataloader_num_workers=0,
@@ -228,10 +229,11 @@ _DP_PAIRS = [*PAIRS, {"prompt": "a red", "chosen": " cat sat on the mat", "rejec
 @pytest.mark.slow
 @pytest.mark.xdist_group("launchers")  # one launcher at a time (ports)
 def test_two_processes_train_as_one(tiny, tmp_path):
-    """torchrun, 2 CPU processes (gloo) x 2 pairs == 1 process x 4 pairs: the same masks
-    (seeded by each pair's place among all the step's pairs), the same logged losses and
-    metrics, the same evaluation, the same final weights and one allocation, learned from
-    the draws of both processes and equal on each (and in the checkpoint).
+    """torchrun, 2 CPU processes (gloo) x 2 pairs, and 2 processes x 2 accumulated
+    micro-batches of 1 pair, == 1 process x 4 pairs: the same masks (seeded by each pair's
+    place among all the step's pairs), the same logged losses and metrics, the same
+    evaluation, the same final weights and one allocation, learned from the draws of both
+    processes and equal on each (and in the checkpoints).
 
     SGD, not Adam: Adam divides by the root of the gradient's second moment, so a weight
     whose gradient is 0 in exact arithmetic (an attention key bias: softmax ignores a shift)
@@ -242,8 +244,6 @@ def test_two_processes_train_as_one(tiny, tmp_path):
     import sys
     from pathlib import Path
 
-    import numpy as np
-
     import mptlml
 
     path, _ = tiny
@@ -252,20 +252,32 @@ def test_two_processes_train_as_one(tiny, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(mptlml.__file__).resolve().parents[1]),
            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     runs = {}
-    for name, launch, batch in (
-            ("one", [sys.executable], 4),
-            ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                     "--nproc_per_node", "2"], 2)):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node", "2"]
+    for name, launch, batch, accumulate in (("one", [sys.executable], 4, 1),
+                                            ("two", torchrun, 2, 1),
+                                            ("two_accumulated", torchrun, 1, 2)):
         out = tmp_path / name
         p = subprocess.run([*launch, str(script), str(path), str(out), str(batch),
-                            json.dumps(_DP_PAIRS)], env=env, capture_output=True, text=True,
-                           timeout=600)
+                            str(accumulate), json.dumps(_DP_PAIRS)], env=env,
+                           capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stderr[-3000:]
         runs[name] = out
+    for name in ("two", "two_accumulated"):
+        _assert_trains_as_one(runs["one"], runs[name])
+
+
+def _assert_trains_as_one(run_one, run_two):
+    """The 2-process run ``run_two`` trained as the 1-process run ``run_one``."""
+    import json
+
+    import numpy as np
+
+    runs = {"one": run_one, "two": run_two}
     one = json.loads((runs["one"] / "rank0.json").read_text())
     two = [json.loads((runs["two"] / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert one["world_size"] == 1 and two[0]["world_size"] == 2
-    # one allocation on both processes, learned from every pair's draws: the 1-process one
+    # one allocation on both processes, learned from every pair's draws: the 1-process one;
     # the runs differ by float32 rounding only (other padded batches, gradients summed in
     # another order): log-probability sums of ~-20 nats agree to ~1e-6 absolute, so the
     # logged figures do to ~1e-5 and the spreads (squared differences of policy - reference
