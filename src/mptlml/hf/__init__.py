@@ -49,6 +49,10 @@ In a plain PyTorch loop::
         loss = mpt_batch_loss(model, collate(examples))
         loss.backward(); opt.step(); opt.zero_grad()
 
+Preference optimisation (DPO) on paired conditional bounds:
+:func:`preference_bounds` (:mod:`mptlml.hf.preference`) and :class:`MPTDPOTrainer`
+(:mod:`mptlml.hf.dpo`).
+
 Sampling by unmasking in a random order: :func:`sample_random_order`
 (:mod:`mptlml.hf.orders`); the chain rule over random orders is the
 ``"chain-rule"`` estimator of :func:`mptlml.estimate_lml`.
@@ -61,14 +65,32 @@ from typing import Any
 from .collator import CORRUPTIONS, DataCollatorForMPT
 from .loss import IGNORE_INDEX, mpt_batch_loss, mpt_loss
 from .orders import sample_random_order
+from .preference import (
+    MASK_SCHEMES,
+    EncodedPairs,
+    PreferenceBounds,
+    dpo_loss,
+    encode_pairs,
+    masked_sums,
+    preference_bounds,
+)
 
 __all__ = [
     "CORRUPTIONS",
     "IGNORE_INDEX",
+    "MASK_SCHEMES",
     "DataCollatorForMPT",
+    "DataCollatorForPreference",
+    "EncodedPairs",
+    "MPTDPOTrainer",
     "MPTTrainer",
+    "PreferenceBounds",
+    "dpo_loss",
+    "encode_pairs",
+    "masked_sums",
     "mpt_batch_loss",
     "mpt_loss",
+    "preference_bounds",
     "sample_random_order",
 ]
 
@@ -78,4 +100,8 @@ def __getattr__(name: str) -> Any:
         from .trainer import MPTTrainer
 
         return MPTTrainer
+    if name in ("MPTDPOTrainer", "DataCollatorForPreference"):  # transformers.Trainer too
+        from . import dpo
+
+        return getattr(dpo, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

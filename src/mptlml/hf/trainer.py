@@ -70,6 +70,21 @@ __all__ = ["MPTTrainer"]
 _TRAIN, _EVAL = 0, 1  # stream tags of the mask generators
 
 
+def _items_mean(trainer: Trainer, terms: torch.Tensor, num_items_in_batch: Any) -> torch.Tensor:
+    """A micro-batch's loss from its items' losses ``terms``: its share of the step's mean.
+
+    ``sum(terms) / num_items_in_batch`` (the items of all accumulated micro-batches, and of
+    all processes with ``average_tokens_across_devices``, times the number of processes as
+    DDP averages the gradients), else ``mean(terms)``.
+    """
+    if num_items_in_batch is None:
+        return terms.mean()
+    loss = terms.sum() / num_items_in_batch.to(terms.device, terms.dtype)
+    if trainer.args.average_tokens_across_devices and trainer.args.world_size > 1:
+        loss = loss * trainer.accelerator.num_processes  # DDP averages the gradients
+    return loss
+
+
 class _PadOnly:
     """The DataLoader's collate function under :class:`MPTTrainer`: pads, masks nothing."""
 
@@ -216,12 +231,7 @@ class MPTTrainer(Trainer):
         outputs = model(**inputs)
         terms = mpt_loss(_logits_of(outputs), labels, weights, reduction="none")
         self._mpt_scaled = num_items_in_batch is not None
-        if num_items_in_batch is None:
-            loss = terms.mean()
-        else:
-            loss = terms.sum() / num_items_in_batch.to(terms.device, terms.dtype)
-            if self.args.average_tokens_across_devices and self.args.world_size > 1:
-                loss = loss * self.accelerator.num_processes  # DDP averages the gradients
+        loss = _items_mean(self, terms, num_items_in_batch)
         return (loss, outputs) if return_outputs else loss
 
     # ------------------------------------------------------------------ evaluation
