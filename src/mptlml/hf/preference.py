@@ -32,7 +32,7 @@ their own lengths) and positions. Per draw k the margin's term is
 
 pi_ck (ref_ck) the summed log-probabilities of the masked tokens under the policy
 (reference), and the margin's Monte Carlo standard error is that of the mean of the d_k
-over the strata (:func:`~mptlml.estimators.sequential.round_stats`, two draws per stratum).
+over the strata (:func:`~mptlml.estimators.sequential.cells_error`, two draws per stratum).
 Policy and reference nearly agree early in training, so the d_k nearly cancel: the
 standard error of the margin is far below that of either bound.
 
@@ -74,8 +74,8 @@ from ..estimators.runs import EXACT_LENGTH
 from ..estimators.sequential import (
     NUM_RATE_BINS,
     RateDensity,
+    cells_error,
     masks_at_rates,
-    round_stats,
     stratified_rates,
 )
 from ..estimators.stats import enumerated_sum, mean_stderr
@@ -333,6 +333,16 @@ def masked_sums(module: torch.nn.Module, lm: Any, inputs: list[torch.Tensor],
     return out[torch.cat(order).argsort().to(out.device)]
 
 
+def _stratified_se(draws: np.ndarray) -> float:
+    """SE of the mean of H strata with two draws each, in stratum order: one cell per stratum.
+
+    ``se^2 = sum_h (y_h1 - y_h2)^2 / (4 H^2)`` (compare's stratified round, through
+    :func:`~mptlml.estimators.sequential.cells_error`).
+    """
+    h = draws.shape[0] // 2
+    return math.sqrt(float(cells_error(list((draws / h).reshape(h, 2)))[1].sum()))
+
+
 def preference_bounds(policy: Any, reference: Any, prompts: Sequence[Any] | EncodedPairs,
                       chosen: Sequence[Any] | None = None,
                       rejected: Sequence[Any] | None = None, *, beta: float = 0.1,
@@ -466,10 +476,9 @@ def preference_bounds(policy: Any, reference: Any, prompts: Sequence[Any] | Enco
         sampled = [pl[0][c] for c in (0, 1) if pl[0][c].draw_coef.shape[0]]
         strata = sampled[0].strata
         if masks == "independent" or strata is None:
-            se[i] = float(mean_stderr(draws)[1]) if masks == "vrpo" else math.sqrt(
-                round_stats(draws, strata)[1])
+            se[i] = float(mean_stderr(draws)[1]) if masks == "vrpo" else _stratified_se(draws)
             continue
-        se[i] = math.sqrt(round_stats(draws, strata)[1])
+        se[i] = _stratified_se(draws)
         # the allocation's evidence: density-free terms d_k q(r_k), spread within a stratum
         rates = sampled[0].rates
         b = np.minimum((rates * NUM_RATE_BINS).astype(int), NUM_RATE_BINS - 1)
