@@ -112,16 +112,21 @@ def test_max_length_cuts_the_context_and_bos_leads_it(tmp_path):
     lm = mle.MPTLM.create_from_arg_string(f"pretrained={d},add_bos_token=true",
                                           {"device": "cpu"})
     assert lm.model.prefix == [tok.cls_token_id] and lm._bos == []
-    tok.bos_token = tok.sep_token  # a BOS the frame does not lead with: before each context
+    tok.bos_token = tok.sep_token  # a BOS the frame does not lead with: the frame's, after [CLS]
     tok.save_pretrained(d)
     lm = mle.MPTLM.create_from_arg_string(f"pretrained={d},add_bos_token=true,max_length=9",
                                           {"device": "cpu"})
-    assert lm._bos == [tok.sep_token_id] and lm._limit == 7
+    assert lm._bos == [tok.sep_token_id] and lm.model.prefix == [tok.cls_token_id, tok.sep_token_id]
+    assert lm._limit == 9 - 3  # max_length counts the frame: [CLS], the BOS, [SEP]
     ctx, cont = lm._pair_ids([mle.backend._Key("t", 0, 0, ("the cat sat", " on a mat"))])
-    assert ctx[0].tolist() == [tok.sep_token_id, *tok("the cat sat",
-                                                      add_special_tokens=False)["input_ids"]]
+    assert ctx[0].tolist() == tok("the cat sat", add_special_tokens=False)["input_ids"]
     assert cont[0].tolist() == tok(" on a mat", add_special_tokens=False)["input_ids"]
     assert torch.is_tensor(ctx[0])
+    from lm_eval.api.instance import Instance  # scored: the [SEP] BOS is not refused as content
+
+    (ll, _), = lm.loglikelihood([Instance("loglikelihood", {}, ("the cat sat", " on a mat"), 0,
+                                          ("t", 0, 1))])
+    assert math.isfinite(ll)
 
 
 # ---------------------------------------------------------------------- LLaDA's scheme
@@ -410,3 +415,52 @@ def test_the_summary_reaches_results_where_lm_eval_does_not_ask_for_it(tiny):
     p = 0.5 * math.erfc(1.0 / math.sqrt(2.0))
     assert res["results"]["mc"]["acc_mc_stderr,none"] == pytest.approx(math.sqrt(p * (1 - p)))
     assert res["config"]["mptlml"]["monte_carlo"]["mc"]["questions"] == 1
+
+
+def test_add_bos_token_scores_as_dreams_evaluation_with_a_bos_the_frame_lacks():
+    """add_bos_token on a Dream-style model framed without its BOS (add_special_tokens=False):
+    the BOS joins the model's frame (visible, never masked, never scored, never cut), and the
+    loglikelihood of a short continuation (every mask, exact) equals Dream's evaluation
+    written out by hand: direct forwards of the module on BOS + context + continuation,
+    Dream's shift, the exhaustive MPT sum; the rolling bound of a short text likewise. A
+    special token inside the content is still refused."""
+    from lm_eval.api.instance import Instance
+
+    from mptlml.models import MaskedLM
+
+    from .diffusion_helpers import TinyDiffusionLM
+    from .mlm_helpers import exhaustive_masked_sum
+    from .test_conventions import Shifted, family_tokenizer
+
+    tok = family_tokenizer()
+    module = Shifted(TinyDiffusionLM(len(tok), seed=3).double(), model_type="Dream")
+    bare = MaskedLM(module, tok, add_special_tokens=False)  # Dream's convention, no frame
+    assert bare.prefix == [] and bare.shift_logits
+
+    def dream(context: str, cont: str) -> float:
+        c = tok(context, add_special_tokens=False)["input_ids"] if context else []
+        full = tok(context + cont, add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([tok.bos_token_id, *full])
+
+        def log_probs(x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                logits = module(x).double()
+            return torch.log_softmax(torch.cat([logits[:, :1], logits[:, :-1]], dim=1), -1)
+
+        return exhaustive_masked_sum(ids, range(1 + len(c), 1 + len(full)), tok.mask_token_id,
+                                     log_probs)
+
+    lm = mle.MPTLM(bare, add_bos_token=True)
+    assert lm.model.prefix == [tok.bos_token_id] and bare.prefix == []  # a view: bare kept
+    conts = [" a mat", " the red house"]
+    reqs = [Instance("loglikelihood", {}, ("the cat sat on", x), i, ("t", 0, 1))
+            for i, x in enumerate(conts)]
+    got = [ll for ll, _ in lm.loglikelihood(reqs)]
+    want = [dream("the cat sat on", x) for x in conts]
+    assert np.abs(np.array(got) - np.array(want)).max() < 1e-6
+    rolled = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("the big dog",),
+                                                0, ("p", 0, 1))])
+    assert abs(rolled[0] - dream("", "the big dog")) < 1e-6
+    with pytest.raises(ValueError, match="special token '<eos>'"):
+        lm.loglikelihood([Instance("loglikelihood", {}, ("the cat", " <eos> sat"), 0,
+                                   ("t", 1, 1))])

@@ -195,13 +195,15 @@ def test_a_pair_is_tokenised_as_the_tokenizer_splits_its_joined_text(tiny, famil
     if family == "dream":  # Dream's frame leads with the BOS: nothing is added before contexts
         assert (lm.prefix, lm.suffix) == ([tok.bos_token_id], [tok.eos_token_id])
         assert context_bos(lm, True) == []
-    elif family == "llada":
+    elif family == "llada":  # the BOS joins the frame: the content ids are the same
         bos = context_bos(lm, True)
         assert bos == [tok.bos_token_id] and context_bos(lm, False) == []
-        ids, nctx = encode_with_context(lm, [c for c, _ in PAIRS], [x for _, x in PAIRS],
-                                        bos=bos)
-        assert [(t[:n].tolist(), t[n:].tolist()) for t, n in zip(ids, nctx, strict=True)] == [
-            (bos + c, x) for c, x in want]
+        framed = lm.with_prefix(bos)
+        assert framed.prefix == [*lm.prefix, *bos] and lm.prefix != framed.prefix
+        ids, nctx = encode_with_context(framed, [c for c, _ in PAIRS], [x for _, x in PAIRS])
+        assert [(t[:n].tolist(), t[n:].tolist()) for t, n in zip(ids, nctx, strict=True)] == want
+        row = framed.corrupt(ids[0], torch.zeros(1, len(ids[0]), dtype=torch.bool))[0]
+        assert row.tolist() == [*lm.prefix, *bos, *ids[0].tolist(), *lm.suffix]
     else:
         with pytest.raises(ValueError, match="no BOS token"):
             context_bos(lm, True)

@@ -264,9 +264,11 @@ class MPTLM(LM):
         Dream's ``max_length``): contexts are cut on the left to fit, as for the
         model's own length.
     add_bos_token : bool
-        Dream's: the tokenizer's BOS token before every context (always visible);
-        nothing more where the model's frame leads with it already (the Dream
-        family's convention, :mod:`mptlml.models.conventions`).
+        Dream's: the tokenizer's BOS token before every scored input's context, as
+        part of the model's frame (always visible, never masked, scored or cut, and
+        counted by ``max_length``: :meth:`~mptlml.models.MaskedLM.with_prefix`);
+        nothing more where the frame leads with it already (the Dream family's
+        convention, :mod:`mptlml.models.conventions`).
     """
 
     #: lm-eval's ``--output_path`` under :func:`mptlml.lm_eval.main`: the records then go
@@ -389,9 +391,11 @@ class MPTLM(LM):
                 lm = MaskedLM.antiberty(device=dev, **loading)
             else:
                 lm = MaskedLM.from_pretrained(pretrained, device=dev, **loading)
+        self._bos = context_bos(lm, _flag(add_bos_token, "add_bos_token"))
+        if self._bos:  # the BOS joins the model's frame: visible, never masked, scored or cut
+            lm = lm.with_prefix(self._bos)
         self.model = lm
         self._limit = _content_limit(lm, max_length)
-        self._bos = context_bos(lm, _flag(add_bos_token, "add_bos_token"))
         self.max_length = max_length
         self._rank, self._world_size = self._ctx.rank, self._ctx.world
         self._device = lm.device
@@ -536,11 +540,11 @@ class MPTLM(LM):
                 for k in keys]
 
     def _pair_ids(self, keys: list[_Key]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Context (BOS first, where asked) and continuation ids of each pair, in one pass of
+        """Context and continuation ids of each pair (no BOS: it is the frame's), in one pass of
         :func:`~mptlml.models.sequence_input.encode_with_context`; each continuation's
         unknown tokens checked on its own, naming its task, document and choice."""
         ids, nctx = encode_with_context(
-            self.model, [k.args[0] for k in keys], [k.args[1] for k in keys], bos=self._bos,
+            self.model, [k.args[0] for k in keys], [k.args[1] for k in keys],
             check_length=False, word_warnings=False,
             names=[f"task {k.task!r}, document {k.doc_id}, choice {k.idx} ({k.args[1]!r})"
                    for k in keys])
@@ -643,7 +647,7 @@ class MPTLM(LM):
                                  "document from the task's data.")
         self.model.check_unknown(ids, names=[f"task {k.task!r}, document {k.doc_id}"
                                              for k in everyone])
-        windows = [window_pairs(t, self._limit, self._bos) for t in ids]
+        windows = [window_pairs(t, self._limit) for t in ids]
         seeds = [_content_seed(self.seed, [k.args, (str(w),)])
                  for k, ws in zip(everyone, windows, strict=True) for w in range(len(ws))]
         cmp = SimpleNamespace(scores=[], stderr=[], exact=[], num_masked_rows=[], stop_reason=[])

@@ -33,6 +33,7 @@ Marginal Likelihood", NeurIPS 2023, Sec. 4 (Table 2, Fig. 5 right).
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import os
 from collections.abc import Callable, Sequence
@@ -336,6 +337,20 @@ class MaskedLM(nn.Module):
                 "corruption": self.corruption, "dtype": dtype_name(self.dtype),
                 "autocast": dtype_name(self.autocast_dtype),
                 **({"shift_logits": True} if self.shift_logits else {})}
+
+    def with_prefix(self, ids: Sequence[int]) -> MaskedLM:
+        """This model with ``ids`` after its frame's leading tokens: ``prefix + ids``.
+
+        The added ids belong to the frame: in every input, never masked, never scored,
+        never cut to fit, and not content, so the special-token check of the ids still
+        refuses them inside a text (Dream's ``add_bos_token`` where the frame does not
+        lead with that BOS: :func:`~mptlml.models.sequence_input.context_bos`). A view:
+        the module and tokenizer are shared, this model is unchanged;
+        ``max_content_length`` is ``len(ids)`` shorter.
+        """
+        view = copy.copy(self)
+        view.prefix = [*self.prefix, *(int(i) for i in ids)]
+        return view
 
     def _check_shifted(self, scores_position_zero: bool) -> None:
         """Refuse input position 0 with shifted logits (no hidden state before it), before work."""

@@ -244,7 +244,7 @@ class ContextBoundaryWarning(UserWarning):
 
 
 def encode_with_context(model: Any, contexts: Any, continuations: Any, *,
-                        bos: Sequence[int] = (), check_length: bool = True,
+                        check_length: bool = True,
                         names: Sequence[str] | None = None, word_warnings: bool = True
                         ) -> tuple[list[torch.Tensor], list[int]]:
     """Content ids of each context + continuation, and how many of them are the context's.
@@ -271,9 +271,6 @@ def encode_with_context(model: Any, contexts: Any, continuations: Any, *,
     model : RaggedMaskedModel
     contexts : str, or list of str or token-id sequences
     continuations : list of str or token-id sequences
-    bos : sequence of int
-        Ids put before every context, always visible (Dream's ``add_bos_token``:
-        :func:`context_bos`); counted in ``num_context``.
     check_length : bool
         Refuse (or cut, with ``truncate``) sequences longer than the model's
         maximum. False: the caller cuts each context to fit (the lm-eval backend);
@@ -289,9 +286,9 @@ def encode_with_context(model: Any, contexts: Any, continuations: Any, *,
     Returns
     -------
     ids : list of LongTensor
-        ``(B + C_i + T_i,)`` content ids of the joined sequence, ``bos`` first.
+        ``(C_i + T_i,)`` content ids of the joined sequence.
     num_context : list of int
-        B + C_i, the always-visible leading tokens of each.
+        C_i, the always-visible leading tokens of each.
 
     Raises
     ------
@@ -383,10 +380,6 @@ def encode_with_context(model: Any, contexts: Any, continuations: Any, *,
         num_context.append(n)
     if from_text and word_warnings:
         _warn_completed_words(model, joined, full, num_context)
-    if len(bos):
-        head = torch.as_tensor(list(bos), dtype=torch.long)
-        full = [torch.cat([head, t]) for t in full]
-        num_context = [n + len(head) for n in num_context]
     return full, num_context
 
 
@@ -394,7 +387,9 @@ def context_bos(model: Any, add_bos: bool) -> list[int]:
     """The BOS id to put before every context (Dream's ``add_bos_token``), or ``[]``.
 
     ``[]`` when not asked, or when the model's frame leads with that BOS already
-    (the Dream family's ``bos_eos`` frame, :mod:`~mptlml.models.conventions`).
+    (the Dream family's ``bos_eos`` frame, :mod:`~mptlml.models.conventions`). The id
+    joins the model's frame (:meth:`~mptlml.models.MaskedLM.with_prefix`), never the
+    content ids, whose check refuses special tokens.
 
     Raises
     ------
@@ -430,18 +425,14 @@ def rolling_windows(n: int, limit: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def window_pairs(ids: torch.Tensor, limit: int, bos: Sequence[int] = ()
-                 ) -> list[tuple[list[int], list[int]]]:
+def window_pairs(ids: torch.Tensor, limit: int) -> list[tuple[list[int], list[int]]]:
     """The (context, target) ids of each of a text's :func:`rolling_windows`.
 
-    ``bos`` (:func:`context_bos`) is the first window's context and every window
-    leaves room for it: windows of at most ``limit - len(bos)`` tokens. The text's
-    log-likelihood is the sum of the windows' (their variances add:
+    The text's log-likelihood is the sum of the windows' (their variances add:
     :func:`~mptlml.estimators.stats.sum_stderr`).
     """
-    head = [int(b) for b in bos]
-    return [((head if s == 0 else []) + ids[c:s].tolist(), ids[s:e].tolist())
-            for c, s, e in rolling_windows(len(ids), limit - len(head))]
+    return [(ids[c:s].tolist(), ids[s:e].tolist())
+            for c, s, e in rolling_windows(len(ids), limit)]
 
 
 def _blame_the_join(model: Any, contexts: list[str], continuations: list[str]) -> None:
