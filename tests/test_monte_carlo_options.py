@@ -1,7 +1,8 @@
 """One validation of the Monte Carlo options at every door, and compare's bad inputs.
 
 Every wrong-typed or out-of-range option of ``estimate_lml`` (dense and ragged),
-``mpt_curve`` (dense and ragged), ``compare`` and ``pll`` is refused before any
+``mpt_curve`` (dense and ragged), ``compare``, ``pll`` and the lm-eval model ``MPTLM``
+(its model_args strings first read as lm-eval reads them) is refused before any
 work, by one table (:data:`mptlml._validation.MONTE_CARLO_OPTIONS`), with an
 error (a ValueError and a TypeError) naming the door and the option. Strings
 are never read as bools or numbers (``decide="false"``, ``seed="12"``), bools
@@ -178,3 +179,40 @@ def test_compare_warns_once_per_call_in_one_line(tiny):
     assert "\n" not in msg
     assert msg.startswith(f"compare: {sum(s == 'budget' for s in res.stop_reason)} of {n} "
                           "questions undecided after max_masks=8")
+
+
+# ---------------------------------------------------------------- the lm-eval door
+LM_EVAL_BAD = {k: v for k, v in COMPARE_BAD.items()
+               if k in ("num_masks", "target_se", "max_masks", "progress", "token_budget",
+                        "batch_size", "decide")}
+LM_EVAL_BAD["seed"] = ["12", 1.5, -1, True, torch.Generator()]  # one int per run
+
+
+@pytest.mark.parametrize(("name", "value"), _cases(LM_EVAL_BAD))
+def test_the_lm_eval_model_refuses_every_wrong_option_naming_it(tiny, name, value):
+    """MPTLM's Monte Carlo options through the one table, before any work."""
+    import mptlml.lm_eval as mle
+
+    with pytest.raises(InvalidOptionError, match=rf"^mptlml model_args: {name} must be "):
+        mle.MPTLM(tiny, **{name: value})
+
+
+def test_the_lm_eval_model_reads_strings_as_lm_eval_does_then_checks_them(tiny, tiny_dir):
+    """model_args strings become numbers and flags by lm-eval's rule (handle_arg_string),
+    on the command line's string and in a dict alike; then counts must be integers and
+    flags true or false."""
+    import mptlml.lm_eval as mle
+
+    lm = mle.MPTLM.create_from_arg_obj({"pretrained": tiny, "num_masks": "8", "max_masks": "16",
+                                        "decide": "true", "seed": "3", "target_se": "0.5"})
+    assert (lm.num_masks, lm.max_masks, lm.decide, lm.seed, lm.target_se) == (8, 16, True, 3, 0.5)
+    for args, match in [("max_masks=64.0", "max_masks must be a positive integer"),
+                        ("num_masks=4.5", "num_masks must be a positive integer"),
+                        ("decide=maybe", "decide must be bool.*the string 'maybe' is not a bool"),
+                        ("target_se=0", "target_se must be a positive number"),
+                        ("seed=-1", "seed must be a non-negative int")]:
+        with pytest.raises(InvalidOptionError, match=rf"^mptlml model_args: {match}"):
+            mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},{args}")
+        k, v = args.split("=")
+        with pytest.raises(InvalidOptionError, match=rf"^mptlml model_args: {match}"):
+            mle.MPTLM.create_from_arg_obj({"pretrained": tiny, k: v})

@@ -36,7 +36,6 @@ import hashlib
 import inspect
 import json
 import logging
-import math
 import os
 import re
 import warnings
@@ -59,7 +58,7 @@ from .._scoring.distributed import (
     resolve_device,
     shard,
 )
-from .._validation import check_positive_int
+from .._validation import MONTE_CARLO_OPTIONS, SEED_INT, check_options, check_positive_int
 from ..estimators.compare import EXACT_LENGTH, compare
 from ..estimators.llada import llada_questions
 from ..models import MaskedLM
@@ -101,6 +100,13 @@ _ANTIBERTY = ("dtype", "autocast", "corruption", "allow_unknown")
 #: settings of the Monte Carlo estimate and of the run
 _SETTINGS = ("scheme", "num_masks", "target_se", "max_masks", "mc_num", "decide", "seed",
              "token_budget", "batch_size", "max_length", "greedy", "cfg", "mc_log", "progress")
+#: the settings that are numbers or flags: a string value is read by lm-eval's own rule
+#: (``lm_eval.utils.handle_arg_string``: "true" -> True, "8" -> 8, "0.1" -> 0.1)
+_VALUED = ("num_masks", "target_se", "max_masks", "mc_num", "decide", "seed", "token_budget",
+           "batch_size", "max_length", "greedy", "cfg", "progress", "add_bos_token")
+#: the Monte Carlo options, checked by the one table (mptlml._validation.MONTE_CARLO_OPTIONS);
+#: here num_masks may be left out (compare's default) and a seed is an int
+_OVERRIDES = {"num_masks": [*MONTE_CARLO_OPTIONS["num_masks"], None], "seed": [SEED_INT]}
 
 
 @dataclass(frozen=True, order=True)
@@ -318,11 +324,10 @@ class MPTLM(LM):
         if pretrained is None:
             raise ValueError("mptlml model_args need pretrained=DIR_OR_HUB_ID (a masked LM, or "
                              "a masked-diffusion LM with mask_token_id=...).")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"model_args seed must be an int, got {seed!r}.")
-        for name, value in (("num_masks", num_masks), ("max_masks", max_masks),
-                            ("batch_size", batch_size), ("token_budget", token_budget),
-                            ("mc_num", mc_num), ("max_length", max_length)):
+        check_options("mptlml model_args", overrides=_OVERRIDES, num_masks=num_masks,
+                      target_se=target_se, max_masks=max_masks, decide=decide, seed=seed,
+                      token_budget=token_budget, batch_size=batch_size, progress=progress)
+        for name, value in (("mc_num", mc_num), ("max_length", max_length)):
             if value is not None:
                 check_positive_int(value, f"model_args {name}")
         if num_masks is not None and num_masks % 2:
@@ -354,18 +359,13 @@ class MPTLM(LM):
                 raise ValueError(f"model_args max_masks={max_masks} is below the first round's "
                                  f"num_masks={first}{given}: raise max_masks to at least {first}, "
                                  f"or pass model_args num_masks=N (even, at most {max_masks}).")
-        if target_se is not None and not (isinstance(target_se, int | float)
-                                          and not isinstance(target_se, bool)
-                                          and math.isfinite(target_se) and target_se > 0):
-            raise ValueError(f"model_args target_se must be a positive number (nats), got "
-                             f"{target_se!r}.")
         if mc_log is not None:
             check_log_path(Path(mc_log))  # before the model is loaded
         self.greedy = _flag(True if greedy is None else greedy, "greedy")
         self.cfg = float(cfg)
         self.mc_num = mc_num
-        self.decide = _flag(decide, "decide")
-        self.progress = _flag(progress, "progress")
+        self.decide = bool(decide)
+        self.progress = bool(progress)
         self.num_masks = num_masks
         self.target_se = target_se
         self.max_masks = max_masks
@@ -420,8 +420,16 @@ class MPTLM(LM):
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> MPTLM:
-        """``model_args`` as a dict, plus lm-eval's ``device`` / ``batch_size``."""
-        return cls._create(dict(arg_dict), additional_config)
+        """``model_args`` as a dict, plus lm-eval's ``device`` / ``batch_size``.
+
+        A number or flag given as a string is read as lm-eval reads ``--model_args``
+        (``lm_eval.utils.handle_arg_string``, as :meth:`create_from_arg_string` does), then
+        checked with the Python door's types.
+        """
+        from lm_eval.utils import handle_arg_string
+
+        return cls._create({k: handle_arg_string(v) if k in _VALUED and isinstance(v, str)
+                            else v for k, v in arg_dict.items()}, additional_config)
 
     @classmethod
     def _create(cls, args: dict[str, Any], additional: dict | None) -> MPTLM:
