@@ -220,7 +220,8 @@ def test_scheme_llada_through_lm_eval(tiny, tmp_path):
                                         "mc_log": tmp_path / "mc.jsonl"}, {"batch_size": 4})
     assert (lm.mc_num, lm.batch_size) == (8, 4)
     lm_eval.simple_evaluate(model=lm, tasks=["toy_mc"],
-                            task_manager=TaskManager(include_path=str(tasks)))
+                            task_manager=TaskManager(include_path=str(tasks),
+                                                     include_defaults=False))
     records, _ = read_records(tmp_path / "mc.jsonl")
     assert len(records) == 9 and all(r["masked_inputs"] == 8 for r in records)
     for d, doc in enumerate(MC_DOCS[:3]):
@@ -259,7 +260,8 @@ def test_llada_guided_arguments_score_the_guided_sums(tiny, tmp_path):
     assert lm.cfg == 0.5 and mle.MPTLM(tiny, classifier_free_guidance=1.5, greedy=False).cfg == 0.5
     with pytest.warns(UserWarning, match="greedy=false"):
         lm_eval.simple_evaluate(model=lm, tasks=["toy_mc"],
-                                task_manager=TaskManager(include_path=str(tasks)))
+                                task_manager=TaskManager(include_path=str(tasks),
+                                                         include_defaults=False))
     records, _ = read_records(tmp_path / "mc.jsonl")
     assert len(records) == 9 and all(r["exact"] for r in records)
     for r in records:
@@ -271,7 +273,8 @@ def test_llada_guided_arguments_score_the_guided_sums(tiny, tmp_path):
     lm = mle.MPTLM(tiny, cfg=0.5, greedy=False)
     with pytest.raises(ValueError, match="guidance needs a context"):
         lm_eval.simple_evaluate(model=lm, tasks=["toy_ppl"],
-                                task_manager=TaskManager(include_path=str(tasks)))
+                                task_manager=TaskManager(include_path=str(tasks),
+                                                         include_defaults=False))
 
 
 # ---------------------------------------------------------------------- Monte Carlo SE in results
