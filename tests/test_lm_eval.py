@@ -542,9 +542,8 @@ def _results(out: Path) -> tuple[dict, dict[str, list[dict]], Path]:
     return res, samples, Path(logs[0])
 
 
-@pytest.mark.slow  # lm-eval's command line indexes its thousands of built-in tasks first
 def test_command_line_runs_lm_eval_with_the_model_registered(tiny_dir, ppl_tasks, tmp_path,
-                                                             capsys):
+                                                             capsys, own_tasks_only):
     from mptlml.cli import main as mptlml_main
 
     out = tmp_path / "out"  # `mptlml eval ...`: lm-eval's arguments passed through untouched

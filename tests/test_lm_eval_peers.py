@@ -313,8 +313,9 @@ PPL_LONG = ["the dog was under the big tree and the cat sat on the mat",
             "a small red house far away"]
 
 
-@pytest.mark.slow
-def test_monte_carlo_stderr_in_lm_evals_results_table_and_files(tiny_dir, tmp_path, capsys):
+@pytest.mark.slow  # two runs of lm-eval's command line
+def test_monte_carlo_stderr_in_lm_evals_results_table_and_files(tiny_dir, tmp_path, capsys,
+                                                                own_tasks_only):
     """mptlml eval: METRIC_mc_stderr keys beside lm-eval's, equal to their computation from the
     per-request records; rows in the printed table; the records beside results_<ts>.json."""
     import glob
