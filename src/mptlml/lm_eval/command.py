@@ -124,6 +124,7 @@ def check_model_args_flag(argv: list[str]) -> None:
     known, _ = parser.parse_known_args(argv)
     if known.model != "mptlml" or not known.model_args or known.model_args[0][:1] == "{":
         return
+    require("lm_eval", "mptlml eval (the lm-evaluation-harness command line)")
     from lm_eval.utils import simple_parse_args_string
 
     check_arg_names(simple_parse_args_string(",".join(known.model_args)))
