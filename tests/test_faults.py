@@ -118,6 +118,7 @@ def test_overwrite_replaces_and_the_lock_is_released(select_run, tmp_path):
         pass
 
 
+@pytest.mark.slow  # two command-line processes
 def test_two_runs_into_one_directory_exactly_one_succeeds(tmp_path, capsys):
     out = tmp_path / "sel"
     first = subprocess.Popen([sys.executable, "-m", "mptlml", *SELECT, "--max-masks", "8",
@@ -138,6 +139,7 @@ def test_two_runs_into_one_directory_exactly_one_succeeds(tmp_path, capsys):
     _no_debris(tmp_path, "sel")
 
 
+@pytest.mark.slow  # command-line processes
 def test_lock_refuses_in_the_cli_with_exit_2(tmp_path):
     out = tmp_path / "x"
     with locked(out):

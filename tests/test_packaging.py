@@ -108,6 +108,7 @@ def core_only() -> dict:
     return {"readme": readme, **json.loads(doors)}
 
 
+@pytest.mark.slow  # core_only: a blocked interpreter in its own process
 def test_the_readme_ppca_example_runs_with_the_core_alone(core_only):
     printed = core_only["readme"]
     assert re.search(r"MPT estimate -?\d+\.\d\d \+/- \d+\.\d\d, exact -?\d+\.\d\d", printed)
@@ -115,6 +116,7 @@ def test_the_readme_ppca_example_runs_with_the_core_alone(core_only):
     assert core_only["imported"] == []
 
 
+@pytest.mark.slow  # core_only: a blocked interpreter in its own process
 @pytest.mark.parametrize("door, extra", [("to_pandas", "report"), ("MPTCurve.plot", "report"),
                                          ("MaskedLM.from_pretrained", "hf"),
                                          ("MPTTrainer", "hf"), ("report", "report"),
@@ -203,6 +205,7 @@ def test_one_version_an_spdx_licence_and_typed():
     assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"]["mptlml"]
 
 
+@pytest.mark.slow  # its own process, extras blocked
 def test_the_hf_extra_alone_scores_a_masked_lm(tiny_dir):
     """With ``mptlml[hf]`` and no other extra, a masked LM is scored: PLL, an MPT bound, compare.
 
