@@ -203,7 +203,6 @@ def test_llada_scheme_refuses_partial_batches(tiny):
         mptlml.estimate_lml(tiny, ["the cat sat"], "llada", target_se=0.1)
 
 
-@pytest.mark.slow
 def test_scheme_llada_through_lm_eval(tiny, tmp_path):
     """scheme=llada: lm-eval's --batch_size is LLaDA's batch, each candidate its own masks."""
     import lm_eval
@@ -242,7 +241,6 @@ def test_scheme_llada_through_lm_eval(tiny, tmp_path):
             mle.MPTLM(tiny, **{"scheme": "llada", **bad})
 
 
-@pytest.mark.slow
 def test_llada_guided_arguments_score_the_guided_sums(tiny, tmp_path):
     """cfg=0.5,is_check_greedy=False (LLaDA's ARC line): short candidates score to the guided
     exhaustive sum by direct forwards; Dream's classifier_free_guidance=1.5 is the same scale."""
@@ -313,7 +311,6 @@ PPL_LONG = ["the dog was under the big tree and the cat sat on the mat",
             "a small red house far away"]
 
 
-@pytest.mark.slow  # two runs of lm-eval's command line
 def test_monte_carlo_stderr_in_lm_evals_results_table_and_files(tiny_dir, tmp_path, capsys,
                                                                 own_tasks_only):
     """mptlml eval: METRIC_mc_stderr keys beside lm-eval's, equal to their computation from the

@@ -197,7 +197,6 @@ def test_lm_eval_model_args_refused_at_construction(lme, tiny_dir, tmp_path):
     assert not (not_a_dir / "mc.jsonl").exists()
 
 
-@pytest.mark.slow
 def test_lm_eval_requests_checked_text_by_text(lme, tiny_dir, tmp_path):
     """An all-unknown choice among many good ones is refused naming its task, document and
     choice (the run's pooled fraction is under 5%); an empty perplexity document is refused;
