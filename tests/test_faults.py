@@ -73,12 +73,14 @@ def select_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # select_run: mptlml select in its own process
 def test_files_follow_the_umask(select_run):
     for p in select_run.iterdir():
         assert stat.S_IMODE(p.stat().st_mode) == 0o644, p
     assert stat.S_IMODE(select_run.stat().st_mode) == 0o755
 
 
+@pytest.mark.slow  # select_run: mptlml select in its own process
 @pytest.mark.parametrize("fault", [ValueError("injected failure"), KeyboardInterrupt()])
 def test_failed_overwrite_leaves_the_old_run_byte_identical(select_run, tmp_path, monkeypatch,
                                                             capsys, fault):
@@ -101,6 +103,7 @@ def test_failed_overwrite_leaves_the_old_run_byte_identical(select_run, tmp_path
     assert not (tmp_path / "new").exists() and not staging_path(tmp_path / "new").exists()
 
 
+@pytest.mark.slow  # select_run: mptlml select in its own process
 def test_overwrite_replaces_and_the_lock_is_released(select_run, tmp_path):
     out = tmp_path / "sel"
     shutil.copytree(select_run, out)
