@@ -53,7 +53,6 @@ def runs(tiny):
     return res, ind
 
 
-@pytest.mark.xdist_group("compare-runs")  # one worker builds `runs`, once
 def test_each_candidate_is_centred_on_the_exhaustive_conditional_sum(reference, runs):
     res, _ = runs
     scores = np.stack(res.scores)  # (runs, K)
@@ -62,7 +61,6 @@ def test_each_candidate_is_centred_on_the_exhaustive_conditional_sum(reference, 
     assert np.all(np.abs(scores.mean(0) - ref) < 4 * spread), (scores.mean(0), ref, spread)
 
 
-@pytest.mark.xdist_group("compare-runs")  # one worker builds `runs`, once
 def test_standard_errors_and_paired_standard_errors_are_calibrated(runs):
     res, _ = runs
     scores, se = np.stack(res.scores), np.stack(res.stderr)
@@ -79,7 +77,6 @@ def test_standard_errors_and_paired_standard_errors_are_calibrated(runs):
         assert 0.75 < ratio < 1.33, (a, b, ratio)
 
 
-@pytest.mark.xdist_group("compare-runs")  # one worker builds `runs`, once
 def test_common_masks_shrink_the_spread_of_a_difference(runs):
     """At equal cost, the difference on common masks has well below the independent spread.
 
