@@ -257,11 +257,7 @@ def test_a_renamed_keyword_fails_a_block_that_is_not_run():
         check_without_running(gone, {"mptlml": mptlml})
 
 
-# the blocks of one page on one pytest-xdist worker (--dist loadgroup), in order: a block on
-# a worker that has not run the page's earlier blocks runs them first (all of them again)
-@pytest.mark.parametrize("block", [
-    pytest.param(b, id=b.id, marks=pytest.mark.xdist_group(f"docs:{b.page}"))
-    for b in PYTHON])
+@pytest.mark.parametrize("block", PYTHON, ids=[b.id for b in PYTHON])
 def test_python_example(block: Block, workdir: Path, monkeypatch):
     """The block runs after the page's earlier blocks and prints what the page shows."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
