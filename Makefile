@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast test-lower-pins lint docs bench clean
+.PHONY: venv demo test test-slow test-lower-pins lint docs bench clean
 
 # the lowest pins supported (constraints-lower.txt: transformers 4.46.2, lm-eval 0.4.8, as
 # LLaDA's and Dream's own code needs) in a second, small environment, for the masked-LM,
@@ -40,16 +40,18 @@ demo: $(STAMP)
 	$(VENV)/bin/mptlml reproduce antibody --out runs/demo-antibody --overwrite \
 		--set num_sequences=8 --set pll=false
 
+# make test: every test but those marked slow (a few minutes on 2 cores); make test-slow: those
+# (CI runs both, .ci/run): together the whole suite
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup -m slow
 
 test-lower-pins: $(STAMP_LOWER)
 	$(VENV_LOWER)/bin/python -c "import transformers as t; print('transformers', t.__version__)"
 	$(VENV_LOWER)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup \
 		$(LOWER_PIN_TESTS)
-
-test-fast: $(STAMP)
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

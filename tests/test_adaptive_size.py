@@ -114,6 +114,7 @@ def test_observe_refuses_what_it_cannot_use():
             create("adaptive-size", **bad)
 
 
+@pytest.mark.slow  # 1500 collated batches: over 3 s on an idle core
 def test_each_sequence_of_a_ragged_batch_draws_the_q_its_weight_assumes(tiny_dir):
     """Per position of a mixed-length batch: sizes ~ q_{D_i} (chi-square), weight 1/(q M)."""
     from transformers import AutoTokenizer
@@ -211,6 +212,7 @@ def test_num_bins_is_bounded_before_anything_is_allocated():
     assert AdaptiveSize(num_bins=MAX_BINS).num_bins == MAX_BINS
 
 
+@pytest.mark.slow  # 3000 draws of a batch's sizes: over 3 s on an idle core
 def test_stratified_adaptive_sizes_are_stratified_per_batch_and_q_per_position():
     """Before: stratified=True was dropped for a non-uniform q on sequences (one size each).
 

@@ -27,6 +27,7 @@ Files are drawn by concept, not by length: there is no line cap.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 import tomllib
@@ -71,7 +72,13 @@ def _module_name(path: Path) -> str:
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    return dict(_modules_under(SRC, PACKAGE))
+
+
+@functools.cache
+def _modules_under(src: Path, package: Path) -> tuple[tuple[str, Path], ...]:
+    """The modules of ``package`` (read once per tree: every check asks for them)."""
+    return tuple((_module_name(p), p) for p in sorted(package.rglob("*.py")))
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
@@ -103,8 +110,14 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
+    return {m: set(deps) for m, deps in _graph_under(SRC, PACKAGE)}
+
+
+@functools.cache
+def _graph_under(src: Path, package: Path) -> tuple[tuple[str, frozenset[str]], ...]:
+    """Each module's imports of the package (parsed once per tree, not once per check)."""
     modules = _modules()
-    return {m: _imports(p, modules) for m, p in modules.items()}
+    return tuple((m, frozenset(_imports(p, modules))) for m, p in modules.items())
 
 
 def _rel(module: str) -> str:

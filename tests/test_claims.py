@@ -509,6 +509,7 @@ def test_area_run_true_holds_biased_refused(area_run):
         assert _verdicts(area_claims, bad)[f"area = LML (K={k}, P={p})"] is False
 
 
+@pytest.mark.slow  # seeded curve runs: over 3 s each on an idle core
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("shared", [False, True])
 def test_area_mc_stderr_matches_spread_over_mask_seeds(shared):

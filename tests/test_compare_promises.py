@@ -95,7 +95,6 @@ def _ids(lm, context: str, continuation: str) -> tuple[torch.Tensor, int]:
 
 
 # ------------------------------------------------------------------ paired standard error
-@pytest.mark.slow
 def test_the_paired_standard_error_is_that_of_the_difference_on_common_masks(tiny):
     """Over 200 seeded runs, the spread of score_0 - score_1 matches the RMS paired SE.
 
@@ -222,7 +221,6 @@ def test_the_learned_rate_density_keeps_its_floor_where_it_binds():
 
 
 # ------------------------------------------------------------------ the decision's error rate
-@pytest.mark.slow
 def test_the_decision_holds_its_error_rate_over_many_looks():
     """At an exact tie, ``decide=True`` decides in at most about alpha of 200 seeded runs.
 

@@ -9,7 +9,9 @@
   parser of the API pages), on a page or not yet, so a page added later builds strictly;
 - the site loads nothing from a CDN (KaTeX ships in ``docs/javascripts/``);
 - ``tests/README.md`` names every test file and helper of ``tests/``, and its table
-  "Source module -> test files" names every module of ``src/mptlml``.
+  "Source module -> test files" names every module of ``src/mptlml``;
+- every test its table of issue 42's slips names exists and is not marked slow (so
+  ``make test``, ``-m "not slow"``, fails on each of those slips).
 
 ``make docs`` (``mkdocs build --strict``, without ``--quiet``) fails on any warning of
 the build itself.
@@ -236,3 +238,41 @@ def test_tests_readme_maps_every_source_module_to_its_tests():
         assert files, f"{module}: no test file named"
         gone = [f for f in files if not (ROOT / "tests" / f).is_file()]
         assert not gone, f"{module}: {gone} are not files of tests/"
+
+
+def _slow_tests(path: Path) -> tuple[set[str], set[str]]:
+    """The test functions of a test file, and those marked slow (their own decorator, a
+    slow parameter, or the module's ``pytestmark``), read from its syntax tree."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    module_slow = any(isinstance(node, ast.Assign) and "pytestmark" in ast.unparse(node.targets[0])
+                      and "mark.slow" in ast.unparse(node.value) for node in tree.body)
+    tests, slow = set(), set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+            tests.add(node.name)
+            if module_slow or any("mark.slow" in ast.unparse(d) for d in node.decorator_list):
+                slow.add(node.name)
+    return tests, slow
+
+
+def test_every_slip_of_issue_42_is_caught_by_make_test():
+    """Each test named in tests/README.md's table of the slips of issue 42 exists and is not
+    marked slow: ``make test`` (``-m "not slow"``) runs it, so every slip fails ``make test``."""
+    readme = (ROOT / "tests" / "README.md").read_text(encoding="utf-8")
+    table = readme.split("Issue 42, for compare,", 1)[1].split("\n\n", 2)[1]
+    named, last = [], None
+    for row in table.splitlines()[2:]:
+        for file, name in re.findall(r"`(?:(test_\w+\.py))?::(test_\w+)\*?(?:\[[^\]]*\])?`",
+                                     row.rsplit(" | ", 1)[1]):
+            last = file or last
+            named.append((last, name))
+    assert len(table.splitlines()) - 2 >= 21 and len(named) >= 21, table  # 21 slips
+    marked = []
+    for file, name in named:
+        tests, slow = _slow_tests(ROOT / "tests" / file)
+        assert name in tests, f"tests/README.md names {file}::{name}, which does not exist"
+        if name in slow:
+            marked.append(f"{file}::{name}")
+    assert not marked, f"these tests catch a slip but are marked slow: {sorted(set(marked))}"

@@ -73,12 +73,14 @@ def select_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # select_run: mptlml select in its own process
 def test_files_follow_the_umask(select_run):
     for p in select_run.iterdir():
         assert stat.S_IMODE(p.stat().st_mode) == 0o644, p
     assert stat.S_IMODE(select_run.stat().st_mode) == 0o755
 
 
+@pytest.mark.slow  # select_run: mptlml select in its own process
 @pytest.mark.parametrize("fault", [ValueError("injected failure"), KeyboardInterrupt()])
 def test_failed_overwrite_leaves_the_old_run_byte_identical(select_run, tmp_path, monkeypatch,
                                                             capsys, fault):
@@ -101,6 +103,7 @@ def test_failed_overwrite_leaves_the_old_run_byte_identical(select_run, tmp_path
     assert not (tmp_path / "new").exists() and not staging_path(tmp_path / "new").exists()
 
 
+@pytest.mark.slow  # select_run: mptlml select in its own process
 def test_overwrite_replaces_and_the_lock_is_released(select_run, tmp_path):
     out = tmp_path / "sel"
     shutil.copytree(select_run, out)
@@ -118,6 +121,7 @@ def test_overwrite_replaces_and_the_lock_is_released(select_run, tmp_path):
         pass
 
 
+@pytest.mark.slow  # two command-line processes
 def test_two_runs_into_one_directory_exactly_one_succeeds(tmp_path, capsys):
     out = tmp_path / "sel"
     first = subprocess.Popen([sys.executable, "-m", "mptlml", *SELECT, "--max-masks", "8",
@@ -138,6 +142,7 @@ def test_two_runs_into_one_directory_exactly_one_succeeds(tmp_path, capsys):
     _no_debris(tmp_path, "sel")
 
 
+@pytest.mark.slow  # command-line processes
 def test_lock_refuses_in_the_cli_with_exit_2(tmp_path):
     out = tmp_path / "x"
     with locked(out):

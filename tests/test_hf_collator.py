@@ -394,6 +394,7 @@ def test_collator_names_labels_and_text_fields(tiny):
                                                                           strict=False)])
 
 
+@pytest.mark.slow  # chi-square over thousands of collated batches: over 3 s each
 @pytest.mark.parametrize("estimator", ["random-size", "adaptive-size"])
 def test_every_stratified_size_draw_per_position(tiny, estimator):
     """Stratified sizes through the collator, per sequence whatever its batch position.

@@ -162,7 +162,7 @@ def _evaluate(tasks_dir: Path, names: list[str], model: mle.MPTLM, **kw):
     """lm-eval's evaluator on local tasks, the model built once by the test (the Python route:
     then ``add_monte_carlo_stderr(results, model=)``, which lm-eval 0.4.8 needs for the run's
     summary, since it asks only its own ``hf`` model for its info)."""
-    tm = TaskManager(include_path=str(tasks_dir))
+    tm = TaskManager(include_path=str(tasks_dir), include_defaults=False)  # not its 1000s
     res = lm_eval.simple_evaluate(model=model, tasks=names, task_manager=tm, log_samples=True,
                                   **kw)
     return mle.add_monte_carlo_stderr(res, model=model)
@@ -543,7 +543,7 @@ def _results(out: Path) -> tuple[dict, dict[str, list[dict]], Path]:
 
 
 def test_command_line_runs_lm_eval_with_the_model_registered(tiny_dir, ppl_tasks, tmp_path,
-                                                             capsys):
+                                                             capsys, own_tasks_only):
     from mptlml.cli import main as mptlml_main
 
     out = tmp_path / "out"  # `mptlml eval ...`: lm-eval's arguments passed through untouched

@@ -208,7 +208,6 @@ def test_llada_scheme_refuses_partial_batches(tiny):
         mptlml.estimate_lml(tiny, ["the cat sat"], "llada", target_se=0.1)
 
 
-@pytest.mark.slow
 def test_scheme_llada_through_lm_eval(tiny, tmp_path):
     """scheme=llada: lm-eval's --batch_size is LLaDA's batch, each candidate its own masks."""
     import lm_eval
@@ -225,7 +224,8 @@ def test_scheme_llada_through_lm_eval(tiny, tmp_path):
                                         "mc_log": tmp_path / "mc.jsonl"}, {"batch_size": 4})
     assert (lm.mc_num, lm.batch_size) == (8, 4)
     lm_eval.simple_evaluate(model=lm, tasks=["toy_mc"],
-                            task_manager=TaskManager(include_path=str(tasks)))
+                            task_manager=TaskManager(include_path=str(tasks),
+                                                     include_defaults=False))
     records, _ = read_records(tmp_path / "mc.jsonl")
     assert len(records) == 9 and all(r["masked_inputs"] == 8 for r in records)
     for d, doc in enumerate(MC_DOCS[:3]):
@@ -246,7 +246,6 @@ def test_scheme_llada_through_lm_eval(tiny, tmp_path):
             mle.MPTLM(tiny, **{"scheme": "llada", **bad})
 
 
-@pytest.mark.slow
 def test_llada_guided_arguments_score_the_guided_sums(tiny, tmp_path):
     """cfg=0.5,is_check_greedy=False (LLaDA's ARC line): short candidates score to the guided
     exhaustive sum by direct forwards; Dream's classifier_free_guidance=1.5 is the same scale."""
@@ -264,7 +263,8 @@ def test_llada_guided_arguments_score_the_guided_sums(tiny, tmp_path):
     assert lm.cfg == 0.5 and mle.MPTLM(tiny, classifier_free_guidance=1.5, greedy=False).cfg == 0.5
     with pytest.warns(UserWarning, match="greedy=false"):
         lm_eval.simple_evaluate(model=lm, tasks=["toy_mc"],
-                                task_manager=TaskManager(include_path=str(tasks)))
+                                task_manager=TaskManager(include_path=str(tasks),
+                                                         include_defaults=False))
     records, _ = read_records(tmp_path / "mc.jsonl")
     assert len(records) == 9 and all(r["exact"] for r in records)
     for r in records:
@@ -276,7 +276,8 @@ def test_llada_guided_arguments_score_the_guided_sums(tiny, tmp_path):
     lm = mle.MPTLM(tiny, cfg=0.5, greedy=False)
     with pytest.raises(ValueError, match="guidance needs a context"):
         lm_eval.simple_evaluate(model=lm, tasks=["toy_ppl"],
-                                task_manager=TaskManager(include_path=str(tasks)))
+                                task_manager=TaskManager(include_path=str(tasks),
+                                                         include_defaults=False))
 
 
 # ---------------------------------------------------------------------- Monte Carlo SE in results
@@ -315,8 +316,8 @@ PPL_LONG = ["the dog was under the big tree and the cat sat on the mat",
             "a small red house far away"]
 
 
-@pytest.mark.slow
-def test_monte_carlo_stderr_in_lm_evals_results_table_and_files(tiny_dir, tmp_path, capsys):
+def test_monte_carlo_stderr_in_lm_evals_results_table_and_files(tiny_dir, tmp_path, capsys,
+                                                                own_tasks_only):
     """mptlml eval: METRIC_mc_stderr keys beside lm-eval's, equal to their computation from the
     per-request records; rows in the printed table; the records beside results_<ts>.json."""
     import glob

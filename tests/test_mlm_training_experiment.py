@@ -242,7 +242,6 @@ def test_training_with_eager_attention_matches_sdpa(monkeypatch):
         assert worst < 1e-5  # Adam divides by sqrt(v): a 1e-9 gradient difference where v ~ 0
 
 
-@pytest.mark.slow
 def test_every_objective_and_seed_trains_on_its_own_seeds_masks(monkeypatch):
     """Each (objective, seed) job masks with the collator of its own seed.
 

@@ -58,6 +58,7 @@ def test_finite_results_do_not_warn(recwarn):
     assert not [w for w in recwarn if issubclass(w.category, NonFiniteWarning)]
 
 
+@pytest.mark.slow  # the command line in its own process
 def test_cli_curve_fails_on_nan_and_writes_nothing(tmp_path):
     """`mptlml curve` on a model with NaN weights exits 1, names the problem, writes no run."""
     import subprocess

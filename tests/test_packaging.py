@@ -108,6 +108,7 @@ def core_only() -> dict:
     return {"readme": readme, **json.loads(doors)}
 
 
+@pytest.mark.slow  # core_only: a blocked interpreter in its own process
 def test_the_readme_ppca_example_runs_with_the_core_alone(core_only):
     printed = core_only["readme"]
     assert re.search(r"MPT estimate -?\d+\.\d\d \+/- \d+\.\d\d, exact -?\d+\.\d\d", printed)
@@ -115,6 +116,7 @@ def test_the_readme_ppca_example_runs_with_the_core_alone(core_only):
     assert core_only["imported"] == []
 
 
+@pytest.mark.slow  # core_only: a blocked interpreter in its own process
 @pytest.mark.parametrize("door, extra", [("to_pandas", "report"), ("MPTCurve.plot", "report"),
                                          ("MaskedLM.from_pretrained", "hf"),
                                          ("MPTTrainer", "hf"), ("report", "report"),
@@ -203,6 +205,7 @@ def test_one_version_an_spdx_licence_and_typed():
     assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"]["mptlml"]
 
 
+@pytest.mark.slow  # its own process, extras blocked
 def test_the_hf_extra_alone_scores_a_masked_lm(tiny_dir):
     """With ``mptlml[hf]`` and no other extra, a masked LM is scored: PLL, an MPT bound, compare.
 
@@ -331,11 +334,19 @@ def test_the_csv_of_a_run_needs_no_pandas_and_reads_back_as_pandas_does(tmp_path
 
 
 def test_the_readme_and_the_makefile_agree():
-    """make test's worker cap and make demo's steps, as the README says them."""
+    """make test's worker cap and make demo's steps, as the README says them; make test
+    leaves the slow tests out, make test-slow runs them, and CI runs both (every test)."""
     make = (ROOT / "Makefile").read_text(encoding="utf-8")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     cap = re.search(r"^test: .*\n\t.*--maxprocesses (\d+)", make, re.MULTILINE)
     assert cap and f"at most {cap[1]})" in readme.split("make test ")[1].splitlines()[0]
+    fast = re.search(r"^test: .*\n\t(.*)\n", make, re.MULTILINE)[1]
+    slow = re.search(r"^test-slow: .*\n\t(.*)\n", make, re.MULTILINE)[1]
+    assert fast.endswith('-m "not slow"') and slow == fast.replace('-m "not slow"', "-m slow")
+    assert "make test-slow" in readme.split("make test ")[1].splitlines()[1]
+    ci = [line for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+          if line.startswith("make ")]
+    assert ci[:2] == ["make test", "make test-slow"], ci
     demo = re.search(r"^demo: .*\n((?:\t.*\n)+)", make, re.MULTILINE)[1]
     assert "reproduce antibody" in demo
     assert "AntiBERTy" in readme.split("make demo ")[1].splitlines()[0]

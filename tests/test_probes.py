@@ -197,7 +197,6 @@ def test_lm_eval_model_args_refused_at_construction(lme, tiny_dir, tmp_path):
     assert not (not_a_dir / "mc.jsonl").exists()
 
 
-@pytest.mark.slow
 def test_lm_eval_requests_checked_text_by_text(lme, tiny_dir, tmp_path):
     """An all-unknown choice among many good ones is refused naming its task, document and
     choice (the run's pooled fraction is under 5%); an empty perplexity document is refused;
@@ -248,6 +247,35 @@ def test_python_m_mptlml_lm_eval_says_a_bad_argument_in_one_line(lme, tiny_dir, 
         assert run.returncode == 2, run.stderr[-2000:]
         last = run.stderr.strip().splitlines()[-1]
         assert last.startswith(message) and "Traceback" not in run.stderr, run.stderr[-2000:]
+
+
+def test_a_bad_model_arg_is_refused_before_lm_evals_command_line(lme, tiny_dir, capsys,
+                                                                 monkeypatch):
+    """A misspelt or generation model_args name is refused as MPTLM refuses it, before lm-eval's
+    command line is imported (it indexes every task first: tens of seconds); names MPTLM
+    takes (its own, LLaDA's, Dream's), other models' arguments and the JSON form pass."""
+    import sys
+
+    from mptlml.lm_eval.command import check_model_args_flag, run
+
+    monkeypatch.setitem(sys.modules, "lm_eval.__main__", None)  # importing it now fails
+    for args, message in [("num_mask=4", "mptlml model_args: unknown ['num_mask']"),
+                          ("steps=1024", "model_args ['steps']: generation options")]:
+        argv = ["--model", "mptlml", "--tasks", "t",
+                "--model_args", f"pretrained={tiny_dir},{args}"]
+        with pytest.raises(TypeError) as direct:
+            lme.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},{args}")
+        assert str(direct.value).startswith(message)
+        assert run(argv) == 2
+        assert capsys.readouterr().err == f"mptlml eval: error: {direct.value}\n"
+        assert run([*argv[:-1], f"pretrained={tiny_dir}", args]) == 2  # lm-eval 0.4.9+'s form
+        assert capsys.readouterr().err == f"mptlml eval: error: {direct.value}\n"
+    for argv in (["--model", "mptlml", "--model_args",
+                  "pretrained=d,num_masks=4,mc_num=8,cfg=0.5,is_check_greedy=false,nll_type=mc,"
+                  "classifier_free_guidance=1.5,mask_id=5,dtype=float32,seed=1"],
+                 ["--model", "hf", "--model_args", "pretrained=gpt2,num_mask=4"],
+                 ["--model", "mptlml", "--model_args", '{"num_mask": 4}']):
+        check_model_args_flag(argv)
 
 
 def test_eval_help_shows_the_guides_form():

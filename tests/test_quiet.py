@@ -35,6 +35,7 @@ def _has_bar(stderr: str) -> bool:
     return "\r" in stderr or "%|" in stderr or "it/s" in stderr
 
 
+@pytest.mark.slow  # three runs of a job on the command line, each its own process
 def test_bars_by_default_none_with_tqdm_disable_or_quiet(tmp_path):
     loud, out = _run(tmp_path, "loud")
     assert _has_bar(loud.stderr), "the job draws no bar: this test would prove nothing"

@@ -115,6 +115,7 @@ def test_unbiased_estimators_are_centred_on_the_sum_over_every_mask(tiny, exact,
     assert r.num_masked_rows_per_sample.tolist() == rows
 
 
+@pytest.mark.slow  # seeded runs on a BERT: over 3 s on an idle core
 def test_systematic_random_size_has_a_calibrated_se_and_less_spread_than_iid(tiny, exact):
     """LLaDA-style systematic sizes, with the standard error LLaDA does not give."""
     n = 150

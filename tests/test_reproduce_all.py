@@ -48,6 +48,7 @@ def test_reproduce_all_quick_report_has_every_section(tmp_path, capsys):
         == len(PARTS)
 
 
+@pytest.mark.slow  # runs every part's quick configuration
 def test_run_all_builds_the_report_only_when_given_a_builder(tmp_path, caplog):
     from mptlml.report import build_report
     from mptlml.reproduce import run_all

@@ -172,22 +172,23 @@ def test_systematic_sizes_put_two_draws_in_each_stratum_and_their_se_comes_from_
 
 
 # ------------------------------------------------------------------ a sequence's LML SE
-@pytest.mark.slow
 def test_the_curves_lml_standard_error_adds_its_cells_variances(tiny):
-    """D_i / K * sqrt(sum_k SE(S_ik)^2): calibrated over 200 seeds, 10 rates, 2 masks each
-    (spread / RMS SE in [0.7, 1.43]; measured 1.00).
+    """D_i / K * sqrt(sum_k SE(S_ik)^2): calibrated over 200 independent draws, 10 rates,
+    2 masks each (spread / RMS SE in [0.7, 1.43]; measured 1.05).
 
-    Adding the cells' standard errors instead of their variances overstates it over
-    twofold with ten rates (ratio 0.44, measured).
+    The draws are 200 copies of one text in one call: sequence i's masks come from its own
+    generator, seeded by (seed, i), and its LML and SE from its own cells only, so the copies
+    are 200 seeded runs of that text, scored in one batched pass. Adding the cells' standard
+    errors instead of their variances overstates it over twofold with ten rates (ratio
+    0.46, measured).
     """
     text = "the dog was under the big tree and the cat"
     rates = np.linspace(0.05, 0.95, 10)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # one datum: no spread over data
-        runs = [mptlml.mpt_curve(tiny, [text], rates=rates, num_masks=2, seed=s)
-                for s in range(200)]
-    lml = np.array([float(r.lml[0]) for r in runs])
-    se = np.array([float(r.lml_stderr[0]) for r in runs])
+        warnings.simplefilter("ignore", RuntimeWarning)  # few dof per cell: expected
+        res = mptlml.mpt_curve(tiny, [text] * 200, rates=rates, num_masks=2, seed=0)
+    lml, se = res.lml.numpy(), res.lml_stderr.numpy()
+    assert len(set(lml.tolist())) == 200  # independent draws, not one repeated
     ratio = lml.std(ddof=1) / math.sqrt((se ** 2).mean())
     assert 0.7 < ratio < 1.43, ratio
 

@@ -167,6 +167,7 @@ def test_fixed_rate_training_converges_with_constant_bias():
     assert abs(tail.mean()) > 0.1  # a real bias, not zero
 
 
+@pytest.mark.slow  # a training run to convergence: over 3 s on an idle core
 def test_exact_lml_training_agrees_with_closed_form_mle():
     _, x = _data(n=400, sigma2=0.5)
     mle = PPCA.fit(x, 2)

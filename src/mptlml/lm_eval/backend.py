@@ -196,6 +196,29 @@ def _flag(value: Any, name: str) -> bool:
     raise TypeError(f"model_args {name} must be true or false, got {value!r}.")
 
 
+def _refuse_unknown(loading: dict[str, Any]) -> None:
+    """Refuse the names of ``loading`` (model_args past MPTLM's own and LLaDA's and Dream's,
+    translated) that are no loading option."""
+    unknown = sorted(set(loading) - set(_LOADING))
+    if unknown:
+        raise TypeError(
+            f"mptlml model_args: unknown {unknown}. Loading takes pretrained, device, "
+            f"{', '.join(_LOADING)}; scoring takes {', '.join(_SETTINGS)}; LLaDA's and "
+            f"Dream's {', '.join(PEER_ARGUMENTS)} are taken too.")
+
+
+def check_arg_names(args: dict[str, Any]) -> None:
+    """Refuse a model_args name that :class:`MPTLM` refuses, without loading anything.
+
+    The command line calls it before lm-eval indexes its tasks, so that a misspelt
+    argument costs no more than the imports. Raises what ``MPTLM(**args)`` raises for the
+    names (:func:`~mptlml.lm_eval.peers.translate`'s refusals, then the unknown ones).
+    """
+    own = set(inspect.signature(MPTLM.__init__).parameters) - {"self", "loading"}
+    loading = translate({k: v for k, v in args.items() if k not in own})
+    _refuse_unknown({k: v for k, v in loading.items() if k not in ("pretrained", "greedy", "cfg")})
+
+
 @register_model("mptlml")
 class MPTLM(LM):
     """A masked LM (or masked-diffusion LM) in lm-evaluation-harness, scored by MPT.
@@ -311,12 +334,7 @@ class MPTLM(LM):
                     pretrained = loading.pop(name)
                 else:
                     greedy = loading.pop(name)
-        unknown = sorted(set(loading) - set(_LOADING))
-        if unknown:
-            raise TypeError(
-                f"mptlml model_args: unknown {unknown}. Loading takes pretrained, device, "
-                f"{', '.join(_LOADING)}; scoring takes {', '.join(_SETTINGS)}; LLaDA's and "
-                f"Dream's {', '.join(PEER_ARGUMENTS)} are taken too.")
+        _refuse_unknown(loading)
         if cfg and greedy is not False:
             raise ValueError(f"model_args cfg={cfg!r} with the greedy check: is_greedy would "
                              "be computed without guidance. Pass is_check_greedy=false (as "

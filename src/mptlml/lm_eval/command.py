@@ -36,13 +36,14 @@ from typing import Any
 from .._optional import require
 from .._scoring.distributed import shutdown_distributed
 from .._validation import check_device
-from .backend import _LOADING, _SETTINGS, BESIDE_RESULTS, MPTLM
+from .backend import _LOADING, _SETTINGS, BESIDE_RESULTS, MPTLM, check_arg_names
 from .peers import PEER_ARGUMENTS
 from .records import RecordLog, add_monte_carlo_stderr
 
 logger = logging.getLogger("lm_eval.mptlml")
 
-__all__ = ["HELP", "check_device_flag", "main", "output_dir", "run", "table_with_monte_carlo"]
+__all__ = ["HELP", "check_device_flag", "check_model_args_flag", "main", "output_dir", "run",
+           "table_with_monte_carlo"]
 
 
 def _names(names: tuple[str, ...]) -> str:
@@ -105,6 +106,28 @@ def check_device_flag(argv: list[str]) -> None:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"--device {known.device}: {exc} Pass --device cpu, or leave it "
                              "out (then a GPU when there is one, else the CPU).") from None
+
+
+def check_model_args_flag(argv: list[str]) -> None:
+    """``--model mptlml``'s ``--model_args k=v,...`` names, checked before lm-eval's work.
+
+    lm-eval builds the model only after importing its command line and indexing every
+    task (tens of seconds); a name :class:`~mptlml.lm_eval.MPTLM` does not take is
+    refused here instead (:func:`~mptlml.lm_eval.backend.check_arg_names`), as the model
+    would refuse it. The long options are read (``--model``, ``--model_args``: one
+    ``k=v,...`` string, or several as lm-eval 0.4.9+ takes them); another model's
+    arguments, and the JSON form, are left to lm-eval.
+    """
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--model_args", nargs="+", default=None)
+    known, _ = parser.parse_known_args(argv)
+    if known.model != "mptlml" or not known.model_args or known.model_args[0][:1] == "{":
+        return
+    require("lm_eval", "mptlml eval (the lm-evaluation-harness command line)")
+    from lm_eval.utils import simple_parse_args_string
+
+    check_arg_names(simple_parse_args_string(",".join(known.model_args)))
 
 
 def table_with_monte_carlo(result_dict: dict[str, Any], column: str = "results"
@@ -237,11 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = list(sys.argv[1:] if argv is None else argv)
     require("lm_eval", "mptlml eval (the lm-evaluation-harness command line)")
+    check_device_flag(args)  # before lm-eval's command line is imported and indexes its tasks
+    check_model_args_flag(args)
     from lm_eval.__main__ import cli_evaluate
 
     if not args or any(a in ("-h", "--help") for a in args):
         print(HELP)
-    check_device_flag(args)
     out = output_dir(args)
     saved = sys.argv
     MPTLM.default_mc_dir = None if out is None else str(out)
