@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._scoring.ragged import check_run_size, run_pairs
+from .._scoring.ragged import check_run_size, run_pairs, seq_seed
 from ..masks import every_mask
 from .stats import ExactCell, cell_error, enumerated_sum, welch_dof
 
@@ -189,13 +189,31 @@ def stratified_rates(g: torch.Generator, p: int, tmax: int, density: RateDensity
 
 def masks_at_rates(length: int, rates: np.ndarray, order: torch.Tensor
            ) -> tuple[torch.Tensor, np.ndarray]:
-    """Masks ``(P, T)`` of sizes ceil(r (T-1)) on the first positions of the shared order."""
+    """Masks ``(P, T)`` of sizes ceil(r (T-1)) on the first positions of the shared order.
+
+    The two draws of a stratum (rows 2h, 2h+1) never repeat each other: where both have
+    size M and the second order's first M positions are the first's, the second takes its
+    positions ranked 0..M-2 and M (its last masked position swapped for its first visible
+    one; M < T). Each draw stays a uniform mask of its size (the swap commutes with the
+    positions' permutations), so the estimate is unbiased; the pair's covariance becomes
+    ``y^T (K - I) y / N^2 <= 0`` (K the averaging over masks one swap apart, a symmetric
+    stochastic matrix), so its variance falls and the pair's ``(y_1 - y_2)^2 / 4`` errs on
+    the large side. Without it a short continuation's pair repeated one mask (1 in T at
+    M = 1 or T - 1) and reported a standard error of 0.
+    """
     p = len(rates)
     sizes = np.clip(np.ceil(rates * (length - 1)), 1, length - 1).astype(np.int64)
     keep = order[order < length].reshape(p, length)  # the shared order restricted to T
     rank = torch.empty_like(keep)
     rank.scatter_(1, keep, torch.arange(length).expand(p, -1))
-    m = rank < torch.as_tensor(sizes)[:, None]
+    size = torch.as_tensor(sizes)[:, None]
+    m = rank < size
+    if p >= 2:
+        first, second = m[0::2][: p // 2], m[1::2][: p // 2]
+        same = (first == second).all(1).nonzero().flatten()
+        for h in same.tolist():
+            k = 2 * h + 1
+            m[k] = (rank[k] < size[k] - 1) | (rank[k] == size[k])
     return m, sizes
 
 
@@ -408,7 +426,9 @@ class CellDraw(RoundDraw):
 
     A round of ``P`` draws scores :meth:`~mptlml.estimators.Estimator.sequence_cells` of
     ``est.with_draws(P)``, seeded by the sequence's key and the round (sequences sharing a
-    key, equal-length candidates of a question, get the same draws); a sequence it would
+    key, equal-length candidates of a question, get the same draws); the sequences of a
+    round drawing ``P`` each are scored in one call of the ragged runner (batched by its
+    token budget), each sequence's generator that of its own seed; a sequence it would
     score on every mask (:meth:`~mptlml.estimators.Estimator.enumerates_sequence`) is
     enumerated once (exact). An estimator whose draw is a sum of several rows (the sizes
     1..D_i of ``cumulative``, pooled in the strata of
@@ -468,22 +488,25 @@ class CellDraw(RoundDraw):
                 t = int(self.lengths[i])
                 res[i] = (None, enumerated_sum(np.asarray(s), every_mask(t).sum(1).numpy()),
                           2 ** t - 1)
+        by_draws: dict[int, list[int]] = {}
         for i, p in todo:
-            if i in res:
-                continue
-            est = self.est.with_draws(int(p))
-            d = int(self.lengths[i])
-            counts = self.counts(i, p)
-            cells, c = est.sequence_cells(scorer, [ids[i]], [counts],
-                                          round_seed(*self.keys[i], r),
-                                          **_round_dir(run, r, f"sequence_{i:06d}"))
+            if i not in res:
+                by_draws.setdefault(int(p), []).append(i)
+        for p, seqs in sorted(by_draws.items()):  # one batched call per round size
+            est = self.est.with_draws(p)
+            counts = [self.counts(i, p) for i in seqs]
+            # sequence i's generator as if drawn alone from its round seed (sequence 0)
+            seeds = [seq_seed(round_seed(*self.keys[i], r), 0) for i in seqs]
+            cells, c = est.sequence_cells(scorer, [ids[i] for i in seqs], counts, seeds,
+                                          **_round_dir(run, r, f"draws_{p:06d}"))
             calls += c
-            res[i] = (list(cells[0]), 0.0, int(est.scored_rows(d, counts)))
-            if len(self.strata[i]) == len(cells[0]):
-                for h, cell in zip(self.strata[i], cells[0], strict=True):
-                    if not isinstance(cell, ExactCell) and cell.size > 1:
-                        self.spread_sum[h] += float(np.var(cell, ddof=1))
-                        self.spread_n[h] += 1
+            for i, cnt, cl in zip(seqs, counts, cells, strict=True):
+                res[i] = (list(cl), 0.0, int(est.scored_rows(int(self.lengths[i]), cnt)))
+                if len(self.strata[i]) == len(cl):
+                    for h, cell in zip(self.strata[i], cl, strict=True):
+                        if not isinstance(cell, ExactCell) and cell.size > 1:
+                            self.spread_sum[h] += float(np.var(cell, ddof=1))
+                            self.spread_n[h] += 1
         return res, calls
 
     def learn(self, active: list[int]) -> None:
