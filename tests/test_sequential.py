@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import mptlml
+from mptlml._validation import InvalidOptionError
 from mptlml.estimators import FixedRate, LLaDA, RandomSize, Riemann, register, unregister
 from mptlml.estimators.sequential import (
     STOP_REASONS,
@@ -123,9 +124,12 @@ def test_compare_refuses_an_estimator_of_dense_data_only_naming_the_argument(tin
             mptlml.compare(tiny, [CONTEXT], [SHORT], estimator="dense-only")
         with pytest.raises(ValueError, match="estimator='no-such' is not a registered"):
             mptlml.compare(tiny, [CONTEXT], [SHORT], estimator="no-such")
-        with pytest.raises(ValueError, match="allocation='uniform' is the rate draw's"):
-            mptlml.compare(tiny, [CONTEXT], [SHORT], estimator="cumulative",
+        with pytest.raises(ValueError, match="allocation='uniform' does not apply to the "
+                                             "estimator 'random-size'"):
+            mptlml.compare(tiny, [CONTEXT], [SHORT], estimator="random-size",
                            allocation="uniform")
+        with pytest.raises(InvalidOptionError, match="compare: allocation must be one of"):
+            mptlml.compare(tiny, [CONTEXT], [SHORT], allocation="learned")
     finally:
         unregister("dense-only")
 

@@ -296,7 +296,8 @@ class RoundDraw:
     """What the engine asks of an estimator's draw: which sequences it enumerates, the
     cells of one round, and what it learns between rounds (base class: nothing)."""
 
-    #: the allocation reported in the result (the rate draw's ``"learned"`` or ``"uniform"``)
+    #: the allocation reported in the result (``"neyman"`` or ``"uniform"``; None: one row per
+    #: draw, nothing to allocate)
     allocation: str | None = None
     #: the estimator whose draws these are (None: the rate draw)
     name: str | None = None
@@ -340,14 +341,14 @@ class RateDraw(RoundDraw):
     the candidates of a group share the rates and the order of positions (common random
     numbers, from the group's key unless the caller gives each candidate its own). A short
     sequence, whose ``2^T - 2`` other masks are no more than ``max(P, 2^EXACT_LENGTH - 2)``,
-    is scored on every mask instead (exact). With ``allocation="learned"`` q follows the
+    is scored on every mask instead (exact). With ``allocation="neyman"`` q follows the
     spread of a mask's score by rate bin (Neyman, :func:`density_of`), a group's own spread
     shrunk toward the call's as if that were :data:`PRIOR_PAIRS` pairs per bin.
     """
 
     name = "learned-rate"
 
-    def __init__(self, num_masks: int, allocation: str = "learned", exact_length: int = 4
+    def __init__(self, num_masks: int, allocation: str = "neyman", exact_length: int = 4
                  ) -> None:
         self.p, self.allocation, self.exact_length = num_masks, allocation, exact_length
 
@@ -412,7 +413,7 @@ class RateDraw(RoundDraw):
         return res, out.num_model_calls
 
     def learn(self, active: list[int]) -> None:
-        if self.allocation != "learned" or self.spread_n.sum(0).min() <= 0:
+        if self.allocation != "neyman" or self.spread_n.sum(0).min() <= 0:
             return
         pooled = self.spread_sum.sum(0) / self.spread_n.sum(0)
         self.density = density_of(pooled)
@@ -439,7 +440,7 @@ class CellDraw(RoundDraw):
     the largest); each round is unbiased given the counts, fixed before its draws.
     """
 
-    def __init__(self, est: Any, allocation: str = "learned") -> None:
+    def __init__(self, est: Any, allocation: str = "neyman") -> None:
         self.est, self.allocation = est, allocation
 
     def bind(self, lengths: np.ndarray, groups: list[list[int]],
@@ -511,7 +512,7 @@ class CellDraw(RoundDraw):
 
     def learn(self, active: list[int]) -> None:
         seen = self.spread_n > 0
-        if self.allocation != "learned" or len(self.spread_n) < 2 or not seen.any():
+        if self.allocation != "neyman" or len(self.spread_n) < 2 or not seen.any():
             return
         sd = np.sqrt(self.spread_sum / np.maximum(self.spread_n, 1))
         sd[~seen] = sd[seen].max()  # a stratum never drawn (enumerated rows) keeps the most
