@@ -187,11 +187,14 @@ def stratified_rates(g: torch.Generator, p: int, tmax: int, density: RateDensity
     return np.repeat(np.arange(h), 2), rates, order
 
 
-def masks_at_rates(length: int, rates: np.ndarray, order: torch.Tensor
-           ) -> tuple[torch.Tensor, np.ndarray]:
+def masks_at_rates(length: int, rates: np.ndarray, order: torch.Tensor,
+                   distinct_pairs: bool = True) -> tuple[torch.Tensor, np.ndarray]:
     """Masks ``(P, T)`` of sizes ceil(r (T-1)) on the first positions of the shared order.
 
-    The two draws of a stratum (rows 2h, 2h+1) never repeat each other: where both have
+    With ``distinct_pairs`` (a sequence drawn alone, or a group of candidates of one length,
+    which then swap alike and stay equal draw for draw; candidates of several lengths keep
+    their nested masks instead, and a repeat's standard error 0 is announced as not exact)
+    the two draws of a stratum (rows 2h, 2h+1) never repeat each other: where both have
     size M and the second order's first M positions are the first's, the second takes its
     positions ranked 0..M-2 and M (its last masked position swapped for its first visible
     one; M < T). Each draw stays a uniform mask of its size (the swap commutes with the
@@ -208,7 +211,7 @@ def masks_at_rates(length: int, rates: np.ndarray, order: torch.Tensor
     rank.scatter_(1, keep, torch.arange(length).expand(p, -1))
     size = torch.as_tensor(sizes)[:, None]
     m = rank < size
-    if p >= 2:
+    if p >= 2 and distinct_pairs:
         first, second = m[0::2][: p // 2], m[1::2][: p // 2]
         same = (first == second).all(1).nonzero().flatten()
         for h in same.tolist():
@@ -379,7 +382,8 @@ class RateDraw(RoundDraw):
                 continue
             g = torch.Generator().manual_seed(round_seed(*self.keys[i], r))
             _, rates, order = stratified_rates(g, p, self.tmax[q], self.densities[q])
-            m, sizes = masks_at_rates(t, rates, order)
+            one_length = bool((self.lengths[self.groups[q]] == t).all())
+            m, sizes = masks_at_rates(t, rates, order, distinct_pairs=one_length)
             if r == 0:  # the whole continuation: S_T(x; |T|) exactly, once
                 m = torch.cat([m, torch.ones(1, t, dtype=torch.bool)])
             masks[i], meta[i] = m, (rates, sizes)
