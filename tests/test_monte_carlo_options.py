@@ -44,7 +44,7 @@ COMPARE_BAD = {
     "common_masks": ["no", 0, None],
     "alpha": ["0.05", 0.0, 1.0, True, -0.1],
     "delta": ["0.5", -0.1, True, float("nan")],
-    "allocation": ["neyman", 1],
+    "allocation": ["learned", None, 1],
 }
 
 

@@ -15,8 +15,17 @@ import numpy as np
 import pytest
 
 import mptlml
+from mptlml._scoring.ragged import seq_seed
+from mptlml._validation import InvalidOptionError
 from mptlml.estimators import FixedRate, LLaDA, RandomSize, Riemann, register, unregister
-from mptlml.estimators.sequential import STOP_REASONS
+from mptlml.estimators.sequential import (
+    STOP_REASONS,
+    CellDraw,
+    fixed_rule,
+    run_rounds,
+    target_rule,
+)
+from mptlml.estimators.stats import ExactCell
 
 from .test_compare import exhaustive_conditional
 
@@ -115,9 +124,12 @@ def test_compare_refuses_an_estimator_of_dense_data_only_naming_the_argument(tin
             mptlml.compare(tiny, [CONTEXT], [SHORT], estimator="dense-only")
         with pytest.raises(ValueError, match="estimator='no-such' is not a registered"):
             mptlml.compare(tiny, [CONTEXT], [SHORT], estimator="no-such")
-        with pytest.raises(ValueError, match="allocation='uniform' is the rate draw's"):
-            mptlml.compare(tiny, [CONTEXT], [SHORT], estimator="cumulative",
+        with pytest.raises(ValueError, match="allocation='uniform' does not apply to the "
+                                             "estimator 'random-size'"):
+            mptlml.compare(tiny, [CONTEXT], [SHORT], estimator="random-size",
                            allocation="uniform")
+        with pytest.raises(InvalidOptionError, match="compare: allocation must be one of"):
+            mptlml.compare(tiny, [CONTEXT], [SHORT], allocation="learned")
     finally:
         unregister("dense-only")
 
@@ -151,3 +163,77 @@ def test_every_result_reports_a_stop_reason_of_the_one_vocabulary(tiny):
                                    num_masks=8, seed=0, **kw).stop_reason
     assert set(seen) - {None} <= set(STOP_REASONS), set(seen) - set(STOP_REASONS)
     assert {"fixed", "target", "budget", "exact"} <= set(seen)
+
+
+class _OneByOne(CellDraw):
+    """The reference: each sequence of a round scored by its own call (the engine before its
+    rounds were batched), its generator seeded by its round seed as sequence 0."""
+
+    def score(self, scorer, ids, todo, r, run):
+        res, calls = {}, 0
+        for i, p in todo:
+            est = self.est.with_draws(int(p))
+            counts = self.counts(i, p)
+            cells, c = est.sequence_cells(scorer, [ids[i]], [counts],
+                                          seq_seed(*self.keys[i], r), **run)
+            calls += c
+            res[i] = (list(cells[0]), 0.0, int(est.scored_rows(int(self.lengths[i]), counts)))
+            if len(self.strata[i]) == len(cells[0]):
+                for h, cell in zip(self.strata[i], cells[0], strict=True):
+                    if not isinstance(cell, ExactCell) and cell.size > 1:
+                        self.spread_sum[h] += float(np.var(cell, ddof=1))
+                        self.spread_n[h] += 1
+        return res, calls
+
+
+#: sequences of 7 to 12 tokens: drawn by every estimator here (none enumerated)
+BATCH_TEXTS = ["the cat sat on the big red mat", "a small blue house or the big red tree",
+               "the big red mat and the small blue house and the cat"]
+
+
+@pytest.mark.parametrize(("name", "options"), [
+    ("cumulative", {}), ("riemann", {"rates": [0.3, 0.7]}), ("random-size", {"stratified": True}),
+    ("chain-rule", {})])
+def test_a_round_s_sequences_are_scored_in_one_batched_call(tiny_dir, name, options):
+    """Every sequence drawing in a round is scored by one call (per round size) through the
+    ragged runner: the same draws and numbers as one call per sequence (to 1e-10, the module
+    in float64: in float32 padding a sequence beside longer ones moves its scores by ~1e-7),
+    and at most ``ceil(masked inputs / batch_size)`` forwards per round (counted by a hook
+    on the module, the runner's own count aside)."""
+    from mptlml.estimators import get
+    from mptlml.models import MaskedLM
+    from mptlml.models.sequence_input import encode
+
+    tiny = MaskedLM.from_pretrained(tiny_dir)
+    tiny.model.double()
+
+    est = get(name)(4, **options)
+    toks = encode(tiny, BATCH_TEXTS)
+    n, batch = len(toks), 64
+    run = {"batch_size": batch, "token_budget": 10 ** 7, "chunk_size": 64}
+    forwards = []
+    module = tiny._base if tiny._split else tiny.model  # the body each forward runs
+    hook = module.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        outs = {}
+        for kind in (CellDraw, _OneByOne):
+            for rule, cap in ((target_rule([0.4] * n), 32), (fixed_rule, 16)):
+                forwards.clear()
+                out = run_rounds(kind(est), tiny, toks, [[i] for i in range(n)],
+                                 [(3, i) for i in range(n)], num_masks=4, max_masks=[cap] * n,
+                                 rule=rule, run=run)
+                outs[kind, cap] = (out, len(forwards))
+    finally:
+        hook.remove()
+    for cap in (32, 16):
+        (new, f_new), (old, f_old) = outs[CellDraw, cap], outs[_OneByOne, cap]
+        assert new.rounds == old.rounds and new.stop_reason == old.stop_reason
+        np.testing.assert_allclose([t.stats() for t in new.tallies],
+                                   [t.stats() for t in old.tallies], rtol=0, atol=1e-10)
+        assert [t.rows for t in new.tallies] == [t.rows for t in old.tallies]
+        assert f_new == new.num_model_calls and f_old == old.num_model_calls
+        assert f_old >= n * max(old.rounds)  # one call (a forward at least) per sequence
+    new, f_new = outs[CellDraw, 16]  # the fixed rule: every sequence draws every round alike
+    rows = sum(t.rows for t in new.tallies)  # sum over rounds of ceil(rows_r / batch)
+    assert f_new <= rows / batch + max(new.rounds)
+    assert f_new < outs[_OneByOne, 16][1]

@@ -125,7 +125,7 @@ def test_masked_lm_target_se_unbiased_and_calibrated(tiny, tiny_dir, estimator, 
     r = runs[0]
     assert int(r.num_masked_rows_per_sample.sum()) == r.num_masked_rows
     assert r.masks_per_size is None and r.stop_reason in ("target", "budget")
-    assert r.allocation == ("uniform" if allocation == "uniform" else "learned")
+    assert r.allocation == ("uniform" if allocation == "uniform" else "neyman")
 
 
 def test_masked_lm_curve_to_target(tiny):

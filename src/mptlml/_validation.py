@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "ALLOCATIONS",
     "FALSE_WORDS",
     "MONTE_CARLO_OPTIONS",
     "TRUE_WORDS",
@@ -379,6 +380,12 @@ def _describe(constraint: Any) -> str:
         else str(constraint)
 
 
+#: ``allocation``, at a target standard error: ``"neyman"``, draws over strata (sizes, rates,
+#: a draw's rows) in proportion to each stratum's spread (Neyman), the spread from a pilot
+#: (dense data) or from the rounds so far, pooled over the call (ragged sequences,
+#: ``compare``); ``"uniform"``, the same draws in every stratum
+ALLOCATIONS = ("neyman", "uniform")
+
 #: The one table of the Monte Carlo options of every door (``estimate_lml``, ``mpt_curve``,
 #: ``compare``, ``pll``): each name's allowed kinds of value (any one of them). A door that
 #: allows more for a name says so in ``check_options(..., overrides=)``.
@@ -395,6 +402,7 @@ MONTE_CARLO_OPTIONS: dict[str, list[Any]] = {
     "token_budget": [Interval(numbers.Integral, 1, None), None],
     "batch_size": [Interval(numbers.Integral, 1, None), None],
     "chunk_size": [Interval(numbers.Integral, 1, None), None],
+    "allocation": [Options(ALLOCATIONS), None],
     **{flag: ["boolean"] for flag in ("decide", "common_masks", "progress", "share_masks",
                                       "nested", "cumulative", "whole_word", "per_token")},
 }

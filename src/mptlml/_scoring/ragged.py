@@ -50,15 +50,26 @@ __all__ = ["MAX_SEQUENCE_MASK_BYTES", "RunOutput", "check_run_size", "encode_uni
            "seq_seed", "targeted", "token_masks", "unit_counts", "word_model"]
 
 
-def seq_seed(seed: int, *keys: int) -> int:
+def seq_seed(seed: int | Sequence[int], *keys: int) -> int:
     """The seed of the generator named by integer ``keys`` in a run seeded by ``seed``.
 
     ``numpy.random.SeedSequence([seed, *keys])``'s first 32-bit word: sequence ``i``'s
     generator is ``seq_seed(seed, i)``, question q's round r ``seq_seed(seed, q, r)``;
-    distinct keys give independent streams.
+    distinct keys give independent streams. Where a run is given each sequence's own seed
+    (the sequences of several calls batched into one,
+    :class:`~mptlml.estimators.sequential.CellDraw`), ``seed`` is that list and
+    ``seq_seed(seed, i)`` is ``seed[i]``.
     """
+    if not isinstance(seed, int | np.integer):
+        (index,) = keys
+        return int(seed[index])
     return int(np.random.SeedSequence([int(seed), *(int(k) for k in keys)]
                                       ).generate_state(1)[0])
+
+
+def _seed_spec(seed: int | Sequence[int]) -> int | list[int]:
+    """A run's seed(s) as its checkpoint fingerprint records them."""
+    return int(seed) if isinstance(seed, int | np.integer) else [int(s) for s in seed]
 
 
 # ---------------------------------------------------------------------- scoring units
@@ -147,7 +158,7 @@ def _fingerprint(model: RaggedMaskedModel, ids: list[torch.Tensor], spec: dict) 
 
 
 def _num_masks(make_masks: Callable[[int, int, torch.Generator], torch.Tensor], i: int,
-               length: int, seed: int) -> int:
+               length: int, seed: int | Sequence[int]) -> int:
     """How many masks sequence i gets: the length a reused checkpoint array must have."""
     return int(make_masks(int(i), length, torch.Generator().manual_seed(seq_seed(seed, i)))
                .shape[0])
@@ -229,7 +240,8 @@ def check_run_size(rows_per_sequence: Sequence[int], lengths: Sequence[int], wha
 
 
 def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
-              make_masks: Callable[[int, int, torch.Generator], torch.Tensor], *, seed: int,
+              make_masks: Callable[[int, int, torch.Generator], torch.Tensor], *,
+              seed: int | Sequence[int],
               tag: str, spec: dict, units: list[torch.Tensor] | None = None,
               chunk_size: int = 8, token_budget: int = 8192,
               batch_size: int | None = None, checkpoint_dir: str | os.PathLike | None = None,
@@ -241,8 +253,9 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
     i over its D_i scoring units (its tokens; with ``units``, the words of
     :func:`encode_units`, expanded to tokens by :func:`token_masks`); the same
     generator then drives the model's input corruption, so everything is a
-    function of (seed, i). ``token_budget`` bounds the padded tokens and
-    ``batch_size`` (optional) the inputs of one forward pass.
+    function of (seed, i) (:func:`seq_seed`; a list ``seed`` gives each sequence's own).
+    ``token_budget`` bounds the padded tokens and ``batch_size`` (optional) the inputs of
+    one forward pass.
     """
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     token_budget = check_positive_int(token_budget, "token_budget")
@@ -266,7 +279,8 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
     if checkpoint_dir is not None:
         ckpt = Path(checkpoint_dir) / tag
         ckpt.mkdir(parents=True, exist_ok=True)
-        meta = _fingerprint(model, ids, {**spec, "seed": int(seed), "chunk_size": chunk_size})
+        meta = _fingerprint(model, ids, {**spec, "seed": _seed_spec(seed),
+                                          "chunk_size": chunk_size})
         _check_meta_on_every_rank(ckpt, meta, ctx)
         for c in mine:
             f = ckpt / f"chunk_{c:06d}.npz"

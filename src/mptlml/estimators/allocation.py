@@ -53,14 +53,14 @@ import numbers
 import numpy as np
 import torch
 
-__all__ = ["ALLOCATIONS", "MAX_PLAN", "PILOT_DATA", "PLAN_FACTOR", "RATE_BINS", "check_target",
+from .._validation import ALLOCATIONS
+
+__all__ = ["MAX_PLAN", "PILOT_DATA", "PLAN_FACTOR", "RATE_BINS", "check_target",
            "fresh_seed", "pilot_data", "pilot_masks", "pilot_subset", "plan_counts", "rate_bin",
            "plan_remedy", "show_plan", "stop_reason", "stratum_variances"]
 
 _log = logging.getLogger(__name__)
 
-#: allocations of masks over strata
-ALLOCATIONS = ("neyman", "uniform")
 #: most data (sequences) the pilot scores with independent masks
 PILOT_DATA = 64
 #: degrees of freedom per stratum the pilot aims at, and its most masks per stratum

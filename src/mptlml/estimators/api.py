@@ -24,10 +24,9 @@ from typing import Any
 
 import torch
 
-from .._validation import Interval, Options, check_options
+from .._validation import Interval, check_options
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
-from .allocation import ALLOCATIONS
 from .base import Estimator, accepted_options
 from .results import LMLEstimate
 
@@ -65,8 +64,7 @@ _RUN_OPTIONS = ("token_budget", "batch_size", "chunk_size", "checkpoint_dir")
 #: estimate_lml's own allowed values where they differ from the shared table
 #: (:data:`mptlml._validation.MONTE_CARLO_OPTIONS`)
 _ESTIMATE_OPTIONS: dict[str, list[Any]] = {
-    "num_masks": [Interval(numbers.Integral, 1, None), None],
-    "allocation": [Options(ALLOCATIONS), None]}
+    "num_masks": [Interval(numbers.Integral, 1, None), None]}
 
 
 def register(cls: type[Estimator], *, replace: bool = False) -> type[Estimator]:

@@ -441,8 +441,9 @@ class Estimator:
             With ``target_se``: the most masked inputs per datum (dense: pilot included;
             ragged: default :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS` draws).
         allocation : {None, "neyman", "uniform"}
-            With ``target_se`` (default ``"neyman"``): dense data, and the rate density of
-            ``"learned-rate"`` on ragged sequences (``"neyman"``: learned over the rounds).
+            With ``target_se`` (default ``"neyman"``): dense data (Neyman's plan from a pilot),
+            and on ragged sequences the rate density of ``"learned-rate"`` or the rows of a
+            draw (``"cumulative"``'s sizes), learned over the rounds.
 
         Returns
         -------

@@ -74,7 +74,7 @@ import numpy as np
 from scipy import stats as sps
 
 from .._optional import require
-from .._validation import SEED_INT, Options, check_options
+from .._validation import ALLOCATIONS, SEED_INT, Options, check_options
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .results import MIN_STDERR_DOF, _Result, announce_nonfinite
@@ -107,7 +107,7 @@ DELTA = 0.5
 #: compare's own allowed values where they differ from the shared table
 #: (:data:`mptlml._validation.MONTE_CARLO_OPTIONS`)
 _OPTIONS: dict[str, list[Any]] = {"seed": [SEED_INT, "int sequence"],
-                                  "allocation": [Options(("learned", "uniform"))]}
+                                  "allocation": [Options(ALLOCATIONS)]}
 
 
 @dataclass
@@ -215,7 +215,7 @@ class Comparison(_Result):
 def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[Any]], *,
             num_masks: int = 16, decide: bool = False, target_se: float | None = None,
             alpha: float = 0.05, delta: float | None = None,
-            max_masks: int | None = None, allocation: str = "learned",
+            max_masks: int | None = None, allocation: str = "neyman",
             common_masks: bool = True, seed: int | Sequence[int] = 0,
             token_budget: int = 8192, batch_size: int | None = None, chunk_size: int = 64,
             progress: bool = False, cfg_scale: float = 0.0,
@@ -268,9 +268,10 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         ``decide``, no ``target_se``) it is a fixed budget, spent whole: rounds
         of doubling size, the allocation learned as they go (``stop_reason``
         ``"fixed"``).
-    allocation : {"learned", "uniform"}
-        ``"learned"``: rounds after the first draw rates in proportion to the
-        pooled spread by rate; ``"uniform"``: rates uniform every round.
+    allocation : {"neyman", "uniform"}
+        ``"neyman"``: rounds after the first draw rates in proportion to the
+        spread by rate learned from the draws so far, pooled over the call (Neyman);
+        ``"uniform"``: rates uniform every round.
     common_masks : bool
         Share rates and mask positions across a question's candidates (default);
         False draws each candidate independently (for comparison).
@@ -343,12 +344,6 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                  else MAX_MASKS if target_se is not None else p)
     if max_masks < p:
         raise ValueError(f"max_masks ({max_masks}) is below num_masks ({p}); raise it.")
-    if allocation != "learned" and not getattr(estimator, "rate_draw",
-                                                estimator == "learned-rate"):
-        who = getattr(estimator, "name", estimator)
-        raise ValueError(f"allocation={allocation!r} is the rate draw's (estimator="
-                         f"'learned-rate'); the estimator {who!r} draws its own way. Drop "
-                         "allocation, or estimator.")
     ctxs, cands = _questions_of(contexts, candidates)
     if isinstance(seed, numbers.Integral):
         seeds = [(int(seed), q) for q in range(len(ctxs))]
@@ -452,7 +447,12 @@ def _draw_of(estimator: Any, num_masks: int, allocation: str) -> RoundDraw:
                          "scores candidate continuations (ragged sequences): pass one of "
                          f"{', '.join(available(ragged=True))}.")
     est = create(estimator, for_ragged=True)  # its own defaults; num_masks draws per round
-    draw = CellDraw(est.with_draws(num_masks))
+    if allocation != "neyman" and est.ragged_strata(np.array([2]))[1] < 2:
+        raise ValueError(f"allocation={allocation!r} does not apply to the estimator "
+                         f"{est.name!r}: its draw is one term, nothing to allocate (the rate "
+                         "density is allocated by estimator='learned-rate', the sizes by "
+                         "'cumulative'). Drop allocation, or change estimator.")
+    draw = CellDraw(est.with_draws(num_masks), allocation)
     draw.name = est.name
     return draw
 

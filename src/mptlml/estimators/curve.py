@@ -39,12 +39,11 @@ import numpy as np
 import torch
 
 from .._scoring.dense import check_masked_inputs, score_nested
-from .._validation import Interval, Options, check_options, check_size
+from .._validation import Interval, check_options, check_size
 from ..models.base import MaskedModel
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .allocation import (
-    ALLOCATIONS,
     check_target,
     pilot_data,
     pilot_masks,
@@ -74,8 +73,7 @@ __all__ = ["mpt_curve"]
 #: mpt_curve's own allowed values where they differ from the shared table
 #: (:data:`mptlml._validation.MONTE_CARLO_OPTIONS`): ragged sequences take one count per rate
 _CURVE_OPTIONS: dict[str, list[Any]] = {
-    "num_masks": [Interval(numbers.Integral, 1, None), "positive int sequence"],
-    "allocation": [Options(ALLOCATIONS), None]}
+    "num_masks": [Interval(numbers.Integral, 1, None), "positive int sequence"]}
 
 
 def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int = 1,

@@ -312,7 +312,7 @@ def llada_questions(model: RaggedMaskedModel, contexts: list[list[int]],
         out.num_masked_rows.append(int(rows.sum()))
         out.stderr_dof.append(dof)
         out.rounds.append(1)
-        out.stop_reason.append("spent")
+        out.stop_reason.append("fixed")
         out.choice.append(lead)
         out.decided.append(margin > thr)
         out.margin_z.append(margin)

@@ -93,8 +93,8 @@ class LMLEstimate(_Result):
         ``"exact"`` (ragged: every sequence scored on every mask) or ``"missed"`` (dense:
         the pilot's plan met the target, the fresh draws did not). None without a target.
     allocation : str or None
-        With ``target_se``: dense data ``"neyman"`` or ``"uniform"``; ragged sequences
-        the rate density of ``"learned-rate"`` (``"learned"`` or ``"uniform"``), else None.
+        With ``target_se`` (and in :func:`mptlml.compare`): ``"neyman"`` or ``"uniform"``
+        (``mptlml._validation.ALLOCATIONS``); None where a draw has nothing to allocate.
     masks_per_size : list of int or None
         With ``target_se`` on dense data: the masks per size the pilot allocated (ragged
         sequences draw in rounds: ``num_masks`` is then the most draws of a sequence).

@@ -28,7 +28,8 @@ from .base import Estimator, RaggedScores
 from .rates import check_rates, mask_sizes
 from .stats import mean_stderr, sum_stderr, welch_dof
 
-__all__ = ["GridScores", "Riemann", "balanced_masks", "rate_counts", "rate_grid_scores"]
+__all__ = ["GridScores", "Riemann", "balanced_masks", "grid_masks", "rate_counts",
+           "rate_grid_scores"]
 
 
 @dataclass
@@ -128,10 +129,7 @@ def rate_grid_scores(model: RaggedMaskedModel, sequences: Any, rates: Any,
     unit = {"unit": "word"} if whole_word else {}
 
     def curve_masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
-        drawn = sample_masks(d, torch.as_tensor(sizes[i]).repeat_interleave(
-            torch.as_tensor(counts)), generator=g).split(counts.tolist())
-        return torch.cat([balanced_masks(d, int(m), int(c), g, part)
-                          for m, c, part in zip(sizes[i], counts, drawn, strict=True)])
+        return grid_masks(d, sizes[i], counts, g)
 
     out = run_pairs(model, toks, curve_masks, seed=int(seed),
                     tag="curve" + ("_whole_word" if whole_word else ""), units=words,
@@ -149,6 +147,17 @@ def rate_grid_scores(model: RaggedMaskedModel, sequences: Any, rates: Any,
     grid = GridScores(r, counts, lengths, sizes, scores, scores_se,
                       lengths * scores.mean(axis=1), lml_se, out.num_model_calls)
     return grid, toks, words
+
+
+def grid_masks(num_tokens: int, sizes: np.ndarray, counts: np.ndarray,
+               generator: torch.Generator) -> torch.Tensor:
+    """The masks of one sequence over a rate grid: ``counts[k]`` masks of ``sizes[k]`` per
+    rate, drawn i.i.d. then made :func:`balanced_masks` (the one mask sampler of the curve,
+    its target rounds and :class:`Riemann`)."""
+    drawn = sample_masks(num_tokens, torch.as_tensor(sizes).repeat_interleave(
+        torch.as_tensor(counts)), generator=generator).split(np.asarray(counts).tolist())
+    return torch.cat([balanced_masks(num_tokens, int(m), int(c), generator, part)
+                      for m, c, part in zip(sizes, counts, drawn, strict=True)])
 
 
 def balanced_masks(num_tokens: int, size: int, count: int, generator: torch.Generator,
@@ -198,16 +207,17 @@ class Riemann(Estimator):
         draws of :func:`rate_grid_scores`, whose mean over the rates is ``lml_i``)."""
         grid_rates = check_rates(self.rates)
         k = grid_rates.size
-        p = int(np.max(counts[0])) if len(counts) else self.num_masks
+        ps = [int(np.max(c)) for c in counts]  # P_i masks per rate of sequence i
+        p = ps[0] if len(set(ps)) == 1 else ps
         lengths = [len(t) for t in toks]
         sizes = [mask_sizes(int(d), grid_rates) for d in lengths]
 
         def masks(i: int, d: int, g: torch.Generator) -> torch.Tensor:
-            return sample_masks(d, torch.as_tensor(sizes[i]).repeat_interleave(p), generator=g)
+            return grid_masks(d, sizes[i], np.full(k, ps[i]), g)
 
-        out = run_pairs(model, toks, masks, seed=int(seed), tag=self.ragged_tag,
+        out = run_pairs(model, toks, masks, seed=seed, tag=self.ragged_tag,
                         spec={"kind": "curve", "rates": grid_rates.tolist(), "num_masks": p,
-                              "total_pairs": len(toks) * k * p}, desc="MPT curve", **run)
+                              "total_pairs": k * sum(ps)}, desc="MPT curve", **run)
         cells = [[(d / k) * c / m for c, m in zip(np.split(np.asarray(s, dtype=np.float64), k),
                                                   sizes[i], strict=True)]
                  for i, (s, d) in enumerate(zip(out.sums, lengths, strict=True))]

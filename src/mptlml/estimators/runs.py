@@ -421,9 +421,9 @@ def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed
     for d in np.unique(lengths):
         est.check_num_tokens(int(d))
     p = max(2, 2 * math.ceil(est.num_masks / 2))
-    draw = (RateDraw(p, "uniform" if allocation == "uniform" else "learned", EXACT_LENGTH)
-            if getattr(est, "rate_draw", False) else
-            CellDraw(est.with_draws(p), "uniform" if allocation == "uniform" else "learned"))
+    allocation = allocation or "neyman"
+    draw = (RateDraw(p, allocation, EXACT_LENGTH) if getattr(est, "rate_draw", False) else
+            CellDraw(est.with_draws(p), allocation))
     n = len(toks)
     whole = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
     n_mc = int((~whole).sum())

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._scoring.ragged import check_run_size, run_pairs
+from .._scoring.ragged import check_run_size, run_pairs, seq_seed
 from ..masks import every_mask
 from .stats import ExactCell, cell_error, enumerated_sum, welch_dof
 
@@ -42,7 +42,7 @@ __all__ = ["DENSITY_FLOOR", "MAX_TARGET_DRAWS", "NEED_MARGIN", "NUM_RATE_BINS", 
            "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "RateDensity", "RateDraw", "RoundDraw",
            "Rule", "SequentialRun", "Tally", "at_target", "cells_error", "combine_rounds",
            "density_of", "draws_needed", "fixed_rule", "masks_at_rates", "next_draws", "paired",
-           "round_seed", "round_sizes", "run_rounds", "stratified_rates", "target_rule",
+           "round_sizes", "run_rounds", "stratified_rates", "target_rule",
            "weighted_rounds"]
 
 #: rate bins of the learned allocation
@@ -58,11 +58,6 @@ TARGET_MIN_DOF = 10
 NEED_MARGIN = 1.15
 #: most draws per sequence (candidate) towards a target SE, unless ``max_masks`` says
 MAX_TARGET_DRAWS = 512
-
-
-def round_seed(seed: int, q: int, r: int) -> int:
-    """The seed of question q's round r in a call seeded by ``seed``."""
-    return int(np.random.SeedSequence([int(seed), int(q), int(r)]).generate_state(1)[0])
 
 
 class RateDensity:
@@ -187,15 +182,36 @@ def stratified_rates(g: torch.Generator, p: int, tmax: int, density: RateDensity
     return np.repeat(np.arange(h), 2), rates, order
 
 
-def masks_at_rates(length: int, rates: np.ndarray, order: torch.Tensor
-           ) -> tuple[torch.Tensor, np.ndarray]:
-    """Masks ``(P, T)`` of sizes ceil(r (T-1)) on the first positions of the shared order."""
+def masks_at_rates(length: int, rates: np.ndarray, order: torch.Tensor,
+                   distinct_pairs: bool = True) -> tuple[torch.Tensor, np.ndarray]:
+    """Masks ``(P, T)`` of sizes ceil(r (T-1)) on the first positions of the shared order.
+
+    With ``distinct_pairs`` (a sequence drawn alone, or a group of candidates of one length,
+    which then swap alike and stay equal draw for draw; candidates of several lengths keep
+    their nested masks instead, and a repeat's standard error 0 is announced as not exact)
+    the two draws of a stratum (rows 2h, 2h+1) never repeat each other: where both have
+    size M and the second order's first M positions are the first's, the second takes its
+    positions ranked 0..M-2 and M (its last masked position swapped for its first visible
+    one; M < T). Each draw stays a uniform mask of its size (the swap commutes with the
+    positions' permutations), so the estimate is unbiased; the pair's covariance becomes
+    ``y^T (K - I) y / N^2 <= 0`` (K the averaging over masks one swap apart, a symmetric
+    stochastic matrix), so its variance falls and the pair's ``(y_1 - y_2)^2 / 4`` errs on
+    the large side. Without it a short continuation's pair repeated one mask (1 in T at
+    M = 1 or T - 1) and reported a standard error of 0.
+    """
     p = len(rates)
     sizes = np.clip(np.ceil(rates * (length - 1)), 1, length - 1).astype(np.int64)
     keep = order[order < length].reshape(p, length)  # the shared order restricted to T
     rank = torch.empty_like(keep)
     rank.scatter_(1, keep, torch.arange(length).expand(p, -1))
-    m = rank < torch.as_tensor(sizes)[:, None]
+    size = torch.as_tensor(sizes)[:, None]
+    m = rank < size
+    if p >= 2 and distinct_pairs:
+        first, second = m[0::2][: p // 2], m[1::2][: p // 2]
+        same = (first == second).all(1).nonzero().flatten()
+        for h in same.tolist():
+            k = 2 * h + 1
+            m[k] = (rank[k] < size[k] - 1) | (rank[k] == size[k])
     return m, sizes
 
 
@@ -278,7 +294,8 @@ class RoundDraw:
     """What the engine asks of an estimator's draw: which sequences it enumerates, the
     cells of one round, and what it learns between rounds (base class: nothing)."""
 
-    #: the allocation reported in the result (the rate draw's ``"learned"`` or ``"uniform"``)
+    #: the allocation reported in the result (``"neyman"`` or ``"uniform"``; None: one row per
+    #: draw, nothing to allocate)
     allocation: str | None = None
     #: the estimator whose draws these are (None: the rate draw)
     name: str | None = None
@@ -322,14 +339,14 @@ class RateDraw(RoundDraw):
     the candidates of a group share the rates and the order of positions (common random
     numbers, from the group's key unless the caller gives each candidate its own). A short
     sequence, whose ``2^T - 2`` other masks are no more than ``max(P, 2^EXACT_LENGTH - 2)``,
-    is scored on every mask instead (exact). With ``allocation="learned"`` q follows the
+    is scored on every mask instead (exact). With ``allocation="neyman"`` q follows the
     spread of a mask's score by rate bin (Neyman, :func:`density_of`), a group's own spread
     shrunk toward the call's as if that were :data:`PRIOR_PAIRS` pairs per bin.
     """
 
     name = "learned-rate"
 
-    def __init__(self, num_masks: int, allocation: str = "learned", exact_length: int = 4
+    def __init__(self, num_masks: int, allocation: str = "neyman", exact_length: int = 4
                  ) -> None:
         self.p, self.allocation, self.exact_length = num_masks, allocation, exact_length
 
@@ -358,9 +375,10 @@ class RateDraw(RoundDraw):
             if self.enumerates(t):  # every mask, once
                 masks[i], meta[i] = every_mask(t), None
                 continue
-            g = torch.Generator().manual_seed(round_seed(*self.keys[i], r))
+            g = torch.Generator().manual_seed(seq_seed(*self.keys[i], r))
             _, rates, order = stratified_rates(g, p, self.tmax[q], self.densities[q])
-            m, sizes = masks_at_rates(t, rates, order)
+            one_length = bool((self.lengths[self.groups[q]] == t).all())
+            m, sizes = masks_at_rates(t, rates, order, distinct_pairs=one_length)
             if r == 0:  # the whole continuation: S_T(x; |T|) exactly, once
                 m = torch.cat([m, torch.ones(1, t, dtype=torch.bool)])
             masks[i], meta[i] = m, (rates, sizes)
@@ -394,7 +412,7 @@ class RateDraw(RoundDraw):
         return res, out.num_model_calls
 
     def learn(self, active: list[int]) -> None:
-        if self.allocation != "learned" or self.spread_n.sum(0).min() <= 0:
+        if self.allocation != "neyman" or self.spread_n.sum(0).min() <= 0:
             return
         pooled = self.spread_sum.sum(0) / self.spread_n.sum(0)
         self.density = density_of(pooled)
@@ -408,7 +426,9 @@ class CellDraw(RoundDraw):
 
     A round of ``P`` draws scores :meth:`~mptlml.estimators.Estimator.sequence_cells` of
     ``est.with_draws(P)``, seeded by the sequence's key and the round (sequences sharing a
-    key, equal-length candidates of a question, get the same draws); a sequence it would
+    key, equal-length candidates of a question, get the same draws); the sequences of a
+    round drawing ``P`` each are scored in one call of the ragged runner (batched by its
+    token budget), each sequence's generator that of its own seed; a sequence it would
     score on every mask (:meth:`~mptlml.estimators.Estimator.enumerates_sequence`) is
     enumerated once (exact). An estimator whose draw is a sum of several rows (the sizes
     1..D_i of ``cumulative``, pooled in the strata of
@@ -419,7 +439,7 @@ class CellDraw(RoundDraw):
     the largest); each round is unbiased given the counts, fixed before its draws.
     """
 
-    def __init__(self, est: Any, allocation: str = "learned") -> None:
+    def __init__(self, est: Any, allocation: str = "neyman") -> None:
         self.est, self.allocation = est, allocation
 
     def bind(self, lengths: np.ndarray, groups: list[list[int]],
@@ -468,27 +488,30 @@ class CellDraw(RoundDraw):
                 t = int(self.lengths[i])
                 res[i] = (None, enumerated_sum(np.asarray(s), every_mask(t).sum(1).numpy()),
                           2 ** t - 1)
+        by_draws: dict[int, list[int]] = {}
         for i, p in todo:
-            if i in res:
-                continue
-            est = self.est.with_draws(int(p))
-            d = int(self.lengths[i])
-            counts = self.counts(i, p)
-            cells, c = est.sequence_cells(scorer, [ids[i]], [counts],
-                                          round_seed(*self.keys[i], r),
-                                          **_round_dir(run, r, f"sequence_{i:06d}"))
+            if i not in res:
+                by_draws.setdefault(int(p), []).append(i)
+        for p, seqs in sorted(by_draws.items()):  # one batched call per round size
+            est = self.est.with_draws(p)
+            counts = [self.counts(i, p) for i in seqs]
+            # sequence i's generator as if drawn alone from its round seed (sequence 0)
+            seeds = [seq_seed(seq_seed(*self.keys[i], r), 0) for i in seqs]
+            cells, c = est.sequence_cells(scorer, [ids[i] for i in seqs], counts, seeds,
+                                          **_round_dir(run, r, f"draws_{p:06d}"))
             calls += c
-            res[i] = (list(cells[0]), 0.0, int(est.scored_rows(d, counts)))
-            if len(self.strata[i]) == len(cells[0]):
-                for h, cell in zip(self.strata[i], cells[0], strict=True):
-                    if not isinstance(cell, ExactCell) and cell.size > 1:
-                        self.spread_sum[h] += float(np.var(cell, ddof=1))
-                        self.spread_n[h] += 1
+            for i, cnt, cl in zip(seqs, counts, cells, strict=True):
+                res[i] = (list(cl), 0.0, int(est.scored_rows(int(self.lengths[i]), cnt)))
+                if len(self.strata[i]) == len(cl):
+                    for h, cell in zip(self.strata[i], cl, strict=True):
+                        if not isinstance(cell, ExactCell) and cell.size > 1:
+                            self.spread_sum[h] += float(np.var(cell, ddof=1))
+                            self.spread_n[h] += 1
         return res, calls
 
     def learn(self, active: list[int]) -> None:
         seen = self.spread_n > 0
-        if self.allocation != "learned" or len(self.spread_n) < 2 or not seen.any():
+        if self.allocation != "neyman" or len(self.spread_n) < 2 or not seen.any():
             return
         sd = np.sqrt(self.spread_sum / np.maximum(self.spread_n, 1))
         sd[~seen] = sd[seen].max()  # a stratum never drawn (enumerated rows) keeps the most
@@ -576,7 +599,7 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
         The sequences of each group (common random numbers within it).
     keys : list of (int, int)
         The seed key of each sequence: round r of sequence i draws from
-        ``round_seed(*keys[i], r)``.
+        ``seq_seed(*keys[i], r)`` (:func:`~mptlml._scoring.ragged.seq_seed`).
     num_masks : int
         Draws per member in the first round.
     max_masks : list of int

@@ -23,9 +23,10 @@ request here gets a record, written as one JSON line (``mc_log``, by default
     not computed (``greedy=false``).
 ``stderr_dof, rounds, stop_reason``
     Effective degrees of freedom of the standard error; rounds of draws;
-    why drawing stopped (:func:`mptlml.compare`: ``"one round"``, ``"target"``,
-    ``"decided"``, ``"budget"`` (``max_masks`` spent first), ``"spent"`` (``max_masks``
-    alone: a fixed budget, spent whole) or ``"exact"``).
+    why drawing stopped (:func:`mptlml.compare`: ``"fixed"`` (no stop rule: the draws
+    asked, one round or ``max_masks`` alone, spent whole), ``"target"``, ``"decided"``,
+    ``"tied"``, ``"budget"`` (``max_masks`` spent first) or ``"exact"``;
+    ``mptlml.estimators.sequential.STOP_REASONS``).
 ``exact``
     Whether the log-likelihood is an exact sum over every mask (a continuation
     of a few tokens: :data:`mptlml.estimators.compare.EXACT_LENGTH`); its
