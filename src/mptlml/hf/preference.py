@@ -251,7 +251,10 @@ def _exact_plan(t: int) -> _Plan:
 def _rate_plan(t: int, rates: np.ndarray, order: torch.Tensor, strata: np.ndarray,
                density: RateDensity) -> _Plan:
     """P masks at the shared rates and order, then the whole response (scored once)."""
-    m, sizes = masks_at_rates(t, rates, order)
+    # the stratum's two draws as drawn (no swap of a repeat): the margin's SE is read off
+    # (y_1 - y_2)^2 / 4 per stratum, which the swap would make conservative by orders of
+    # magnitude on 2-token responses (a pair of the two masks of a size is then exhaustive)
+    m, sizes = masks_at_rates(t, rates, order, distinct_pairs=False)
     p = len(rates)
     w = 1.0 / (sizes * density.size_probs(sizes, t))  # y_k = s_k / (M_k q(M_k))
     draw = torch.zeros(p, p + 1, dtype=torch.float64)

@@ -444,6 +444,7 @@ class MPTLM(LM):
         (``lm_eval.utils.handle_arg_string``, as :meth:`create_from_arg_string` does), then
         checked with the Python door's types.
         """
+        require("lm_eval", "mptlml.lm_eval (the lm-evaluation-harness backend)")
         from lm_eval.utils import handle_arg_string
 
         return cls._create({k: handle_arg_string(v) if k in _VALUED and isinstance(v, str)
