@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
+from scipy import special
 
 from .._optional import require
 from .._validation import ALLOCATIONS, SEED_INT, Options, check_options
@@ -365,8 +365,14 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     tail = alpha / (2 * max_rounds) if decide else alpha / 2
 
     def threshold(dof: float) -> float:
-        """The z a leader must clear: a t quantile at the paired SEs' dof."""
-        return float(sps.norm.isf(tail) if not math.isfinite(dof) else sps.t.isf(tail, dof))
+        """The z a leader must clear: a t quantile at the paired SEs' dof.
+
+        ``t_nu^{-1}(1 - tail) = -stdtrit(nu, tail)`` (the normal's where nu is infinite),
+        scipy's special functions called directly: ``scipy.stats.t.isf``'s distribution
+        machinery cost about 100 times more per call, a quarter of ``decide=True``'s time.
+        """
+        return float(-special.ndtri(tail) if not math.isfinite(dof) else
+                     -special.stdtrit(dof, tail))
 
     behind: list[set[int]] = [set() for _ in members]  # positions found behind (decide)
     to_target_rule = target_rule([float(target_se or 0.0)] * len(ids))
