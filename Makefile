@@ -9,14 +9,15 @@ STAMP := $(VENV)/.installed
 # the lowest pins supported (constraints-lower.txt: transformers 4.46.2, lm-eval 0.4.8, as
 # LLaDA's and Dream's own code needs) in a second, small environment, for the masked-LM,
 # conditional (test_compare, and compare's exact paths through test_guidance and
-# test_conventions) and lm-eval tests; the tests' tiny BERT has the same weights under both
+# test_conventions), lm-eval and collator/MPTTrainer (test_hf_collator) tests; the tests' tiny BERT has the same weights under both
 # (tests/mlm_helpers.py draws them itself)
 VENV_LOWER := .venv-lower
 STAMP_LOWER := $(VENV_LOWER)/.installed
 LOWER_PIN_TESTS := tests/test_masked_lm.py tests/test_masked_diffusion.py \
 	tests/test_conditional.py tests/test_compare.py tests/test_guidance.py \
 	tests/test_conventions.py tests/test_lm_eval.py tests/test_model_claims.py \
-	tests/test_sequence_input.py tests/test_tokenizer_checks.py
+	tests/test_sequence_input.py tests/test_tokenizer_checks.py \
+	tests/test_hf_collator.py
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)

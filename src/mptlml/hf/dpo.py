@@ -70,7 +70,7 @@ from ..estimators.runs import EXACT_LENGTH
 from ..estimators.sequential import NUM_RATE_BINS, RateDensity, density_of
 from .collator import stream_seed
 from .preference import MASK_SCHEMES, EncodedPairs, dpo_loss, encode_pairs, preference_bounds
-from .trainer import _items_mean
+from .trainer import _items_mean, _step_batches
 
 try:
     from transformers import Trainer
@@ -142,6 +142,25 @@ def _check_dataset(data: Any, what: str) -> None:
                          f"preference format); it has {list(cols)}.")
 
 
+
+def _disable_dropout(model: torch.nn.Module) -> None:
+    """Dropout 0 everywhere in ``model``: dropout modules' ``p`` and every float attribute
+    (of a module or of its config) named as a dropout rate (``dropout``, ``dropout_prob``,
+    ``attention_dropout``, ``attention_probs_dropout_prob``, ...), which some attention
+    implementations read instead of a module (transformers 4.x's BERT SDPA, LLaDA's config).
+    """
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.modules.dropout._DropoutNd):
+            mod.p = 0.0
+        holders = [mod.__dict__]
+        config = getattr(mod, "config", None)
+        if config is not None and hasattr(config, "__dict__"):
+            holders.append(config.__dict__)
+        for d in holders:
+            for name, value in list(d.items()):
+                if "dropout" in name and isinstance(value, float) and not isinstance(value, bool):
+                    d[name] = 0.0
+
 class MPTDPOTrainer(Trainer):
     """``transformers.Trainer`` that trains a masked LM by DPO on paired MPT bounds.
 
@@ -173,11 +192,11 @@ class MPTDPOTrainer(Trainer):
     mask_token_id, family : optional
         As for :class:`~mptlml.models.MaskedLM` (a masked-diffusion LM's plain mask id).
     disable_dropout : bool
-        Set the policy's dropout to 0 (TRL's default): its dropout modules and
-        ``torch.nn.MultiheadAttention``'s attention dropout. The policy and reference
-        then differ by their weights only, which common masks need to cancel noise (a
-        model that applies dropout from its config, e.g. ``attention_dropout``, keeps
-        it: set it to 0 in the config).
+        Set the policy's dropout to 0 (TRL's default): its dropout modules, and every
+        float dropout rate held by a module or its config (``torch.nn.MultiheadAttention``'s
+        ``dropout``, BERT's SDPA attention's ``dropout_prob`` under transformers 4.x,
+        ``config.attention_dropout``, ...). The policy and reference then differ by their
+        weights only, which common masks need to cancel noise.
     **kwargs
         The rest of ``transformers.Trainer``'s arguments (``callbacks``, ``optimizers``, ...).
     """
@@ -221,11 +240,7 @@ class MPTDPOTrainer(Trainer):
             for part in (data.values() if isinstance(data, dict) else [data]):
                 _check_dataset(part, what)
         if disable_dropout:
-            for mod in model.modules():
-                if isinstance(mod, torch.nn.modules.dropout._DropoutNd):
-                    mod.p = 0.0
-                elif isinstance(mod, torch.nn.MultiheadAttention):
-                    mod.dropout = 0.0
+            _disable_dropout(model)
         if ref_model is None:
             ref_model = copy.deepcopy(model)
         ref_model.eval().requires_grad_(False)
@@ -284,19 +299,15 @@ class MPTDPOTrainer(Trainer):
         return start[:, self.args.process_index]
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int,
-                          device: torch.device) -> tuple[list, Any]:
+                          device: torch.device | None = None) -> tuple[list, Any]:
         """The micro-batches of one update step, each told where its pairs start in the step.
 
         Returns them with the number of pairs in the step (of all processes with
-        ``average_tokens_across_devices``). The allocation learned from the steps so far
+        ``average_tokens_across_devices``; ``device`` is transformers 5's, the arguments'
+        device under 4.46-4.5x). The allocation learned from the steps so far
         (of all processes) is set here, once per step.
         """
-        batches = []
-        for _ in range(num_batches):
-            try:
-                batches.append(next(epoch_iterator))
-            except StopIteration:
-                break
+        batches = _step_batches(epoch_iterator, num_batches)
         self._learn()
         sizes = self._global_sizes([len(b["chosen_ids"]) for b in batches], num_batches)
         for b, off in zip(batches, self._offsets(sizes), strict=False):
@@ -305,7 +316,7 @@ class MPTDPOTrainer(Trainer):
             return batches, None
         spread = self.args.average_tokens_across_devices and self.args.world_size > 1
         n = sizes.sum() if spread else sizes[self.args.process_index].sum()
-        return batches, n.to(device)
+        return batches, n.to(self.args.device if device is None else device)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train``; the last step's draws are folded into the allocation after it."""
@@ -335,8 +346,8 @@ class MPTDPOTrainer(Trainer):
         if self.allocation == "learned" and self.spread_count.min() > 0:
             self.density = density_of(self.spread_sum / self.spread_count)
 
-    def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        super()._save_checkpoint(model, trial)
+    def _save_checkpoint(self, model: Any, trial: Any, *args: Any, **kwargs: Any) -> None:
+        super()._save_checkpoint(model, trial, *args, **kwargs)  # 4.x also passes metrics
         out = os.path.join(self._get_output_dir(trial=trial),
                            f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         self._learn()  # the step just taken belongs to the saved state (every process)

@@ -85,6 +85,22 @@ def _items_mean(trainer: Trainer, terms: torch.Tensor, num_items_in_batch: Any) 
     return loss
 
 
+def _step_batches(epoch_iterator: Any, num_batches: int) -> list:
+    """The next ``num_batches`` micro-batches of an epoch (fewer at its end): one step's.
+
+    ``Trainer.get_batch_samples``' loop, kept here because the trainers count their items
+    themselves: transformers 4.46-4.5x count label tokens there and call the method without
+    the ``device`` that transformers 5 passes.
+    """
+    batches = []
+    for _ in range(num_batches):
+        try:
+            batches.append(next(epoch_iterator))
+        except StopIteration:
+            break
+    return batches
+
+
 class _PadOnly:
     """The DataLoader's collate function under :class:`MPTTrainer`: pads, masks nothing."""
 
@@ -191,11 +207,16 @@ class MPTTrainer(Trainer):
         return super().evaluate(eval_dataset, *args, **kwargs)
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int,
-                          device: torch.device) -> tuple[list, Any]:
-        """The micro-batches of one update step, masked, and the number of sequences in them."""
-        batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+                          device: torch.device | None = None) -> tuple[list, Any]:
+        """The micro-batches of one update step, masked, and the number of sequences in them.
+
+        ``device`` is passed by transformers 5 (4.46-4.5x pass none: the arguments' device).
+        """
         step = int(self.state.global_step)
-        return [self._mask(b, _TRAIN, step, k) for k, b in enumerate(batches)], num_items
+        batches = [self._mask(b, _TRAIN, step, k)
+                   for k, b in enumerate(_step_batches(epoch_iterator, num_batches))]
+        return batches, self._get_num_items_in_batch(
+            batches, self.args.device if device is None else device)
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> Any:
         """Sequences in the accumulated micro-batches (summed over processes when averaging)."""
