@@ -8,7 +8,6 @@ text's log-likelihood over seeded runs.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import warnings
@@ -24,7 +23,7 @@ import mptlml.lm_eval as mle
 from mptlml.models import MaskedLM
 
 from .diffusion_helpers import IndependentLM
-from .mlm_helpers import make_tiny_bert
+from .mlm_helpers import exhaustive_masked_sum, make_tiny_bert
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,18 +46,8 @@ def exhaustive_conditional(model_dir: Path, context: str, continuation: str) -> 
     full = tok(context + continuation, add_special_tokens=False)["input_ids"]
     assert full[:len(c)] == c
     ids = torch.tensor([tok.cls_token_id, *full, tok.sep_token_id])
-    scored = range(1 + len(c), 1 + len(full))
-    total = 0.0
-    for m in range(1, len(scored) + 1):
-        vals = []
-        for s in itertools.combinations(scored, m):
-            x = ids.clone()
-            x[list(s)] = tok.mask_token_id
-            with torch.no_grad():
-                lp = torch.log_softmax(net(input_ids=x[None]).logits[0].double(), -1)
-            vals.append(sum(float(lp[j, ids[j]]) for j in s) / m)
-        total += float(np.mean(vals))
-    return total
+    return exhaustive_masked_sum(ids, range(1 + len(c), 1 + len(full)), tok.mask_token_id,
+                                 lambda x: net(input_ids=x).logits.double().log_softmax(-1))
 
 
 # ------------------------------------------------------------------ request grouping
