@@ -42,7 +42,7 @@ __all__ = ["DENSITY_FLOOR", "MAX_TARGET_DRAWS", "NEED_MARGIN", "NUM_RATE_BINS", 
            "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "RateDensity", "RateDraw", "RoundDraw",
            "Rule", "SequentialRun", "Tally", "at_target", "cells_error", "combine_rounds",
            "density_of", "draws_needed", "fixed_rule", "masks_at_rates", "next_draws", "paired",
-           "round_sizes", "run_rounds", "stratified_rates", "target_rule",
+           "round_sizes", "run_rounds", "stratified_rates", "stratum_cells", "target_rule",
            "weighted_rounds"]
 
 #: rate bins of the learned allocation
@@ -94,6 +94,14 @@ def cells_error(cells: list[np.ndarray]) -> tuple[float, np.ndarray, np.ndarray]
     errs = [cell_error(c) for c in cells]
     return (float(sum(m for m, _, _ in errs)), np.array([v for _, v, _ in errs]),
             np.array([d for _, _, d in errs], dtype=np.float64))
+
+
+def stratum_cells(y: np.ndarray) -> list[np.ndarray]:
+    """A stratified round's draws (H strata of two, in stratum order) as :func:`cells_error`'s
+    cells: stratum h is the cell ``(y_h1 / H, y_h2 / H)``, so the round's variance is
+    ``sum_h (y_h1 - y_h2)^2 / (4 H^2)`` on H degrees of freedom."""
+    h = len(y) // 2
+    return list((y / h).reshape(h, 2))
 
 
 def weighted_rounds(rounds: dict[int, tuple[int, list[np.ndarray]]]
@@ -401,8 +409,7 @@ class RateDraw(RoundDraw):
                 top, s = float(s[-1]) / t, s[:-1]
             q = self.group_of[i]
             y = s / (sizes * self.densities[q].size_probs(sizes, t))
-            h = len(y) // 2
-            res[i] = ([c for c in (y / h).reshape(h, 2)], top, rows)
+            res[i] = (stratum_cells(y), top, rows)
             score = s / sizes
             b = np.minimum((rates * NUM_RATE_BINS).astype(int), NUM_RATE_BINS - 1)
             pair = score.reshape(-1, 2)

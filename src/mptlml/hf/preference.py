@@ -77,6 +77,7 @@ from ..estimators.sequential import (
     cells_error,
     masks_at_rates,
     stratified_rates,
+    stratum_cells,
 )
 from ..estimators.stats import enumerated_sum, mean_stderr
 from ..masks import every_mask, sample_masks, uniform_sizes
@@ -339,11 +340,10 @@ def masked_sums(module: torch.nn.Module, lm: Any, inputs: list[torch.Tensor],
 def _stratified_se(draws: np.ndarray) -> float:
     """SE of the mean of H strata with two draws each, in stratum order: one cell per stratum.
 
-    ``se^2 = sum_h (y_h1 - y_h2)^2 / (4 H^2)`` (compare's stratified round, through
-    :func:`~mptlml.estimators.sequential.cells_error`).
+    ``se^2 = sum_h (y_h1 - y_h2)^2 / (4 H^2)`` (compare's stratified round:
+    :func:`~mptlml.estimators.sequential.stratum_cells`).
     """
-    h = draws.shape[0] // 2
-    return math.sqrt(float(cells_error(list((draws / h).reshape(h, 2)))[1].sum()))
+    return math.sqrt(float(cells_error(stratum_cells(draws))[1].sum()))
 
 
 def preference_bounds(policy: Any, reference: Any, prompts: Sequence[Any] | EncodedPairs,
