@@ -15,9 +15,14 @@ given the past, and rounds are combined with weights in proportion to their
 draws (:func:`weighted_rounds`, :func:`combine_rounds`: estimate, standard
 error, Welch degrees of freedom).
 
-:func:`mptlml.compare` runs its questions on these pieces (its own are the
-questions, common random numbers across candidates, the paired difference and
-the decision).
+The same engine (:func:`run_rounds`) runs any estimator's own draws: on ragged
+sequences (:class:`CellDraw`, each sequence a member) and on dense ``(N, D)``
+data (:class:`DenseDraw`, the data set one member), their draws per stratum (a
+mask size of ``cumulative``, a rate bin of its ragged rows) Neyman's after each
+round (:func:`neyman_sd`, :func:`neyman_counts`). Every target standard error
+(:func:`mptlml.estimate_lml`, :func:`mptlml.mpt_curve`) and
+:func:`mptlml.compare` run on it (compare's own are the questions, common random
+numbers across candidates, the paired difference and the decision).
 
 Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
 Marginal Likelihood", NeurIPS 2023, Proposition 1.
