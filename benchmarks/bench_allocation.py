@@ -3,9 +3,9 @@
 ``estimate_lml(model, x, "cumulative", target_se=t, allocation=...)`` on PPCA
 (D = 50 and 512; exact LML known), on a tiny random BERT and on AntiBERTy
 (the bundled germline sequences; skipped without the antiberty package).
-Both allocations share the pilot; the table gives the masked inputs per datum
-(pilot included), the SE reached and, where the exact value is known, the
-z-score. Not a timed test: run it by hand,
+Both run on the sequential engine (rounds, the allocation learned between
+them); the table gives the masked inputs per datum, the SE reached and, where
+the exact value is known, the z-score. Not a timed test: run it by hand,
 
     PYTHONPATH=src python benchmarks/bench_allocation.py [--seeds 3] [--skip antiberty]
 """

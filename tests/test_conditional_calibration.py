@@ -121,7 +121,7 @@ def calibration(lm, refs: list[np.ndarray], name: str, num_masks: int,
 
 #: estimators whose standard error errs on the large side by design: riemann's cells draw
 #: without replacement but report the i.i.d. SE s / sqrt(P) (its s^2 is the spread a
-#: target's pilot plans with), 1 / sqrt(1 - P / C(D, M)) too large, up to an exact cell
+#: target's rounds allocate by), 1 / sqrt(1 - P / C(D, M)) too large, up to an exact cell
 #: reported with an SE (a 2-token continuation at P = 2: both masks of size 1 drawn)
 CONSERVATIVE = {"riemann"}
 

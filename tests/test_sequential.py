@@ -237,3 +237,74 @@ def test_a_round_s_sequences_are_scored_in_one_batched_call(tiny_dir, name, opti
     rows = sum(t.rows for t in new.tallies)  # sum over rounds of ceil(rows_r / batch)
     assert f_new <= rows / batch + max(new.rounds)
     assert f_new < outs[_OneByOne, 16][1]
+
+
+# ------------------------------------------------------------------ dense data
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_dense_round_gives_strata_stderr_s_estimate_se_and_dof(shared):
+    """The data set is one member of the engine (DenseDraw): one round's estimate, standard
+    error and degrees of freedom are strata_stderr's on the same draws (independent masks:
+    the (P, N) draws over N, N independent columns; shared masks: the data means)."""
+    import torch
+
+    from mptlml._scoring.dense import Counter
+    from mptlml.estimators import Cumulative
+    from mptlml.estimators.sequential import DenseDraw
+    from mptlml.estimators.stats import strata_stderr
+    from mptlml.models import PPCA
+
+    model = PPCA.random(6, 2, sigma2=0.3, seed=0)
+    x = model.sample(9, generator=0)
+    est = Cumulative(3, share_masks=shared)
+    draw = DenseDraw(est, 6, 9, torch.Generator().manual_seed(0), Counter())
+    out = run_rounds(draw, model, [x], [[0]], [(0, 0)], num_masks=3, max_masks=[3],
+                     rule=fixed_rule, run={})
+    assert out.rounds == [1] and out.stop_reason == ["fixed"]
+    mean, se, dof = out.tallies[0].stats()
+    with torch.no_grad():
+        cells = est.stratum_draws(model, x, [3] * 6, torch.Generator().manual_seed(0),
+                                  Counter(), False)
+    per_se, want_se, want_dof = strata_stderr(cells, shared=shared)
+    per_sample = torch.stack([c.mean(0) for c in cells]).sum(0)
+    assert mean == pytest.approx(float(per_sample.mean()), abs=1e-12)
+    assert se == pytest.approx(want_se, abs=1e-12)
+    assert dof == pytest.approx(want_dof, rel=1e-12)
+    means, var, counts = draw.combined(out.tallies[0])
+    assert np.allclose(means.sum(0), per_sample.numpy(), rtol=0, atol=1e-12)
+    assert np.allclose(np.sqrt(var.sum(0)), per_se.numpy(), rtol=0, atol=1e-12)
+    assert counts.tolist() == [3] * 6
+
+
+def test_dense_rounds_learn_neyman_s_counts_pooled_over_rounds_and_data():
+    """After each round a stratum's spread (of one draw, averaged over the data) is pooled
+    over the rounds; the next round's counts are Neyman's (the ragged CellDraw's function),
+    within P H draws; "uniform" keeps P each."""
+    import torch
+
+    from mptlml._scoring.dense import Counter
+    from mptlml.estimators import Cumulative
+    from mptlml.estimators.sequential import DenseDraw, neyman_counts, neyman_sd
+    from mptlml.models import PPCA
+
+    model = PPCA.random(8, 2, sigma2=0.3, seed=1)
+    x = model.sample(12, generator=1)
+    for allocation in ("neyman", "uniform"):
+        draw = DenseDraw(Cumulative(), 8, 12, torch.Generator().manual_seed(0), Counter(),
+                         allocation=allocation)
+        out = run_rounds(draw, model, [x], [[0]], [(0, 0)], num_masks=4, max_masks=[32],
+                         rule=fixed_rule, run={})
+        assert out.drawn == [32] and sorted(draw.per_datum) == [0, 1, 2, 3]
+        for r in range(1, 4):
+            counts = draw.per_datum[r][2]
+            assert counts.sum() <= out.tallies[0].rounds[r][0] * 8
+            if allocation == "uniform":
+                assert set(counts.tolist()) == {out.tallies[0].rounds[r][0]}
+        if allocation == "neyman":
+            sd = neyman_sd(draw.spread_sum, draw.spread_n)
+            assert draw.spread_n.tolist() == [4] * 8
+            assert np.allclose(draw.sd, sd)
+            want = neyman_counts(sd, 32)
+            assert len(set(want.tolist())) > 1  # the spreads differ by size
+            got = draw.counts(32)
+            assert np.abs(got - want).max() <= 1 and got.sum() <= 32 * 8
+

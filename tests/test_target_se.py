@@ -1,7 +1,8 @@
 """A target standard error: unbiased estimates, calibrated SEs, the cost stated, budgets said.
 
-``estimate_lml(..., target_se=)`` draws a pilot, allocates masks over the
-sizes (Neyman or uniform) and estimates from fresh draws. Over many seeds the
+``estimate_lml(..., target_se=)`` draws in rounds on the sequential engine (dense data:
+the data set is one member, its masks per size allocated as the rounds learn their
+spread, Neyman or uniform; ragged sequences: each sequence a member). Over many seeds the
 z-scores against an independent exact value must average near 0 and the
 spread of the estimates must match the mean reported SE (ratio in
 [0.8, 1.25]), for both allocations; on PPCA (exact LML by Woodbury) and on a
@@ -43,8 +44,9 @@ def test_ppca_target_se_unbiased_and_calibrated(allocation, shared):
     runs = [mptlml.estimate_lml(model, x, target_se=0.02, allocation=allocation, seed=s,
                                 share_masks=shared) for s in range(200)]
     _check([r.mean for r in runs], [r.stderr for r in runs], exact, f"{allocation}, {shared}")
-    assert np.mean([r.stderr <= 0.02 for r in runs]) > 0.8  # the plan aims at 0.9 target
-    assert {r.stop_reason for r in runs} <= {"target", "missed"}
+    # the engine stops at the target on >= TARGET_MIN_DOF dof (or at its cap: "budget")
+    assert all(r.stop_reason == ("target" if r.stderr <= 0.02 else "budget") for r in runs)
+    assert np.mean([r.stop_reason == "target" for r in runs]) > 0.9
 
 
 def test_target_reports_cost_and_neyman_costs_less():
@@ -54,10 +56,13 @@ def test_target_reports_cost_and_neyman_costs_less():
     uni = mptlml.estimate_lml(model, x, target_se=0.01, allocation="uniform", seed=0)
     for est in (ney, uni):
         assert est.target_se == 0.01 and est.stop_reason == "target" and est.stderr <= 0.01
+        assert est.stderr_dof >= 10  # TARGET_MIN_DOF
         assert int(est.num_masked_rows_per_sample.sum()) == est.num_masked_rows
-        # the fresh draws are the allocated masks per size, for every datum; the pilot on top
-        assert est.num_masked_rows >= sum(est.masks_per_size) * x.shape[0]
+        # every datum scores the masks of every round: the draws per size over the rounds
+        assert est.num_masked_rows == sum(est.masks_per_size) * x.shape[0]
+        assert est.num_masks == max(est.masks_per_size)
     assert ney.allocation == "neyman" and len(set(uni.masks_per_size)) == 1
+    assert len(set(ney.masks_per_size)) > 1
     assert ney.num_masked_rows < uni.num_masked_rows
 
 
@@ -67,10 +72,14 @@ def test_budget_too_small_for_the_target_is_said():
     with pytest.warns(RuntimeWarning, match="max_masks was spent before the target"):
         est = mptlml.estimate_lml(model, x, target_se=1e-4, max_masks=200, seed=0)
     assert est.stop_reason == "budget" and est.stderr > 1e-4
-    assert est.num_masked_rows_per_sample.float().mean() <= 200
-    assert est.masks_wanted > 200
-    with pytest.raises(ValueError, match="max_masks is too small"):
-        mptlml.estimate_lml(model, x, target_se=1e-4, max_masks=25, seed=0)
+    assert est.num_masked_rows_per_sample.float().max() <= 200
+    # every stratum (size, D = 10) needs 2 draws: 20 masked inputs per datum at least
+    with pytest.raises(ValueError, match="max_masks=19 is too small"):
+        mptlml.estimate_lml(model, x, target_se=1e-4, max_masks=19, seed=0)
+    # one round of 2 per size fits: spent, said
+    with pytest.warns(RuntimeWarning, match="max_masks was spent before the target"):
+        est = mptlml.estimate_lml(model, x, target_se=1e-4, max_masks=25, seed=0)
+    assert est.stop_reason == "budget" and est.masks_per_size == [2] * 10
 
 
 def test_target_arguments_refused_where_they_do_not_apply():
@@ -82,6 +91,8 @@ def test_target_arguments_refused_where_they_do_not_apply():
         mptlml.estimate_lml(model, x, "exhaustive", target_se=0.1)
     with pytest.raises(ValueError, match="target_se needs independent masks per size"):
         mptlml.estimate_lml(model, x, nested=True, target_se=0.1)
+    with pytest.raises(ValueError, match="target_se needs independent masks per size"):
+        mptlml.mpt_curve(model, x, nested=True, target_se=0.1)
     with pytest.raises(ValueError, match="allocation='neyman' applies with target_se"):
         mptlml.estimate_lml(model, x, allocation="neyman")
     with pytest.raises(ValueError, match="allocation must be one of"):
@@ -96,9 +107,20 @@ def test_dense_curve_to_target():
     model = PPCA.random(8, 2, sigma2=0.3, seed=0)
     x = model.sample(20, generator=0)
     c = mptlml.mpt_curve(model, x, target_se=0.03, seed=0)
-    assert c.stop_reason in ("target", "missed") and c.allocation == "neyman"
-    assert len(c.extra["masks_per_size"]) == 8 and c.num_masked_rows > 0
+    assert c.stop_reason == "target" and c.allocation == "neyman" and c.lml_stderr_mean <= 0.03
+    assert len(c.extra["masks_per_size"]) == 8
+    assert c.num_masked_rows == sum(c.extra["masks_per_size"]) * x.shape[0]
     assert abs(c.area - float(model.log_marginal(x).mean())) < 5 * c.lml_stderr_mean
+    # the estimate at the same target and seed draws the same rounds (one engine): its
+    # per-datum LML is the curve's area per datum, its SE the curve's
+    e = mptlml.estimate_lml(model, x, "cumulative", target_se=0.03, seed=0)
+    assert e.masks_per_size == c.extra["masks_per_size"]
+    assert np.allclose(e.per_sample.numpy(), c.lml.numpy(), rtol=0, atol=1e-10)
+    assert e.stderr == pytest.approx(c.lml_stderr_mean, rel=1e-12)
+    # a subset of sizes: its area D / S sum_M S_hat(x; M) at the target
+    sub = mptlml.mpt_curve(model, x, sizes=[1, 4, 8], target_se=0.05, seed=0)
+    assert sub.stop_reason == "target" and sub.lml_stderr_mean <= 0.05
+    assert len(sub.extra["masks_per_size"]) == 3
 
 
 # ---------------------------------------------------------------- a tiny masked LM
@@ -154,22 +176,17 @@ def test_cli_curve_target_se(tiny_dir, tmp_path):
     assert res["config"]["target_se"] == 0.5
 
 
-def test_rows_per_datum_sum_to_the_total_with_a_pilot_on_a_subset():
-    """Before: with N > PILOT_DATA the pilot scored a subset but its rows were spread over
-    every datum, so num_masked_rows_per_sample did not sum to num_masked_rows; and the
-    curve's table showed the largest count for every size."""
-    from mptlml.estimators.allocation import PILOT_DATA
-
+def test_rows_per_datum_sum_to_the_total_and_the_table_shows_each_size_s_count():
+    """Every datum scores the masks of every round: the rows per datum are equal and sum to
+    the total (before, with a pilot on a subset of the data, they did not); the curve's
+    table shows each size's own count (before: the largest for every size)."""
     model = PPCA.random(6, 2, sigma2=0.2, seed=0)
-    n = PILOT_DATA + 36
+    n = 100
     x = model.sample(n, generator=0)
     est = mptlml.estimate_lml(model, x, "cumulative", target_se=0.05, seed=0)
     rows = est.num_masked_rows_per_sample
     assert int(rows.sum()) == est.num_masked_rows
-    fresh = sum(est.masks_per_size)  # one mask of its size per count, every datum
-    assert sorted(set(rows.tolist())) == [fresh, fresh + (est.num_masked_rows - fresh * n)
-                                          // PILOT_DATA]
-    assert int((rows > fresh).sum()) == PILOT_DATA
+    assert set(rows.tolist()) == {sum(est.masks_per_size)}
     curve = mptlml.mpt_curve(model, x, target_se=0.05, seed=0)
     assert int(curve.num_masked_rows_per_sample.sum()) == curve.num_masked_rows
     table = curve.to_pandas()
@@ -177,28 +194,54 @@ def test_rows_per_datum_sum_to_the_total_with_a_pilot_on_a_subset():
     assert len(set(curve.extra["masks_per_size"])) > 1  # the check has something to see
 
 
-def test_a_target_beyond_reach_or_the_cap_is_refused_before_the_draws(caplog):
+def test_a_target_beyond_reach_stops_at_the_cap_and_a_cap_too_large_is_refused():
     """Before: target_se=1e-12 overflowed int64 ("num_masks must be a positive integer,
-    got -9223372036854775808"); target_se=1e-4 and num_masks=10**6 ran unbounded."""
-    import logging
-
+    got -9223372036854775808"); target_se=1e-4 and num_masks=10**6 ran unbounded. Now a
+    target beyond reach draws up to its cap (MAX_TARGET_DRAWS per stratum, lowered to what
+    max_masked_inputs allows) and says "budget"; a max_masks past the setting is refused
+    before any draw, naming the target and its budget."""
     from mptlml import settings
+    from mptlml.estimators.sequential import MAX_TARGET_DRAWS
 
     model = PPCA.random(6, 2, sigma2=0.2, seed=0)
     x = model.sample(20, generator=0)
-    with pytest.raises(ValueError, match="target_se=1e-12 would need about .* masked inputs"):
-        mptlml.estimate_lml(model, x, "random-size", target_se=1e-12, seed=0)
-    with settings.max_masked_inputs(10_000), caplog.at_level(logging.INFO):
-        with pytest.raises(ValueError,
-                           match="max_masked_inputs = 10,000; ask for a larger target_se"):
-            mptlml.estimate_lml(model, x, "random-size", target_se=1e-3, seed=0)
-        assert "the plan draws" in caplog.text  # the cost was shown before the refusal
+    with pytest.warns(RuntimeWarning, match="max_masks was spent before the target"):
+        est = mptlml.estimate_lml(model, x, "random-size", target_se=1e-12, seed=0)
+    assert est.stop_reason == "budget" and est.masks_per_size == [MAX_TARGET_DRAWS]
+    with settings.max_masked_inputs(10_000):
+        with pytest.raises(ValueError, match="at target_se=0.001 .*would score 20,000 masked "
+                           "inputs.*max_masked_inputs = 10,000; ask for a larger target_se"):
+            mptlml.estimate_lml(model, x, "random-size", target_se=1e-3, max_masks=1000,
+                                seed=0)
+        with pytest.raises(ValueError, match="the curve of 20 data at target_se=0.001"):
+            mptlml.mpt_curve(model, x, target_se=1e-3, max_masks=3000, seed=0)
+        # the default cap fits the setting: 10,000 // 20 = 500 draws, spent and said
+        with pytest.warns(RuntimeWarning, match="max_masks was spent before the target"):
+            est = mptlml.estimate_lml(model, x, "random-size", target_se=1e-6, seed=0)
+        assert est.num_masked_rows <= 10_000 and est.masks_per_size == [500]
         with pytest.raises(ValueError, match="would score 20,000,000 masked inputs"):
             mptlml.estimate_lml(model, x, "random-size", num_masks=10**6, seed=0)
         with pytest.raises(ValueError, match="would score 120,000 masked inputs"):
             mptlml.mpt_curve(model, x, num_masks=1000, seed=0)
     with pytest.raises(TypeError, match="num_masks=.2, 3. with target_se="):
         mptlml.mpt_curve(model, x, target_se=0.1, num_masks=[2, 3], seed=0)
+
+
+def test_max_masks_too_small_or_too_large_is_refused_before_any_draw():
+    """The refusals come before the first draw: the run's generator is untouched."""
+    import torch
+
+    from mptlml import settings
+
+    model = PPCA.random(6, 2, sigma2=0.2, seed=0)
+    x = model.sample(20, generator=0)
+    g = torch.Generator().manual_seed(0)
+    state = g.get_state()
+    with pytest.raises(ValueError, match="max_masks=11 is too small"):
+        mptlml.estimate_lml(model, x, target_se=0.1, max_masks=11, seed=g)
+    with settings.max_masked_inputs(1000), pytest.raises(ValueError, match="max_masked_inputs"):
+        mptlml.estimate_lml(model, x, target_se=0.1, max_masks=60, seed=g)
+    assert torch.equal(g.get_state(), state)
 
 
 def test_one_datum_warns_that_the_spread_over_data_is_unknown():

@@ -381,8 +381,8 @@ def _describe(constraint: Any) -> str:
 
 
 #: ``allocation``, at a target standard error: ``"neyman"``, draws over strata (sizes, rates,
-#: a draw's rows) in proportion to each stratum's spread (Neyman), the spread from a pilot
-#: (dense data) or from the rounds so far, pooled over the call (ragged sequences,
+#: a draw's rows) in proportion to each stratum's spread (Neyman), the spread from the rounds
+#: so far (pooled over the data on dense data, over the call on ragged sequences and in
 #: ``compare``); ``"uniform"``, the same draws in every stratum
 ALLOCATIONS = ("neyman", "uniform")
 

@@ -220,9 +220,9 @@ def check_run_size(rows_per_sequence: Sequence[int], lengths: Sequence[int], wha
     sequence i at once; past ``settings.max_masked_inputs`` in all, or past
     :data:`MAX_SEQUENCE_MASK_BYTES` of masks for one sequence (the run would grow memory
     until the machine fails), it is refused with its cost. ``remedy`` is what the caller
-    can lower for these counts (``"lower num_masks"``; for a plan of the package's,
+    can lower for these counts (``"lower num_masks"``; for a target's draws, the package's,
     :func:`~mptlml.estimators.allocation.plan_remedy`), or None where nothing but the
-    data can (one draw of an estimator that scores every size, a pilot's own counts).
+    data can (one draw of an estimator that scores every size).
     """
     if not len(lengths):
         return

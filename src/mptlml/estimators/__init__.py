@@ -24,16 +24,18 @@ On ragged sequences (a masked LM) each sequence has its own D_i. Rooms:
 ``base``        :class:`Estimator`: options, the size rule, draws, its strata, and the one
                 estimate procedure (plain, or at a target standard error for any unbiased
                 estimator), dense and ragged alike
-``runs``        what differs between the kinds of data: the data made ready, the pilot and
-                the summary of an estimate, dense or ragged
+``runs``        what differs between the kinds of data: the data made ready, the summary of
+                an estimate and its draws to a target (on the engine), dense or ragged
 ``api``         the registry (:func:`register`, :func:`get`, :func:`available`,
                 :func:`create`) and the front door :func:`estimate_lml`
 ``cumulative``, ``random_size``, ``adaptive_size``, ``fixed_rate``, ``exhaustive``,
 ``chain_rule``, ``riemann``, ``llada``   one estimator each, its dense and ragged maths
 ``curve``       :func:`mpt_curve`, dense and ragged
-``allocation``  the pilot, Neyman's allocation and the stop rule of a dense target
-``sequential``  the sequential engine: rounds of draws, the learned rate density, stop
-                rules (one vocabulary), the cap; under ragged targets, curves and compare
+``allocation``  a target's options (``target_se``, ``max_masks``, ``allocation``) and the
+                rate bins of a ragged allocation
+``sequential``  the sequential engine: rounds of draws, Neyman's counts and the learned rate
+                density, stop rules (one vocabulary), the cap; under every target (dense
+                and ragged), curves and compare
 ``pseudo_likelihood``  :func:`pll`, the pseudo-log-likelihood per sequence, token or word
 ``rates``       rate grids and the paper's area; ``results``: the result types;
 ``stats``       the one mean / standard-error helper

@@ -228,15 +228,19 @@ def estimate_lml(model: Any, x: Any, estimator: str | Estimator = "cumulative", 
     max_masks : int, optional
         The most masks (masked inputs) per datum: the budget of
         ``"exhaustive"`` (default ``mptlml.settings.max_masks``), or of
-        ``target_se`` (pilot included; none by default).
+        ``target_se`` (default
+        :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS` draws per stratum or
+        sequence; on dense data lowered to what ``mptlml.settings.max_masked_inputs``
+        allows).
     target_se : float, optional
         Any unbiased estimator: draw until the Monte Carlo standard error of
         ``mean`` is about this (nats), instead of ``num_masks`` per stratum.
-        A pilot (at least ``max(2, num_masks)`` draws per stratum) measures
-        each stratum's spread (the sizes of ``"cumulative"``; the draws of
-        ``"random-size"``), draws are allocated over the strata
-        (``allocation``), and the estimate comes from fresh draws (unbiased;
-        its SE pooled). The result says whether the target was reached
+        Rounds of the sequential engine (the first of ``max(2, num_masks)``
+        draws per stratum, then doubling) until the standard error is at the
+        target on at least 10 degrees of freedom; between rounds the draws are
+        allocated over the strata (``allocation``: the sizes of
+        ``"cumulative"``) by their spread so far. Each round is unbiased given
+        the past. The result says whether the target was reached
         (``stop_reason``) and what it cost (``num_masked_rows``); see
         :meth:`mptlml.estimators.Estimator.estimate`.
     allocation : {None, "neyman", "uniform"}

@@ -24,11 +24,11 @@ another, in one place:
 - :meth:`Estimator.estimate`, the estimate with its Monte Carlo standard error
   and degrees of freedom, for dense data and ragged sequences alike (what
   differs between them is in :mod:`mptlml.estimators.runs`), and the same at
-  a target standard error for any unbiased estimator: a pilot measures the spread of each *stratum*
-  of a draw (a term whose draws are independent of the others': a mask size
-  of ``cumulative``, the whole draw of ``random-size``), the masks are
-  allocated over the strata (:mod:`mptlml.estimators.allocation`) and fresh
-  draws give the estimate.
+  a target standard error for any unbiased estimator, on the sequential engine
+  (:mod:`mptlml.estimators.sequential`): rounds of draws, the draws of each
+  *stratum* of a draw (a term whose draws are independent of the others': a
+  mask size of ``cumulative``, the whole draw of ``random-size``) allocated in
+  proportion to its spread as the rounds learn it.
 
 A new estimator is one subclass and one :func:`~mptlml.estimators.api.register`
 call, inside the package or outside it::
@@ -61,9 +61,9 @@ from .._validation import check_positive_int, make_generator
 from ..masks import count_masks, sample_masks
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
-from .allocation import check_target, plan_counts, show_plan
+from .allocation import check_target
 from .results import LMLEstimate
-from .runs import EXACT_LENGTH, ragged_to_target, start_run
+from .runs import EXACT_LENGTH, DenseRun, ragged_to_target, start_run
 from .stats import cell_sums, welch_dof
 
 __all__ = ["Draws", "Estimator", "RaggedScores", "accepted_options", "check_size_rule"]
@@ -402,29 +402,25 @@ class Estimator:
 
         One procedure for every estimator and both kinds of data (the kind
         decides the run, :mod:`mptlml.estimators.runs`): ``num_masks`` draws
-        per stratum of a draw, or, with ``target_se`` (unbiased estimators), on
-        ragged sequences the sequential engine
-        (:func:`~mptlml.estimators.runs.ragged_to_target`: rounds of the estimator's
-        draws per sequence until each one's SE is at ``target_se N / sqrt(N_mc)``, no
-        pilot; the engine of :func:`mptlml.compare`), and on dense data:
+        per stratum of a draw, or, with ``target_se`` (unbiased estimators), the
+        sequential engine of :func:`mptlml.compare`
+        (:func:`~mptlml.estimators.sequential.run_rounds`, no pilot):
 
-        1. a pilot (:func:`~mptlml.estimators.allocation.pilot_masks` draws per
-           stratum on at most :data:`~mptlml.estimators.allocation.PILOT_DATA`
-           data) measures each stratum's spread: per size of ``cumulative``
-           (per bin of M / D_i on ragged sequences), of the draws themselves
-           for one-stratum estimators such as ``random-size``;
-        2. the draws per stratum for the target follow
-           (:func:`~mptlml.estimators.allocation.plan_counts`: ``"neyman"`` in
-           proportion to each stratum's spread, ``"uniform"`` the same for
-           all), within ``max_masks`` masked inputs per datum, pilot included;
-        3. fresh draws give the estimate: unbiased given the plan, its
-           standard error pooled over the strata; ``stop_reason`` says whether
-           the target was reached, ``num_masked_rows`` and ``masks_wanted``
-           what it cost (:mod:`mptlml.estimators.allocation`).
+        - ragged sequences (:func:`~mptlml.estimators.runs.ragged_to_target`): rounds of
+          the estimator's draws per sequence until each one's SE is at
+          ``target_se N / sqrt(N_mc)``;
+        - dense data (:meth:`~mptlml.estimators.runs.DenseRun.to_target`): the data set is
+          one member; round 0 draws ``max(2, num_masks)`` per stratum of a draw (a size of
+          ``cumulative``; the draw itself for one-stratum estimators such as
+          ``random-size``), later rounds double the draws so far (or draw what the target
+          is predicted to need), each stratum's share Neyman's from its spread over the
+          rounds so far (``c_h = P H sd_h / sum_k sd_k``, ``"uniform"``: ``P`` each),
+          until the standard error of the mean is at most ``target_se`` on at least
+          :data:`~mptlml.estimators.sequential.TARGET_MIN_DOF` degrees of freedom.
 
-        Dense data keep the pilot: a dense draw scores every datum on one batch of masks,
-        so the plan is over strata (sizes) shared by all the data, fixed before the draws
-        (the rounds of the engine are per sequence).
+        Each round is unbiased given the past; the rounds are combined by their draws.
+        ``stop_reason`` says whether the target was reached (``"target"``) or the budget
+        spent first (``"budget"``, with a warning), ``num_masked_rows`` what it cost.
 
         Parameters
         ----------
@@ -438,10 +434,11 @@ class Estimator:
         target_se : float, optional
             The Monte Carlo standard error of the mean LML to reach (nats).
         max_masks : int, optional
-            With ``target_se``: the most masked inputs per datum (dense: pilot included;
-            ragged: default :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS` draws).
+            With ``target_se``: the most masked inputs per datum (default
+            :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS` draws; on dense data
+            per stratum, lowered to what ``mptlml.settings.max_masked_inputs`` allows).
         allocation : {None, "neyman", "uniform"}
-            With ``target_se`` (default ``"neyman"``): dense data (Neyman's plan from a pilot),
+            With ``target_se`` (default ``"neyman"``): the draws per stratum of dense data,
             and on ragged sequences the rate density of ``"learned-rate"`` or the rows of a
             draw (``"cumulative"``'s sizes), learned over the rounds.
 
@@ -479,13 +476,8 @@ class Estimator:
         data = start_run(self, model, x, seed=seed, progress=progress, run=run)
         if target_se is None:
             return data.result()
-        variances, costs, spent = data.pilot()
-        plan, capped, wanted = plan_counts(variances, costs, target_se, allocation,
-                                           None if budget is None else budget - spent)
-        show_plan(f"the {self.name!r} estimate", target_se, allocation, plan,
-                  float((plan * costs).sum()), spent, data.n, capped, progress)
-        return data.result(plan, capped=capped, wanted=wanted + spent, target_se=target_se,
-                             allocation=allocation)
+        assert isinstance(data, DenseRun)
+        return data.to_target(target_se, budget, allocation)
 
     def check_targetable(self) -> None:
         """Refuse a target standard error where it does not apply (a biased estimator)."""

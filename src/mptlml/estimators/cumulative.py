@@ -14,8 +14,9 @@ On ragged sequences each sequence sums its own sizes 1..D_i.
 Its strata are the mask sizes: independent terms, each with its own spread
 (small at low masking rates, large at high ones). The standard error pools
 them (:func:`mptlml.estimators.stats.strata_stderr`), and a target standard
-error allocates masks over them (:mod:`mptlml.estimators.allocation`): per
-size on dense data, per bin of the rate M / D_i on ragged sequences.
+error allocates masks over them as its rounds go
+(:mod:`mptlml.estimators.sequential`): per size on dense data, per bin of the
+rate M / D_i on ragged sequences.
 """
 
 from __future__ import annotations

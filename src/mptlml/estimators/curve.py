@@ -20,8 +20,10 @@ points S_hat(x_n; M) with their standard errors, and the area under them:
   per-sequence LML ``D_i * mean_k S_ik`` and, on request, the cumulative sum
   ``sum_{M=1..D_i} S_hat(x_i; M)``.
 
-With ``target_se`` the masks per size (rate) are allocated for a target
-standard error of the mean LML (:mod:`mptlml.estimators.allocation`).
+With ``target_se`` the masks are drawn in rounds of the sequential engine
+(:mod:`mptlml.estimators.sequential`) until the standard error of the mean LML
+is at the target: dense data allocate the masks per size as the rounds learn
+their spread (Neyman), ragged sequences draw every rate of the grid alike.
 
 Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
 Marginal Likelihood", NeurIPS 2023, Proposition 1, Sec. 4, Fig. 4, Table 2, Fig. 5.
@@ -43,16 +45,7 @@ from .._validation import Interval, check_options, check_size
 from ..models.base import MaskedModel
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
-from .allocation import (
-    check_target,
-    pilot_data,
-    pilot_masks,
-    plan_counts,
-    plan_remedy,
-    show_plan,
-    stop_reason,
-    stratum_variances,
-)
+from .allocation import check_target, plan_remedy
 from .api import given, ragged_seed, refuse_for_ragged
 from .cumulative import Cumulative
 from .rates import check_rates, mask_sizes, rate_widths
@@ -64,7 +57,7 @@ from .results import (
     warn_target_missed,
 )
 from .riemann import GridScores, Riemann, rate_grid_scores
-from .runs import DenseRun, rows_per_datum
+from .runs import DenseRun
 from .sequential import weighted_rounds
 from .stats import cell_error, cell_sums, mean_stderr, strata_stderr
 
@@ -111,14 +104,16 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
         (see :func:`mptlml.estimate_lml`); every size is computed, ``sizes``
         are kept.
     target_se : float, optional
-        Allocate the masks per size (rate) for this Monte Carlo standard
-        error of the mean of the per-datum LML estimates ``lml`` (dense: the
-        area; ragged: ``D_i * mean_k S_ik``), after a pilot of at least
-        ``max(2, num_masks)`` masks per size (rate); see
-        :mod:`mptlml.estimators.allocation`. The counts are in
-        ``extra["masks_per_size"]`` (``"masks_per_rate"``).
+        Draw the masks in rounds (:func:`~mptlml.estimators.sequential.run_rounds`,
+        the first of ``max(2, num_masks)`` masks per size or rate) until the Monte Carlo
+        standard error of the mean of the per-datum LML estimates ``lml`` (dense: the
+        area; ragged: ``D_i * mean_k S_ik``) is at most this, on at least
+        :data:`~mptlml.estimators.sequential.TARGET_MIN_DOF` degrees of freedom. Dense
+        data: each size's masks follow its spread as the rounds learn it (Neyman); the
+        counts over the rounds are in ``extra["masks_per_size"]``.
     max_masks : int, optional
-        With ``target_se``: the most masked inputs per datum, pilot included.
+        With ``target_se``: the most masked inputs per datum (default
+        :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS` draws per size or rate).
     allocation : {None, "neyman", "uniform"}
         With ``target_se`` (default ``"neyman"``).
     progress : bool
@@ -177,8 +172,8 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
                          f"L * sum_k w_k curve_k; the paper's 512), got {nominal_length!r}.")
     if target_se is not None and not isinstance(num_masks, numbers.Integral):
         raise TypeError(f"num_masks={num_masks!r} with target_se=: the masks per size (rate) "
-                        "are then planned for the target; pass an int (the pilot's masks per "
-                        "size, at least 2), or drop target_se to give the counts yourself.")
+                        "are then drawn for the target; pass an int (the first round's masks "
+                        "per size, at least 2), or drop target_se to give the counts yourself.")
     if max_masks is not None and target_se is None:
         raise ValueError("max_masks applies to mpt_curve with target_se= only (the budget of "
                          "the masks allocated for a target standard error).")
@@ -219,7 +214,11 @@ def _dense_curve(data: DenseRun, sizes: Sequence[int] | None, target_se: float |
 
     ``stderr`` and ``area_stderr`` are over the data, ``per_sample_stderr``
     and ``lml_stderr_mean`` over the masks. With ``target_se`` the masks per
-    size are allocated for that Monte Carlo standard error of the mean area.
+    size are drawn in rounds (:meth:`~mptlml.estimators.runs.DenseRun.rounds`) until
+    the Monte Carlo standard error of the mean area is at the target; the points are the
+    rounds' per-size means combined by their draws (``sum_r w_r mean_p S_hat_rp``, ``w_r``
+    round r's share, :func:`~mptlml.estimators.sequential.weighted_rounds`), their
+    standard errors ``sqrt(sum_r w_r^2 s2_r / P_r)``.
     """
     est, model, xt, n, d = data.est, data.model, data.x, data.n, data.d
     g, counter, progress = data.generator, data.counter, data.progress
@@ -235,40 +234,35 @@ def _dense_curve(data: DenseRun, sizes: Sequence[int] | None, target_se: float |
     coef = 1.0 if all_sizes else d / len(size_list)
     target: dict[str, Any] = {}
     per_se = None
-    pilot_rows, pilot_idx = 0, None
-    with torch.no_grad(), model.reuse_data():
-        if est.nested:
-            if target_se is not None:
-                raise ValueError("target_se needs independent masks per size (nested=False).")
-            s = score_nested(model, xt, p, share_masks=est.share_masks, generator=g,
-                             progress=progress, counter=counter)  # (P, D, N)
-            idx = torch.tensor(size_list, dtype=torch.long, device=s.device) - 1
-            per_sample = s[:, idx].mean(0).T.cpu()  # (N, S)
-            mc_se = float("nan")
-        else:
-            counts = [p] * len(size_list)
-            if target_se is not None:  # a pilot, then the counts for the target
-                sub, pilot_idx = pilot_data(xt, est.share_masks, g)
-                p0 = pilot_masks(p, 1 if est.share_masks else sub.shape[0])
-                pilot = torch.stack(est.stratum_draws(model, sub, [p0] * len(size_list), g,
-                                                      counter, progress, sizes=size_list)) * coef
-                left = None if max_masks is None else max_masks - counter.rows / n
-                plan, capped, _ = plan_counts(stratum_variances(pilot, n, est.share_masks),
-                                              np.ones(len(size_list)), target_se, allocation,
-                                              left)
-                counts, target = plan.tolist(), {"counts": plan.tolist(), "capped": capped}
-                pilot_rows = counter.rows
-                show_plan("the curve", target_se, allocation, plan, float(plan.sum()),
-                          pilot_rows / n, n, capped, progress)
-            check_masked_inputs(sum(counts) * n, f"the curve of {n} data "
-                                f"({sum(counts):,} masked inputs per datum)",
-                                "lower num_masks" if target_se is None else
-                                plan_remedy("datum"))
-            cells = [c * coef for c in est.stratum_draws(model, xt, counts, g, counter,
-                                                         progress, sizes=size_list)]
-            per_sample = torch.stack([c.mean(0) for c in cells], 1).cpu() / coef  # (N, S)
-            per_se = torch.stack([mean_stderr(c)[1] for c in cells], 1).cpu() / coef
-            _, mc_se, _ = strata_stderr(cells, shared=est.share_masks)
+    if est.nested and target_se is not None:
+        raise ValueError("target_se needs independent masks per size (nested=False).")
+    if target_se is not None:
+        out, draw = data.rounds(target_se, max_masks, allocation, f"the curve of {n} data",
+                                sizes=size_list, scale=coef)
+        means, var, counts = draw.combined(out.tallies[0])  # (S, N) each, times coef
+        per_sample = torch.from_numpy(means.T / coef)
+        per_se = torch.from_numpy(np.sqrt(var.T) / coef)
+        _, mc_se, _ = out.tallies[0].stats()
+        target = {"counts": counts.tolist(), "stop": out.stop_reason[0],
+                  "allocation": draw.allocation}
+    else:
+        with torch.no_grad(), model.reuse_data():
+            if est.nested:
+                s = score_nested(model, xt, p, share_masks=est.share_masks, generator=g,
+                                 progress=progress, counter=counter)  # (P, D, N)
+                idx = torch.tensor(size_list, dtype=torch.long, device=s.device) - 1
+                per_sample = s[:, idx].mean(0).T.cpu()  # (N, S)
+                mc_se = float("nan")
+            else:
+                counts = [p] * len(size_list)
+                check_masked_inputs(sum(counts) * n, f"the curve of {n} data "
+                                    f"({sum(counts):,} masked inputs per datum)",
+                                    "lower num_masks")
+                cells = [c * coef for c in est.stratum_draws(model, xt, counts, g, counter,
+                                                             progress, sizes=size_list)]
+                per_sample = torch.stack([c.mean(0) for c in cells], 1).cpu() / coef  # (N, S)
+                per_se = torch.stack([mean_stderr(c)[1] for c in cells], 1).cpu() / coef
+                _, mc_se, _ = strata_stderr(cells, shared=est.share_masks)
     mean, stderr = mean_stderr(per_sample)
     area_ps = per_sample.sum(1) if all_sizes else d * per_sample.mean(1)
     area, area_se = mean_stderr(area_ps)
@@ -279,12 +273,12 @@ def _dense_curve(data: DenseRun, sizes: Sequence[int] | None, target_se: float |
         area_is_exact_sum=all_sizes, num_tokens=d,
         num_masks=int(max(target["counts"])) if target else p,
         num_model_calls=counter.calls, num_masked_rows=counter.rows,
-        num_masked_rows_per_sample=rows_per_datum(counter.rows, n, pilot_rows, pilot_idx),
+        num_masked_rows_per_sample=torch.full((n,), counter.rows // n, dtype=torch.long),
         lml_stderr_mean=mc_se, nested=est.nested, per_sample_stderr=per_se,
         seed=data.seed, lml=area_ps)
     if target:
-        res.target_se, res.allocation = target_se, allocation
-        res.stop_reason = stop_reason(mc_se, float(target_se), target["capped"])
+        res.target_se, res.allocation = target_se, target["allocation"]
+        res.stop_reason = target["stop"]
         res.extra["masks_per_size"] = [int(c) for c in target["counts"]]
     return res
 

@@ -89,18 +89,15 @@ class LMLEstimate(_Result):
     stop_reason : str or None
         With ``target_se``, one of
         :data:`~mptlml.estimators.sequential.STOP_REASONS`: ``"target"`` (reached),
-        ``"budget"`` (``max_masks`` spent first; ``stderr`` is then above the target),
-        ``"exact"`` (ragged: every sequence scored on every mask) or ``"missed"`` (dense:
-        the pilot's plan met the target, the fresh draws did not). None without a target.
+        ``"budget"`` (``max_masks`` spent first; ``stderr`` is then above the target) or
+        ``"exact"`` (ragged: every sequence scored on every mask). None without a target.
     allocation : str or None
         With ``target_se`` (and in :func:`mptlml.compare`): ``"neyman"`` or ``"uniform"``
         (``mptlml._validation.ALLOCATIONS``); None where a draw has nothing to allocate.
     masks_per_size : list of int or None
-        With ``target_se`` on dense data: the masks per size the pilot allocated (ragged
-        sequences draw in rounds: ``num_masks`` is then the most draws of a sequence).
-    masks_wanted : float or None
-        With ``target_se`` on dense data: masked inputs per datum the plan needed (pilot
-        included); above ``max_masks`` when the budget cut it.
+        With ``target_se`` on dense data: the draws of each stratum (size) over the rounds
+        (``num_masks`` is the largest); None on ragged sequences, whose ``num_masks`` is
+        then the most draws of a sequence.
     rate : float or None
         Masking rate (fixed-rate only).
     exact : float or None
@@ -130,7 +127,6 @@ class LMLEstimate(_Result):
     stop_reason: str | None = None
     allocation: str | None = None
     masks_per_size: list[int] | None = None
-    masks_wanted: float | None = None
     rate: float | None = None
     exact: float | None = None
     bias: float | None = None
@@ -440,24 +436,14 @@ def warn_single_datum(num_data: int, what: str, spread: str, stacklevel: int = 4
 
 
 def warn_target_missed(what: str, reason: str | None, stderr: float, target: float | None, *,
-                       wanted: float | None = None, stacklevel: int = 4) -> bool:
-    """Warn when a target standard error was not reached (estimates and curves alike).
-
-    ``reason`` "budget": ``max_masks`` ran out first; "missed": the pilot
-    underestimated the spread. Returns whether it warned.
-    """
-    if reason == "budget":
-        plan = ("" if wanted is None else
-                f"; the plan needed about {wanted:.0f} masked inputs per datum")
-        msg = (f"max_masks was spent before the target: {what} {stderr:.4g} > target_se "
-               f"{target:.4g}{plan}. Raise max_masks or the target.")
-    elif reason == "missed":
-        msg = (f"{what} {stderr:.4g} came out above target_se {target:.4g}: the pilot "
-               "underestimated the spread. Rerun with a larger pilot (num_masks) or another "
-               "seed.")
-    else:
+                       stacklevel: int = 4) -> bool:
+    """Warn when a target standard error was not reached (estimates and curves alike):
+    ``reason`` "budget", ``max_masks`` ran out first. Returns whether it warned."""
+    if reason != "budget":
         return False
-    warnings.warn(msg, RuntimeWarning, stacklevel=stacklevel)
+    warnings.warn(f"max_masks was spent before the target: {what} {stderr:.4g} > target_se "
+                  f"{target:.4g}. Raise max_masks or the target.", RuntimeWarning,
+                  stacklevel=stacklevel)
     return True
 
 
@@ -482,7 +468,7 @@ def announce_estimate(est: LMLEstimate) -> LMLEstimate:
             "NaN. Pass num_masks >= 2 to know how precise the estimate is.", RuntimeWarning,
             stacklevel=5)
     elif (not warn_target_missed("stderr", est.stop_reason, est.stderr, est.target_se,
-                                 wanted=est.masks_wanted, stacklevel=6)
+                                 stacklevel=6)
           and est.stderr_dof is not None and est.stderr_dof < MIN_STDERR_DOF
           and est.stderr > 1e-9 * max(1.0, abs(est.mean))):  # not an exact sum
         warnings.warn(

@@ -98,7 +98,7 @@ def rate_grid_scores(model: RaggedMaskedModel, sequences: Any, rates: Any,
     its masks score alike (C = 1). Its standard error is that of i.i.d. draws,
     ``s / sqrt(P)``: for draws without replacement it errs on the large side (by
     ``1 / sqrt(1 - P / C)`` while P <= C), and ``s^2`` stays the spread of one mask, which
-    a target's pilot plans with.
+    a target's rounds allocate by.
 
     Returns the scores, the content ids and (``whole_word``) the word of each
     token: the units of the run, for a further sum over every size. ``encoded``:

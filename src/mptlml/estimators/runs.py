@@ -2,23 +2,23 @@
 
 :meth:`mptlml.estimators.Estimator.estimate` is one procedure for every
 estimator on both kinds of data: the plain estimate, or, for a target
-standard error, a pilot, a plan (:func:`~mptlml.estimators.allocation.plan_counts`)
-and fresh draws. What differs between the kinds lives here, one class each
-with the same three steps:
+standard error, rounds of the sequential engine
+(:func:`~mptlml.estimators.sequential.run_rounds`). What differs between the
+kinds lives here:
 
 - the data made ready: validated ``(N, D)`` data with the run's generator
   (:class:`DenseRun`), or the sequences' content ids with the run's seed, the
   masks of sequence i being drawn from (seed, i) (:class:`RaggedRun`);
-- :meth:`~DenseRun.pilot`: the estimator's draws on a few data, P0 per
-  stratum of a draw (:meth:`~mptlml.estimators.Estimator.strata` /
-  :meth:`~mptlml.estimators.Estimator.ragged_strata`), and from them the
-  variance one draw per stratum adds to the mean LML, the masked inputs a
-  draw of each stratum costs per datum, and what the pilot cost;
-- :meth:`~DenseRun.result`: the estimator's draws (its ``num_masks`` per
-  stratum, or the planned counts), summed into per-datum estimates with
+- :meth:`DenseRun.result` / :meth:`RaggedRun.result`: the estimator's
+  ``num_masks`` draws per stratum, summed into per-datum estimates with
   standard errors pooled over the strata and their effective degrees of
   freedom (:mod:`mptlml.estimators.stats`), as an announced
-  :class:`~mptlml.estimators.results.LMLEstimate`.
+  :class:`~mptlml.estimators.results.LMLEstimate`;
+- at a target: :meth:`DenseRun.to_target` (the data set is one member of the
+  engine, :class:`~mptlml.estimators.sequential.DenseDraw`: rounds of draws per
+  stratum, Neyman's counts learned over the rounds) and :func:`ragged_to_target`
+  (each sequence a member, :class:`~mptlml.estimators.sequential.CellDraw` or
+  :class:`~mptlml.estimators.sequential.RateDraw`).
 
 The strata pool differently: on dense data each stratum's spread is pooled
 over the data (or taken from the data means with shared masks); on ragged
@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import settings
 from .._scoring.dense import Counter, check_masked_inputs
 from .._scoring.ragged import check_run_size, run_pairs
 from .._validation import make_generator
@@ -46,29 +47,21 @@ from ..masks import every_mask
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
 from ..models.sequence_input import encode
-from .allocation import (
-    fresh_seed,
-    pilot_data,
-    pilot_masks,
-    pilot_subset,
-    plan_remedy,
-    stop_reason,
-    stratum_variances,
-)
+from .allocation import plan_remedy
 from .results import LMLEstimate, announce_estimate, as_float64
-from .sequential import MAX_TARGET_DRAWS, CellDraw, RateDraw, run_rounds, target_rule
-from .stats import (
-    cell_error,
-    cell_spread,
-    enumerated_sum,
-    mean_stderr,
-    strata_stderr,
-    sum_stderr,
-    welch_dof,
+from .sequential import (
+    MAX_TARGET_DRAWS,
+    CellDraw,
+    DenseDraw,
+    RateDraw,
+    SequentialRun,
+    run_rounds,
+    target_rule,
 )
+from .stats import enumerated_sum, mean_stderr, strata_stderr, sum_stderr, welch_dof
 
-__all__ = ["EXACT_LENGTH", "DenseRun", "RaggedRun", "ragged_to_target", "rows_per_datum",
-           "run_what", "score_every_mask", "start_run"]
+__all__ = ["EXACT_LENGTH", "DenseRun", "RaggedRun", "ragged_to_target", "run_what",
+           "score_every_mask", "start_run"]
 
 #: sequences (continuations) of at most this many units are scored on every mask (exact,
 #: standard error 0): their 2^D - 1 <= 15 masks cost no more than a few draws
@@ -113,17 +106,6 @@ def run_what(est: Any, whole: list[int], drawn: list[int]) -> str:
             f"where their draws would cost as much{rest})")
 
 
-def rows_per_datum(rows: int, n: int, pilot_rows: int = 0,
-                   pilot_idx: torch.Tensor | None = None) -> torch.Tensor:
-    """Masked inputs scored per datum: the fresh draws' (the same for every datum) plus the
-    pilot's on the data it scored (``pilot_idx``; None: every datum). Sums to ``rows``."""
-    out = torch.full((n,), (rows - pilot_rows) // n, dtype=torch.long)
-    if pilot_rows:
-        idx = torch.arange(n) if pilot_idx is None else pilot_idx.cpu()
-        out[idx] += pilot_rows // len(idx)
-    return out
-
-
 def start_run(est: Any, model: Any, x: Any, *, seed: Any, progress: bool,
               run: Mapping[str, Any] | None) -> DenseRun | RaggedRun:
     """The run of ``est`` on ``x``: ragged for a :class:`RaggedMaskedModel`, else dense."""
@@ -162,77 +144,119 @@ class DenseRun:
         self.n, self.d = self.x.shape[0], model.num_tokens
         est.check_num_tokens(self.d)
         self.counter = Counter()
-        self._pilot_idx: torch.Tensor | None = None  # the data of the pilot (None: all)
-        self._pilot_rows = 0
         #: the mask size of each stratum of a draw, or None for one stratum
         self.strata = est.strata(self.d)
         self.num_strata = 1 if self.strata is None else len(self.strata)
 
-    def pilot(self) -> tuple[np.ndarray, np.ndarray, float]:
-        """``(variances, costs, spent)`` of a pilot: v_h, c_h and masked inputs per datum."""
-        est = self.est
-        h = self.num_strata
-        with torch.no_grad(), self.model.reuse_data():
-            sub, self._pilot_idx = pilot_data(self.x, est.share_masks, self.generator)
-            p0 = pilot_masks(est.num_masks, 1 if est.share_masks else sub.shape[0])
-            pilot = torch.stack(est.stratum_draws(self.model, sub, [p0] * h, self.generator,
-                                                  self.counter, self.progress))
-        self._pilot_rows = self.counter.rows
-        costs = np.full(h, est.masks_per_draw(self.d) / h)
-        return stratum_variances(pilot, self.n, est.share_masks), costs, self.counter.rows / self.n
+    def _exact(self) -> float | None:
+        """The mean exact log p(x), when the model has one (and is not stochastic); called
+        under ``torch.no_grad()`` and the model's ``reuse_data()``."""
+        if not self.model.has_log_marginal or self.model.stochastic:
+            return None
+        return float(self.model._log_marginal(self.x).double().mean())
 
-    def result(self, plan: np.ndarray | None = None, *, capped: bool = False,
-                 wanted: float | None = None, target_se: float | None = None,
-                 allocation: str | None = None) -> LMLEstimate:
-        """The estimate: ``num_masks`` draws per stratum, or ``plan[h]`` after a pilot."""
+    def _rows_per_datum(self) -> torch.Tensor:
+        """Masked inputs scored per datum: every datum scores the same rows."""
+        return torch.full((self.n,), self.counter.rows // self.n, dtype=torch.long)
+
+    def result(self) -> LMLEstimate:
+        """The estimate: ``num_masks`` draws per stratum."""
         est, x, n, d, counter = self.est, self.x, self.n, self.d, self.counter
-        per_datum = (est.num_masks * est.masks_per_draw(d) if plan is None
-                     else int(round(float((plan * est.masks_per_draw(d) / self.num_strata)
-                                          .sum()))))
+        per_datum = est.num_masks * est.masks_per_draw(d)
         check_masked_inputs(per_datum * n, f"the {est.name!r} estimate of {n} data "
-                            f"({per_datum:,} masked inputs per datum)",
-                            "lower num_masks" if plan is None else plan_remedy("datum"))
+                            f"({per_datum:,} masked inputs per datum)", "lower num_masks")
         with torch.no_grad(), self.model.reuse_data():
-            if plan is None:
-                out = est.evaluate(self.model, x, self.generator, counter, self.progress)
-            else:
-                cells = est.stratum_draws(self.model, x, plan.tolist(), self.generator, counter,
-                                          self.progress)
-            exact = None
-            if self.model.has_log_marginal and not self.model.stochastic:
-                exact = float(self.model._log_marginal(x).double().mean())
-        target: dict[str, Any] = {}
-        if plan is None:
-            per_sample = out.samples.mean(0)
-            if out.exact:
-                per_se, stderr, dof = torch.zeros_like(per_sample), 0.0, math.inf
-            else:
-                pooled = out.cells if out.cells is not None else out.samples[None]
-                per_se, stderr, dof = strata_stderr(pooled, shared=est.share_masks)
-            sizes, size_scores = out.sizes, out.size_scores.cpu()
-            num_masks, exact_draws = out.samples.shape[0], out.exact
+            out = est.evaluate(self.model, x, self.generator, counter, self.progress)
+            exact = self._exact()
+        per_sample = out.samples.mean(0)
+        if out.exact:
+            per_se, stderr, dof = torch.zeros_like(per_sample), 0.0, math.inf
         else:
-            per_sample = torch.stack([c.mean(0) for c in cells]).sum(0).cpu()
-            per_se, stderr, dof = strata_stderr(cells, shared=est.share_masks)
-            sizes = self.strata
-            size_scores = (None if sizes is None
-                           else torch.stack([c.mean() for c in cells]).cpu())
-            num_masks, exact_draws = int(max(plan)), False
-            target = dict(target_se=target_se, allocation=allocation,
-                          stop_reason=stop_reason(stderr, float(target_se), capped),
-                          masks_per_size=plan.tolist(), masks_wanted=wanted)
+            pooled = out.cells if out.cells is not None else out.samples[None]
+            per_se, stderr, dof = strata_stderr(pooled, shared=est.share_masks)
         mean = float(per_sample.mean())
         return announce_estimate(LMLEstimate(
             estimator=est.name, per_sample=per_sample.cpu(), per_sample_stderr=per_se.cpu(),
             mean=mean, stderr=stderr, stderr_data=float(mean_stderr(per_sample)[1]),
-            sizes=sizes, size_scores=size_scores, num_masks=num_masks,
-            num_model_calls=counter.calls, num_masked_rows=counter.rows,
-            num_masked_rows_per_sample=rows_per_datum(counter.rows, n, self._pilot_rows,
-                                                      self._pilot_idx),
+            sizes=out.sizes, size_scores=out.size_scores.cpu(),
+            num_masks=out.samples.shape[0], num_model_calls=counter.calls,
+            num_masked_rows=counter.rows, num_masked_rows_per_sample=self._rows_per_datum(),
             stderr_dof=dof, rate=est.recorded_rate(d), exact=exact,
             bias=None if exact is None else mean - exact,
-            shared_masks=est.share_masks or exact_draws,
-            nested=bool(getattr(est, "nested", False)), seed=self.seed, **target))
+            shared_masks=est.share_masks or out.exact,
+            nested=bool(getattr(est, "nested", False)), seed=self.seed))
+
+    def rounds(self, target_se: float, max_masks: int | None, allocation: str, what: str, *,
+               sizes: list[int] | None = None, scale: float = 1.0
+               ) -> tuple[SequentialRun, DenseDraw]:
+        """The estimator's draws at a target SE of the mean over the data, in rounds.
+
+        The data set is the one member of one group of
+        :func:`~mptlml.estimators.sequential.run_rounds`
+        (:class:`~mptlml.estimators.sequential.DenseDraw`): round 0 draws ``num_masks`` per
+        stratum (at least 2), the rounds then double the draws so far or draw what the
+        target is predicted to need, Neyman's counts learned over the rounds, until the
+        standard error of the mean is at most ``target_se`` on at least
+        :data:`~mptlml.estimators.sequential.TARGET_MIN_DOF` degrees of freedom
+        (``"target"``) or the cap is spent (``"budget"``). The cap: ``max_masks // m``
+        draws per stratum (``max_masks`` masked inputs per datum, ``m`` those of one draw of
+        every stratum), refused before any draw beyond ``mptlml.settings.max_masked_inputs``
+        or below 2; without ``max_masks``,
+        :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS`, lowered to what the setting
+        allows for these N data.
+        """
+        est, n, d = self.est, self.n, self.d
+        draw = DenseDraw(est, d, n, self.generator, self.counter, progress=self.progress,
+                         allocation=allocation, sizes=sizes, scale=scale)
+        if max_masks is None:
+            cap = max(2, min(MAX_TARGET_DRAWS,
+                             settings.max_masked_inputs.value() // (draw.per_draw * n)))
+        else:
+            cap = int(max_masks) // draw.per_draw
+            if cap < 2:
+                raise ValueError(
+                    f"max_masks={max_masks} is too small: every stratum needs at least 2 draws "
+                    f"({2 * draw.per_draw} masked inputs per datum). Raise max_masks to at "
+                    f"least {2 * draw.per_draw}.")
+        p = min(max(2, int(est.num_masks)), cap)
+        with torch.no_grad(), self.model.reuse_data():
+            out = run_rounds(draw, self.model, [self.x], [[0]], [(0, 0)], num_masks=p,
+                             max_masks=[cap], rule=target_rule([float(target_se)]), run={},
+                             what=f"{what} at target_se={target_se:g}",
+                             remedy=plan_remedy("datum"))
+        return out, draw
+
+    def to_target(self, target_se: float, max_masks: int | None,
+                  allocation: str) -> LMLEstimate:
+        """The estimate at a target standard error of the mean (:meth:`rounds`).
+
+        Per datum, ``lml_n = sum_h sum_r w_r mean_p y_rhp,n`` (the rounds' per-stratum means
+        combined by their draws, ``w_r`` round r's share), its standard error
+        ``sqrt(sum_h sum_r w_r^2 s2_rh,n / P_rh)``; the mean's standard error and degrees of
+        freedom are the engine's (:meth:`~mptlml.estimators.sequential.Tally.stats`).
+        """
+        est, n, d = self.est, self.n, self.d
+        out, draw = self.rounds(target_se, max_masks, allocation,
+                                f"the {est.name!r} estimate of {n} data")
+        tally = out.tallies[0]
+        _, stderr, dof = tally.stats()
+        means, var, counts = draw.combined(tally)
+        per_sample = torch.from_numpy(means.sum(0))
+        mean = float(per_sample.mean())
+        with torch.no_grad(), self.model.reuse_data():
+            exact = self._exact()
+        return announce_estimate(LMLEstimate(
+            estimator=est.name, per_sample=per_sample,
+            per_sample_stderr=torch.from_numpy(np.sqrt(var.sum(0))), mean=mean,
+            stderr=stderr, stderr_data=float(mean_stderr(per_sample)[1]), sizes=self.strata,
+            size_scores=None if self.strata is None else torch.from_numpy(means.mean(1)),
+            num_masks=int(counts.max()), num_model_calls=self.counter.calls,
+            num_masked_rows=self.counter.rows,
+            num_masked_rows_per_sample=self._rows_per_datum(), stderr_dof=dof,
+            rate=est.recorded_rate(d), exact=exact, bias=None if exact is None else mean - exact,
+            shared_masks=est.share_masks, nested=bool(getattr(est, "nested", False)),
+            seed=self.seed, target_se=float(target_se), stop_reason=out.stop_reason[0],
+            allocation=draw.allocation, masks_per_size=counts.tolist()))
 
 
 class RaggedRun:
@@ -271,45 +295,6 @@ class RaggedRun:
         self.toks = [toks[i] for i in self.mc]
         self.n = len(self.toks)
         self.lengths = lengths[self.mc]
-        self.strata, self.num_strata = est.ragged_strata(self.lengths)
-        #: masked inputs of one draw of each row of a draw, per sequence
-        self.row_cost = [est.masks_per_draw(int(d)) / max(len(s), 1)
-                         for d, s in zip(self.lengths, self.strata, strict=True)]
-        self._pilot: tuple[np.ndarray, np.ndarray, int] | None = None
-
-    def pilot(self) -> tuple[np.ndarray, np.ndarray, float]:
-        """``(variances, costs, spent)`` of a pilot on at most ``PILOT_DATA`` sequences.
-
-        Each row's spread (the variance of one draw's term) is pooled over the
-        pilot's rows of its stratum; v_b = var_b n_b / N^2 and c_b = (masked
-        inputs of the n_b rows of stratum b) / N over all N sequences.
-        """
-        est, strata, h = self.est, self.strata, self.num_strata
-        sub = pilot_subset(self.n, self.seed)
-        p0 = pilot_masks(est.num_masks, sum(len(strata[i]) for i in sub) // h)
-        check_run_size([p0 * est.masks_per_draw(int(self.lengths[i])) for i in sub],
-                       [int(self.lengths[i]) for i in sub], f"the pilot of the {est.name!r} "
-                       "estimate", "lower num_masks (the pilot's draws per row)"
-                       if p0 == est.num_masks and p0 > 2 else None)
-        cells, calls = est.ragged_cells(self.model, [self.toks[i] for i in sub],
-                                        [np.full(len(strata[i]), p0) for i in sub], self.seed,
-                                        tag=est.ragged_tag + "_pilot", progress=self.progress,
-                                        **self.run) if len(sub) else ([], 0)
-        rows = np.array([est.scored_rows(int(self.lengths[i]), np.full(len(strata[i]), p0))
-                         for i in sub], dtype=np.int64)
-        self._pilot = (sub, rows, calls)
-        tot, cnt = np.zeros(h), np.zeros(h)
-        for i, cell in zip(sub, cells, strict=True):
-            np.add.at(tot, strata[i], [cell_spread(c) for c in cell])
-            np.add.at(cnt, strata[i], 1)
-        var = np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
-        var = np.where(np.isnan(var), np.nanmax(var) if np.isfinite(var).any() else 0.0, var)
-        n_rows, cost = np.zeros(h), np.zeros(h)
-        for s, c in zip(strata, self.row_cost, strict=True):
-            np.add.at(n_rows, s, 1)
-            np.add.at(cost, s, c)
-        n = self.n_all  # the estimate is the mean over every sequence, exact ones included
-        return var * n_rows / n ** 2, np.maximum(cost / n, 1e-12), int(rows.sum()) / n
 
     def _merge(self, exact: np.ndarray, drawn: np.ndarray) -> np.ndarray:
         """Per-sequence values back in the order of the N sequences: the exact ones
@@ -319,77 +304,38 @@ class RaggedRun:
         out[self.mc] = drawn
         return out
 
-    def result(self, plan: np.ndarray | None = None, *, capped: bool = False,
-                 wanted: float | None = None, target_se: float | None = None,
-                 allocation: str | None = None) -> LMLEstimate:
-        """The estimate: the estimator's own per-sequence scores, or ``plan[b]`` per row of b."""
+    def result(self) -> LMLEstimate:
+        """The estimate: the estimator's own per-sequence scores (``num_masks`` draws each),
+        those short enough scored on every mask."""
         est, n = self.est, self.n_all
-        if plan is None:  # the whole run's size, exact sequences included, before any work
-            p = est.num_masks
-            whole = [2 ** int(len(t)) - 1 for t in self.exact_toks]
-            drawn = [est.masks_per_draw(int(d)) * p for d in self.lengths]
-            lengths = [len(t) for t in self.exact_toks] + self.lengths.tolist()
-            fewer = p > 1 and (drawn or max(whole) > 2 ** EXACT_LENGTH - 1)
-            check_run_size(whole + drawn, lengths, run_what(est, whole, drawn),
-                           "lower num_masks" if fewer else None)
+        # the whole run's size, exact sequences included, before any work
+        p = est.num_masks
+        whole = [2 ** int(len(t)) - 1 for t in self.exact_toks]
+        drawn = [est.masks_per_draw(int(d)) * p for d in self.lengths]
+        lengths = [len(t) for t in self.exact_toks] + self.lengths.tolist()
+        fewer = p > 1 and (drawn or max(whole) > 2 ** EXACT_LENGTH - 1)
+        check_run_size(whole + drawn, lengths, run_what(est, whole, drawn),
+                       "lower num_masks" if fewer else None)
         ex_lml, ex_rows, ex_calls = score_every_mask(
             self.model, self.exact_toks, self.seed, progress=self.progress, run=self.run)
-        if plan is None:
-            out = est.score_sequences(self.model, self.toks, self.seed, self.progress,
-                                      self.run) if self.n else None
-            lml = self._merge(ex_lml, np.zeros(0) if out is None else out.lml)
-            se = self._merge(np.zeros(len(ex_lml)), np.zeros(0) if out is None else out.stderr)
-            mc_rows = (None if out is None else out.rows_per_sequence)
-            rows = None if out is not None and mc_rows is None else self._merge(
-                ex_rows, np.zeros(0, dtype=np.int64) if mc_rows is None else mc_rows)
-            return announce_estimate(LMLEstimate(
-                estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se),
-                mean=float(lml.mean()), stderr=float(sum_stderr(se)) / n,
-                stderr_data=float(mean_stderr(lml)[1]), sizes=None, size_scores=None,
-                num_masks=est.num_masks,
-                num_model_calls=ex_calls + (0 if out is None else out.num_model_calls),
-                num_masked_rows=int(ex_rows.sum()) + (0 if out is None else out.num_masked_rows),
-                num_masked_rows_per_sample=None if rows is None
-                else torch.as_tensor(rows, dtype=torch.long),
-                stderr_dof=math.inf if out is None else out.dof, seed=self.seed,
-                model=self.model.name))
-        assert self._pilot is not None, "a planned estimate follows its pilot"
-        sub, pilot_rows, pilot_calls = self._pilot
-        per_seq = [plan[s] for s in self.strata]
-        rows = np.array([int(round(float((p * c).sum())))
-                         for p, c in zip(per_seq, self.row_cost, strict=True)], dtype=np.int64)
-        check_run_size(rows.tolist(), self.lengths.tolist(), f"the {est.name!r} estimate at "
-                       f"target_se={target_se:g} after its pilot", plan_remedy("sequence"))
-        cells, calls = est.ragged_cells(self.model, self.toks, per_seq, fresh_seed(self.seed),
-                                        tag=est.ragged_tag + "_target", progress=self.progress,
-                                        **self.run) if self.n else ([], 0)
-        rows = np.array([est.scored_rows(int(d), p) for d, p in zip(self.lengths, per_seq,
-                                                                     strict=True)],
-                        dtype=np.int64)
-        lml = np.array([sum(float(c.mean()) for c in cell) for cell in cells])
-        errs = [[cell_error(c) for c in cell] for cell in cells]
-        var_i = [np.array([v for _, v, _ in e]) for e in errs]
-        se_i = np.sqrt([float(vi.sum()) for vi in var_i])
-        terms = np.concatenate(var_i) / n ** 2 if cells else np.zeros(0)
-        dofs = np.concatenate([np.array([d for _, _, d in e], dtype=np.float64)
-                               for e in errs]) if cells else np.zeros(0)
-        stderr = float(np.sqrt(terms.sum())) if terms.size else 0.0
-        rows[sub] += pilot_rows
-        lml = self._merge(ex_lml, lml)
-        se_i = self._merge(np.zeros(len(ex_lml)), se_i)
-        rows = self._merge(ex_rows, rows)
-        calls += ex_calls
+        out = est.score_sequences(self.model, self.toks, self.seed, self.progress,
+                                  self.run) if self.n else None
+        lml = self._merge(ex_lml, np.zeros(0) if out is None else out.lml)
+        se = self._merge(np.zeros(len(ex_lml)), np.zeros(0) if out is None else out.stderr)
+        mc_rows = (None if out is None else out.rows_per_sequence)
+        rows = None if out is not None and mc_rows is None else self._merge(
+            ex_rows, np.zeros(0, dtype=np.int64) if mc_rows is None else mc_rows)
         return announce_estimate(LMLEstimate(
-            estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se_i),
-            mean=float(lml.mean()), stderr=stderr, stderr_data=float(mean_stderr(lml)[1]),
-            sizes=None, size_scores=None, num_masks=int(max(plan)),
-            num_model_calls=pilot_calls + calls, num_masked_rows=int(rows.sum()),
-            num_masked_rows_per_sample=torch.as_tensor(rows),
-            stderr_dof=welch_dof(torch.from_numpy(terms), torch.from_numpy(dofs))
-            if terms.size else math.inf, target_se=target_se,
-            stop_reason=stop_reason(stderr, float(target_se), capped),
-            allocation=allocation, masks_per_size=plan.tolist(), masks_wanted=wanted,
-            seed=self.seed, model=self.model.name))
+            estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se),
+            mean=float(lml.mean()), stderr=float(sum_stderr(se)) / n,
+            stderr_data=float(mean_stderr(lml)[1]), sizes=None, size_scores=None,
+            num_masks=est.num_masks,
+            num_model_calls=ex_calls + (0 if out is None else out.num_model_calls),
+            num_masked_rows=int(ex_rows.sum()) + (0 if out is None else out.num_masked_rows),
+            num_masked_rows_per_sample=None if rows is None
+            else torch.as_tensor(rows, dtype=torch.long),
+            stderr_dof=math.inf if out is None else out.dof, seed=self.seed,
+            model=self.model.name))
 
 
 def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed: int,

@@ -15,9 +15,14 @@ given the past, and rounds are combined with weights in proportion to their
 draws (:func:`weighted_rounds`, :func:`combine_rounds`: estimate, standard
 error, Welch degrees of freedom).
 
-:func:`mptlml.compare` runs its questions on these pieces (its own are the
-questions, common random numbers across candidates, the paired difference and
-the decision).
+The same engine (:func:`run_rounds`) runs any estimator's own draws: on ragged
+sequences (:class:`CellDraw`, each sequence a member) and on dense ``(N, D)``
+data (:class:`DenseDraw`, the data set one member), their draws per stratum (a
+mask size of ``cumulative``, a rate bin of its ragged rows) Neyman's after each
+round (:func:`neyman_sd`, :func:`neyman_counts`). Every target standard error
+(:func:`mptlml.estimate_lml`, :func:`mptlml.mpt_curve`) and
+:func:`mptlml.compare` run on it (compare's own are the questions, common random
+numbers across candidates, the paired difference and the decision).
 
 Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
 Marginal Likelihood", NeurIPS 2023, Proposition 1.
@@ -34,16 +39,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._scoring.dense import check_masked_inputs
 from .._scoring.ragged import check_run_size, run_pairs, seq_seed
 from ..masks import every_mask
 from .stats import ExactCell, cell_error, enumerated_sum, welch_dof
 
 __all__ = ["DENSITY_FLOOR", "MAX_TARGET_DRAWS", "NEED_MARGIN", "NUM_RATE_BINS", "PRIOR_PAIRS",
-           "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "RateDensity", "RateDraw", "RoundDraw",
-           "Rule", "SequentialRun", "Tally", "at_target", "cells_error", "combine_rounds",
-           "density_of", "draws_needed", "fixed_rule", "masks_at_rates", "next_draws", "paired",
-           "round_sizes", "run_rounds", "stratified_rates", "stratum_cells", "target_rule",
-           "weighted_rounds"]
+           "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "DenseDraw", "RateDensity", "RateDraw",
+           "RoundDraw", "Rule", "SequentialRun", "Tally", "at_target", "cells_error",
+           "combine_rounds", "density_of", "draws_needed", "fixed_rule", "masks_at_rates",
+           "neyman_counts", "neyman_sd", "next_draws", "paired", "round_sizes", "run_rounds",
+           "stratified_rates", "stratum_cells", "target_rule", "weighted_rounds"]
 
 #: rate bins of the learned allocation
 NUM_RATE_BINS = 10
@@ -56,7 +62,8 @@ PRIOR_PAIRS = 8
 TARGET_MIN_DOF = 10
 #: a round towards a target SE draws this times the predicted remainder (fewer extra rounds)
 NEED_MARGIN = 1.15
-#: most draws per sequence (candidate) towards a target SE, unless ``max_masks`` says
+#: most draws per sequence (candidate; per stratum of dense data) towards a target SE, unless
+#: ``max_masks`` says
 MAX_TARGET_DRAWS = 512
 
 
@@ -165,6 +172,35 @@ def density_of(variance: np.ndarray) -> RateDensity:
                     else np.ones(NUM_RATE_BINS))
 
 
+def neyman_sd(spread_sum: np.ndarray, spread_n: np.ndarray) -> np.ndarray | None:
+    """Each stratum's spread of one draw for Neyman's counts, pooled, floored.
+
+    ``sd_h = sqrt(spread_sum[h] / spread_n[h])`` (the variances of one draw measured so far,
+    averaged), a stratum never measured given the largest, every one floored at
+    :data:`DENSITY_FLOOR` of the largest (a stratum whose spread was underestimated keeps
+    draws). None when nothing was measured or every spread is 0 (then equal counts).
+    """
+    seen = spread_n > 0
+    if not seen.any():
+        return None
+    sd = np.sqrt(spread_sum / np.maximum(spread_n, 1))
+    sd[~seen] = sd[seen].max()
+    return np.maximum(sd, DENSITY_FLOOR * sd.max()) if sd.max() > 0 else None
+
+
+def neyman_counts(sd: np.ndarray, draws: int) -> np.ndarray:
+    """Neyman's draws per stratum for a round of ``draws`` per stratum on average.
+
+    ``c_h = P H w_h / sum_k w_k`` (rounded, at least 2: every stratum's spread stays
+    estimable) with ``w_h = sd_h / sqrt(cost_h)``, the strata here of equal cost (a size of
+    ``cumulative``, a row of a ragged draw: one masked input each), so ``w_h = sd_h``
+    (:func:`neyman_sd`). For a fixed number of draws ``sum_h c_h`` these minimise the
+    round's variance ``sum_h sd_h^2 / c_h`` (Lagrange multipliers).
+    """
+    w = np.asarray(sd, dtype=np.float64)
+    return np.maximum(2, np.round(draws * len(w) * w / w.sum())).astype(np.int64)
+
+
 def next_draws(drawn: int, max_masks: int, need: float | None = None) -> int:
     """Masks per candidate of the next round: double the draws so far, within ``max_masks``.
 
@@ -234,8 +270,6 @@ STOP_REASONS: dict[str, str] = {
               "freedom)",
     "budget": "max_masks was spent before the target or the decision: the standard error is "
               "above the target, or the question undecided",
-    "missed": "dense data at a target: the pilot's plan met the target but the fresh draws "
-              "came out above it",
     "decided": "compare(decide=True): the leader is ahead of every other candidate beyond the "
                "threshold",
     "tied": "compare(decide=True): every other candidate behind the leader or confidently "
@@ -313,6 +347,19 @@ class RoundDraw:
         """The sequences' lengths, their groups (questions) and each one's seed key."""
         self.lengths, self.groups, self.keys = lengths, groups, keys
         self.group_of = {i: q for q, m in enumerate(groups) for i in m}
+
+    def lengths_of(self, ids: list[Any]) -> np.ndarray:
+        """The length of each sequence (its units; dense data: D)."""
+        return np.array([len(t) for t in ids], dtype=np.int64)
+
+    def check_size(self, lengths: np.ndarray, caps: list[int], what: str,
+                   remedy: str | None) -> None:
+        """Refuse, before any draw, a run whose cap (``caps[i]`` draws of sequence i) could
+        score more than ``mptlml.settings.max_masked_inputs`` masked inputs
+        (:func:`~mptlml._scoring.ragged.check_run_size`)."""
+        check_run_size([self.most_rows(int(d), self.round_size(c))
+                        for d, c in zip(lengths, caps, strict=True)], lengths.tolist(), what,
+                       remedy)
 
     def enumerates(self, length: int) -> bool:
         raise NotImplementedError
@@ -475,8 +522,7 @@ class CellDraw(RoundDraw):
         rows = self.strata[i]
         if self.sd is None or len(rows) < 2:
             return np.full(len(rows), int(p), dtype=np.int64)
-        w = self.sd[rows]
-        return np.maximum(2, np.round(p * len(rows) * w / w.sum())).astype(np.int64)
+        return neyman_counts(self.sd[rows], p)
 
     def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
               run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
@@ -517,12 +563,137 @@ class CellDraw(RoundDraw):
         return res, calls
 
     def learn(self, active: list[int]) -> None:
-        seen = self.spread_n > 0
-        if self.allocation != "neyman" or len(self.spread_n) < 2 or not seen.any():
+        if self.allocation != "neyman" or len(self.spread_n) < 2 or not (self.spread_n > 0).any():
             return
-        sd = np.sqrt(self.spread_sum / np.maximum(self.spread_n, 1))
-        sd[~seen] = sd[seen].max()  # a stratum never drawn (enumerated rows) keeps the most
-        self.sd = np.maximum(sd, DENSITY_FLOOR * sd.max()) if sd.max() > 0 else None
+        # a stratum never drawn (enumerated rows) keeps the most
+        self.sd = neyman_sd(self.spread_sum, self.spread_n)
+
+
+class DenseDraw(RoundDraw):
+    """An estimator's draws on dense ``(N, D)`` data as rounds: the data set is one member of
+    one group.
+
+    A round of ``P`` draws per stratum scores
+    :meth:`~mptlml.estimators.Estimator.stratum_draws` (``counts[h]`` draws of each stratum
+    h of a draw: a mask size of ``cumulative``; the whole draw of a one-stratum estimator)
+    from the run's one generator, in order (the same seed, the same rounds). Its cells, one
+    per stratum, give the variance of :func:`~mptlml.estimators.stats.strata_stderr`: with
+    independent masks per datum the ``(P_h, N)`` draws over N (N independent columns:
+    ``sum_n var_n / (P_h N^2)`` on P_h - 1 dof each), with shared masks the data means
+    ``(P_h,)`` (``var / P_h``). After each round the spread of one draw of each stratum
+    (averaged over the data, or of the data means with shared masks) is pooled over the
+    rounds, and the next round's counts are Neyman's (:func:`neyman_sd`,
+    :func:`neyman_counts`: ``c_h = P H sd_h / sum_k sd_k``, at least 2, ``sd_h`` floored at
+    :data:`DENSITY_FLOOR` of the largest), trimmed from the largest so that a round never
+    draws more than ``P H`` (``max_masks`` stays a bound); ``allocation="uniform"`` keeps
+    ``P`` each. Each round is unbiased given its counts, fixed before its draws.
+
+    Parameters
+    ----------
+    est : Estimator
+    num_tokens, num_data : int
+        D and N.
+    generator : torch.Generator
+        The run's generator: every round draws from it in turn.
+    counter : Counter
+        The run's model calls and masked inputs.
+    progress : bool
+    allocation : {"neyman", "uniform"}
+    sizes : list of int, optional
+        The sizes drawn (:func:`mptlml.mpt_curve`'s subset; default the estimator's strata).
+    scale : float
+        A factor on every draw (the curve's ``D / len(sizes)`` of a subset's area).
+    """
+
+    def __init__(self, est: Any, num_tokens: int, num_data: int, generator: torch.Generator,
+                 counter: Any, *, progress: bool = False, allocation: str = "neyman",
+                 sizes: list[int] | None = None, scale: float = 1.0) -> None:
+        self.est, self.d, self.n = est, int(num_tokens), int(num_data)
+        self.generator, self.counter, self.progress = generator, counter, progress
+        self.allocation, self.sizes, self.scale = allocation, sizes, float(scale)
+        strata = est.strata(self.d) if sizes is None else sizes
+        self.num_strata = 1 if strata is None else len(strata)
+        #: masked inputs per datum of one draw of every stratum
+        self.per_draw = len(sizes) if sizes is not None else int(est.masks_per_draw(self.d))
+        self.spread_sum, self.spread_n = np.zeros(self.num_strata), np.zeros(self.num_strata)
+        self.sd: np.ndarray | None = None
+        #: round -> (per-stratum, per-datum means (H, N), their variances (H, N), counts (H,))
+        self.per_datum: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        if self.num_strata < 2:  # one stratum: nothing to allocate
+            self.allocation = None
+
+    def lengths_of(self, ids: list[Any]) -> np.ndarray:
+        return np.array([self.d] * len(ids), dtype=np.int64)
+
+    def check_size(self, lengths: np.ndarray, caps: list[int], what: str,
+                   remedy: str | None) -> None:
+        """Refuse, before any draw, a cap of more than ``mptlml.settings.max_masked_inputs``
+        masked inputs (:func:`~mptlml._scoring.dense.check_masked_inputs`)."""
+        per_datum = sum(self.most_rows(int(d), self.round_size(c))
+                        for d, c in zip(lengths, caps, strict=True))
+        check_masked_inputs(per_datum * self.n, f"{what} ({per_datum:,} masked inputs per "
+                            "datum at most)", remedy or "lower max_masks")
+
+    def enumerates(self, length: int) -> bool:
+        return False
+
+    def most_rows(self, length: int, draws: int) -> int:
+        return self.per_draw * int(draws)
+
+    def counts(self, p: int) -> np.ndarray:
+        """Draws per stratum of a round of ``p``: ``p`` each, or Neyman's within ``p H``."""
+        h = self.num_strata
+        if self.sd is None:
+            return np.full(h, int(p), dtype=np.int64)
+        c = neyman_counts(self.sd, p)
+        while c.sum() > p * h:  # rounding up overshot: keep the round within p H draws
+            c[int(np.argmax(c))] -= 1
+        return c
+
+    def score(self, scorer: Any, ids: list[Any], todo: list[tuple[int, int]], r: int,
+              run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
+                                            int]:
+        ((i, p),) = todo
+        counts = self.counts(p)
+        rows, calls = self.counter.rows, self.counter.calls
+        kw = {} if self.sizes is None else {"sizes": self.sizes}
+        draws = self.est.stratum_draws(scorer, ids[i], counts.tolist(), self.generator,
+                                       self.counter, self.progress, **kw)
+        cells, means, var = [], [], []
+        shared = bool(self.est.share_masks)
+        for h, c in enumerate(draws):
+            y = c.detach().double().cpu().numpy() * self.scale  # (P_h, N)
+            means.append(y.mean(0))
+            var.append(y.var(0, ddof=1) / y.shape[0])
+            if shared:  # one mask per draw for every datum: the data means are independent
+                cells.append(y.mean(1))
+                self.spread_sum[h] += float(cells[-1].var(ddof=1))
+            else:  # N independent columns
+                cells.append(y / self.n)
+                self.spread_sum[h] += float(y.var(0, ddof=1).mean())
+            self.spread_n[h] += 1
+        self.per_datum[r] = (np.stack(means), np.stack(var), counts)
+        return ({i: (cells, 0.0, self.counter.rows - rows)},
+                self.counter.calls - calls)
+
+    def learn(self, active: list[int]) -> None:
+        if self.allocation == "neyman":
+            self.sd = neyman_sd(self.spread_sum, self.spread_n)
+
+    def combined(self, tally: Tally) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per stratum and datum, the rounds' means combined by their draws (the weights of
+        :func:`weighted_rounds`), the variance of that (``sum_r w_r^2 var_r``), and the
+        draws of each stratum over the rounds: ``(H, N)``, ``(H, N)``, ``(H,)``."""
+        total = sum(n for n, _ in tally.rounds.values())
+        mean = np.zeros((self.num_strata, self.n))
+        var = np.zeros((self.num_strata, self.n))
+        counts = np.zeros(self.num_strata, dtype=np.int64)
+        for r, (n, _) in tally.rounds.items():
+            m, v, c = self.per_datum[r]
+            mean += m * (n / total)
+            var += v * (n / total) ** 2
+            counts += c
+        return mean, var, counts
 
 
 def _round_dir(run: dict[str, Any], r: int, part: str = "") -> dict[str, Any]:
@@ -597,11 +768,12 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
     Parameters
     ----------
     draw : RoundDraw
-        :class:`RateDraw` or :class:`CellDraw` (an estimator's draws).
-    scorer : RaggedMaskedModel
+        :class:`RateDraw` or :class:`CellDraw` (an estimator's draws on ragged sequences),
+        or :class:`DenseDraw` (an estimator's draws on dense data: one member, the data set).
+    scorer : RaggedMaskedModel or MaskedModel
         The model (with its contexts, :func:`mptlml.models.conditional.with_context`).
     ids : list of LongTensor
-        The sequences' (continuations') content ids.
+        The sequences' (continuations') content ids (dense: ``[x]``, the ``(N, D)`` data).
     groups : list of list of int
         The sequences of each group (common random numbers within it).
     keys : list of (int, int)
@@ -618,7 +790,7 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
     what : str
         The run, named in the refusal, before any draw, of a run whose cap (``max_masks``
         draws of every member) could score more than ``mptlml.settings.max_masked_inputs``
-        masked inputs (:func:`~mptlml._scoring.ragged.check_run_size`).
+        masked inputs (:meth:`RoundDraw.check_size`).
     remedy : str, optional
         What its caller can lower, in that refusal.
 
@@ -626,12 +798,11 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
     -------
     SequentialRun
     """
-    lengths = np.array([len(t) for t in ids], dtype=np.int64)
+    lengths = draw.lengths_of(ids)
     draw.bind(lengths, groups, keys)
     enumerated = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
     cap = {i: max_masks[q] for q, m in enumerate(groups) for i in m}
-    check_run_size([draw.most_rows(int(d), draw.round_size(cap[i]))
-                    for i, d in enumerate(lengths)], lengths.tolist(), what, remedy)
+    draw.check_size(lengths, [cap[i] for i in range(len(lengths))], what, remedy)
     tallies = [Tally() for _ in ids]
     n = len(groups)
     rounds, drawn = [0] * n, [0] * n

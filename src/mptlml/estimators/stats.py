@@ -224,10 +224,25 @@ def cell_error(cell: np.ndarray) -> tuple[float, float, float]:
     An :class:`ExactCell` has variance 0 (weighing nothing in :func:`welch_dof`); other
     cells ``var(ddof=1) / n`` on ``n - 1`` (NaN below two draws), times ``1 - n / N`` for
     a :class:`SampledCell` of a population of N.
+
+    A 2-D cell ``(P, K)`` is K independent columns of P draws each (a stratum of dense
+    data drawn with independent masks per datum, each column a datum's draws over N): its
+    mean is the sum of the column means, its variance ``sum_k var_k(ddof=1) / P`` and its
+    degrees of freedom Welch-Satterthwaite's over the columns,
+    ``(sum_k v_k)^2 / sum_k (v_k^2 / (P - 1))`` (so that ``V^2 / nu = sum_k v_k^2 / nu_k``:
+    a sum of such cells has the dof of all their columns, :func:`strata_stderr`'s).
     """
     c = np.asarray(cell, dtype=np.float64)
     if isinstance(cell, ExactCell):
         return float(c.mean()), 0.0, 1.0
+    if c.ndim == 2:  # K independent columns of P draws each
+        p, k = c.shape
+        if p < 2:
+            return float(c.mean(0).sum()), float("nan"), 0.0
+        v = c.var(0, ddof=1) / p
+        den = float((v ** 2).sum()) / (p - 1)
+        dof = float(v.sum()) ** 2 / den if den > 0 else float((p - 1) * k)
+        return float(c.mean(0).sum()), float(v.sum()), dof
     if c.size < 2:
         return float(c.mean()), float("nan"), 0.0
     fpc = 1.0 - c.size / cell.population if isinstance(cell, SampledCell) else 1.0

@@ -19,11 +19,12 @@ The job :data:`JOB` (:class:`CurveConfig`, :func:`load_curve`,
 - ``checkpoint/``: finished chunks, so an interrupted run resumes (``--resume``);
   listed in results.json's ``files``.
 
-With ``--target-se`` the masks per rate are planned after a pilot; the plan
-(masked inputs in all) is logged before the draws, ``--max-masks`` bounds it,
-and results.json and the printed summary give the Monte Carlo standard error
-of the mean LML that the target is about, the target and ``stop_reason``
-(``target``, ``budget`` or ``missed``).
+With ``--target-se`` the masks are drawn in rounds of the sequential engine
+(:mod:`mptlml.estimators.sequential`: doubling, no pilot) until the Monte Carlo
+standard error of the mean LML is at the target, ``--max-masks`` bounds them
+(refused before any draw past ``mptlml.settings.max_masked_inputs``), and
+results.json and the printed summary give that standard error, the target and
+``stop_reason`` (``target`` or ``budget``).
 
 Under ``torchrun``/``accelerate launch`` every process scores its share of
 the sequences on its own device and only rank 0 writes the result files.
@@ -317,12 +318,12 @@ class CurveConfig(MLMRunConfig):
                                     "saved without one")
     allow_unknown: bool = setting(False, "accept more than 5% unknown tokens (an error by "
                                   "default)")
-    target_se: float | None = setting(None, "allocate masks per rate (Neyman) for this Monte "
-                                      "Carlo standard error of the mean LML, in nats; "
-                                      "num_masks is then the pilot", gt=0)
+    target_se: float | None = setting(None, "draw masks in rounds until this Monte Carlo "
+                                      "standard error of the mean LML, in nats; num_masks "
+                                      "is then the first round's per rate", gt=0)
     max_masks: int | None = setting(None, "with --target-se: the most masked inputs per "
-                                    "sequence, the pilot included (the plan is cut to it; "
-                                    "stop_reason then says 'budget')", min=1)
+                                    "sequence (the rounds stop there; stop_reason then "
+                                    "says 'budget')", min=1)
     id_column: str | None = setting(None, "column/field of the sequence ids in a table (default "
                                     "'id', else 'idx', when present; else the row numbers)")
     context_column: str | None = setting(None, "column/field of each text's context in a table "
