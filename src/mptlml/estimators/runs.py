@@ -428,10 +428,10 @@ def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed
     whole = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
     n_mc = int((~whole).sum())
     t_i = target_se * n / math.sqrt(max(n_mc, 1))
-    per_draw = np.array([1 if isinstance(draw, RateDraw) else est.masks_per_draw(int(d))
-                         for d in lengths])
-    caps = [MAX_TARGET_DRAWS if max_masks is None else max(p, int(max_masks // c) // 2 * 2)
-            for c in per_draw]
+    # max_masks: masked inputs per sequence (the rate draw's whole-sequence row counts), as
+    # draws (the draw's own conversion, compare's too)
+    caps = [MAX_TARGET_DRAWS if max_masks is None else
+            max(p, draw.draws_within(int(d), int(max_masks)) // 2 * 2) for d in lengths]
     out = run_rounds(draw, model, toks, [[i] for i in range(n)], [(seed, i) for i in range(n)],
                      num_masks=p, max_masks=caps, rule=target_rule([t_i] * n), run=run,
                      what=f"the {est.name!r} estimate at target_se={target_se:g}",

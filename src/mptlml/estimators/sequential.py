@@ -326,6 +326,12 @@ class RoundDraw:
         """The most masked inputs ``draws`` draws of a sequence of ``length`` can score."""
         raise NotImplementedError
 
+    def draws_within(self, length: int, rows: int) -> int:
+        """The most draws of a sequence of ``length`` (one the draw does not enumerate) whose
+        masked inputs stay within ``rows``: ``max_masks``, masked inputs per sequence, as the
+        engine's cap in draws (a whole number of :meth:`round_size` units)."""
+        raise NotImplementedError
+
     def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
               run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
                                             int]:
@@ -372,6 +378,9 @@ class RateDraw(RoundDraw):
 
     def most_rows(self, length: int, draws: int) -> int:
         return 2 ** length - 1 if self.enumerates(length) else draws + 1
+
+    def draws_within(self, length: int, rows: int) -> int:
+        return int(rows) - 1  # the whole continuation's row, scored once, counts
 
     def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
               run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
@@ -469,6 +478,10 @@ class CellDraw(RoundDraw):
         if self.enumerates(length):
             return 2 ** length - 1
         return int(self.est.masks_per_draw(int(length))) * int(draws)
+
+    def draws_within(self, length: int, rows: int) -> int:
+        unit = int(getattr(self.est, "draw_unit", 1))
+        return int(rows) // int(self.est.masks_per_draw(int(length))) // unit * unit
 
     def counts(self, i: int, p: int) -> np.ndarray:
         """Draws per row of sequence i's round of ``p``: ``p`` each, or Neyman's."""
