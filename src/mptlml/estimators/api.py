@@ -226,9 +226,12 @@ def estimate_lml(model: Any, x: Any, estimator: str | Estimator = "cumulative", 
         ``"cumulative"`` on dense data only: the P masks of the D sizes are
         the prefixes of P random orders (still unbiased; dependent across sizes).
     max_masks : int, optional
-        The most masks (masked inputs) per datum: the budget of
-        ``"exhaustive"`` (default ``mptlml.settings.max_masks``), or of
-        ``target_se`` (pilot included; none by default).
+        The most masked inputs per datum (a ragged sequence; the unit of
+        :func:`mptlml.compare`'s per candidate): the cap of ``"exhaustive"`` (its 2^D - 1
+        masks; default ``mptlml.settings.max_masks``), or the budget of ``target_se``
+        (dense data: pilot included, none by default; ragged sequences: the rate draw's
+        whole-sequence row included, default 512; a sequence scored on every mask costs
+        its 2^D - 1 whatever the cap).
     target_se : float, optional
         Any unbiased estimator: draw until the Monte Carlo standard error of
         ``mean`` is about this (nats), instead of ``num_masks`` per stratum.

@@ -439,7 +439,7 @@ class Estimator:
             The Monte Carlo standard error of the mean LML to reach (nats).
         max_masks : int, optional
             With ``target_se``: the most masked inputs per datum (dense: pilot included;
-            ragged: default :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS` draws).
+            ragged: default :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS`, 512).
         allocation : {None, "neyman", "uniform"}
             With ``target_se`` (default ``"neyman"``): dense data (Neyman's plan from a pilot),
             and on ragged sequences the rate density of ``"learned-rate"`` or the rows of a

@@ -429,9 +429,9 @@ def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed
     n_mc = int((~whole).sum())
     t_i = target_se * n / math.sqrt(max(n_mc, 1))
     # max_masks: masked inputs per sequence (the rate draw's whole-sequence row counts), as
-    # draws (the draw's own conversion, compare's too)
-    caps = [MAX_TARGET_DRAWS if max_masks is None else
-            max(p, draw.draws_within(int(d), int(max_masks)) // 2 * 2) for d in lengths]
+    # draws (the draw's own conversion, compare's too; its default compare's with target_se)
+    cap = MAX_TARGET_DRAWS if max_masks is None else int(max_masks)
+    caps = [max(p, draw.draws_within(int(d), cap) // 2 * 2) for d in lengths]
     out = run_rounds(draw, model, toks, [[i] for i in range(n)], [(seed, i) for i in range(n)],
                      num_masks=p, max_masks=caps, rule=target_rule([t_i] * n), run=run,
                      what=f"the {est.name!r} estimate at target_se={target_se:g}",

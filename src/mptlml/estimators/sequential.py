@@ -56,7 +56,7 @@ PRIOR_PAIRS = 8
 TARGET_MIN_DOF = 10
 #: a round towards a target SE draws this times the predicted remainder (fewer extra rounds)
 NEED_MARGIN = 1.15
-#: most draws per sequence (candidate) towards a target SE, unless ``max_masks`` says
+#: most masked inputs per sequence (candidate) towards a target SE, unless ``max_masks`` says
 MAX_TARGET_DRAWS = 512
 
 
