@@ -107,6 +107,12 @@ def test_a_cap_below_the_first_round_is_refused_in_masked_inputs(tiny):
                                          r"10-token candidate .*'cumulative', 10 masked"):
         mptlml.compare(tiny, [CONTEXT], [MIXED], num_masks=4, max_masks=30,
                        estimator="cumulative")
+    # the same refusal at estimate_lml's ragged target (it drew past the cap before)
+    with pytest.raises(ValueError, match=r"max_masks=30 \(masked inputs per sequence\) is "
+                                         r"below the first round's 40: num_masks=4 draws of "
+                                         r"sequence 0 \(10 tokens\)"):
+        mptlml.estimate_lml(tiny, [MIXED[3]], "cumulative", context=CONTEXT, num_masks=4,
+                            target_se=1e-4, max_masks=30, seed=0)
     # candidates all scored on every mask: no draw to cap
     res = mptlml.compare(tiny, [CONTEXT], [MIXED[:2]], num_masks=8, max_masks=8)
     assert res.stop_reason == ["exact"]
