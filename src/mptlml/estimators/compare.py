@@ -417,9 +417,9 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                      num_masks=p, max_masks=caps, rule=rule,
                      run=dict(chunk_size=chunk_size, token_budget=token_budget,
                               batch_size=batch_size, progress=progress),
-                     what=f"compare ({len(cands)} questions, at most "
-                          f"{'max_masks=' + str(max_masks) if max_masks else 'num_masks'} "
-                          "masked inputs per candidate)",
+                     what=f"compare ({len(cands)} questions, "
+                          + (f"at most max_masks={max_masks} masked inputs per candidate)"
+                             if max_masks else f"one round of num_masks={p} per candidate)"),
                      remedy="lower max_masks (or num_masks)")
     tallies, exact = out.tallies, out.enumerated
     cand_rows = np.array([t.rows for t in tallies], dtype=np.int64)
