@@ -29,8 +29,9 @@ stratified rates, the rate density learned over the call, common masks across
 the candidates of a question, the whole continuation scored once) and
 ``decide=True`` (a candidate stops drawing once it is behind the leader
 beyond the sequential rule's threshold, a question once every other
-candidate has), at most ``--max-masks`` per candidate: by default 128, the
-budget LLaDA's scheme spends on every candidate.
+candidate has), at most ``--max-masks`` masked inputs per candidate (the whole
+continuation's included): by default 128, the budget LLaDA's scheme spends on every
+candidate.
 
 Reported, per set: masked inputs per question, the ratio to LLaDA's, and how often
 the chosen candidate agrees with LLaDA's and with the exhaustive one.
@@ -277,7 +278,8 @@ def single_bound(model: MaskedLM, genes: list[str], length: int, args: argparse.
             rows.append(cmp.num_masked_rows)
         return np.array(est), np.array(se), np.array(rows, dtype=float).mean(0)
 
-    # LLaDA's budget, spent whole (max_masks alone: a fixed budget)
+    # LLaDA's budget, spent whole (max_masks alone: a fixed budget of masked inputs, the
+    # whole sequence's row included; 127 in pairs)
     est_b, _, rows_b = seeds(max_masks=128)
     var_b = est_b.var(0, ddof=1)
     # LLaDA's precision as a target

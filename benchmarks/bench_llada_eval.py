@@ -9,7 +9,7 @@ lm-evaluation-harness's own evaluator twice, with the model ``mptlml``:
 - **mptlml**: ``decide=true`` (``mptlml.compare``'s defaults: 16 masks per round on
   stratified rates, common masks across a question's candidates, the whole
   continuation scored once, rounds while a question is undecided, at most
-  ``max_masks`` = 512 per candidate);
+  ``max_masks`` = 128 masked inputs per candidate, the whole continuation's included);
 - **LLaDA's scheme**: ``scheme=llada,mc_num=128`` with LLaDA's published
   ``--batch_size 8`` (``mptlml.estimators.llada_scores``: 128 masked copies per
   candidate, counts systematic per batch, weight L / l; each candidate its own masks).

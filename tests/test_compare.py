@@ -104,8 +104,10 @@ def test_a_clear_question_stops_early_and_a_tie_spends_the_budget(tiny):
         tie = mptlml.compare(tiny, [CONTEXT], [[CANDIDATES[0]] * 2], num_masks=8, decide=True,
                              delta=0.0, max_masks=128, seed=0)
     assert clear.stop_reason == ["decided"] and clear.rounds[0] <= 2
-    assert tie.stop_reason == ["budget"] and tie.rounds == [5]  # 8, 8, 16, 32, 64 masks
-    assert tie.num_masked_rows[0] == 2 * (128 + 1)
+    # 128 masked inputs per candidate: the whole continuation and 127 draws, in pairs 126:
+    # 8, 8, 16, 32, 62 masks
+    assert tie.stop_reason == ["budget"] and tie.rounds == [5]
+    assert tie.num_masked_rows[0] == 2 * 127
     assert tie.num_masked_rows[0] > 4 * clear.num_masked_rows[0]
     assert not tie.decided[0] and not tie.tied[0].any()
     zone = mptlml.compare(tiny, [CONTEXT], [[CANDIDATES[0]] * 2], num_masks=8, decide=True,
@@ -226,9 +228,12 @@ def test_a_round_towards_a_target_draws_no_more_than_it_needs():
 
 
 def test_max_masks_alone_is_a_budget_spent_whole(tiny):
-    res = mptlml.compare(tiny, [CONTEXT], [CANDIDATES], num_masks=8, max_masks=64, seed=0)
+    res = mptlml.compare(tiny, [CONTEXT], [CANDIDATES], num_masks=8, max_masks=65, seed=0)
     assert res.stop_reason == ["fixed"] and res.rounds == [4]  # 8 + 8 + 16 + 32
     assert list(res.candidate_masked_rows[0]) == [65, 65, 65]  # and the whole continuation
+    # masked inputs, the whole continuation's included: 64 is 63 draws, in pairs 62
+    res = mptlml.compare(tiny, [CONTEXT], [CANDIDATES], num_masks=8, max_masks=64, seed=0)
+    assert res.rounds == [4] and list(res.candidate_masked_rows[0]) == [63, 63, 63]
     one = mptlml.compare(tiny, [CONTEXT], [CANDIDATES], num_masks=8, seed=0)
     assert one.stop_reason == ["fixed"] and list(one.candidate_masked_rows[0]) == [9] * 3
 

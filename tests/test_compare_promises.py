@@ -133,11 +133,11 @@ def test_candidates_share_their_masked_positions_in_every_draw(tiny):
     one mask contains the other, in every draw, and both sizes come from one rate r.
     Masks drawn on their own (common sizes, not common positions) fail the nesting at
     once. Read off the masked inputs the model was given (:class:`Recording`), over four
-    rounds of a fixed budget.
+    rounds of a fixed budget (65 masked inputs: 64 draws and the whole continuation).
     """
     rec = Recording(tiny)
     cands = [" the big red mat and", " a small blue tree or", " the big red mat and the dog"]
-    res = mptlml.compare(rec, [CONTEXT], [cands], num_masks=8, max_masks=64, seed=5)
+    res = mptlml.compare(rec, [CONTEXT], [cands], num_masks=8, max_masks=65, seed=5)
     assert res.rounds == [4]
     pairs = [_ids(tiny, CONTEXT, c) for c in cands]
     nctx = pairs[0][1]
@@ -172,7 +172,7 @@ def test_a_stopped_candidate_is_paired_on_the_round_it_drew_and_pays_for_it_alon
     cands = [PAIR[0], PAIR[0], " the the the the the"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
-        res = mptlml.compare(rec, [CONTEXT], [cands], num_masks=8, decide=True, max_masks=64,
+        res = mptlml.compare(rec, [CONTEXT], [cands], num_masks=8, decide=True, max_masks=65,
                              delta=0.0, seed=2)  # no indifference zone: the exact tie draws on
     assert any("undecided" in str(w.message) for w in caught)
     rows = [int(v) for v in res.candidate_masked_rows[0]]
@@ -188,8 +188,8 @@ def test_a_stopped_candidate_is_paired_on_the_round_it_drew_and_pays_for_it_alon
     assert [len(x) for x in rec.masks_of(ids_c)] == [9, 8, 16][:k]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # few dof: expected
-        same = mptlml.compare(tiny, [CONTEXT], [cands], num_masks=8, max_masks=drawn_c,
-                              seed=2)
+        same = mptlml.compare(tiny, [CONTEXT], [cands], num_masks=8, max_masks=rows[2],
+                              seed=2)  # C's cost: its draws and the whole continuation
     assert same.rounds == [k] and res.choice == same.choice == [0]
     assert res.paired_stderr[0][1] == 0.0  # the exact copy
     assert res.scores[0][2] == pytest.approx(same.scores[0][2], abs=1e-12)
@@ -226,10 +226,11 @@ def test_the_decision_holds_its_error_rate_over_many_looks():
 
     Two candidates hold the same tokens in reverse order on independent tokens (the
     :class:`Independent` model): their bounds are equal, so a decision is an error. With
-    ``num_masks=4, max_masks=256`` a question may look R = 7 times (4, 4, 8, ..., 128
-    masks); each look tests at alpha / (2R). Testing every look at alpha / 2 instead
-    decides about 18% of these ties (measured), well past the band (alpha = 0.05 plus
-    binomial slack: 0.08; the corrected rule decides about 2%).
+    ``num_masks=4, max_masks=256`` a question may look R = 7 times (4, 4, 8, ..., 64, 126
+    masks, and the whole continuation: 255 masked inputs); each look tests at alpha / (2R).
+    Testing every look at alpha / 2 instead decides about 18% of these ties (measured),
+    well past the band (alpha = 0.05 plus binomial slack: 0.08; the corrected rule decides
+    about 2%).
     """
     lm = independent_model(seed=1)
     a = list(range(10))

@@ -47,13 +47,16 @@ def test_llada_command_line_arguments_run_unchanged(mdm):
 
 
 def test_mc_num_is_a_fixed_budget(tiny, caplog):
+    # mc_num masked inputs per request, as max_masks: the whole continuation's row and
+    # mc_num - 1 draws, in pairs (6 of 8)
     lm = mle.MPTLM(tiny, mc_num=8)
-    assert (lm.num_masks, lm.max_masks) == (8, 8)
+    assert (lm.num_masks, lm.max_masks) == (6, 8)
     with caplog.at_level(logging.WARNING, logger="lm_eval.mptlml"):
         lm = mle.MPTLM(tiny, mc_num=1)
-    assert (lm.num_masks, lm.max_masks) == (2, 2)
+    assert (lm.num_masks, lm.max_masks) == (2, 3)
     assert "mc_num=1" in caplog.text and "in pairs" in caplog.text
-    with pytest.raises(ValueError, match="num_masks=32 is more than mc_num=8"):
+    with pytest.raises(ValueError, match="num_masks=32 draws and the whole continuation's row "
+                                         "are more than mc_num=8"):
         mle.MPTLM(tiny, mc_num=8, num_masks=32)
     with pytest.raises(ValueError, match="mc_num must be"):
         mle.MPTLM(tiny, mc_num=0)

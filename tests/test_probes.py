@@ -187,9 +187,12 @@ def test_lm_eval_model_args_refused_at_construction(lme, tiny_dir, tmp_path):
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
     for args, message in [
-            (",max_masks=4,decide=true", r"max_masks=4 is below the first round's num_masks=16, "
-                                         r"mptlml.compare's default: raise max_masks"),
-            (",num_masks=8,max_masks=4", r"max_masks=4 is below the first round's num_masks=8:"),
+            (",max_masks=4,decide=true", r"max_masks=4 \(masked inputs per request\) is below "
+                                         r"the first round's num_masks=16, mptlml.compare's "
+                                         r"default draws and the whole continuation's row: "
+                                         r"raise max_masks to at least 17"),
+            (",num_masks=8,max_masks=8", r"max_masks=8 \(masked inputs per request\) is below "
+                                         r"the first round's num_masks=8 draws"),
             (f",mc_log={tmp_path}", r"mc_log=.* is a directory"),
             (f",mc_log={not_a_dir / 'mc.jsonl'}", r"mc_log=.* cannot be written")]:
         with pytest.raises(ValueError, match=message):

@@ -152,8 +152,10 @@ def test_every_result_reports_a_stop_reason_of_the_one_vocabulary(tiny):
         for est in ("learned-rate", "cumulative"):
             seen.append(mptlml.estimate_lml(tiny, SHORT, est, context=CONTEXT, target_se=0.5,
                                             seed=0).stop_reason)
+            # 20 masked inputs: past learned-rate's first round (16 draws and the whole
+            # continuation's row; 16 is refused) and cumulative's (2 draws of 5)
             seen.append(mptlml.estimate_lml(tiny, SHORT, est, context=CONTEXT, target_se=0.01,
-                                            max_masks=16, seed=0).stop_reason)
+                                            max_masks=20, seed=0).stop_reason)
         seen.append(mptlml.estimate_lml(tiny, [" a mat"], "learned-rate", context=CONTEXT,
                                         target_se=0.5, seed=0).stop_reason)
         seen.append(mptlml.mpt_curve(tiny, SHORT, rates=[0.3, 0.7], target_se=0.5,

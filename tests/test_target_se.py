@@ -278,17 +278,19 @@ def test_a_masked_lm_run_too_large_names_what_the_caller_can_lower(tiny, caplog)
     from mptlml import settings
     from mptlml._scoring.ragged import MAX_SEQUENCE_MASK_BYTES
 
-    def refusal(call) -> str:
-        with settings.max_masked_inputs(2000), pytest.raises(ValueError) as info:
+    def refusal(call, limit: int = 2000) -> str:
+        with settings.max_masked_inputs(limit), pytest.raises(ValueError) as info:
             call()
         return str(info.value)
 
     # a curve or an estimate at a target (the sequential engine): its cap is the package's,
-    # so the refusal names the target and its budget, before any draw
-    for call in (lambda: mptlml.mpt_curve(tiny, SENTENCES, target_se=1e-5, seed=0),
-                 lambda: mptlml.estimate_lml(tiny, SENTENCES, "cumulative", target_se=1e-5,
-                                             seed=0)):
-        msg = refusal(call)
+    # so the refusal names the target and its budget, before any draw (the estimate's cap:
+    # 512 masked inputs per sequence, 3 sequences drawn)
+    for call, limit in ((lambda: mptlml.mpt_curve(tiny, SENTENCES, target_se=1e-5, seed=0),
+                         2000),
+                        (lambda: mptlml.estimate_lml(tiny, SENTENCES, "cumulative",
+                                                     target_se=1e-5, seed=0), 1000)):
+        msg = refusal(call, limit)
         assert "target_se=1e-05" in msg and "num_masks" not in msg
         assert "ask for a larger target_se, or bound the plan with max_masks=" in msg
     # the caller's own counts

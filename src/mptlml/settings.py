@@ -12,7 +12,8 @@ Each setting is a context manager that changes a value for the code inside its
                     call; bounds the memory of a block of masks.
 ``mask_bytes``      bytes of masks drawn in one call by the grid scorer (several
                     blocks at once: fewer, larger draws on the mask threads).
-``max_masks``       default cap on the masks the exhaustive estimator enumerates.
+``max_masks``       default cap on the masked inputs per datum (sequence) the
+                    exhaustive estimator scores (2^D - 1 each; refused past it).
 ``max_masked_inputs`` cap on the masked inputs one run (ragged sequences or dense
                     data, a planned target included) may score (a run past it is
                     refused up front, with its cost).
@@ -94,6 +95,8 @@ class max_masked_inputs(_ValueContext):  # noqa: N801
 
 
 class max_masks(_ValueContext):  # noqa: N801
-    """Default cap on the number of masks the exhaustive estimator enumerates (2^16)."""
+    """Default cap on the masked inputs per datum (sequence) the exhaustive estimator scores,
+    its 2^D - 1 masks (2^16; data needing more are refused). The unit of every ``max_masks``:
+    masked inputs per datum, sequence or candidate."""
 
     _global_value = 1 << 16

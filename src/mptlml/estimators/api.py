@@ -226,12 +226,14 @@ def estimate_lml(model: Any, x: Any, estimator: str | Estimator = "cumulative", 
         ``"cumulative"`` on dense data only: the P masks of the D sizes are
         the prefixes of P random orders (still unbiased; dependent across sizes).
     max_masks : int, optional
-        The most masks (masked inputs) per datum: the budget of
-        ``"exhaustive"`` (default ``mptlml.settings.max_masks``), or of
-        ``target_se`` (default
-        :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS` draws per stratum or
-        sequence; on dense data lowered to what ``mptlml.settings.max_masked_inputs``
-        allows).
+        The most masked inputs per datum (a ragged sequence; the unit of
+        :func:`mptlml.compare`'s per candidate): the cap of ``"exhaustive"`` (its 2^D - 1
+        masks; default ``mptlml.settings.max_masks``), or the budget of ``target_se``
+        (default :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS` draws' masked
+        inputs: on dense data per stratum, lowered to what
+        ``mptlml.settings.max_masked_inputs`` allows; ragged sequences: the rate draw's
+        whole-sequence row included; a sequence scored on every mask costs its 2^D - 1
+        whatever the cap).
     target_se : float, optional
         Any unbiased estimator: draw until the Monte Carlo standard error of
         ``mean`` is about this (nats), instead of ``num_masks`` per stratum.

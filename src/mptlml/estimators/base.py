@@ -434,8 +434,8 @@ class Estimator:
         target_se : float, optional
             The Monte Carlo standard error of the mean LML to reach (nats).
         max_masks : int, optional
-            With ``target_se``: the most masked inputs per datum (default
-            :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS` draws; on dense data
+            With ``target_se``: the most masked inputs per datum (ragged sequence); default
+            :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS` draws' worth (on dense data
             per stratum, lowered to what ``mptlml.settings.max_masked_inputs`` allows).
         allocation : {None, "neyman", "uniform"}
             With ``target_se`` (default ``"neyman"``): the draws per stratum of dense data,

@@ -35,7 +35,8 @@ Variance reduction, all unbiased:
 
 Rounds double the draws so far (P, P, 2P, 4P, ... masks per candidate), so a
 question looks at its result about log2(max_masks / P) times, not
-max_masks / P times: the threshold below stays low, and the degrees of
+max_masks / P times (``max_masks``: the most masked inputs scored per candidate, the
+whole continuation's one included): the threshold below stays low, and the degrees of
 freedom of the standard errors grow fast. Towards a ``target_se`` (without
 ``decide``) a round draws no more than the remainder the target is predicted
 to need, ``n (se / target)^2 - n`` (times
@@ -94,11 +95,13 @@ from .sequential import (
 
 __all__ = ["Comparison", "compare"]
 
-#: most masks per candidate with ``target_se``, unless ``max_masks`` says (the engine's)
+#: most masked inputs per candidate with ``target_se``, unless ``max_masks`` says (the
+#: engine's :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS`, as masked inputs)
 MAX_MASKS = MAX_TARGET_DRAWS
-#: most masks per candidate with ``decide``, unless ``max_masks`` says: LLaDA's 128 draws
-#: (measured with :data:`DELTA`: at most a third of LLaDA's cost on easy and close question
-#: sets, benchmarks/bench_conditional.py; fewer looks, so a lower threshold)
+#: most masked inputs per candidate with ``decide``, unless ``max_masks`` says: LLaDA's 128
+#: masked inputs per candidate (measured with :data:`DELTA`: at most a third of LLaDA's cost
+#: on easy and close question sets, benchmarks/bench_conditional.py; fewer looks, so a lower
+#: threshold)
 DECIDE_MAX_MASKS = 128
 #: the indifference zone of ``decide`` (nats), unless ``delta`` says: a pair confidently
 #: within it is a practical tie (measured: benchmarks/bench_conditional.py)
@@ -262,12 +265,22 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         Bonferroni); a question that spends ``max_masks`` first carries no
         guarantee and is reported undecided.
     max_masks : int, optional
-        Most masks per candidate (the last round takes what is left); with
-        ``decide`` it defaults to :data:`DECIDE_MAX_MASKS` (128), with ``target_se`` to
-        :data:`MAX_MASKS` (512). Alone (no
-        ``decide``, no ``target_se``) it is a fixed budget, spent whole: rounds
+        Most masked inputs scored per candidate, all rounds together (the last round takes
+        what is left); the same unit as everywhere in the package (``estimate_lml``'s and
+        ``mpt_curve``'s ``max_masks`` per sequence, the exhaustive estimator's cap). The
+        rate draw's whole continuation, scored once, counts: ``max_masks=128`` is 127
+        draws (126 in pairs: rounds draw an even count); an estimator whose draw scores
+        several masked inputs (``"cumulative"``: T_k for a candidate of T_k tokens) gets
+        ``max_masks // T_k`` draws. The candidates of a question draw together (common
+        random numbers), so a question's draws per candidate are those that keep its
+        longest drawn candidate within the cap. A candidate scored on every mask (its
+        2^T - 1 masks, a short one: see ``exact``) is exempt: it costs 2^T - 1 whatever
+        the cap. With ``decide`` it defaults to :data:`DECIDE_MAX_MASKS` (128, LLaDA's
+        masked inputs per candidate), with ``target_se`` to :data:`MAX_MASKS` (512).
+        Alone (no ``decide``, no ``target_se``) it is a fixed budget, spent whole: rounds
         of doubling size, the allocation learned as they go (``stop_reason``
-        ``"fixed"``).
+        ``"fixed"``). Refused when below the first round's masked inputs
+        (``num_masks`` draws, plus the whole continuation's row for the rate draw).
     allocation : {"neyman", "uniform"}
         ``"neyman"``: rounds after the first draw rates in proportion to the
         spread by rate learned from the draws so far, pooled over the call (Neyman);
@@ -341,9 +354,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                          "the standard errors; target_se= draws until each candidate's SE is at "
                          "the target. Pass one of the two.")
     max_masks = (int(max_masks) if max_masks is not None else DECIDE_MAX_MASKS if decide
-                 else MAX_MASKS if target_se is not None else p)
-    if max_masks < p:
-        raise ValueError(f"max_masks ({max_masks}) is below num_masks ({p}); raise it.")
+                 else MAX_MASKS if target_se is not None else None)
     ctxs, cands = _questions_of(contexts, candidates)
     if isinstance(seed, numbers.Integral):
         seeds = [(int(seed), q) for q in range(len(ctxs))]
@@ -361,18 +372,23 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     lengths = np.array([len(t) for t in ids])  # the continuations' (the scorer adds contexts)
     members = [[i for i, (qq, _) in enumerate(owner) if qq == q] for q in range(len(cands))]
     draw = _draw_of(estimator, p, allocation)
-    max_rounds = len(round_sizes(p, max_masks))
-    tail = alpha / (2 * max_rounds) if decide else alpha / 2
+    caps = _draw_caps(draw, p, lengths, members, max_masks)  # draws per member, per question
+    # Bonferroni over the looks each question may take within its own cap
+    tails = [alpha / (2 * len(round_sizes(p, c))) if decide else alpha / 2 for c in caps]
 
-    def threshold(dof: float) -> float:
-        """The z a leader must clear: a t quantile at the paired SEs' dof.
+    def threshold(dof: float, q: int) -> float:
+        """The z a leader of question q must clear: a t quantile at the paired SEs' dof.
 
         ``t_nu^{-1}(1 - tail) = -stdtrit(nu, tail)`` (the normal's where nu is infinite),
         scipy's special functions called directly: ``scipy.stats.t.isf``'s distribution
         machinery cost about 100 times more per call, a quarter of ``decide=True``'s time.
         """
+        tail = tails[q]
         return float(-special.ndtri(tail) if not math.isfinite(dof) else
                      -special.stdtrit(dof, tail))
+
+    def thresholds(q: int) -> Any:
+        return lambda dof: threshold(dof, q)
 
     behind: list[set[int]] = [set() for _ in members]  # positions found behind (decide)
     to_target_rule = target_rule([float(target_se or 0.0)] * len(ids))
@@ -383,8 +399,8 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         if not decide:
             return (to_target_rule if to_target else fixed_rule)(q, idx, tallies, at_cap)
         res = _question(tallies, idx, behind[q])
-        passed = _passed(res, threshold)
-        tied = _tied(res, threshold, delta)
+        passed = _passed(res, thresholds(q))
+        tied = _tied(res, thresholds(q), delta)
         # a candidate behind the leader beyond its threshold stops drawing, one confidently
         # within delta of it pauses (it draws again if the leader changes and it is no longer
         # tied with the new one)
@@ -398,24 +414,26 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
 
     out = run_rounds(draw, scorer, ids, members, _keys(seeds, members, lengths, common_masks,
                                                        isinstance(draw, RateDraw)),
-                     num_masks=p, max_masks=[max_masks] * len(members), rule=rule,
+                     num_masks=p, max_masks=caps, rule=rule,
                      run=dict(chunk_size=chunk_size, token_budget=token_budget,
                               batch_size=batch_size, progress=progress),
-                     what=f"compare ({len(cands)} questions, at most max_masks={max_masks} "
-                          "draws per candidate)",
+                     what=f"compare ({len(cands)} questions, "
+                          + (f"at most max_masks={max_masks} masked inputs per candidate)"
+                             if max_masks else f"one round of num_masks={p} per candidate)"),
                      remedy="lower max_masks (or num_masks)")
     tallies, exact = out.tallies, out.enumerated
     cand_rows = np.array([t.rows for t in tallies], dtype=np.int64)
     out_rows = [_question(tallies, members[q], behind[q]) for q in range(len(cands))]
     # the threshold of the runner-up (the smallest margin); decided: every pair past its own
-    z = [threshold(float(o["pair_dof"][int(np.argmin(o["z"]))])) for o in out_rows]
+    z = [threshold(float(o["pair_dof"][int(np.argmin(o["z"]))]), q)
+         for q, o in enumerate(out_rows)]
     res = Comparison(
         contexts=ctxs, candidates=cands, scores=[o["est"] for o in out_rows],
         stderr=[o["se"] for o in out_rows], choice=[int(o["lead"]) for o in out_rows],
         paired_stderr=[o["pse"] for o in out_rows], margin_z=[o["margin"] for o in out_rows],
-        decided=[len(_passed(o, threshold)) == len(o["z"]) for o in out_rows],
-        tied=[np.isin(np.arange(len(o["z"])), sorted(_tied(o, threshold, delta)))
-              if decide else np.zeros(len(o["z"]), dtype=bool) for o in out_rows],
+        decided=[len(_passed(o, thresholds(q))) == len(o["z"]) for q, o in enumerate(out_rows)],
+        tied=[np.isin(np.arange(len(o["z"])), sorted(_tied(o, thresholds(q), delta)))
+              if decide else np.zeros(len(o["z"]), dtype=bool) for q, o in enumerate(out_rows)],
         z_threshold=z, exact=[exact[m] for m in members],
         stderr_dof=[o["dof"] for o in out_rows],
         num_masked_rows=[int(cand_rows[m].sum()) for m in members],
@@ -424,8 +442,8 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         num_model_calls=out.num_model_calls,
         common_masks=common_masks, seed=seed, model=getattr(model, "name", None),
         extra={"estimator": draw.name, "allocation": draw.allocation, "num_masks": p,
-               "max_masks": max_masks, "alpha": alpha, "delta": delta if decide else None,
-               "target_se": target_se,
+               "max_masks": max_masks, "max_draws": caps, "alpha": alpha,
+               "delta": delta if decide else None, "target_se": target_se,
                "rate_density": draw.density.mass.tolist() if isinstance(draw, RateDraw)
                else None})
     announce_nonfinite(np.concatenate(res.scores), "the candidates' scores", "candidates")
@@ -461,6 +479,36 @@ def _draw_of(estimator: Any, num_masks: int, allocation: str) -> RoundDraw:
     draw = CellDraw(est.with_draws(num_masks), allocation)
     draw.name = est.name
     return draw
+
+
+def _draw_caps(draw: RoundDraw, p: int, lengths: np.ndarray, members: list[list[int]],
+               max_masks: int | None) -> list[int]:
+    """``max_masks`` (masked inputs per candidate) as the engine's cap: the draws per member
+    of each question (:meth:`~mptlml.estimators.sequential.RoundDraw.draws_within`) that keep
+    every candidate it draws within it, the fewest over the question's candidates (they draw
+    together); a candidate the draw enumerates (2^T - 1 masks) is exempt. None: one round of
+    ``num_masks``. Refused, naming the candidate, when the first round alone passes the cap."""
+    first = draw.round_size(p)
+    if max_masks is None:
+        return [first] * len(members)
+    caps = []
+    for q, idx in enumerate(members):
+        drawn = {int(lengths[i]) for i in idx if not draw.enumerates(int(lengths[i]))}
+        if not drawn:  # every candidate exact: nothing to cap
+            caps.append(first)
+            continue
+        t = min(drawn, key=lambda d: (draw.draws_within(d, max_masks), -d))
+        cap = draw.draws_within(t, max_masks)
+        if cap < first:
+            need = draw.most_rows(t, first)
+            how = (" and the whole continuation's row" if isinstance(draw, RateDraw) else
+                   f" of estimator {draw.name!r}, {need // first} masked inputs each")
+            raise ValueError(
+                f"max_masks={max_masks} (masked inputs per candidate) is below the first "
+                f"round's {need}: num_masks={p} draws of a {t}-token candidate (question {q})"
+                f"{how}. Raise max_masks to at least {need}, or lower num_masks.")
+        caps.append(cap)
+    return caps
 
 
 def _keys(seeds: list[tuple[int, int]], members: list[list[int]], lengths: np.ndarray,
@@ -509,10 +557,11 @@ def _questions_of(contexts: Any, candidates: Any) -> tuple[list[Any], list[list[
     return ctxs, cands
 
 
-def _announce(res: Comparison, decide: bool, target_se: float | None, max_masks: int) -> None:
+def _announce(res: Comparison, decide: bool, target_se: float | None, max_masks: int | None
+              ) -> None:
     """Warn, once per call, about what a comparison could not settle, in one line.
 
-    ``"compare: 7 of 40 questions undecided after max_masks=128 masks per candidate, 3 with
+    ``"compare: 7 of 40 questions undecided after max_masks=128 masked inputs per candidate, 3 with
     fewer than 5 dof (first: [..]); ..."``: budgets spent before a decision or the target,
     standard errors 0 that are not exact (every draw of a stratum on one mask), and
     standard errors on fewer than :data:`MIN_STDERR_DOF` degrees of freedom reported
@@ -529,7 +578,8 @@ def _announce(res: Comparison, decide: bool, target_se: float | None, max_masks:
     fixes: list[str] = []
     if spent:
         what = "undecided" if decide else f"still above target_se={target_se}"
-        parts.append((spent, f"{what} after max_masks={max_masks} masks per candidate"))
+        parts.append((spent, f"{what} after max_masks={max_masks} masked inputs per "
+                             "candidate"))
         fixes.append("their choice may flip on other masks (see margin_z and paired_stderr)"
                      if decide else "their standard errors are larger than asked")
         fixes.append("raise max_masks to spend more on them")

@@ -3,8 +3,8 @@
     log p(x) = sum_{M=1..D} (1 / C(D, M)) sum_{|mask| = M} (1/M) sum_{j in mask} log p(x_j | x_R)
 
 (Moreno-Munoz, Recasens & Hauberg, NeurIPS 2023, Proposition 1). It scores
-2^D - 1 masks, so it refuses data past ``max_masks`` masks; for a consistent
-model it equals the exact log-marginal likelihood (the package's first identity).
+2^D - 1 masks, so it refuses data past ``max_masks`` masked inputs per datum; for a
+consistent model it equals the exact log-marginal likelihood (the package's first identity).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ class Exhaustive(Estimator):
     num_masks : int
         Must be 1: every mask is scored once, exactly.
     max_masks : int, optional
-        Refuse data needing more masks (default ``mptlml.settings.max_masks``).
+        Refuse data needing more masked inputs per datum (sequence) than this, 2^D - 1
+        (default ``mptlml.settings.max_masks``).
     share_masks : bool
         Accepted for symmetry: the enumerated masks are shared by every datum.
 

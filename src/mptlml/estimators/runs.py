@@ -374,10 +374,18 @@ def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed
     whole = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
     n_mc = int((~whole).sum())
     t_i = target_se * n / math.sqrt(max(n_mc, 1))
-    per_draw = np.array([1 if isinstance(draw, RateDraw) else est.masks_per_draw(int(d))
-                         for d in lengths])
-    caps = [MAX_TARGET_DRAWS if max_masks is None else max(p, int(max_masks // c) // 2 * 2)
-            for c in per_draw]
+    # max_masks: masked inputs per sequence (the rate draw's whole-sequence row counts), as
+    # draws (the draw's own conversion, compare's too; its default compare's with target_se)
+    # (the default lets a first round past it; a cap asked for is refused below the first round)
+    cap = MAX_TARGET_DRAWS if max_masks is None else int(max_masks)
+    caps = [max(p, draw.draws_within(int(d), cap) // 2 * 2) for d in lengths]
+    short = [i for i in range(n) if not whole[i] and draw.draws_within(int(lengths[i]), cap) < p]
+    if max_masks is not None and short:
+        need = draw.most_rows(int(lengths[short[0]]), p)
+        raise ValueError(f"max_masks={max_masks} (masked inputs per sequence) is below the first "
+                         f"round's {need}: num_masks={p} draws of sequence {short[0]} "
+                         f"({int(lengths[short[0]])} tokens). Raise max_masks to at least "
+                         f"{need}, or lower num_masks.")
     out = run_rounds(draw, model, toks, [[i] for i in range(n)], [(seed, i) for i in range(n)],
                      num_masks=p, max_masks=caps, rule=target_rule([t_i] * n), run=run,
                      what=f"the {est.name!r} estimate at target_se={target_se:g}",

@@ -63,7 +63,7 @@ TARGET_MIN_DOF = 10
 #: a round towards a target SE draws this times the predicted remainder (fewer extra rounds)
 NEED_MARGIN = 1.15
 #: most draws per sequence (candidate; per stratum of dense data) towards a target SE, unless
-#: ``max_masks`` says
+#: ``max_masks`` (masked inputs) says: the default cap is this many draws' masked inputs
 MAX_TARGET_DRAWS = 512
 
 
@@ -373,6 +373,12 @@ class RoundDraw:
         """The most masked inputs ``draws`` draws of a sequence of ``length`` can score."""
         raise NotImplementedError
 
+    def draws_within(self, length: int, rows: int) -> int:
+        """The most draws of a sequence of ``length`` (one the draw does not enumerate) whose
+        masked inputs stay within ``rows``: ``max_masks``, masked inputs per sequence, as the
+        engine's cap in draws (a whole number of :meth:`round_size` units)."""
+        raise NotImplementedError
+
     def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
               run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
                                             int]:
@@ -419,6 +425,9 @@ class RateDraw(RoundDraw):
 
     def most_rows(self, length: int, draws: int) -> int:
         return 2 ** length - 1 if self.enumerates(length) else draws + 1
+
+    def draws_within(self, length: int, rows: int) -> int:
+        return int(rows) - 1  # the whole continuation's row, scored once, counts
 
     def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
               run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
@@ -516,6 +525,10 @@ class CellDraw(RoundDraw):
         if self.enumerates(length):
             return 2 ** length - 1
         return int(self.est.masks_per_draw(int(length))) * int(draws)
+
+    def draws_within(self, length: int, rows: int) -> int:
+        unit = int(getattr(self.est, "draw_unit", 1))
+        return int(rows) // int(self.est.masks_per_draw(int(length))) // unit * unit
 
     def counts(self, i: int, p: int) -> np.ndarray:
         """Draws per row of sequence i's round of ``p``: ``p`` each, or Neyman's."""

@@ -152,25 +152,28 @@ def _budget(mc_num: int, num_masks: int | None, max_masks: int | None
             ) -> tuple[int, int]:
     """LLaDA's / Dream's ``mc_num`` as :func:`mptlml.compare`'s ``(num_masks, max_masks)``.
 
-    A fixed budget of ``mc_num`` masks per request (``max_masks``), the first round
-    of ``min(num_masks, budget)``; compare draws masks in pairs (two per rate
-    stratum), so an odd budget is spent as ``mc_num - 1`` (1 as 2), announced.
+    A fixed budget of ``mc_num`` masked inputs per request (``max_masks``, the same unit:
+    the whole continuation's row, scored once, and ``mc_num - 1`` draws, in pairs: an even
+    ``mc_num`` is spent as ``mc_num - 1``), the first round of ``min(num_masks, draws)``.
+    At least 3 (one pair and the whole continuation): 1 and 2 are spent as 3, announced.
     """
     if max_masks is not None:
         raise TypeError(f"model_args mc_num={mc_num} and max_masks={max_masks} are one budget "
                         "(LLaDA's and Dream's name, and mptlml's); pass one of them.")
-    budget = max(2, mc_num - mc_num % 2)
+    budget = max(3, mc_num)
     if budget != mc_num:
-        logger.warning("mc_num=%d: mptlml.compare draws masks in pairs (two per rate stratum), "
-                       "so each request gets %d masks besides the whole continuation's "
-                       "(continuations of up to %d tokens are scored on every mask, exactly).",
-                       mc_num, budget, EXACT_LENGTH)
+        logger.warning("mc_num=%d: mptlml.compare draws masks in pairs (two per rate stratum) "
+                       "besides the whole continuation's, so each request gets %d masked "
+                       "inputs (continuations of up to %d tokens are scored on every mask, "
+                       "exactly).", mc_num, budget, EXACT_LENGTH)
+    draws = (budget - 1) // 2 * 2  # the whole continuation's row counts
     first = _COMPARE_NUM_MASKS if num_masks is None else num_masks
-    if first > budget:
+    if first > draws:
         if num_masks is not None:
-            raise ValueError(f"model_args num_masks={num_masks} is more than mc_num={mc_num} "
-                             "masks per request; lower it or leave it out.")
-        first = budget
+            raise ValueError(f"model_args num_masks={num_masks} draws and the whole "
+                             f"continuation's row are more than mc_num={mc_num} masked inputs "
+                             f"per request; lower num_masks to at most {draws} or leave it out.")
+        first = draws
     return first, budget
 
 
@@ -245,13 +248,16 @@ class MPTLM(LM):
         device there is the CPU where CUDA is not available, each process's own GPU
         under a launcher), else a GPU when there is one.
     num_masks : int, optional
-        Masks per request per round of draws (even; :func:`mptlml.compare`'s
+        Masks per request in the first round of draws (even; :func:`mptlml.compare`'s
         default when not given), besides the one mask of the whole continuation.
     target_se : float, optional
         Keep drawing rounds until every request's standard error is at most this (nats).
     max_masks : int, optional
-        Most masks per request, in rounds (with ``target_se`` or ``decide``); alone, a
-        fixed budget spent whole (:func:`mptlml.compare`).
+        Most masked inputs scored per request (candidate), all rounds together, the whole
+        continuation's one included: :func:`mptlml.compare`'s ``max_masks``, the cap of
+        ``target_se`` or ``decide`` (default 512 and 128); alone, a fixed budget spent
+        whole. A continuation short enough to be scored on every mask costs its 2^T - 1
+        masks whatever the cap.
     decide : bool
         Multiple-choice questions: keep drawing rounds while the leader is not
         ahead of every other candidate by its paired-SE threshold, up to
@@ -282,9 +288,10 @@ class MPTLM(LM):
     progress : bool
         Progress bars of the scoring.
     mc_num : int, optional
-        LLaDA's and Dream's name: a fixed budget of this many masks per request
-        (``max_masks`` alone; :func:`mptlml.compare` draws masks in pairs, so an
-        odd N is spent as N - 1, and 1 as 2, announced). Not with ``max_masks``.
+        LLaDA's and Dream's name: a fixed budget of this many masked inputs per request
+        (``max_masks`` alone; :func:`mptlml.compare` draws masks in pairs besides the
+        whole continuation's, so an even N is spent as N - 1, and 1 or 2 as 3,
+        announced). Not with ``max_masks``.
     cfg : float
         Classifier-free guidance w (LLaDA's ``cfg``; Dream's
         ``classifier_free_guidance`` is w + 1): 0, no guidance.
@@ -372,11 +379,14 @@ class MPTLM(LM):
             num_masks, max_masks = _budget(mc_num, num_masks, max_masks)
         if scheme == "mptlml":  # after mc_num became max_masks: the first round fits in it
             first = _COMPARE_NUM_MASKS if num_masks is None else num_masks
-            if max_masks is not None and max_masks < first:
+            if max_masks is not None and max_masks < first + 1:  # + the whole continuation
                 given = "" if num_masks is not None else ", mptlml.compare's default"
-                raise ValueError(f"model_args max_masks={max_masks} is below the first round's "
-                                 f"num_masks={first}{given}: raise max_masks to at least {first}, "
-                                 f"or pass model_args num_masks=N (even, at most {max_masks}).")
+                raise ValueError(f"model_args max_masks={max_masks} (masked inputs per request) "
+                                 f"is below the first round's num_masks={first}{given} draws "
+                                 f"and the whole continuation's row: raise max_masks to at least "
+                                 f"{first + 1}" + (f", or pass model_args num_masks=N (even, at "
+                                                   f"most {(max_masks - 1) // 2 * 2})"
+                                                   if max_masks >= 3 else "") + ".")
         if mc_log is not None:
             check_log_path(Path(mc_log))  # before the model is loaded
         self.greedy = _flag(True if greedy is None else greedy, "greedy")
@@ -523,7 +533,8 @@ class MPTLM(LM):
         for task, s in summary.items():
             if s["budget_spent"] and (self.target_se is not None or self.decide):
                 logger.warning(
-                    "%s: %d requests spent max_masks=%s before reaching %s; their standard "
+                    "%s: %d requests spent max_masks=%s masked inputs before reaching %s; "
+                    "their standard "
                     "errors are in the Monte Carlo log. Raise max_masks.", task,
                     s["budget_spent"], self.max_masks or "(mptlml.compare's default)",
                     "target_se" if self.target_se is not None else "a decision")

@@ -360,7 +360,8 @@ def summary_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
         parts = [f"{task}: {s['requests']} requests, {s['masked_inputs']:,} masked inputs, "
                  f"per-request MC stderr mean {s['stderr_mean']:.3g} (max {s['stderr_max']:.3g})"]
         if s["budget_spent"]:
-            parts.append(f"{s['budget_spent']} requests spent max_masks before their target")
+            parts.append(f"{s['budget_spent']} requests spent max_masks (masked inputs) before "
+                         "their target")
         if "questions" in s:
             parts.append(f"{s['undecided']}/{s['questions']} multiple-choice decisions "
                          f"({100 * s['undecided_share']:.1f}%) not decided at "
