@@ -95,9 +95,6 @@ from .sequential import (
 
 __all__ = ["Comparison", "compare"]
 
-#: most masked inputs per candidate with ``target_se``, unless ``max_masks`` says (the
-#: engine's :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS`, as masked inputs)
-MAX_MASKS = MAX_TARGET_DRAWS
 #: most masked inputs per candidate with ``decide``, unless ``max_masks`` says: LLaDA's 128
 #: masked inputs per candidate (measured with :data:`DELTA`: at most a third of LLaDA's cost
 #: on easy and close question sets, benchmarks/bench_conditional.py; fewer looks, so a lower
@@ -276,7 +273,10 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         longest drawn candidate within the cap. A candidate scored on every mask (its
         2^T - 1 masks, a short one: see ``exact``) is exempt: it costs 2^T - 1 whatever
         the cap. With ``decide`` it defaults to :data:`DECIDE_MAX_MASKS` (128, LLaDA's
-        masked inputs per candidate), with ``target_se`` to :data:`MAX_MASKS` (512).
+        masked inputs per candidate), with ``target_se`` to the masked inputs of
+        :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS` (512) draws, as
+        :func:`mptlml.estimate_lml`'s target (513 for the rate draw, 512 T_k for
+        ``"cumulative"``).
         Alone (no ``decide``, no ``target_se``) it is a fixed budget, spent whole: rounds
         of doubling size, the allocation learned as they go (``stop_reason``
         ``"fixed"``). Refused when below the first round's masked inputs
@@ -354,7 +354,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                          "the standard errors; target_se= draws until each candidate's SE is at "
                          "the target. Pass one of the two.")
     max_masks = (int(max_masks) if max_masks is not None else DECIDE_MAX_MASKS if decide
-                 else MAX_MASKS if target_se is not None else None)
+                 else None)
     ctxs, cands = _questions_of(contexts, candidates)
     if isinstance(seed, numbers.Integral):
         seeds = [(int(seed), q) for q in range(len(ctxs))]
@@ -372,7 +372,10 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     lengths = np.array([len(t) for t in ids])  # the continuations' (the scorer adds contexts)
     members = [[i for i, (qq, _) in enumerate(owner) if qq == q] for q in range(len(cands))]
     draw = _draw_of(estimator, p, allocation)
-    caps = _draw_caps(draw, p, lengths, members, max_masks)  # draws per member, per question
+    # draws per member, per question (by default with target_se: MAX_TARGET_DRAWS, as
+    # estimate_lml's target)
+    caps = (_draw_caps(draw, p, lengths, members, max_masks) if max_masks is not None or not
+            to_target else [MAX_TARGET_DRAWS] * len(members))
     # Bonferroni over the looks each question may take within its own cap
     tails = [alpha / (2 * len(round_sizes(p, c))) if decide else alpha / 2 for c in caps]
 
@@ -417,9 +420,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                      num_masks=p, max_masks=caps, rule=rule,
                      run=dict(chunk_size=chunk_size, token_budget=token_budget,
                               batch_size=batch_size, progress=progress),
-                     what=f"compare ({len(cands)} questions, "
-                          + (f"at most max_masks={max_masks} masked inputs per candidate)"
-                             if max_masks else f"one round of num_masks={p} per candidate)"),
+                     what=f"compare ({len(cands)} questions, {_cap_text(max_masks, to_target, p)})",
                      remedy="lower max_masks (or num_masks)")
     tallies, exact = out.tallies, out.enumerated
     cand_rows = np.array([t.rows for t in tallies], dtype=np.int64)
@@ -447,7 +448,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
                "rate_density": draw.density.mass.tolist() if isinstance(draw, RateDraw)
                else None})
     announce_nonfinite(np.concatenate(res.scores), "the candidates' scores", "candidates")
-    _announce(res, decide, target_se, max_masks)
+    _announce(res, decide, target_se, _cap_text(max_masks, to_target, p))
     return res
 
 
@@ -557,8 +558,17 @@ def _questions_of(contexts: Any, candidates: Any) -> tuple[list[Any], list[list[
     return ctxs, cands
 
 
-def _announce(res: Comparison, decide: bool, target_se: float | None, max_masks: int | None
-              ) -> None:
+def _cap_text(max_masks: int | None, to_target: bool, p: int) -> str:
+    """The cap of a call in words: ``max_masks`` masked inputs, the target's default draws, or
+    one round."""
+    if max_masks is not None:
+        return f"at most max_masks={max_masks} masked inputs per candidate"
+    if to_target:
+        return f"at most {MAX_TARGET_DRAWS} draws per candidate, target_se's default cap"
+    return f"one round of num_masks={p} per candidate"
+
+
+def _announce(res: Comparison, decide: bool, target_se: float | None, cap: str) -> None:
     """Warn, once per call, about what a comparison could not settle, in one line.
 
     ``"compare: 7 of 40 questions undecided after max_masks=128 masked inputs per candidate, 3 with
@@ -578,8 +588,7 @@ def _announce(res: Comparison, decide: bool, target_se: float | None, max_masks:
     fixes: list[str] = []
     if spent:
         what = "undecided" if decide else f"still above target_se={target_se}"
-        parts.append((spent, f"{what} after max_masks={max_masks} masked inputs per "
-                             "candidate"))
+        parts.append((spent, f"{what} after {cap.removeprefix('at most ')}"))
         fixes.append("their choice may flip on other masks (see margin_z and paired_stderr)"
                      if decide else "their standard errors are larger than asked")
         fixes.append("raise max_masks to spend more on them")

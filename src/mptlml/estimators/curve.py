@@ -112,7 +112,7 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
         data: each size's masks follow its spread as the rounds learn it (Neyman); the
         counts over the rounds are in ``extra["masks_per_size"]``.
     max_masks : int, optional
-        With ``target_se``: the most masked inputs per datum (default
+        With ``target_se``: the most masked inputs per datum (sequence; default those of
         :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS` draws per size or rate).
     allocation : {None, "neyman", "uniform"}
         With ``target_se`` (default ``"neyman"``).
@@ -381,9 +381,16 @@ def _draws_to_target(model: RaggedMaskedModel, sequences: Any, target_se: float,
     n = len(toks)
     p = max(2, int(num_masks))
     est = Riemann(p, rates=grid_rates)
-    cap = MAX_TARGET_DRAWS if max_masks is None else max(p, int(max_masks) // k)
-    out = run_rounds(CellDraw(est), model, toks, [[i] for i in range(n)],
-                     [(seed, i) for i in range(n)], num_masks=p, max_masks=[cap] * n,
+    draw = CellDraw(est)
+    caps = [MAX_TARGET_DRAWS] * n  # the default: MAX_TARGET_DRAWS draws of every rate
+    if max_masks is not None:  # masked inputs per sequence, K per draw
+        caps = [draw.draws_within(len(t), int(max_masks)) for t in toks]
+        if min(caps) < p:
+            raise ValueError(f"max_masks={max_masks} (masked inputs per sequence) is below the "
+                             f"first round's {p * k}: num_masks={p} draws of the {k} rates. "
+                             f"Raise max_masks to at least {p * k}, or lower num_masks.")
+    out = run_rounds(draw, model, toks, [[i] for i in range(n)],
+                     [(seed, i) for i in range(n)], num_masks=p, max_masks=caps,
                      rule=target_rule([target_se * math.sqrt(n)] * n), run=run,
                      what=f"the curve at target_se={target_se:g}",
                      remedy=plan_remedy("sequence"))

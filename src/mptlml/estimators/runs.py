@@ -375,12 +375,15 @@ def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed
     n_mc = int((~whole).sum())
     t_i = target_se * n / math.sqrt(max(n_mc, 1))
     # max_masks: masked inputs per sequence (the rate draw's whole-sequence row counts), as
-    # draws (the draw's own conversion, compare's too; its default compare's with target_se)
-    # (the default lets a first round past it; a cap asked for is refused below the first round)
-    cap = MAX_TARGET_DRAWS if max_masks is None else int(max_masks)
-    caps = [max(p, draw.draws_within(int(d), cap) // 2 * 2) for d in lengths]
-    short = [i for i in range(n) if not whole[i] and draw.draws_within(int(lengths[i]), cap) < p]
-    if max_masks is not None and short:
+    # draws (the draw's own conversion, compare's too); by default MAX_TARGET_DRAWS draws, as
+    # compare's with target_se (a cap asked for is refused below the first round)
+    if max_masks is None:
+        caps, short = [MAX_TARGET_DRAWS] * n, []
+    else:
+        caps = [max(p, draw.draws_within(int(d), int(max_masks)) // 2 * 2) for d in lengths]
+        short = [i for i in range(n)
+                 if not whole[i] and draw.draws_within(int(lengths[i]), int(max_masks)) < p]
+    if short:
         need = draw.most_rows(int(lengths[short[0]]), p)
         raise ValueError(f"max_masks={max_masks} (masked inputs per sequence) is below the first "
                          f"round's {need}: num_masks={p} draws of sequence {short[0]} "
