@@ -111,7 +111,7 @@ def test_refuses_non_empty_dir_and_overwrite(quick_run, capsys):
 def test_shared_noise_option(tmp_path):
     out = tmp_path / "shared"
     argv = ["reproduce", "convergence", "--quick", "--out", str(out), "--set", "noise=shared",
-            "--set", "dims=5", "--set", "fixed_dim=0", "--set", "max_masks=10",
+            "--set", "dims=5", "--set", "fixed_dim=0", "--set", "max_num_masks=10",
             "--set", "table_masks=1,10"]
     assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())["results"]

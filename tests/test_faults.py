@@ -278,7 +278,7 @@ def test_unknown_standard_errors_are_said_so(capsys):
     from mptlml.selection import select_latent_dim
 
     x = PPCA.random(8, 2, seed=0).sample(60, generator=1).numpy()
-    res = select_latent_dim(x, 3, num_masks=1, max_masks=1, verbose=True)
+    res = select_latent_dim(x, 3, num_masks=1, max_num_masks=1, verbose=True)
     text = capsys.readouterr().out + " ".join(res.notes)
     assert "unknown" in text and "0.0 paired SE" not in text
     assert not res.resolved

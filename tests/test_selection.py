@@ -31,7 +31,7 @@ def test_exact_scores_are_held_out_log_likelihoods():
     """Exact column = log N(x_test; mean, W W^T + sigma2 I) of the MLE on the training split."""
     x, _ = load_dataset("synthetic", true_k=2, num_data=200, num_tokens=8, seed=0)
     xtr, xte = x[:150], x[150:]
-    res = select_latent_dim(xtr, 4, x_test=xte, num_masks=4, max_masks=4)
+    res = select_latent_dim(xtr, 4, x_test=xte, num_masks=4, max_num_masks=4)
     for k, e in zip(res.ks, res.exact, strict=True):
         # MLE of Tipping & Bishop from the sample covariance (numpy, independently)
         mean = xtr.mean(0)

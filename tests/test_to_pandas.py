@@ -96,7 +96,7 @@ def test_selection_result_one_row_per_k():
 
     model = PPCA.random(5, 1, 0.3, seed=4)
     x = model.sample(120, generator=5)
-    res = select_latent_dim(x.numpy(), 2, num_masks=2, max_masks=4, seed=0)
+    res = select_latent_dim(x.numpy(), 2, num_masks=2, max_num_masks=4, seed=0)
     df = res.to_pandas()
     assert df["K"].tolist() == res.ks == [1, 2]
     np.testing.assert_allclose(df["mpt_lml"], res.mpt)

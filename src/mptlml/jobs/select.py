@@ -49,7 +49,7 @@ class SelectConfig(RunConfig):
     standardise: bool | None = setting(None, "z-score the columns (default: yes for the "
                                        "built-in real data sets with ppca, else no)")
     num_masks: int = setting(10, "initial P, masks per size and held-out datum", min=1)
-    max_masks: int = setting(640, "largest P while resolving near-ties", min=1)
+    max_num_masks: int = setting(640, "largest P while resolving near-ties", min=1)
     seed: int = setting(0, "seed of the split, the synthetic data and the masks", min=0)
 
     def validate(self) -> None:
@@ -128,7 +128,7 @@ def run_selection(cfg: SelectConfig, run: RunDir, inputs: SelectInputs) -> dict[
     x, desc, std = inputs.x, inputs.description, inputs.standardised
     _log.info(f"model selection on {desc}; {'standardised' if std else 'not standardised'}")
     res = select_latent_dim(x, cfg.k_max, standardise=std, num_masks=cfg.num_masks,
-                            max_masks=cfg.max_masks, seed=cfg.seed, family=cfg.family)
+                            max_num_masks=cfg.max_num_masks, seed=cfg.seed, family=cfg.family)
     for note in res.notes:
         _log.info("note: %s", note)
     warned = choice_warnings(res, cfg.k_max)

@@ -18,7 +18,7 @@ the MPT estimate of the mean LML per datum. The model and the data are fixed
 (``data_seed``); the ``num_seeds`` seeds vary only the masks, so the spread
 over seeds in ``table1.csv`` is the Monte Carlo spread of the estimator that
 Table 1 of the paper reports (0.47, 0.12, 0.03 at P = 1, 10, 100). Masks are
-drawn in one sequence of ``max_masks`` per size and the estimate at P uses its
+drawn in one sequence of ``max_num_masks`` per size and the estimate at P uses its
 first P masks, so each seed traces one path as masks accumulate.
 
 Data come from the model itself (``noise="independent"``, eps ~ N(0, sigma2 I))
@@ -85,10 +85,10 @@ class Config(SyntheticPPCAConfig):
         Masking rate of the fixed-rate panel; M = floor(rate * D) (76 at D = 512).
     num_seeds : int
         Mask seeds (repetitions of the whole mask sequence).
-    max_masks : int
+    max_num_masks : int
         Largest P, masks per size and datum.
     table_masks : tuple of int
-        P values of ``table1.csv`` (each <= max_masks).
+        P values of ``table1.csv`` (each <= max_num_masks).
     share_masks : bool
         Share each mask across the data (the paper's code) instead of one
         mask per datum.
@@ -105,8 +105,9 @@ class Config(SyntheticPPCAConfig):
     fixed_dim: int = setting(512, "D of the fixed-rate panel (0 skips it)", min=0)
     fixed_rate: float = setting(0.15, "masking rate of the fixed-rate panel", gt=0, lt=1)
     num_seeds: int = setting(5, "mask seeds (repetitions of the whole mask sequence)", min=1)
-    max_masks: int = setting(300, "largest P, masks per size and datum", min=1)
-    table_masks: tuple[int, ...] = setting((1, 10, 100), "P values of table1.csv (<= max_masks)",
+    max_num_masks: int = setting(300, "largest P, masks per size and datum", min=1)
+    table_masks: tuple[int, ...] = setting((1, 10, 100),
+                                           "P values of table1.csv (<= max_num_masks)",
                                            min=1)
     share_masks: bool = setting(False, "share each mask across the data (the paper's code)")
     compare_setups: bool = setting(True, "also run the all-sizes panels under the other set-up "
@@ -115,7 +116,7 @@ class Config(SyntheticPPCAConfig):
     @classmethod
     def quick(cls) -> Config:
         """A small setting for tests (a few seconds on 2 cores)."""
-        return cls(num_data=40, dims=(5, 20), fixed_dim=128, num_seeds=4, max_masks=100,
+        return cls(num_data=40, dims=(5, 20), fixed_dim=128, num_seeds=4, max_num_masks=100,
                    table_masks=(1, 10, 100))
 
     def validate(self) -> None:
@@ -126,18 +127,19 @@ class Config(SyntheticPPCAConfig):
         for d in (*self.dims, *((self.fixed_dim,) if self.fixed_dim else ())):
             if d <= self.latent_dim:
                 raise ValueError(f"every D must exceed latent_dim={self.latent_dim}; got D={d}.")
-        bad = [p for p in self.table_masks if not 1 <= p <= self.max_masks]
+        bad = [p for p in self.table_masks if not 1 <= p <= self.max_num_masks]
         if bad:
             raise ValueError(
-                f"table_masks {bad} must lie in 1..max_masks={self.max_masks}; raise max_masks."
+                f"table_masks {bad} must lie in 1..max_num_masks={self.max_num_masks}; "
+                "raise max_num_masks."
             )
 
 
-def _mask_grid(max_masks: int, extra: tuple[int, ...]) -> list[int]:
-    """P values plotted: about 12 per decade from 1 to ``max_masks``, plus ``extra``."""
-    num = max(2, int(12 * math.log10(max_masks)) + 1)
-    grid = np.unique(np.round(np.logspace(0, math.log10(max_masks), num)).astype(int))
-    return sorted(set(grid.tolist()) | set(extra) | {max_masks})
+def _mask_grid(max_num_masks: int, extra: tuple[int, ...]) -> list[int]:
+    """P values plotted: about 12 per decade from 1 to ``max_num_masks``, plus ``extra``."""
+    num = max(2, int(12 * math.log10(max_num_masks)) + 1)
+    grid = np.unique(np.round(np.logspace(0, math.log10(max_num_masks), num)).astype(int))
+    return sorted(set(grid.tolist()) | set(extra) | {max_num_masks})
 
 
 def _panel(cfg: Config, d: int, mask_size: int | None, grid: list[int]) -> dict[str, Any]:
@@ -148,7 +150,7 @@ def _panel(cfg: Config, d: int, mask_size: int | None, grid: list[int]) -> dict[
     """
     model, x = cfg.synthetic(d, cfg.latent_dim, seed=cfg.data_seed * 1000 + d)
     exact = mean_lml(model, x)
-    p_max = cfg.max_masks
+    p_max = cfg.max_num_masks
     est = (Cumulative(p_max, share_masks=cfg.share_masks) if mask_size is None
            else FixedRate(p_max, mask_size=mask_size, share_masks=cfg.share_masks))
     paths, totals = [], []
@@ -189,7 +191,7 @@ def _fmt(m: float, s: float) -> str:
 def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
     """Run every panel, write ``table1.csv``, ``series.csv`` and ``fig1.png/.pdf``."""
     cfg.validate()
-    grid = _mask_grid(cfg.max_masks, tuple(cfg.table_masks))
+    grid = _mask_grid(cfg.max_num_masks, tuple(cfg.table_masks))
     specs: list[tuple[str, int, int | None]] = [(f"D={d}, all sizes", d, None) for d in cfg.dims]
     if cfg.fixed_dim:
         m = fixed_rate_size(cfg.fixed_rate, cfg.fixed_dim)
@@ -198,7 +200,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
           f"{cfg.noise} noise generator "
           f"({'faithful: eps ~ N(0, sigma2 I)' if cfg.noise == 'independent' else 'the authors: one shared noise value per observation, sd sigma2'}), "  # noqa: E501
           f"masks {'shared across data' if cfg.share_masks else 'independent per datum'}, "
-          f"{cfg.num_seeds} mask seeds, P up to {cfg.max_masks}.")
+          f"{cfg.num_seeds} mask seeds, P up to {cfg.max_num_masks}.")
     panels = {}
     for name, d, m in specs:
         panels[name] = _panel(cfg, d, m, grid)

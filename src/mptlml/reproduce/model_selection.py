@@ -44,7 +44,7 @@ class Config(RunConfig):
     cases : tuple of str
         One ``"FAMILY:DATA:K_MAX"`` or ``"FAMILY:synthetic:K_MAX:TRUE_K"`` per case;
         FAMILY is ``ppca`` or ``bernoulli``, DATA a built-in data set.
-    num_masks, max_masks : int
+    num_masks, max_num_masks : int
         Initial and largest P (masks per size) of the adaptive MPT estimate.
     seed : int
         Seed of the splits, the synthetic data and the masks.
@@ -57,14 +57,14 @@ class Config(RunConfig):
         "bernoulli:digits:3",
     ), "one FAMILY:DATA:K_MAX[:TRUE_K] per case (e.g. ppca:synthetic:8:3)")
     num_masks: int = setting(10, "initial P, masks per size and held-out datum", min=1)
-    max_masks: int = setting(640, "largest P while resolving near-ties", min=1)
+    max_num_masks: int = setting(640, "largest P while resolving near-ties", min=1)
     seed: int = setting(0, "seed of the splits, the synthetic data and the masks", min=0)
 
     @classmethod
     def quick(cls) -> Config:
         """Three cases that run in well under a minute on 2 cores."""
         return cls(cases=("ppca:synthetic:6:3", "ppca:wine:12", "bernoulli:synthetic:3:2"),
-                   max_masks=160)
+                   max_num_masks=160)
 
     def parsed(self) -> list[tuple[str, str, int, int | None]]:
         """``cases`` as (family, data, k_max, true_k), checked."""
@@ -104,7 +104,7 @@ def run(cfg: Config, run_dir: RunDir) -> dict[str, Any]:
         name = f"{fam}-{data}" + (f"-k{true_k}" if true_k is not None else "")
         _log.info("[select] %s: %s", name, desc)
         res = select_latent_dim(x, k_max, standardise=std, family=fam, num_masks=cfg.num_masks,
-                                max_masks=cfg.max_masks, seed=cfg.seed)
+                                max_num_masks=cfg.max_num_masks, seed=cfg.seed)
         warned = choice_warnings(res, k_max)
         for w in warned:
             _log.warning("[select] %s: %s", name, w)

@@ -19,7 +19,7 @@ scored on the held-out split by
 The MPT scores of all K use the *same* masks (common random numbers): the
 noise largely cancels in the differences that decide the choice. The number
 of masks P is doubled (new masks appended) until the best K leads every other
-by more than ``z`` paired standard errors, or until ``max_masks``; the result
+by more than ``z`` paired standard errors, or until ``max_num_masks``; the result
 says whether the choice was resolved.
 
 References
@@ -128,7 +128,7 @@ def _lead(z: float) -> str:
 
 def select_latent_dim(x: Any, k_max: int, *, x_test: Any = None, test_fraction: float = 0.3,
                       standardise: bool = False, family: str = "ppca", num_masks: int = 10,
-                      max_masks: int = 640, z: float = 4.0, share_masks: bool = True,
+                      max_num_masks: int = 640, z: float = 4.0, share_masks: bool = True,
                       seed: int = 0,
                       verbose: bool = False) -> SelectionResult:
     """Choose the latent dimension K by the held-out LML estimated with MPT.
@@ -150,7 +150,7 @@ def select_latent_dim(x: Any, k_max: int, *, x_test: Any = None, test_fraction: 
         Model family, a key of :data:`FAMILIES`.
     num_masks : int
         Initial P, masks per size and held-out datum.
-    max_masks : int
+    max_num_masks : int
         Largest P the adaptive doubling may reach.
     share_masks : bool
         Share each mask across the held-out data (default: far cheaper for
@@ -173,7 +173,7 @@ def select_latent_dim(x: Any, k_max: int, *, x_test: Any = None, test_fraction: 
     if k_max < 1:
         raise ValueError(f"k_max must be >= 1 (the largest latent dimension to try), got {k_max}.")
     p0 = check_positive_int(num_masks, "num_masks")
-    p_max = check_positive_int(max_masks, "max_masks")
+    p_max = check_positive_int(max_num_masks, "max_num_masks")
     xa = check_data(x, dtype=torch.float64).numpy()
     notes: list[str] = []
     if x_test is None:
@@ -242,10 +242,10 @@ def select_latent_dim(x: Any, k_max: int, *, x_test: Any = None, test_fraction: 
         if math.isnan(min_z):
             notes.append(f"MPT choice not resolved at P={p}: with one mask per size the paired "
                          "SE of the lead over the runner-up is unknown (raise num_masks or "
-                         "max_masks to at least 2)")
+                         "max_num_masks to at least 2)")
         else:
             notes.append(f"MPT choice not resolved at P={p}: the best K leads the runner-up "
-                         f"by only {min_z:.1f} paired SE (raise max_masks)")
+                         f"by only {min_z:.1f} paired SE (raise max_num_masks)")
     return SelectionResult(
         ks=ks, mpt=mpt.tolist(), mpt_stderr=mpt_se.tolist(), exact=exact, bic=bic,
         choices=choices, resolved=bool(min_z > z), min_paired_z=float(min_z), num_masks=p,
