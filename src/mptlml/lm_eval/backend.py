@@ -255,7 +255,7 @@ class MPTLM(LM):
     max_masks : int, optional
         Most masked inputs scored per request (candidate), all rounds together, the whole
         continuation's one included: :func:`mptlml.compare`'s ``max_masks``, the cap of
-        ``target_se`` or ``decide`` (default 512 and 128); alone, a fixed budget spent
+        ``target_se`` or ``decide`` (default: 512 draws, and 128); alone, a fixed budget spent
         whole. A continuation short enough to be scored on every mask costs its 2^T - 1
         masks whatever the cap.
     decide : bool
