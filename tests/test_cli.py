@@ -166,7 +166,7 @@ def test_curve_refuses_bad_counts(flag, tmp_path, capsys):
     assert not (tmp_path / "c").exists()
 
 
-@pytest.mark.parametrize("flag", ["--k-max", "--num-masks", "--max-masks", "--true-k"])
+@pytest.mark.parametrize("flag", ["--k-max", "--num-masks", "--max-num-masks", "--true-k"])
 def test_select_refuses_bad_counts(flag, capsys):
     assert main(["select", "--data", "synthetic", "--k-max", "2", flag, "0"]) == 2
     assert f"mptlml: error: {flag} must be >= 1, got 0" in capsys.readouterr().err

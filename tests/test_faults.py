@@ -32,7 +32,7 @@ from .mlm_helpers import SENTENCES, make_tiny_bert
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 SELECT = ["select", "--data", "synthetic", "--true-k", "2", "--k-max", "3", "--num-masks", "2",
-          "--max-masks", "4"]
+          "--max-num-masks", "4"]
 
 
 def _env() -> dict[str, str]:
@@ -124,7 +124,7 @@ def test_overwrite_replaces_and_the_lock_is_released(select_run, tmp_path):
 @pytest.mark.slow  # two command-line processes
 def test_two_runs_into_one_directory_exactly_one_succeeds(tmp_path, capsys):
     out = tmp_path / "sel"
-    first = subprocess.Popen([sys.executable, "-m", "mptlml", *SELECT, "--max-masks", "8",
+    first = subprocess.Popen([sys.executable, "-m", "mptlml", *SELECT, "--max-num-masks", "8",
                               "--out", str(out)], env=_env(), stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
     t0 = time.monotonic()

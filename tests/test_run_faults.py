@@ -203,7 +203,7 @@ def test_select_warns_at_the_edge_and_for_minka_outside():
 
 def test_select_cli_says_the_choice_is_at_the_edge(tmp_path, capsys):
     assert main(["select", "--data", "synthetic", "--true-k", "3", "--k-max", "2",
-                 "--max-masks", "20", "--out", str(tmp_path / "o")]) == 0
+                 "--max-num-masks", "20", "--out", str(tmp_path / "o")]) == 0
     cap = capsys.readouterr()
     assert "MPT: K = 2  (the largest K searched)" in cap.out
     assert "the optimum is at the edge of the search range" in cap.err
