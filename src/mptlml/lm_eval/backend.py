@@ -533,10 +533,11 @@ class MPTLM(LM):
         for task, s in summary.items():
             if s["budget_spent"] and (self.target_se is not None or self.decide):
                 logger.warning(
-                    "%s: %d requests spent max_masks=%s masked inputs before reaching %s; "
-                    "their standard "
-                    "errors are in the Monte Carlo log. Raise max_masks.", task,
-                    s["budget_spent"], self.max_masks or "(mptlml.compare's default)",
+                    "%s: %d requests spent %s before reaching %s; their standard errors are "
+                    "in the Monte Carlo log. Raise max_masks.", task, s["budget_spent"],
+                    f"max_masks={self.max_masks} masked inputs" if self.max_masks else
+                    "mptlml.compare's default cap (128 masked inputs with decide, 512 draws "
+                    "with target_se)",
                     "target_se" if self.target_se is not None else "a decision")
             if s.get("undecided"):
                 logger.warning(
