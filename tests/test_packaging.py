@@ -259,7 +259,7 @@ def core_cli(tmp_path_factory) -> dict:
     commands = {
         "demo": ["demo", "--num-masks", "2", "--latent-dim", "3"],
         "select": ["select", "--data", "digits", "--k-max", "2", "--num-masks", "2",
-                   "--max-masks", "2"],
+                   "--max-num-masks", "2"],
         "curve": ["curve", "--model", "antiberty", "--data", "antibodies"],
         "reproduce": ["reproduce", "convergence", "--quick"],
         "reproduce-all": ["reproduce", "all", "--quick"],
