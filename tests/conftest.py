@@ -22,6 +22,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per cor
         os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
+@pytest.fixture(autouse=True)
+def _not_quiet_after() -> Iterator[None]:
+    """The command line's ``-q`` is process-wide (``mptlml._progress.set_quiet``): a test that
+    runs ``main([..., "-q"])`` in-process leaves it on, and a later test of the same worker
+    that expects a progress bar would see none (tests/test_quiet.py failed so, depending on
+    how xdist shared the tests out). Every test ends not quiet."""
+    yield
+    from mptlml import _progress
+
+    if _progress._QUIET:
+        _progress.set_quiet(False)
+
+
 @pytest.fixture
 def one_thread() -> Iterator[None]:
     """One intra-op thread for the test (restored after it).
