@@ -101,6 +101,12 @@ def test_target_arguments_refused_where_they_do_not_apply():
         mptlml.estimate_lml(model, x, target_se=-1.0)
     with pytest.raises(ValueError, match="max_masks applies to mpt_curve with target_se"):
         mptlml.mpt_curve(model, x, max_masks=10)
+    # a draw of one term has nothing to allocate: refused on dense data as on ragged sequences
+    # (it was taken and reported as allocation None)
+    for est in ("random-size", "adaptive-size", "chain-rule"):
+        with pytest.raises(ValueError, match=f"allocation='uniform' does not apply to the "
+                                             f"'{est}' estimate of dense data"):
+            mptlml.estimate_lml(model, x, est, target_se=0.1, allocation="uniform")
 
 
 def test_dense_curve_to_target():

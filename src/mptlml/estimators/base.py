@@ -463,14 +463,15 @@ class Estimator:
             self.check_targetable()
         ragged = isinstance(model, RaggedMaskedModel)
         self.check_applies(ragged=ragged)
+        if target_se is not None and asked is not None and (
+                (not self.rate_draw and self.ragged_strata(np.array([2]))[1] < 2) if ragged
+                else len(self.strata(int(getattr(model, "num_tokens", 2))) or ()) < 2):
+            raise ValueError(
+                f"allocation={asked!r} does not apply to the {self.name!r} estimate of "
+                f"{'ragged sequences' if ragged else 'dense data'} at a target: its draw is "
+                "one term, nothing to allocate (the rate density is learned by "
+                "estimator='learned-rate', the sizes by 'cumulative'). Drop allocation.")
         if target_se is not None and ragged:  # the sequential engine: rounds, no pilot
-            if asked is not None and not self.rate_draw and self.ragged_strata(
-                    np.array([2]))[1] < 2:
-                raise ValueError(
-                    f"allocation={asked!r} does not apply to the {self.name!r} estimate of "
-                    "ragged sequences at a target: its draw is one term, nothing to allocate "
-                    "(the rate density is learned by estimator='learned-rate', the sizes by "
-                    "'cumulative'). Drop allocation.")
             return ragged_to_target(self, model, x, seed=seed, progress=progress, run=run,
                                     target_se=target_se, max_masks=budget, allocation=asked)
         data = start_run(self, model, x, seed=seed, progress=progress, run=run)
