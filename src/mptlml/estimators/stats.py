@@ -240,8 +240,8 @@ def cell_error(cell: np.ndarray) -> tuple[float, float, float]:
         if p < 2:
             return float(c.mean(0).sum()), float("nan"), 0.0
         v = c.var(0, ddof=1) / p
-        den = float((v ** 2).sum()) / (p - 1)
-        dof = float(v.sum()) ** 2 / den if den > 0 else float((p - 1) * k)
+        dof = (welch_dof(torch.from_numpy(v), float(p - 1)) if float((v ** 2).sum()) > 0
+               else float((p - 1) * k))
         return float(c.mean(0).sum()), float(v.sum()), dof
     if c.size < 2:
         return float(c.mean()), float("nan"), 0.0
