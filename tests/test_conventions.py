@@ -186,8 +186,103 @@ def test_bert_style_is_the_default_and_refusals(tiny):
         MaskedLM(tiny.model, tiny.tokenizer, family="gpt")
     with pytest.raises(TypeError, match="shift_logits"):
         MaskedLM(tiny.model, tiny.tokenizer, shift_logits=1)
-    with pytest.raises(ValueError, match="BOS"):
-        MaskedLM(tiny.model, tiny.tokenizer, family="dream")  # BERT's tokenizer has no BOS
+    with pytest.raises(ValueError, match="BOS"):  # forced: BERT's tokenizer has no BOS
+        MaskedLM(tiny.model, tiny.tokenizer, family="dream", force_family=True)
+    with pytest.raises(TypeError, match="force_family"):
+        MaskedLM(tiny.model, tiny.tokenizer, force_family="yes")
+
+
+def typed(module: nn.Module, model_type: str, vocab: int) -> nn.Module:
+    module.config = SimpleNamespace(model_type=model_type, vocab_size=vocab)
+    return module
+
+
+def test_a_family_that_contradicts_the_checkpoint_is_refused_unless_forced(tiny, tiny_dir):
+    tok = family_tokenizer()
+    llada = typed(IndependentLM(126464), "llada", 126464)
+    dream = typed(Shifted(TinyDiffusionLM(len(tok), seed=2)), "Dream", len(tok))
+    cases = [(tiny.model, tiny.tokenizer, "dream", "'bert', not the Dream"),  # shifted on BERT
+             (tiny.model, tiny.tokenizer, "smdm", "'bert', a transformers masked LM"),
+             (tiny.model, tiny.tokenizer, "llada", "'bert', not the LLaDA"),
+             (llada, tok, "dream", "'llada', the LLaDA family's"),  # shifts an unshifted head
+             (dream, tok, "bert", "'Dream', the Dream family's"),
+             (dream, tok, "mdlm", "'Dream', the Dream family's")]
+    for model, tk, family, found in cases:
+        with pytest.raises(ValueError, match=f"family='{family}' contradicts the checkpoint: "
+                                             f"config.model_type is {found}"):
+            MaskedLM(model, tk, family=family)
+    # a family matching the checkpoint, or none named: taken as before
+    assert MaskedLM(llada, tok, family="llada").convention.name == "LLaDA"
+    assert MaskedLM(dream, tok, family="DREAM").shift_logits
+    # the user means it: the family's conventions, as named
+    forced = MaskedLM(llada, tok, family="dream", force_family=True)
+    assert forced.shift_logits and forced.convention.name == "Dream"
+    # loading: refused from the config, before the weights are read
+    import transformers
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights loaded before the family was checked")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(transformers.AutoModelForMaskedLM, "from_pretrained", no_weights)
+        mp.setattr(transformers.AutoModel, "from_pretrained", no_weights)
+        for family in ("dream", "mdlm"):
+            with pytest.raises(ValueError, match=f"family='{family}' contradicts"):
+                MaskedLM.from_pretrained(tiny_dir, family=family)
+
+
+def word_tokenizer(extra: int = 0):
+    """Words only (no mask token), plus ``extra`` ordinary filler words after them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "<bos>", "<eos>", *WORDS, *(f"w{i}" for i in range(extra))]
+    tk = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)},
+                                    unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]",
+                                   bos_token="<bos>", eos_token="<eos>")
+
+
+def test_a_family_mask_id_that_is_an_ordinary_token_is_refused(tiny):
+    small = word_tokenizer()
+    smdm_tok = word_tokenizer(extra=32001 - len(small))  # 32000 is the word "w..."
+    last = small.convert_ids_to_tokens(len(small) - 1)
+    sized = IndependentLM(len(small))
+    sized.config = SimpleNamespace(vocab_size=len(small))  # no model_type: nothing contradicts
+    cases = [(sized, small, "mdlm", f"the mask id of family='mdlm' "
+              f"{len(small) - 1} is an ordinary token of the tokenizer \\('{last}'\\)"),
+             (IndependentLM(len(smdm_tok)), smdm_tok, "smdm", "the mask id of family='smdm' 32000 "
+              "is an ordinary token of the tokenizer \\('w"),
+             (typed(IndependentLM(len(small)), "mdlm", len(small)), small, None,
+              "the MDLM-style family's mask id \\(config.model_type 'mdlm'\\) "
+              f"{len(small) - 1} is an ordinary token")]
+    for module, tk, family, message in cases:
+        with pytest.raises(ValueError, match=message):
+            MaskedLM(module, tk, family=family)
+        # the user's own mask id, or force_family: taken
+        assert MaskedLM(module, tk, family=family, mask_token_id=2).mask_token_id == 2
+        assert MaskedLM(module, tk, family=family, force_family=True).mask_token_id == (
+            len(tk) - 1 if family != "smdm" else 32000)
+    # a mask id past the tokenizer (LLaDA's extra logits) or a special token: no complaint
+    assert MaskedLM(typed(IndependentLM(126464), "llada", 126464), small).mask_token_id == 126336
+    tok = family_tokenizer()
+    assert MaskedLM(IndependentLM(len(tok)), tok, family="dream").mask_token_id == (
+        tok.mask_token_id)
+
+
+def test_a_family_mask_id_outside_the_vocabulary_is_blamed_on_the_family():
+    tok = word_tokenizer()
+    for module, family, who in [(IndependentLM(40), "smdm", "the mask id of family='smdm' 32000"),
+                                (typed(IndependentLM(40), "llada", 40), None,
+                                 "the LLaDA family's mask id \\(config.model_type 'llada'\\) "
+                                 "126336")]:
+        with pytest.raises(ValueError, match=f"{who} is outside the model's vocabulary") as e:
+            MaskedLM(module, tok, family=family)
+        assert "mask_token_id=126336" not in str(e.value)
+        assert "mask_token_id=32000" not in str(e.value)
+    with pytest.raises(ValueError, match="mask_token_id=99 is outside"):  # the user's: named so
+        MaskedLM(IndependentLM(40), tok, mask_token_id=99)
 
 
 def test_the_guide_shows_the_table_of_conventions():

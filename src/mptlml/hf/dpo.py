@@ -189,7 +189,7 @@ class MPTDPOTrainer(Trainer):
         Responses of at most this many tokens are scored on every mask (exact).
     seed : int, optional
         Seed of the masks (default ``args.seed``).
-    mask_token_id, family : optional
+    mask_token_id, family, force_family : optional
         As for :class:`~mptlml.models.MaskedLM` (a masked-diffusion LM's plain mask id).
     disable_dropout : bool
         Set the policy's dropout to 0 (TRL's default): its dropout modules, and every
@@ -207,7 +207,8 @@ class MPTDPOTrainer(Trainer):
                  masks: str = "common", allocation: str = "learned",
                  exact_length: int = EXACT_LENGTH, seed: int | None = None,
                  mask_token_id: int | None = None, family: str | None = None,
-                 disable_dropout: bool = True, **kwargs: Any) -> None:
+                 force_family: bool = False, disable_dropout: bool = True,
+                 **kwargs: Any) -> None:
         from ..models.masked_lm import MaskedLM
 
         if model is None or processing_class is None:
@@ -244,7 +245,7 @@ class MPTDPOTrainer(Trainer):
         if ref_model is None:
             ref_model = copy.deepcopy(model)
         ref_model.eval().requires_grad_(False)
-        conv = {"mask_token_id": mask_token_id, "family": family}
+        conv = {"mask_token_id": mask_token_id, "family": family, "force_family": force_family}
         self.policy_lm = MaskedLM(model, processing_class, **conv)
         self.ref_lm = MaskedLM(ref_model, processing_class, **conv)
         self.beta = float(beta)

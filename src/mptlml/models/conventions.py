@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["CONVENTIONS", "FRAMES", "Convention", "convention_of", "conventions_table",
-           "get_convention"]
+           "family_conflict", "get_convention", "ordinary_token"]
 
 #: how the special tokens around the content are chosen
 FRAMES = ("tokenizer", "bos_eos")
@@ -110,6 +110,62 @@ def convention_of(config: Any) -> Convention | None:
     if not isinstance(mt, str):
         return None
     return next((c for c in CONVENTIONS.values() if mt in c.model_types), None)
+
+
+def family_conflict(conv: Convention, config: Any, *, masked_lm: bool) -> str | None:
+    """What a model's config says that contradicts a named family (None: nothing).
+
+    Generic over the rows of :data:`CONVENTIONS`: the config's ``model_type`` selects
+    another family; or it is not among the family's own ``model_types`` (a family that
+    lists some); or it is a transformers masked LM (``masked_lm``: it has its own mask
+    token and head) while the family is scored as a plain module with its own mask id.
+    A config without a ``model_type`` (a plain module) contradicts nothing.
+
+    Parameters
+    ----------
+    conv : Convention
+        The family the user named.
+    config : object or None
+        The model's config.
+    masked_lm : bool
+        Whether the config has a masked-LM class in transformers.
+    """
+    mt = getattr(config, "model_type", None)
+    if not isinstance(mt, str) or not mt:
+        return None
+    found = convention_of(config)
+    if found is not None and found is not conv:
+        return f"config.model_type is {mt!r}, the {found.name} family's"
+    if found is None and conv.model_types:
+        return (f"config.model_type is {mt!r}, not the {conv.name} family's "
+                f"({', '.join(repr(t) for t in conv.model_types)})")
+    if found is None and masked_lm and conv.any_module:
+        return (f"config.model_type is {mt!r}, a transformers masked LM with its own mask "
+                "token, which the family's mask id replaces")
+    return None
+
+
+def ordinary_token(tokenizer: Any, token_id: int) -> str | None:
+    """The token a tokenizer reads ``token_id`` as, when it is an ordinary one (else None).
+
+    Ordinary: inside the tokenizer's vocabulary and neither one of its special ids nor an
+    added token marked special (LLaDA's ``<|mdm_mask|>``). An id past the tokenizer (a
+    masked-diffusion LM's extra logits) is not a token of it.
+    """
+    if tokenizer is None:
+        return None
+    try:
+        size = len(tokenizer)
+    except TypeError:
+        return None
+    if not 0 <= token_id < size or token_id in set(getattr(tokenizer, "all_special_ids", [])):
+        return None
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    if token_id in added and getattr(added[token_id], "special", False):
+        return None
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    token = convert(token_id) if callable(convert) else None
+    return str(token) if token is not None else f"id {token_id}"
 
 
 def conventions_table() -> str:

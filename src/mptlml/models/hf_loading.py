@@ -316,8 +316,12 @@ def check_remote_code_runs(model: Any, src: str) -> None:
         raise _old_remote_code_error(src, saved, exc) from exc
 
 
-class _NotMaskedLM(ValueError):
-    """A loadable checkpoint that is no masked LM (re-raised as it is, not as a cache miss)."""
+class _Refused(ValueError):
+    """A loadable checkpoint refused by a check (re-raised as it is, not as a cache miss)."""
+
+
+class _NotMaskedLM(_Refused):
+    """A loadable checkpoint that is no masked LM."""
 
 
 def _has_masked_lm_class(config: Any) -> bool:
@@ -358,7 +362,8 @@ def _old_code_guard(src: str, config: Any, build: Any) -> Any:
 def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
                     random_init: bool = False, init_seed: int = 0, dtype: Any = None,
                     tokenizer_kwargs: dict[str, Any] | None = None,
-                    any_module: bool = False, **hf_kwargs: Any) -> tuple[Any, Any, str]:
+                    any_module: bool = False, check_config: Any = None,
+                    **hf_kwargs: Any) -> tuple[Any, Any, str]:
     """A masked LM, its tokenizer and a label, by hub name or local directory.
 
     Parameters
@@ -382,6 +387,9 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
         as LLaDA): it is loaded with ``AutoModel`` (its own code with
         ``trust_remote_code=True``) and must return logits. The caller then
         names the mask id.
+    check_config : callable, optional
+        Called with the checkpoint's config before any weights are loaded (a family named
+        by the caller checked against it); raises to refuse.
     **hf_kwargs
         Everything ``AutoModelForMaskedLM.from_pretrained`` accepts (``revision``,
         ``trust_remote_code``, ``device_map``, ``attn_implementation``,
@@ -409,6 +417,11 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
     try:
         tok = _load_tokenizer(src, tokenizer, {**shared, **(tokenizer_kwargs or {})})
         config = AutoConfig.from_pretrained(src, **shared)
+        if check_config is not None:
+            try:
+                check_config(config)
+            except ValueError as exc:  # the caller's refusal, re-raised as it is
+                raise _Refused(str(exc)) from exc
         auto = AutoModelForMaskedLM
         conv = convention_of(config)  # a known masked-diffusion family loads as any module
         if not any_module and not (conv is not None and conv.any_module):
@@ -433,7 +446,7 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, tokenizer: Any = None,
                 hf_kwargs["dtype"] = dt
             model = _old_code_guard(src, config, lambda: auto.from_pretrained(src, **hf_kwargs))
     except (OSError, ValueError) as exc:
-        if str(exc).startswith("no tokenizer files") or isinstance(exc, _NotMaskedLM):
+        if str(exc).startswith("no tokenizer files") or isinstance(exc, _Refused):
             raise
         where = ("offline (HF_HUB_OFFLINE or local_files_only) and it is not in the local "
                  "Hugging Face cache" if offline or hf_kwargs.get("local_files_only") else

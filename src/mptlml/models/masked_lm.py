@@ -45,9 +45,10 @@ from torch import nn
 from .._validation import check_device, make_generator
 from . import word_units
 from .conditional import check_cfg_scale, guided_logits
-from .conventions import convention_of, get_convention
+from .conventions import Convention, convention_of, family_conflict, get_convention, ordinary_token
 from .hf_loading import (
     DTYPES,
+    _has_masked_lm_class,
     check_masked_lm,
     check_remote_code_runs,
     dtype_name,
@@ -90,6 +91,23 @@ def _bos_eos(tokenizer: Any, family: str) -> tuple[list[int], list[int]]:
                          f"and EOS, but this tokenizer has bos_token_id={bos}, eos_token_id="
                          f"{eos}; pass its own tokenizer, or add_special_tokens=False.")
     return [int(bos)], [int(eos)]
+
+
+def check_family_fits(conv: Convention, family: str, config: Any) -> None:
+    """Refuse a named family that the checkpoint's config contradicts, naming both.
+
+    :func:`~mptlml.models.conventions.family_conflict` says what contradicts it;
+    ``force_family=True`` skips this check.
+    """
+    problem = family_conflict(conv, config, masked_lm=config is not None and (
+        _has_masked_lm_class(config)))
+    if problem is not None:
+        raise ValueError(
+            f"family={family!r} contradicts the checkpoint: {problem}. Its conventions (mask "
+            f"id, shifted logits, frame) would be applied to a model that does not follow "
+            "them, and its scores would be wrong without a word. Leave family=None (the "
+            "family is read from config.model_type), name the checkpoint's family, or pass "
+            "force_family=True if you mean it.")
 
 
 class MaskedLM(nn.Module):
@@ -147,6 +165,14 @@ class MaskedLM(nn.Module):
         ``"dream"``, ``"mdlm"``, ``"smdm"``, ``"bert"``): its mask id, shifted logits
         and frame (BOS/EOS), unless given here. None: read from ``config.model_type``
         (:func:`~mptlml.models.conventions.convention_of`); unknown types are BERT-style.
+        A named family that contradicts the checkpoint (its ``config.model_type`` is
+        another family's, or not this family's; a transformers masked LM given a plain
+        module's mask id) is refused, and so is a family's mask id that the tokenizer
+        reads as an ordinary token (MDLM's last id on a BERT vocabulary), unless
+        ``force_family=True``.
+    force_family : bool
+        Apply ``family``'s conventions even where the checkpoint contradicts them, or its
+        mask id is an ordinary token of the tokenizer (you mean it).
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, mask_token_id: int | None = None,
@@ -154,7 +180,8 @@ class MaskedLM(nn.Module):
                  corruption: str = "mask", truncate: bool = False,
                  preprocess: Callable[[str], str] | None = None, name: str | None = None,
                  allow_unknown: bool = False, autocast: bool | str | None = None,
-                 shift_logits: bool | None = None, family: str | None = None) -> None:
+                 shift_logits: bool | None = None, family: str | None = None,
+                 force_family: bool = False) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(
@@ -173,16 +200,33 @@ class MaskedLM(nn.Module):
                             "it); pass it, or load both with MaskedLM.from_pretrained(DIR).")
         if shift_logits is not None and not isinstance(shift_logits, bool):
             raise TypeError(f"shift_logits must be bool or None, got {shift_logits!r}.")
+        if not isinstance(force_family, bool):
+            raise TypeError(f"force_family must be bool, got {force_family!r}.")
         config = getattr(model, "config", None)
         conv = get_convention(family) if family is not None else convention_of(config)
+        if family is not None and not force_family:
+            check_family_fits(conv, family, config)
         #: the family's conventions (:mod:`mptlml.models.conventions`), None: BERT-style
         self.convention = conv
         #: logits of position i read at i - 1 (Dream's head)
         self.shift_logits = bool(conv is not None and conv.shift_logits) if (
             shift_logits is None) else shift_logits
+        mask_source = "mask_token_id"
         if mask_token_id is None and conv is not None:
             mask_token_id = conv.mask_id(vocab_size if vocab_size is not None
                                          else getattr(config, "vocab_size", None))
+            if mask_token_id is not None:
+                mask_source = (f"the mask id of family={family!r}" if family is not None else
+                               f"the {conv.name} family's mask id (config.model_type "
+                               f"{getattr(config, 'model_type', None)!r})")
+                word = ordinary_token(tokenizer, mask_token_id)
+                if word is not None and not force_family:
+                    raise ValueError(
+                        f"{mask_source} {mask_token_id} is an ordinary token of the "
+                        f"tokenizer ({word!r}): every masked position would read as that "
+                        "token. Pass the id the model was trained to read as masked "
+                        "(mask_token_id=), another family=, or force_family=True if you mean "
+                        "it.")
         #: an HF masked LM with its own tokenizer's mask token, or a plain module + mask id
         self.generic = (mask_token_id is not None or config is None
                         or (conv is not None and conv.any_module))
@@ -190,7 +234,8 @@ class MaskedLM(nn.Module):
             check_masked_lm(model, "MaskedLM")
         if self.generic:
             self.vocab_size, self.mask_token_id = check_module_vocab(
-                model, tokenizer, mask_token_id=mask_token_id, vocab_size=vocab_size)
+                model, tokenizer, mask_token_id=mask_token_id, vocab_size=vocab_size,
+                mask_source=mask_source)
         else:
             if vocab_size is not None:
                 raise ValueError("vocab_size= applies to a module without a config (pass it "
@@ -237,7 +282,7 @@ class MaskedLM(nn.Module):
                         preprocess: Callable[[str], str] | None = None, name: str | None = None,
                         allow_unknown: bool = False, autocast: bool | str | None = None,
                         shift_logits: bool | None = None, family: str | None = None,
-                        **hf_kwargs: Any) -> MaskedLM:
+                        force_family: bool = False, **hf_kwargs: Any) -> MaskedLM:
         """Load a masked LM and its tokenizer by hub name or local directory.
 
         Parameters
@@ -283,7 +328,10 @@ class MaskedLM(nn.Module):
         family : str, optional
             As for :class:`MaskedLM`. A checkpoint of a known family (``config.model_type``
             LLaDA's, Dream's, MDLM's; or ``family=``) is loaded through ``AutoModel`` as
-            with ``mask_token_id``, and scored by its conventions.
+            with ``mask_token_id``, and scored by its conventions. A family that
+            contradicts the checkpoint's config is refused before the weights are loaded.
+        force_family : bool
+            As for :class:`MaskedLM`.
         **hf_kwargs
             Everything else goes to ``AutoModelForMaskedLM.from_pretrained``
             (``AutoModel`` with ``mask_token_id`` for a model without a masked-LM
@@ -296,14 +344,18 @@ class MaskedLM(nn.Module):
                              "model itself).")
         dev = None if device is None else check_device(device)  # before loading anything
         conv = None if family is None else get_convention(family)  # before loading anything
+        if not isinstance(force_family, bool):
+            raise TypeError(f"force_family must be bool, got {force_family!r}.")
+        fits = (None if conv is None or force_family else
+                lambda config: check_family_fits(conv, str(family), config))
         model, tok, label = load_pretrained(
             name_or_dir, tokenizer=tokenizer, dtype=dtype, random_init=random_init,
             init_seed=init_seed, any_module=mask_token_id is not None or bool(
-                conv and conv.any_module), **hf_kwargs)
+                conv and conv.any_module), check_config=fits, **hf_kwargs)
         lm = cls(model, tok, mask_token_id=mask_token_id, add_special_tokens=add_special_tokens,
                  corruption=corruption, truncate=truncate, preprocess=preprocess,
                  name=name or label, allow_unknown=allow_unknown, autocast=autocast,
-                 shift_logits=shift_logits, family=family)
+                 shift_logits=shift_logits, family=family, force_family=force_family)
         lm = lm.to(dev) if dev is not None else lm
         check_remote_code_runs(lm.model, str(name_or_dir))  # old remote code: fails here, named
         return lm

@@ -176,7 +176,8 @@ def check_unknown_each(ids: Sequence[torch.Tensor], names: Sequence[str], unk_id
 
 
 def check_module_vocab(model: Any, tokenizer: Any, *, mask_token_id: int | None,
-                       vocab_size: int | None) -> tuple[int, int]:
+                       vocab_size: int | None,
+                       mask_source: str = "mask_token_id") -> tuple[int, int]:
     """Vocabulary size and mask id of a module scored with an explicit mask id.
 
     For a masked-diffusion LM (LLaDA, MDLM, Dream, ...) or any module whose
@@ -185,6 +186,9 @@ def check_module_vocab(model: Any, tokenizer: Any, *, mask_token_id: int | None,
     ids than the tokenizer has (LLaDA: 126,464 logits, mask id 126,336). The
     vocabulary size is ``vocab_size=``, else ``model.config.vocab_size``, else
     the width of the logits of a one-token forward pass.
+
+    ``mask_source`` names where the mask id came from in the messages (the user's
+    ``mask_token_id``, or a family's convention).
 
     Raises
     ------
@@ -212,8 +216,13 @@ def check_module_vocab(model: Any, tokenizer: Any, *, mask_token_id: int | None,
     if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 2:
         raise ValueError(f"vocab_size must be an int >= 2, got {vocab!r}.")
     if not 0 <= mask_token_id < vocab:
-        raise ValueError(f"mask_token_id={mask_token_id} is outside the model's vocabulary "
-                         f"(0..{vocab - 1}); pass the id the model reads as masked.")
+        fix = ("pass the id the model reads as masked" if mask_source == "mask_token_id" else
+               "the model does not follow that family; pass the id it reads as masked "
+               "(mask_token_id=) or its own family=")
+        who = (f"mask_token_id={mask_token_id}" if mask_source == "mask_token_id" else
+               f"{mask_source} {mask_token_id}")
+        raise ValueError(f"{who} is outside the model's vocabulary "
+                         f"(0..{vocab - 1}); {fix}.")
     if tokenizer is not None and len(tokenizer) > vocab:
         raise ValueError(
             f"tokenizer/model vocabulary mismatch: the tokenizer has {len(tokenizer)} tokens "
