@@ -289,3 +289,65 @@ def test_the_guide_shows_the_table_of_conventions():
     guide = (Path(__file__).parents[1] / "docs" / "guides" / "masked-lm.md").read_text()
     assert conventions_table() in guide
     assert len(CONVENTIONS) == 5
+
+
+def family_reference(module: nn.Module, tok, context: str, cont: str, *, mask_id: int,
+                     shift: bool, bos_eos: bool) -> float:
+    """A family's evaluation written out by direct forwards: its frame, mask id and shift."""
+    c = tok(context, add_special_tokens=False)["input_ids"] if context else []
+    full = tok(context + cont, add_special_tokens=False)["input_ids"]
+    lead = [tok.bos_token_id] if bos_eos else []
+    ids = torch.tensor([*lead, *full, *([tok.eos_token_id] if bos_eos else [])])
+
+    def log_probs(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            logits = module(x)
+        logits = (logits.logits if hasattr(logits, "logits") else logits).double()
+        if shift:
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        return torch.log_softmax(logits, -1)
+
+    return exhaustive_masked_sum(ids, range(len(lead) + len(c), len(lead) + len(full)), mask_id,
+                                 log_probs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_family_conventions_apply_in_every_door_that_scores(family):
+    """Dream (shifted logits, BOS/EOS frame, the tokenizer's mask) and LLaDA (a plain mask id
+    past the tokenizer, no shift), recognised from config.model_type: estimate_lml, compare,
+    the DPO bounds and lm-eval's loglikelihood each give the family's evaluation by direct
+    forwards (every mask of short texts: exact)."""
+    from lm_eval.api.instance import Instance
+
+    import mptlml.lm_eval as mle
+    from mptlml.hf.preference import preference_bounds
+
+    tok = family_tokenizer()
+    if family == "dream":
+        module = Shifted(TinyDiffusionLM(len(tok), seed=3).double(), model_type="Dream")
+        conv = {"mask_id": tok.mask_token_id, "shift": True, "bos_eos": True}
+    else:
+        vocab = 126464
+        module = typed(TinyDiffusionLM(vocab, seed=4, hidden=8).double(), "llada", vocab)
+        conv = {"mask_id": 126336, "shift": False, "bos_eos": False}
+    lm = MaskedLM(module, tok)
+    assert lm.mask_token_id == conv["mask_id"] and lm.shift_logits == conv["shift"]
+
+    def ref(context: str, cont: str) -> float:
+        return family_reference(module, tok, context, cont, **conv)
+
+    texts = ["the cat sat", "a big red house"]
+    est = mptlml.estimate_lml(lm, texts, estimator="exhaustive")
+    assert np.abs(est.per_sample.numpy() - [ref("", t) for t in texts]).max() < 1e-6
+    res = mptlml.compare(lm, [CONTEXT], [SHORT])
+    assert np.abs(res.scores[0] - [ref(CONTEXT, c) for c in SHORT]).max() < 1e-6
+    b = preference_bounds(lm, MaskedLM(module, tok), [CONTEXT] * 2, SHORT[:2], SHORT[1:],
+                          exact_length=8)
+    assert bool(b.exact.all())
+    for got, conts in ((b.policy_chosen, SHORT[:2]), (b.ref_rejected, SHORT[1:])):
+        assert np.abs(got.detach().numpy() - [ref(CONTEXT, c) for c in conts]).max() < 1e-6
+    reqs = [Instance("loglikelihood", {}, (CONTEXT, c), i, ("t", 0, 1))
+            for i, c in enumerate(SHORT)]
+    got = [ll for ll, _ in mle.MPTLM(lm).loglikelihood(reqs)]
+    assert np.abs(np.array(got) - [ref(CONTEXT, c) for c in SHORT]).max() < 1e-6
