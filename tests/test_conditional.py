@@ -175,3 +175,33 @@ def test_conditional_standard_errors_are_calibrated_at_small_num_masks(tiny):
     z = np.array(z)
     assert np.mean(np.abs(z) > 2) <= 0.10, np.mean(np.abs(z) > 2)
     assert 0.75 < z.std() < 1.33, z.std()
+
+
+def test_every_exact_path_is_under_the_one_cap(tiny):
+    """compare(estimator="exhaustive") and the DPO bounds' exact_length refuse, before any
+    masked input is scored, what estimate_lml's exhaustive estimator refuses: more than
+    mptlml.settings.max_masks masked inputs for one sequence."""
+    from mptlml.hf.preference import preference_bounds
+
+    long = [" " + " ".join(["the big red mat"] * 5), " a cat"]  # 20 tokens: 2^20 - 1 masks
+    calls = []
+    hook = tiny.model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match="candidate 0 of question 0 has 20 tokens; the "
+                                             "exhaustive estimator needs 2\\^D - 1 = 1048575"):
+            mptlml.compare(tiny, ["the cat sat on"], [long], estimator="exhaustive")
+        with mptlml.settings.max_masks(31), pytest.raises(
+                ValueError, match="candidate 2 of question 1 has 6 tokens.*max_masks=31"):
+            mptlml.compare(tiny, ["the cat", "the cat sat on"], [SHORT[:2], [" a", *LONGER]],
+                           estimator="exhaustive")
+        for n, cap in ((17, None), (6, 31)):
+            with mptlml.settings.max_masks(cap or mptlml.settings.max_masks.value()), \
+                    pytest.raises(ValueError, match=f"exact_length={n} .*max_masks="):
+                preference_bounds(tiny, tiny, ["the cat"], [" sat"], [" ran"], exact_length=n)
+    finally:
+        hook.remove()
+    assert not calls
+    with mptlml.settings.max_masks(63):  # within the cap: enumerated as before, exact
+        res = mptlml.compare(tiny, ["the cat sat on"], [[LONGER[0], SHORT[0]]],
+                             estimator="exhaustive")
+        assert bool(res.exact[0].all())

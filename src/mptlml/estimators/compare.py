@@ -372,6 +372,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     lengths = np.array([len(t) for t in ids])  # the continuations' (the scorer adds contexts)
     members = [[i for i, (qq, _) in enumerate(owner) if qq == q] for q in range(len(cands))]
     draw = _draw_of(estimator, p, allocation)
+    _check_lengths(draw, lengths, owner)
     # draws per member, per question (by default with target_se: MAX_TARGET_DRAWS, as
     # estimate_lml's target)
     caps = (_draw_caps(draw, p, lengths, members, max_masks) if max_masks is not None or not
@@ -480,6 +481,22 @@ def _draw_of(estimator: Any, num_masks: int, allocation: str) -> RoundDraw:
     draw = CellDraw(est.with_draws(num_masks), allocation)
     draw.name = est.name
     return draw
+
+
+def _check_lengths(draw: RoundDraw, lengths: np.ndarray, owner: list[tuple[int, int]]) -> None:
+    """The estimator's own refusals of a sequence length (the exhaustive estimator's cap,
+    ``mptlml.settings.max_masks`` masked inputs; a ``mask_size`` above the length), as
+    ``estimate_lml`` applies them, before any candidate is scored; naming the candidate."""
+    est = getattr(draw, "est", None)
+    if est is None:
+        return
+    for d in np.unique(lengths):
+        try:
+            est.check_num_tokens(int(d))
+        except ValueError as exc:
+            q, k = owner[int(np.flatnonzero(lengths == d)[0])]
+            raise ValueError(f"compare(estimator={est.name!r}): candidate {k} of question {q} "
+                             f"has {int(d)} tokens; {exc}") from None
 
 
 def _draw_caps(draw: RoundDraw, p: int, lengths: np.ndarray, members: list[list[int]],

@@ -73,8 +73,9 @@ class Exhaustive(Estimator):
         if total > cap:
             raise ValueError(
                 f"the exhaustive estimator needs 2^D - 1 = {total} masks for D={num_tokens}, "
-                f"more than max_masks={cap}; use estimator='cumulative' (Monte Carlo) or raise "
-                "max_masks (or mptlml.settings.max_masks).")
+                f"more than max_masks={cap}; use estimator='cumulative' (Monte Carlo), or raise "
+                "the cap (estimate_lml's max_masks=, or mptlml.settings.max_masks, which "
+                "every door applies).")
 
     def check_targetable(self) -> None:
         """Exact: no Monte Carlo error to bring to a target."""

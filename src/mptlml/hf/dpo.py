@@ -69,7 +69,14 @@ from .._validation import check_positive_int
 from ..estimators.runs import EXACT_LENGTH
 from ..estimators.sequential import NUM_RATE_BINS, RateDensity, density_of
 from .collator import stream_seed
-from .preference import MASK_SCHEMES, EncodedPairs, dpo_loss, encode_pairs, preference_bounds
+from .preference import (
+    MASK_SCHEMES,
+    EncodedPairs,
+    check_exact_length,
+    dpo_loss,
+    encode_pairs,
+    preference_bounds,
+)
 from .trainer import _items_mean, _step_batches
 
 try:
@@ -237,6 +244,7 @@ class MPTDPOTrainer(Trainer):
                             "DataCollatorForPreference; drop data_collator.")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be a non-negative int or None, got {seed!r}.")
+        exact_length = check_exact_length(exact_length)  # every exact path under one cap
         for what, data in (("training", train_dataset), ("evaluation", eval_dataset)):
             for part in (data.values() if isinstance(data, dict) else [data]):
                 _check_dataset(part, what)
@@ -252,7 +260,7 @@ class MPTDPOTrainer(Trainer):
         self.num_masks = check_positive_int(num_masks, "num_masks")
         self.masks = masks
         self.allocation = allocation
-        self.exact_length = int(exact_length)
+        self.exact_length = exact_length
         self.dpo_seed = seed
         self.spread_sum = np.zeros(NUM_RATE_BINS)
         self.spread_count = np.zeros(NUM_RATE_BINS)

@@ -69,6 +69,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import settings
 from .._validation import check_positive_int
 from ..estimators.runs import EXACT_LENGTH
 from ..estimators.sequential import (
@@ -86,11 +87,26 @@ from ..models.sequence_input import encode_with_context
 from .collator import stream_seed
 from .loss import IGNORE_INDEX, mpt_loss
 
-__all__ = ["MASK_SCHEMES", "EncodedPairs", "PreferenceBounds", "dpo_loss", "encode_pairs",
-           "masked_sums", "preference_bounds"]
+__all__ = ["MASK_SCHEMES", "EncodedPairs", "PreferenceBounds", "check_exact_length", "dpo_loss",
+           "encode_pairs", "masked_sums", "preference_bounds"]
 
 #: how the masks of a pair's four bounds are drawn (module docstring)
 MASK_SCHEMES = ("common", "independent", "vrpo")
+
+
+def check_exact_length(exact_length: Any) -> int:
+    """``exact_length`` checked: an int >= 0 whose every mask, 2^exact_length - 1 masked inputs
+    per response, is within ``mptlml.settings.max_masks`` (the cap of every exact path)."""
+    if isinstance(exact_length, bool) or not isinstance(exact_length, numbers.Integral) \
+            or exact_length < 0:
+        raise ValueError(f"exact_length must be an int >= 0, got {exact_length!r}.")
+    cap = check_positive_int(settings.max_masks.value(), "max_masks")
+    if 2 ** int(exact_length) - 1 > cap:
+        raise ValueError(f"exact_length={exact_length} scores a response of that many tokens on "
+                         f"every mask, 2^{exact_length} - 1 masked inputs, more than "
+                         f"mptlml.settings.max_masks={cap}; lower exact_length (responses "
+                         "past it are drawn) or raise mptlml.settings.max_masks.")
+    return int(exact_length)
 
 
 @dataclass
@@ -399,9 +415,7 @@ def preference_bounds(policy: Any, reference: Any, prompts: Sequence[Any] | Enco
         raise ValueError(f"masks must be one of {MASK_SCHEMES}, got {masks!r}.")
     if masks != "vrpo" and p % 2:
         raise ValueError(f"num_masks must be even (two draws per rate stratum), got {p}.")
-    if isinstance(exact_length, bool) or not isinstance(exact_length, numbers.Integral) \
-            or exact_length < 0:
-        raise ValueError(f"exact_length must be an int >= 0, got {exact_length!r}.")
+    check_exact_length(exact_length)
     if isinstance(prompts, EncodedPairs):
         if chosen is not None or rejected is not None:
             raise TypeError("pass EncodedPairs alone (as prompts), or the three lists.")
