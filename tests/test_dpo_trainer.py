@@ -312,3 +312,96 @@ def _assert_trains_as_one(run_one, run_two):
     assert wa.keys() == wb.keys()
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=1e-6, msg=k)
+
+
+def test_the_dataset_is_checked_once_before_training_row_by_row(tiny, tmp_path):
+    """Every bad row is named by its index in the dataset (not a place in a batch), at
+    construction; rows whose chosen and rejected tokenise identically are dropped, counted."""
+    from datasets import Dataset
+
+    path, tok = tiny
+    args = _args(tmp_path, max_steps=1)
+    bad = [(4, {"chosen": None}, "row 4 of the training dataset: 'chosen' is a NoneType"),
+           (5, {"rejected": ""}, "row 5 of the training dataset: .*no token of its own"),
+           (2, {"prompt": 3.5}, "row 2 of the training dataset: 'prompt' is a float"),
+           (1, "the cat", "row 1 of the training dataset must hold")]
+    for i, change, message in bad:
+        rows = [dict(p) for p in PAIRS]
+        rows[i] = change if isinstance(change, str) else {**rows[i], **change}
+        with pytest.raises((ValueError, TypeError), match=message):
+            _trainer(path, tok, args, data=rows)
+    with pytest.raises(ValueError, match="row 3 of the evaluation 'b' dataset"):
+        _trainer(path, tok, args, eval_dataset={"a": PAIRS, "b": [*PAIRS[:3], {
+            **PAIRS[3], "chosen": ["x"]}]})
+    ties = [*PAIRS, {"prompt": "the cat", "chosen": " sat", "rejected": " sat"},
+            {"prompt": "a", "chosen": " big  dog", "rejected": " big dog"}]  # same tokens
+    for data in (ties, Dataset.from_list(ties)):
+        with pytest.warns(UserWarning, match=r"2 of 8 rows of the training dataset have "
+                                             r"identical chosen and rejected responses "
+                                             r"\(rows \[6, 7\]\).*dropped"):
+            tr = _trainer(path, tok, args, data=data)
+        assert len(tr.train_dataset) == len(PAIRS)
+        assert [r["chosen"] for r in tr.train_dataset] == [p["chosen"] for p in PAIRS]
+    with pytest.raises(ValueError, match="every row of the training dataset has identical"), \
+            pytest.warns(UserWarning, match="2 of 2 rows"):
+        _trainer(path, tok, args, data=ties[-2:])
+
+
+TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'assistant' %}a {% endif %}"
+            "{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}a {% endif %}")
+
+
+def test_trls_conversational_format_goes_through_the_chat_template(tiny, tmp_path):
+    """Rows of {"role", "content"} messages: taken through the tokenizer's chat template as
+    TRL does (the prompt with its generation prompt; a response as the templated prompt +
+    response past the templated prompt), or refused by name when there is none."""
+    import copy
+
+    from datasets import Dataset
+
+    path, tok = tiny
+    conv = [{"prompt": [{"role": "user", "content": p["prompt"]}],
+             "chosen": [{"role": "assistant", "content": p["chosen"].strip()}],
+             "rejected": [{"role": "assistant", "content": p["rejected"].strip()}]}
+            for p in PAIRS]
+    args = _args(tmp_path, max_steps=1)
+    for data in (conv, Dataset.from_list(conv)):
+        with pytest.raises(ValueError, match="row 0 of the training dataset is in TRL's "
+                                             "conversational format.*no chat template"):
+            _trainer(path, tok, args, data=data)
+    templated = copy.deepcopy(tok)
+    templated.chat_template = TEMPLATE
+    for data in (conv, Dataset.from_list(conv)):
+        tr = _trainer(path, templated, args, data=data)
+        first = tr.train_dataset[0]
+        assert first == {"prompt": PAIRS[0]["prompt"] + " a ",
+                         "chosen": PAIRS[0]["chosen"].strip() + " ",
+                         "rejected": PAIRS[0]["rejected"].strip() + " "}
+    assert math.isfinite(tr.train().training_loss)
+    mixed = [dict(conv[0], chosen=" sat"), *conv[1:]]
+    with pytest.raises(ValueError, match="row 0 of the training dataset: 'chosen' is not a "
+                                         "list of"):
+        _trainer(path, templated, args, data=mixed)
+
+
+def test_a_loss_that_is_not_finite_stops_training_before_the_weights_move(tiny, tmp_path):
+    """NaN logits of the policy, or of the reference: training stops with a message at the
+    first step, and no weight has become NaN (the step's optimizer never ran)."""
+    path, tok = tiny
+    for which in ("policy", "reference"):
+        broken = _model(path)
+        with torch.no_grad():
+            broken.cls.predictions.decoder.bias[7] = float("nan")
+        kw = {"ref_model": broken} if which == "reference" else {}
+        tr = _trainer(path, tok, _args(tmp_path / which, max_steps=2, logging_nan_inf_filter=True),
+                      **kw)
+        if which == "policy":
+            with torch.no_grad():
+                tr.model.cls.predictions.decoder.bias[7] = float("nan")
+        before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+        with pytest.raises(FloatingPointError, match="loss of step 0 is not finite"):
+            tr.train()
+        for n, p in tr.model.named_parameters():
+            assert torch.equal(p.detach(), before[n], ) or bool(torch.isnan(before[n]).any()), n
+        assert all(bool(torch.isfinite(p).all()) for n, p in tr.model.named_parameters()
+                   if "decoder.bias" not in n and n != "cls.predictions.bias")

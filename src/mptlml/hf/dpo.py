@@ -46,6 +46,13 @@ What it guarantees
   not well below ``rewards/margins_sd``, the masks per step, not the data, dominate the
   noise of the gradient; raise ``num_masks``), ``logps/chosen``, ``logps/rejected`` (the
   policy's bounds). Evaluation logs the same with ``eval_`` in front, on fixed masks.
+- **The data**, checked once at construction, row by row: a bad row is refused naming its
+  index in the dataset; TRL's conversational rows (lists of ``{"role", "content"}``
+  messages) go through the tokenizer's chat template as TRL's do (refused by name without
+  one); rows whose chosen and rejected responses tokenise identically are dropped, with a
+  warning that counts them.
+- **A loss that is not finite** (NaN logits) stops training with a message before the
+  optimizer steps.
 - **Refused.** A model that is not a masked LM (without ``mask_token_id=``), a reference
   that is the model itself, data without the three text columns, ``label_smoothing_factor``
   and ``compute_loss_func``.
@@ -56,6 +63,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import numbers
 import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -148,6 +156,95 @@ def _check_dataset(data: Any, what: str) -> None:
         raise ValueError(f"the {what} dataset must have the text columns {list(COLUMNS)} (TRL's "
                          f"preference format); it has {list(cols)}.")
 
+
+def _is_conversation(value: Any) -> bool:
+    """TRL's conversational format: a list of ``{"role", "content"}`` messages."""
+    return (isinstance(value, list | tuple) and len(value) > 0
+            and all(isinstance(m, Mapping) and "role" in m and "content" in m for m in value))
+
+
+def _from_conversation(row: Mapping[str, Any], tokenizer: Any, where: str) -> dict[str, Any]:
+    """A conversational pair as texts through the tokenizer's chat template, as TRL does:
+    the prompt with the generation prompt, each response as the templated prompt + response
+    past the templated prompt."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        raise ValueError(
+            f"{where} is in TRL's conversational format (lists of {{'role', 'content'}} "
+            f"messages) and the tokenizer ({type(tokenizer).__name__}) has no chat template "
+            "to turn it into text. Set tokenizer.chat_template, or pass the pairs as strings "
+            f"{list(COLUMNS)}.")
+    for c in COLUMNS:
+        if not _is_conversation(row[c]):
+            raise ValueError(f"{where}: {c!r} is not a list of {{'role', 'content'}} messages "
+                             "while the others are; pass all three as messages, or all as "
+                             "strings.")
+    prompt = list(row["prompt"])
+    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    out = {"prompt": text}
+    for c in ("chosen", "rejected"):
+        full = tokenizer.apply_chat_template(prompt + list(row[c]), tokenize=False)
+        if not full.startswith(text):
+            raise ValueError(f"{where}: the chat template of prompt + {c} does not begin with "
+                             "the template of the prompt, so the response cannot be cut from "
+                             "it; pass the pairs as strings.")
+        out[c] = full[len(text):]
+    return out
+
+
+def _prepare_dataset(data: Any, what: str, lm: Any) -> Any:
+    """Check every row of a preference dataset once, before training; the rows as trained.
+
+    Each row is named by its index in the dataset: a row that is not a mapping of the three
+    columns, or whose fields the policy cannot tokenise, is refused. Conversational rows
+    (TRL's lists of messages) are taken through the tokenizer's chat template (or refused
+    by name without one). Rows whose chosen and rejected responses tokenise identically
+    (no preference) are dropped, with a warning that counts them. A dataset that cannot be
+    indexed (streaming) is left to the collator, batch by batch.
+    """
+    import warnings
+
+    if data is None or not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        return data
+    rows, changed, ties = [], False, []
+    for i in range(len(data)):
+        row = data[i]
+        where = f"row {i} of the {what} dataset"
+        if not isinstance(row, Mapping) or any(c not in row for c in COLUMNS):
+            got = sorted(row) if isinstance(row, Mapping) else type(row).__name__
+            raise ValueError(f"{where} must hold {list(COLUMNS)} (TRL's preference format), "
+                             f"got {got}.")
+        if any(_is_conversation(row[c]) for c in COLUMNS):
+            row, changed = _from_conversation(row, lm.tokenizer, where), True
+        else:
+            row = {c: row[c] for c in COLUMNS}
+            for c in COLUMNS:
+                value = row[c]
+                if not (isinstance(value, str) or (isinstance(value, list | tuple) and all(
+                        isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                        for t in value))):
+                    raise ValueError(
+                        f"{where}: {c!r} is a {type(value).__name__} ({value!r:.60}); each field "
+                        "is a string (or a list of token ids), or all three are TRL's "
+                        "conversational lists of {'role', 'content'} messages.")
+        try:
+            enc = encode_pairs(lm, [row["prompt"]], [row["chosen"]], [row["rejected"]])
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"{where}: {exc}") from None
+        if enc.chosen_context == enc.rejected_context and torch.equal(enc.chosen[0],
+                                                                        enc.rejected[0]):
+            ties.append(i)
+            continue
+        rows.append(row)
+    if ties:
+        warnings.warn(f"{len(ties)} of {len(data)} rows of the {what} dataset have identical "
+                      f"chosen and rejected responses (rows {ties[:10]}"
+                      f"{' ...' if len(ties) > 10 else ''}): no preference to learn, dropped.",
+                      UserWarning, stacklevel=3)
+        if len(ties) == len(data):
+            raise ValueError(f"every row of the {what} dataset has identical chosen and "
+                             "rejected responses: nothing to train on.")
+    return rows if changed or ties else data
 
 
 def _disable_dropout(model: torch.nn.Module) -> None:
@@ -256,6 +353,10 @@ class MPTDPOTrainer(Trainer):
         conv = {"mask_token_id": mask_token_id, "family": family, "force_family": force_family}
         self.policy_lm = MaskedLM(model, processing_class, **conv)
         self.ref_lm = MaskedLM(ref_model, processing_class, **conv)
+        train_dataset = _prepare_dataset(train_dataset, "training", self.policy_lm)
+        eval_dataset = ({k: _prepare_dataset(v, f"evaluation {k!r}", self.policy_lm)
+                         for k, v in eval_dataset.items()} if isinstance(eval_dataset, dict)
+                        else _prepare_dataset(eval_dataset, "evaluation", self.policy_lm))
         self.beta = float(beta)
         self.num_masks = check_positive_int(num_masks, "num_masks")
         self.masks = masks
@@ -332,6 +433,29 @@ class MPTDPOTrainer(Trainer):
         out = super().train(*args, **kwargs)
         self._learn()
         return out
+
+    def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """``Trainer.training_step``, stopped with a message when the loss is not finite.
+
+        A NaN or infinite loss (NaN logits, an overflow) is raised on, every process
+        agreeing, before the optimizer steps: its gradient would make the weights NaN,
+        while transformers' ``logging_nan_inf_filter`` would log the step's loss as the
+        mean of the earlier ones.
+        """
+        loss = super().training_step(*args, **kwargs)
+        bad = torch.tensor(float(not bool(torch.isfinite(loss.detach()).all())),
+                           device=self.args.device)
+        if self.args.world_size > 1:
+            bad = self.accelerator.reduce(bad, "sum")
+        if float(bad) > 0:
+            raise FloatingPointError(
+                f"MPTDPOTrainer: the loss of step {self.state.global_step} is not finite "
+                f"({float(loss.detach().float().mean())}) on {int(float(bad))} process(es); "
+                "training stopped before the optimizer step, so the weights are those of the "
+                "last finite step. NaN or infinite logits of the policy or the reference (a "
+                "learning rate too high, float16 overflow, NaN weights) give NaN bounds; "
+                "lower the learning rate, use bfloat16 or float32, or check the models.")
+        return loss
 
     # ------------------------------------------------------------------ allocation
     def _learn(self) -> None:
