@@ -177,3 +177,25 @@ def test_guidance_without_a_context_or_of_a_dense_model_is_refused(tiny):
     with pytest.raises(ValueError, match="prompt_lengths"):
         tiny.ragged_masked_log_prob([torch.tensor([5, 6])], [torch.ones(1, 2, dtype=torch.bool)],
                                     [None], cfg_scale=0.5)
+
+
+def test_guidance_with_an_empty_context_is_refused_before_any_work(tiny):
+    """An empty prompt leaves guidance nothing to mask: refused at every door, naming the
+    continuation, before a masked input is scored (an empty string, a context of spaces,
+    an empty id list)."""
+    calls = []
+    hook = tiny.model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        for contexts in (["", CONTEXT], [CONTEXT, "   "]):
+            with pytest.raises(ValueError, match="context of continuation [0-9]+ has no token"):
+                mptlml.compare(tiny, contexts, [SHORT, SHORT], cfg_scale=0.5)
+        ids = [t.tolist() for t in tiny.encode(SHORT)]
+        for context, conts in (("", SHORT), ([[] for _ in SHORT], ids)):
+            with pytest.raises(ValueError, match="context of continuation 0 has no token"):
+                mptlml.pll(tiny, conts, context=context, cfg_scale=0.5)
+            with pytest.raises(ValueError, match="context of continuation 0 has no token"):
+                mptlml.estimate_lml(tiny, conts, context=context, cfg_scale=0.5)
+    finally:
+        hook.remove()
+    assert not calls
+    mptlml.pll(tiny, SHORT, context="", cfg_scale=0.0)  # unguided: an empty context is fine

@@ -208,6 +208,13 @@ class ConditionedSequences:
         from .sequence_input import encode_with_context
 
         full, num_context = encode_with_context(self.inner, self.contexts, continuations)
+        empty = [i for i, n in enumerate(num_context) if n == 0]
+        if self.cfg_scale and empty:
+            raise ValueError(
+                f"cfg_scale={self.cfg_scale:g} guides a score by its context, and the context "
+                f"of continuation {empty[0]} has no token ({len(empty)} of {len(full)} "
+                "empty): there is no prompt to mask, so the guided score would be the "
+                "unguided one. Give every continuation a context, or pass cfg_scale=0.")
         out = []
         for t, n in zip(full, num_context, strict=True):
             cont = t[n:].clone()
