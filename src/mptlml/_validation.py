@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,9 @@ import torch
 __all__ = [
     "ALLOCATIONS",
     "FALSE_WORDS",
+    "MIN_TARGET_SE",
     "MONTE_CARLO_OPTIONS",
+    "check_checkpoint_dir",
     "TRUE_WORDS",
     "Interval",
     "InvalidOptionError",
@@ -307,6 +310,8 @@ class Interval:
     low: float | None
     high: float | None
     closed: str = "both"
+    #: why the range is what it is, said in the refusal
+    note: str = ""
 
     def holds(self, value: Any) -> bool:
         if isinstance(value, bool | np.bool_) or not isinstance(value, self.kind):
@@ -321,6 +326,9 @@ class Interval:
         return lo_ok and hi_ok
 
     def __str__(self) -> str:
+        return self._range() + (f" ({self.note})" if self.note else "")
+
+    def _range(self) -> str:
         what = "an int" if self.kind is numbers.Integral else "a number"
         if self.kind is numbers.Integral and self.low == 1 and self.high is None:
             return "a positive integer"
@@ -333,6 +341,8 @@ class Interval:
         if self.low is not None:
             if self.low == 0 and self.closed in ("neither", "right"):
                 return "a positive number" if self.kind is numbers.Real else what + " > 0"
+            if self.low > 0 and self.kind is numbers.Real:
+                what = "a positive number"
             return f"{what} {'>=' if self.closed in ('both', 'left') else '>'} {self.low:g}"
         assert self.high is not None
         return f"{what} {'<=' if self.closed in ('both', 'right') else '<'} {self.high:g}"
@@ -389,10 +399,18 @@ ALLOCATIONS = ("neyman", "uniform")
 #: The one table of the Monte Carlo options of every door (``estimate_lml``, ``mpt_curve``,
 #: ``compare``, ``pll``): each name's allowed kinds of value (any one of them). A door that
 #: allows more for a name says so in ``check_options(..., overrides=)``.
+#: the smallest target standard error (nats) a Monte Carlo door takes: the square root of
+#: float64's smallest normal number, so that the target variance target_se^2 is a float
+#: (1e-300 squared is 0, and the plan's (se / target_se)^2 overflowed). A target above it but
+#: beyond reach spends its cap and says so (stop_reason "budget")
+MIN_TARGET_SE = math.sqrt(sys.float_info.min)
+
 MONTE_CARLO_OPTIONS: dict[str, list[Any]] = {
     "num_masks": [Interval(numbers.Integral, 1, None)],
     "seed": [SEED_INT, "generator", None],
-    "target_se": [Interval(numbers.Real, 0, None, "neither"), None],
+    "target_se": [Interval(numbers.Real, MIN_TARGET_SE, None, "left",
+                           "a positive target whose square, the target variance, is a normal "
+                           "float64"), None],
     "max_masks": [Interval(numbers.Integral, 1, None), None],
     "alpha": [Interval(numbers.Real, 0, 1, "neither")],
     "delta": [Interval(numbers.Real, 0, None, "left")],
@@ -439,3 +457,30 @@ def check_options(where: str, overrides: Mapping[str, list[Any]] | None = None,
         elif isinstance(value, bool) and "boolean" not in allowed:
             hint = " (a bool is not a number here)"
         raise InvalidOptionError(f"{where}: {name} must be {what}, got {value!r}{hint}.")
+
+
+def check_checkpoint_dir(path: Any, where: str) -> None:
+    """Refuse a ``checkpoint_dir`` that cannot be a folder of checkpoints, before any work.
+
+    It must be a path (str or ``os.PathLike``) naming a folder, or a place where one can be
+    made: not an existing file, not below a file, and in a writable folder.
+    """
+    if path is None:
+        return
+    if not isinstance(path, str | os.PathLike) or isinstance(path, bytes):
+        raise TypeError(f"{where}: checkpoint_dir must be a folder path (str or Path), got "
+                        f"{type(path).__name__}.")
+    target = os.path.abspath(os.fspath(path))
+    probe = target
+    while not os.path.exists(probe):  # the nearest part of the path that exists
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if os.path.exists(probe) and not os.path.isdir(probe):
+        what = "is a file" if probe == target else f"lies below the file {probe}"
+        raise ValueError(f"{where}: checkpoint_dir={os.fspath(path)!r} {what}; checkpoints are "
+                         "written to a folder (made when missing): pass a folder path.")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{where}: checkpoint_dir={os.fspath(path)!r} cannot be written "
+                         f"({probe} is not writable); pass a folder you can write to.")

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .._validation import Interval, check_options
+from .._validation import Interval, check_checkpoint_dir, check_options
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .base import Estimator, accepted_options
@@ -294,6 +294,7 @@ def estimate_lml(model: Any, x: Any, estimator: str | Estimator = "cumulative", 
                   progress=progress)
     check_options("estimate_lml", **{k: v for k, v in options.items() if k in _RUN_OPTIONS
                                      and k != "checkpoint_dir"})
+    check_checkpoint_dir(options.get("checkpoint_dir"), "estimate_lml")
     model = with_context(model, context, cfg_scale=cfg_scale)
     args = given(rate=rate, mask_size=mask_size, share_masks=share_masks, nested=nested,
                  max_masks=max_masks if target_se is None else None)

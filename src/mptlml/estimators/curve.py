@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from .._scoring.dense import check_masked_inputs, score_nested
-from .._validation import Interval, check_options, check_size
+from .._validation import Interval, check_checkpoint_dir, check_options, check_size
 from ..models.base import MaskedModel
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
@@ -156,6 +156,7 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
         M_ik, ``num_tokens`` (N,) D_i, ``lml`` the Riemann estimates
         ``D_i * mean_k S_ik``.
     """
+    check_checkpoint_dir(checkpoint_dir, "mpt_curve")
     check_options("mpt_curve", overrides=_CURVE_OPTIONS, num_masks=num_masks, seed=seed,
                   share_masks=share_masks, nested=nested, target_se=target_se,
                   max_masks=max_masks, allocation=allocation, progress=progress,

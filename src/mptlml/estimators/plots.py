@@ -28,6 +28,16 @@ def _axes(ax: Any, purpose: str, figsize: tuple[float, float]) -> Any:
     """``ax``, or the Axes of a new figure (matplotlib required, named in the error)."""
     require("matplotlib", purpose)
     if ax is not None:
+        from matplotlib.axes import Axes
+
+        if not isinstance(ax, Axes):
+            hint = (" (a Figure: pass fig.add_subplot() or one of fig.axes)"
+                    if type(ax).__name__ in ("Figure", "SubFigure") else
+                    " (an array of Axes from plt.subplots(n): pass one of them)"
+                    if hasattr(ax, "flat") else "")
+            raise TypeError(f"{purpose}: ax must be a matplotlib Axes (e.g. "
+                            f"plt.subplots()[1]) or None (a new figure), got "
+                            f"{type(ax).__name__}{hint}.")
         return ax
     import matplotlib.pyplot as plt
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from .._scoring.ragged import encode_units, run_pairs, targeted, unit_counts, word_model
-from .._validation import check_options
+from .._validation import check_checkpoint_dir, check_options
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .results import TokenScores, announce_nonfinite
@@ -88,6 +88,7 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
     """
     check_options("pll", per_token=per_token, whole_word=whole_word, token_budget=token_budget,
                   chunk_size=chunk_size, batch_size=batch_size, progress=progress)
+    check_checkpoint_dir(checkpoint_dir, "pll")
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}.")
     if not isinstance(whole_word, bool) or not isinstance(per_token, bool):

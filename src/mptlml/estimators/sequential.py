@@ -159,7 +159,8 @@ def draws_needed(drawn: float, se: float, dof: float, target: float) -> float:
     (unknown without dof: infinite, the next round doubles)."""
     if not dof > 0:
         return math.inf
-    need = drawn * (se / target) ** 2
+    ratio = se / target
+    need = drawn * ratio * ratio  # inf past a float (x ** 2 raised OverflowError)
     if math.isfinite(dof) and dof > 0:
         need = max(need, drawn * TARGET_MIN_DOF / dof)
     return need

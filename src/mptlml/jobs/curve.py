@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from .._scoring.distributed import distributed_context, resolve_device
+from .._validation import MIN_TARGET_SE
 from ..estimators import MPTCurve, mpt_curve, pll
 from ..estimators.plots import plot_curves
 from ..estimators.rates import check_rates, rate_grid, rate_widths
@@ -320,7 +321,8 @@ class CurveConfig(MLMRunConfig):
                                   "default)")
     target_se: float | None = setting(None, "draw masks in rounds until this Monte Carlo "
                                       "standard error of the mean LML, in nats; num_masks "
-                                      "is then the first round's per rate", gt=0)
+                                      "is then the first round's per rate",
+                                      min=MIN_TARGET_SE)
     max_masks: int | None = setting(None, "with --target-se: the most masked inputs per "
                                     "sequence (the rounds stop there; stop_reason then "
                                     "says 'budget')", min=1)
