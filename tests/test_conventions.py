@@ -190,6 +190,8 @@ def test_bert_style_is_the_default_and_refusals(tiny):
         MaskedLM(tiny.model, tiny.tokenizer, family="dream", force_family=True)
     with pytest.raises(TypeError, match="force_family"):
         MaskedLM(tiny.model, tiny.tokenizer, force_family="yes")
+    with pytest.raises(ValueError, match="force_family=True applies a family=, and none"):
+        MaskedLM(tiny.model, tiny.tokenizer, force_family=True)
 
 
 def typed(module: nn.Module, model_type: str, vocab: int) -> nn.Module:

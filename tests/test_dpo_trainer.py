@@ -333,6 +333,10 @@ def test_the_dataset_is_checked_once_before_training_row_by_row(tiny, tmp_path):
     with pytest.raises(ValueError, match="row 3 of the evaluation 'b' dataset"):
         _trainer(path, tok, args, eval_dataset={"a": PAIRS, "b": [*PAIRS[:3], {
             **PAIRS[3], "chosen": ["x"]}]})
+    tr = _trainer(path, tok, args)
+    with pytest.raises(ValueError, match="row 1 of the evaluation dataset: 'rejected' is a "
+                                         "NoneType"):
+        tr.evaluate(eval_dataset=[PAIRS[0], {**PAIRS[1], "rejected": None}])
     ties = [*PAIRS, {"prompt": "the cat", "chosen": " sat", "rejected": " sat"},
             {"prompt": "a", "chosen": " big  dog", "rejected": " big dog"}]  # same tokens
     for data in (ties, Dataset.from_list(ties)):

@@ -576,6 +576,12 @@ class MPTDPOTrainer(Trainer):
         super().log({**logs, **extra}, *args, **kwargs)
 
     # ------------------------------------------------------------------ evaluation
+    def evaluate(self, eval_dataset: Any = None, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """``Trainer.evaluate``; an ``eval_dataset`` given here is checked as at construction."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            eval_dataset = _prepare_dataset(eval_dataset, "evaluation", self.policy_lm)
+        return super().evaluate(eval_dataset, *args, **kwargs)
+
     def evaluation_loop(self, dataloader: Any, description: str,
                         prediction_loss_only: bool | None = None,
                         ignore_keys: list[str] | None = None,

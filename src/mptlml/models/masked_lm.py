@@ -93,6 +93,16 @@ def _bos_eos(tokenizer: Any, family: str) -> tuple[list[int], list[int]]:
     return [int(bos)], [int(eos)]
 
 
+def check_force_family(family: str | None, force_family: Any) -> None:
+    """Refuse a ``force_family`` that is not a bool, or True with no ``family`` named."""
+    if not isinstance(force_family, bool):
+        raise TypeError(f"force_family must be bool, got {force_family!r}.")
+    if force_family and family is None:
+        raise ValueError("force_family=True applies a family=, and none is named (the "
+                         "family read from config.model_type is the checkpoint's own): "
+                         "name the family, or drop force_family.")
+
+
 def check_family_fits(conv: Convention, family: str, config: Any) -> None:
     """Refuse a named family that the checkpoint's config contradicts, naming both.
 
@@ -200,8 +210,7 @@ class MaskedLM(nn.Module):
                             "it); pass it, or load both with MaskedLM.from_pretrained(DIR).")
         if shift_logits is not None and not isinstance(shift_logits, bool):
             raise TypeError(f"shift_logits must be bool or None, got {shift_logits!r}.")
-        if not isinstance(force_family, bool):
-            raise TypeError(f"force_family must be bool, got {force_family!r}.")
+        check_force_family(family, force_family)
         config = getattr(model, "config", None)
         conv = get_convention(family) if family is not None else convention_of(config)
         if family is not None and not force_family:
@@ -344,8 +353,7 @@ class MaskedLM(nn.Module):
                              "model itself).")
         dev = None if device is None else check_device(device)  # before loading anything
         conv = None if family is None else get_convention(family)  # before loading anything
-        if not isinstance(force_family, bool):
-            raise TypeError(f"force_family must be bool, got {force_family!r}.")
+        check_force_family(family, force_family)
         fits = (None if conv is None or force_family else
                 lambda config: check_family_fits(conv, str(family), config))
         model, tok, label = load_pretrained(
