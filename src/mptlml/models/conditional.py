@@ -208,6 +208,12 @@ class ConditionedSequences:
         from .sequence_input import encode_with_context
 
         full, num_context = encode_with_context(self.inner, self.contexts, continuations)
+        if self.cfg_scale and 0 in num_context:
+            raise ValueError(
+                f"cfg_scale={self.cfg_scale:g} guides a score by its prompt (the context), and "
+                f"continuation {list(num_context).index(0)} has an empty one: guidance would "
+                "mask nothing. Nothing was scored; pass a context for every continuation, or "
+                "cfg_scale=0.")
         out = []
         for t, n in zip(full, num_context, strict=True):
             cont = t[n:].clone()
