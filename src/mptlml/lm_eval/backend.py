@@ -44,7 +44,14 @@ from ..estimators.compare import compare
 from ..models import MaskedLM
 from ..models.sequence_input import content_limit, context_bos, fit_contexts, window_pairs
 from .greedy import greedy_reproduces
-from .records import RecordLog, pair_records, rolling_records, warn_summary, warn_windows
+from .records import (
+    RecordLog,
+    group_weights,
+    pair_records,
+    rolling_records,
+    warn_summary,
+    warn_windows,
+)
 from .settings import RunSettings, load_model, read_model_args, with_harness
 
 try:
@@ -179,6 +186,7 @@ class MPTLM(LM):
         self.log = RecordLog(settings.mc_log, write=self._ctx.main)  # the file made here
         self._questions = 0
         self._announced_greedy = False
+        self._groups: dict[str, dict[str, Any]] = {}
         type(self).last = ((lambda model=self: model) if self.hold_last else
                            weakref.ref(self))
 
@@ -219,6 +227,7 @@ class MPTLM(LM):
     def check_tasks(self, task_dict: Any) -> None:
         """Refuse, before any request is scored, a task the run's settings cannot score:
         guidance (``cfg``) on a perplexity task (its texts have no context to guide by)."""
+        self._groups = group_weights(task_dict)  # for the group rows' MC SEs
         rolling = sorted(n for n, t in _tasks(task_dict)
                          if t.OUTPUT_TYPE == "loglikelihood_rolling")
         if self.cfg and rolling:
@@ -277,7 +286,7 @@ class MPTLM(LM):
         warn_summary(summary, self.settings)
         return {"mptlml": {
             "model": self.model.name, **self.model.placement(), **self.settings.config(),
-            "world_size": self.world_size,
+            "world_size": self.world_size, "groups": self._groups,
             "mc_log": (str(self.log.path) if self.log.path is not None else
                        BESIDE_RESULTS if self.beside_results else None),
             "monte_carlo": summary}}

@@ -87,8 +87,8 @@ from ..estimators.stats import sum_stderr
 logger = logging.getLogger("lm_eval.mptlml")
 
 __all__ = ["RecordLog", "add_monte_carlo_stderr", "check_log_path", "flip_probability",
-           "pair_records", "rolling_records", "summarize", "summary_lines", "warn_summary",
-           "warn_windows"]
+           "group_weights", "pair_records", "rolling_records", "summarize", "summary_lines",
+           "warn_summary", "warn_windows"]
 
 
 def _phi(z: float) -> float:
@@ -331,6 +331,48 @@ _METRICS = {"acc": ("accuracy_mc_stderr", "abs"),
             "bits_per_byte": ("bits_per_byte_mc_stderr", "abs")}
 
 
+def group_weights(task_dict: Any) -> dict[str, dict[str, Any]]:
+    """The groups of lm-eval's task dict, as lm-eval aggregates their metrics.
+
+    Returns
+    -------
+    dict
+        group -> ``{"tasks": [leaf task names], "weight_by_size": {metric: bool}}`` for every
+        group whose YAML has an ``aggregate_metric_list`` (lm-eval's group row: the mean of
+        its leaf tasks' metric, weighted by their sizes or not).
+    """
+    found: dict[str, dict[str, Any]] = {}
+    groups = task_dict.get("groups", {}) if isinstance(task_dict, dict) else {}
+    for name, group in groups.items():
+        metrics = getattr(group, "aggregate_metric_list", None) or []
+        if metrics and hasattr(group, "get_all_tasks"):
+            found[str(getattr(group, "name", name))] = {
+                "tasks": [str(t.task_name) for t in group.get_all_tasks()],
+                "weight_by_size": {str(m.metric): bool(m.weight_by_size) for m in metrics}}
+    return found
+
+
+def _group_stderr(results: dict[str, Any], summary: dict[str, Any],
+                  groups: dict[str, dict[str, Any]]) -> None:
+    """Each group row's ``METRIC_mc_stderr,FILTER`` from its leaf tasks' (independent masks):
+    ``sqrt(sum_i w_i^2 se_i^2) / sum_i w_i``, ``w_i`` the task's documents when the group
+    weights by size, else 1, as lm-eval weights the metric itself."""
+    rows = results.get("results", {})
+    for group, g in groups.items():
+        for metric, by_size in g["weight_by_size"].items():
+            for key in [k for k in rows.get(group, {}) if k.partition(",")[0] == metric]:
+                filt = key.partition(",")[2]
+                mc = [rows.get(t, {}).get(f"{metric}_mc_stderr,{filt}") for t in g["tasks"]]
+                if not g["tasks"] or any(v is None or t not in summary
+                                         for v, t in zip(mc, g["tasks"], strict=True)):
+                    continue
+                w = [float(summary[t]["documents"]) if by_size else 1.0 for t in g["tasks"]]
+                se = math.sqrt(sum((wi * v) ** 2 for wi, v in zip(w, mc, strict=True))) / sum(w)
+                for table in (rows, results.get("groups", {})):
+                    if group in table:
+                        table[group][f"{metric}_mc_stderr,{filt}"] = se
+
+
 def add_monte_carlo_stderr(results: dict[str, Any], model: Any = None) -> dict[str, Any]:
     """Put each metric's Monte Carlo standard error beside lm-eval's own, in ``results``.
 
@@ -340,7 +382,9 @@ def add_monte_carlo_stderr(results: dict[str, Any], model: Any = None) -> dict[s
     ``"METRIC_mc_stderr,FILTER"``: ``acc`` and ``acc_norm`` (the decisions' flips,
     :func:`summarize`), the perplexities by the delta method (``perplexity``,
     ``word_perplexity``, ``byte_perplexity``: value * SE(log-likelihood sum) / count)
-    and ``bits_per_byte`` (SE / (bytes ln 2)). lm-eval's ``METRIC_stderr`` is over
+    and ``bits_per_byte`` (SE / (bytes ln 2)); and on each group row (an mmlu-style
+    ``group:`` YAML with ``aggregate_metric_list``) the same mean of its tasks' as lm-eval
+    takes of the metric (:func:`group_weights`). lm-eval's ``METRIC_stderr`` is over
     documents; this one is what the masks' randomness adds, at these documents.
     :func:`mptlml.lm_eval.main` calls it; call it on the result of
     ``lm_eval.simple_evaluate(model="mptlml", ...)``.
@@ -376,6 +420,7 @@ def add_monte_carlo_stderr(results: dict[str, Any], model: Any = None) -> dict[s
                 continue
             se = float(s[name]) * (abs(float(value)) if kind == "rel" else 1.0)
             metrics[f"{metric}_mc_stderr,{filt}"] = se
+    _group_stderr(results, summary, config.get("mptlml", {}).get("groups") or {})
     return results
 
 
