@@ -41,6 +41,7 @@ def _manager(root: Path):
 
 
 # ---------------------------------------------------------------------- the peers' model names
+@pytest.mark.slow
 def test_peer_model_names_run_published_command_lines(tiny_dir, tmp_path, own_tasks_only):
     """`--model llada_dist` (LLaDA's eval_llada line, lm-eval's --batch_size 8) through
     `mptlml eval`, and `model="dream"` (Dream's arguments) through simple_evaluate: each
