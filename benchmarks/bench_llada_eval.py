@@ -10,7 +10,7 @@ lm-evaluation-harness's own evaluator twice, with the model ``mptlml``:
   stratified rates, common masks across a question's candidates, the whole
   continuation scored once, rounds while a question is undecided, at most
   ``max_masks`` = 128 masked inputs per candidate, the whole continuation's included);
-- **LLaDA's scheme**: ``scheme=llada,mc_num=128`` with LLaDA's published
+- **LLaDA's scheme**: ``estimator=llada,mc_num=128`` with LLaDA's published
   ``--batch_size 8`` (``mptlml.estimators.llada_scores``: 128 masked copies per
   candidate, counts systematic per batch, weight L / l; each candidate its own masks).
 
@@ -263,7 +263,7 @@ def run_scheme(lm, options: dict, tasks: Path, manager, seed: int, forwards: For
 
     from mptlml.lm_eval import MPTLM
 
-    log = tasks / f"mc_{options.get('scheme', 'mptlml')}_{seed}.jsonl"
+    log = tasks / f"mc_{options.get('estimator', 'mptlml')}_{seed}.jsonl"
     model = MPTLM(lm, seed=seed, greedy=False, mc_log=log, **options)
     scoring = model.loglikelihood
     spent = [0.0]
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     ref_choice = ref.argmax(1)
     schemes = {"mptlml (decide=true)": {"decide": True},
                f"LLaDA (mc_num={mc_num}, batch {args.llada_batch})": {
-                   "scheme": "llada", "mc_num": mc_num, "batch_size": args.llada_batch}}
+                   "estimator": "llada", "mc_num": mc_num, "batch": args.llada_batch}}
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         tasks = Path(tmp)

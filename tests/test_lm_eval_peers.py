@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -85,7 +86,7 @@ def test_dream_arguments(tiny, tiny_dir, mdm):
                                  "diffusion_steps=128", "temperature=0.0", "alg=entropy"])
 def test_generation_options_are_refused_by_name(tiny_dir, arg):
     name = arg.split("=")[0]
-    with pytest.raises(TypeError, match=rf"\['{name}'\]: generation options.*does not generate"):
+    with pytest.raises(TypeError, match=rf"{name}=.*a generation option.*does not generate"):
         mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},{arg}")
 
 
@@ -95,10 +96,10 @@ def test_one_argument_under_two_names_is_refused(tiny_dir):
                         (f"pretrained={tiny_dir},is_check_greedy=false,greedy=true",
                          "is_check_greedy and greedy are one argument"),
                         (f"pretrained={tiny_dir},cfg=0.5,classifier_free_guidance=1.5",
-                         "one guidance scale")]:
+                         "classifier_free_guidance and cfg are one argument")]:
         with pytest.raises(TypeError, match=match):
             mle.MPTLM.create_from_arg_string(args)
-    with pytest.raises(ValueError, match="cfg=-1.0.*>= 0"):
+    with pytest.raises(ValueError, match="cfg=-1.*>= 0"):
         mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},cfg=-1")
 
 
@@ -211,42 +212,136 @@ def test_llada_scheme_refuses_partial_batches(tiny):
         mptlml.estimate_lml(tiny, ["the cat sat"], "llada", target_se=0.1)
 
 
-def test_scheme_llada_through_lm_eval(tiny, tmp_path):
-    """scheme=llada: lm-eval's --batch_size is LLaDA's batch, each candidate its own masks."""
-    import lm_eval
+def _mc_tasks(tmp_path, docs):
     from lm_eval.tasks import TaskManager
 
-    from mptlml._scoring.ragged import seq_seed
-    from mptlml.estimators import llada_scores
+    from .test_lm_eval import write_tasks
+
+    tasks = write_tasks(tmp_path / "tasks", mc_docs=docs, ppl_texts=["the cat sat"])
+    return TaskManager(include_path=str(tasks), include_defaults=False)
+
+
+def test_estimator_llada_through_lm_eval_is_compares(tiny, tmp_path):
+    """estimator=llada is compare(estimator=LLaDA(mc_num, batch), num_masks=mc_num,
+    common_masks=False): lm-eval's --batch_size is LLaDA's batch, and the records are compare's
+    numbers at the question's seed (one paired SE, one threshold, through both doors)."""
+    import lm_eval
+
+    from mptlml.estimators import LLaDA
     from mptlml.lm_eval.backend import _content_seed
 
-    from .test_lm_eval import MC_DOCS, read_records, write_tasks
+    from .test_lm_eval import MC_DOCS, read_records
 
-    tasks = write_tasks(tmp_path / "tasks", mc_docs=MC_DOCS[:3])
-    lm = mle.MPTLM.create_from_arg_obj({"pretrained": tiny, "scheme": "llada", "mc_num": 8,
+    manager = _mc_tasks(tmp_path, MC_DOCS[:3])
+    lm = mle.MPTLM.create_from_arg_obj({"pretrained": tiny, "estimator": "llada", "mc_num": 8,
                                         "mc_log": tmp_path / "mc.jsonl"}, {"batch_size": 4})
-    assert (lm.mc_num, lm.batch_size) == (8, 4)
-    lm_eval.simple_evaluate(model=lm, tasks=["toy_mc"],
-                            task_manager=TaskManager(include_path=str(tasks),
-                                                     include_defaults=False))
+    assert (lm.mc_num, lm.batch) == (8, 4)
+    with pytest.warns(RuntimeWarning, match="fewer than 5 dof"):  # 2 batch means: 1 dof
+        lm_eval.simple_evaluate(model=lm, tasks=["toy_mc"], task_manager=manager)
     records, _ = read_records(tmp_path / "mc.jsonl")
     assert len(records) == 9 and all(r["masked_inputs"] == 8 for r in records)
     for d, doc in enumerate(MC_DOCS[:3]):
         rs = sorted((r for r in records if r["doc_id"] == d), key=lambda r: r["idx"])
         args = [(doc["context"], " " + c) for c in doc["choices"]]
-        q_seed = _content_seed(0, args)
         ctx, cont = lm._pair_ids([mle.backend._Key("toy_mc", d, i, a)
                                   for i, a in enumerate(args)])
-        want = llada_scores(tiny, [c.tolist() for c in ctx], [c.tolist() for c in cont],
-                            mc_num=8, batch=4, seed=[seq_seed(q_seed, j) for j in range(3)])
-        np.testing.assert_allclose([r["loglikelihood"] for r in rs], want.scores, atol=1e-9)
-        np.testing.assert_allclose([r["stderr"] for r in rs], want.stderr, atol=1e-9)
-        assert rs[0]["question"]["choice"] == int(np.argmax(want.scores))
-    for bad, match in [({"decide": True}, r"\['decide'\] are mptlml.compare's"),
-                       ({"mc_num": 12, "batch_size": 8}, "not a multiple of batch_size=8"),
-                       ({"scheme": "dream"}, "scheme='dream'")]:
+        with pytest.warns(RuntimeWarning, match="fewer than 5 dof"):
+            want = mptlml.compare(tiny, [ctx[0].tolist()], [[c.tolist() for c in cont]],
+                                  estimator=LLaDA(8, batch=4), num_masks=8, common_masks=False,
+                                  seed=[_content_seed(0, args)])
+        np.testing.assert_array_equal([r["loglikelihood"] for r in rs], want.scores[0])
+        np.testing.assert_array_equal([r["stderr"] for r in rs], want.stderr[0])
+        np.testing.assert_array_equal([r["paired_stderr"] for r in rs], want.paired_stderr[0])
+        q = rs[0]["question"]
+        assert (q["choice"], q["margin_z"], q["decided"]) == (
+            want.choice[0], want.margin_z[0], want.decided[0])
+    for bad, match in [({"decide": True}, r"\['decide'\] are mptlml's rate draw's"),
+                       ({"mc_num": 12, "batch": 8}, "mc_num=12 is not two or more whole"),
+                       ({"estimator": "dream"}, "estimator='dream'")]:
         with pytest.raises(ValueError, match=match):
-            mle.MPTLM(tiny, **{"scheme": "llada", **bad})
+            mle.MPTLM(tiny, **{"estimator": "llada", **bad})
+    with pytest.raises(ValueError, match="batch=8 is LLaDA's masks per batch"):
+        mle.MPTLM(tiny, batch=8)
+    with pytest.raises(TypeError, match="unknown \\['scheme'\\]"):  # renamed: estimator
+        mle.MPTLM(tiny, scheme="llada")
+
+
+@pytest.mark.parametrize("args", [{"mc_num": 4, "batch_size": 4}, {"mc_num": 32},
+                                  {"mc_num": 6, "batch_size": 4}])
+def test_llada_scheme_without_two_whole_batches_is_refused_at_every_door(tiny, args):
+    """One batch has no spread of batch means (a NaN SE that read as a decision, and an
+    acc_mc_stderr 0.0); a partial batch drew more than it said. Refused before any work,
+    through lm-eval (mc_num == --batch_size) and through compare."""
+    from mptlml.estimators import LLaDA
+
+    size = args.get("batch_size")
+    with pytest.raises(ValueError, match=f"mc_num={args['mc_num']} is not two or more whole "):
+        mle.MPTLM.create_from_arg_obj({"pretrained": tiny, "estimator": "llada",
+                                       "mc_num": args["mc_num"]},
+                                      {"batch_size": size} if size else {})
+    est = LLaDA(8 * (size or 32), batch=size or 32)
+    with pytest.raises(ValueError, match=f"num_masks={args['mc_num']} is "
+                                         "(one batch|not a multiple)"):
+        mptlml.compare(tiny, ["the cat"], [[" sat on a big mat", " ran far away"]],
+                       estimator=est, num_masks=args["mc_num"], common_masks=False)
+
+
+def test_compare_llada_default_draws_no_lone_batch(tiny):
+    """compare(estimator="llada") at its default num_masks=16 (half a batch of 32), 8 (a
+    quarter, reported as 8) and 32 (one batch) is refused; and with decide a cap whose last
+    round would be one batch stops before it: every SE finite, a decision never on NaN."""
+    q = (["the cat"], [[" sat on a big mat", " sat on a big cat"]])
+    for num_masks in (16, 8, 32):
+        with pytest.raises(ValueError, match=f"num_masks={num_masks} is"):
+            mptlml.compare(tiny, *q, estimator="llada", common_masks=False,
+                           num_masks=num_masks)
+    for max_masks in (96, 160):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = mptlml.compare(tiny, *q, estimator="llada", common_masks=False, num_masks=64,
+                                 decide=True, max_masks=max_masks)
+        assert np.isfinite(res.stderr[0]).all() and np.isfinite(res.paired_stderr[0]).all()
+        assert res.candidate_masked_rows[0].tolist() == [64, 64] or max_masks == 160
+        assert math.isfinite(res.margin_z[0]) and res.stderr_dof[0] >= 1
+
+
+def test_llada_scheme_under_the_masked_input_cap_is_refused_before_any_work(tiny, tmp_path):
+    """max_masked_inputs(10): LLaDA's 8 masks per candidate of 3 candidates pass it; refused
+    by compare and by lm-eval's estimator=llada alike, before any forward pass."""
+    import lm_eval
+
+    from mptlml.estimators import LLaDA
+
+    from .test_lm_eval import MC_DOCS
+
+    manager = _mc_tasks(tmp_path, MC_DOCS[:2])
+    calls = []
+    hook = tiny.model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        with mptlml.settings.max_masked_inputs(10):
+            with pytest.raises(ValueError, match="masked inputs"):
+                mptlml.compare(tiny, ["the cat"], [[" sat on a mat", " ran far away"]],
+                               estimator=LLaDA(8, batch=4), num_masks=8, common_masks=False)
+            for mc_num, batch in ((8, 4), (16, 8)):
+                lm = mle.MPTLM(tiny, estimator="llada", mc_num=mc_num, batch=batch,
+                               greedy=False)
+                with pytest.raises(ValueError, match="masked inputs"):
+                    lm_eval.simple_evaluate(model=lm, tasks=["toy_mc"], task_manager=manager)
+    finally:
+        hook.remove()
+    assert not calls
+
+
+def test_llada_scores_reads_a_seed_as_one_int(tiny):
+    from mptlml.estimators import llada_scores
+
+    for seed in ("12", ["1", "2"], 1.5):
+        with pytest.raises((TypeError, ValueError), match="seed"):
+            llada_scores(tiny, ["the cat"] * 2, [" sat on", " a mat"], mc_num=8, batch=4,
+                         seed=seed)
+    with pytest.warns(RuntimeWarning, match="one batch"):
+        res = llada_scores(tiny, ["the cat"], [" sat on a mat"], mc_num=4, batch=4)
+    assert np.isnan(res.stderr).all()
 
 
 def test_llada_guided_arguments_score_the_guided_sums(tiny, tmp_path):

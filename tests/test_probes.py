@@ -263,7 +263,7 @@ def test_a_bad_model_arg_is_refused_before_lm_evals_command_line(lme, tiny_dir, 
 
     monkeypatch.setitem(sys.modules, "lm_eval.__main__", None)  # importing it now fails
     for args, message in [("num_mask=4", "mptlml model_args: unknown ['num_mask']"),
-                          ("steps=1024", "model_args ['steps']: generation options")]:
+                          ("steps=1024", "model_args steps=1024: a generation option")]:
         argv = ["--model", "mptlml", "--tasks", "t",
                 "--model_args", f"pretrained={tiny_dir},{args}"]
         with pytest.raises(TypeError) as direct:

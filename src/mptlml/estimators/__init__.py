@@ -53,11 +53,11 @@ from .curve import mpt_curve
 from .exhaustive import Exhaustive
 from .fixed_rate import FixedRate
 from .learned_rate import LearnedRate
-from .llada import LLaDA, LLaDAScores, llada_scores
+from .llada import LLaDA, llada_scores
 from .pseudo_likelihood import pll
 from .random_size import RandomSize
 from .rates import mpt_area
-from .results import LMLEstimate, MPTCurve, NonFiniteWarning, TokenScores
+from .results import LLaDAScores, LMLEstimate, MPTCurve, NonFiniteWarning, TokenScores
 from .riemann import Riemann
 
 __all__ = [

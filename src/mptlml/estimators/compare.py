@@ -87,6 +87,7 @@ from .sequential import (
     RoundDraw,
     Tally,
     fixed_rule,
+    next_draws,
     paired,
     round_sizes,
     run_rounds,
@@ -341,7 +342,8 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
             f"RaggedMaskedModel); got {type(model).__name__}. For dense (N, D) data score the "
             "conditional with mptlml.estimate_lml(model, x, context=...) per candidate.")
     p = int(num_masks)
-    if p % 2:
+    draw = _draw_of(estimator, p, allocation)
+    if p % 2 and isinstance(draw, RateDraw):
         raise ValueError(f"num_masks must be even (two masks per rate stratum); got {p}.")
     to_target = target_se is not None and not decide  # draw until each SE is at the target
     if delta is not None and not decide:
@@ -371,12 +373,12 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     ids = scorer.encode(flat_cand)
     lengths = np.array([len(t) for t in ids])  # the continuations' (the scorer adds contexts)
     members = [[i for i, (qq, _) in enumerate(owner) if qq == q] for q in range(len(cands))]
-    draw = _draw_of(estimator, p, allocation)
     _check_lengths(draw, lengths, owner)
     # draws per member, per question (by default with target_se: MAX_TARGET_DRAWS, as
     # estimate_lml's target)
-    caps = (_draw_caps(draw, p, lengths, members, max_masks) if max_masks is not None or not
-            to_target else [MAX_TARGET_DRAWS] * len(members))
+    caps = _whole_batches(draw, p, _draw_caps(draw, p, lengths, members, max_masks)
+                          if max_masks is not None or not to_target
+                          else [MAX_TARGET_DRAWS] * len(members))
     # Bonferroni over the looks each question may take within its own cap
     tails = [alpha / (2 * len(round_sizes(p, c))) if decide else alpha / 2 for c in caps]
 
@@ -478,6 +480,7 @@ def _draw_of(estimator: Any, num_masks: int, allocation: str) -> RoundDraw:
                          f"{est.name!r}: its draw is one term, nothing to allocate (the rate "
                          "density is allocated by estimator='learned-rate', the sizes by "
                          "'cumulative'). Drop allocation, or change estimator.")
+    _check_whole_units(est, num_masks)
     draw = CellDraw(est.with_draws(num_masks), allocation)
     draw.name = est.name
     return draw
@@ -497,6 +500,51 @@ def _check_lengths(draw: RoundDraw, lengths: np.ndarray, owner: list[tuple[int, 
             q, k = owner[int(np.flatnonzero(lengths == d)[0])]
             raise ValueError(f"compare(estimator={est.name!r}): candidate {k} of question {q} "
                              f"has {int(d)} tokens; {exc}") from None
+
+
+def _check_whole_units(est: Any, num_masks: int) -> None:
+    """Refuse a round an estimator drawing whole batches (LLaDA's, ``draw_unit`` b) cannot
+    draw as asked, or that gives no standard error.
+
+    Its draw is a batch of b masks, and its standard error the spread of the batch means
+    (``sd / sqrt(n)`` on n - 1 dof): ``num_masks`` must be a whole number of batches (else
+    it would draw more than the result says), and at least two (one batch mean has no
+    spread: a NaN standard error, which would read as a decision).
+    """
+    unit = int(getattr(est, "draw_unit", 1))
+    if unit > 1 and (num_masks % unit or num_masks // unit < 2):
+        raise ValueError(
+            f"estimator {est.name!r} draws whole batches of {unit} masks and its standard "
+            f"error is the spread of the batch means: num_masks={num_masks} is "
+            + (f"not a multiple of {unit}" if num_masks % unit else "one batch (no spread)")
+            + f". Pass num_masks a multiple of {unit}, at least {2 * unit} (LLaDA's own: "
+            "num_masks=128), or an instance with a smaller batch (LLaDA(128, batch=8)).")
+
+
+def _whole_batches(draw: RoundDraw, p: int, caps: list[int]) -> list[int]:
+    """Caps (draws per candidate) at which every round of an estimator drawing whole batches
+    (``draw_unit`` b > 1, LLaDA's) holds at least two batches.
+
+    The rounds double the draws so far (:func:`~.sequential.next_draws`) and the last takes
+    what is left of the cap: a last round of one batch would have no spread of its batch
+    means, a NaN standard error. The cap is lowered to the draws before such a round (and to
+    a whole number of batches); other draws pass unchanged.
+    """
+    unit = int(getattr(getattr(draw, "est", None), "draw_unit", 1))
+    if unit == 1:
+        return caps
+    out = []
+    for cap in caps:
+        cap = int(cap) // unit * unit
+        drawn = draw.round_size(p)
+        while drawn + 2 <= cap:
+            nxt = draw.round_size(next_draws(drawn, cap))
+            if nxt < 2 * unit:
+                cap = drawn
+                break
+            drawn += nxt
+        out.append(max(cap, draw.round_size(p)))
+    return out
 
 
 def _draw_caps(draw: RoundDraw, p: int, lengths: np.ndarray, members: list[list[int]],

@@ -27,26 +27,22 @@ switching to its own estimators: :class:`LLaDA` (``estimate_lml(model, x,
 
 from __future__ import annotations
 
-import math
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats as sps
 
 from .._scoring.ragged import run_pairs, seq_seed
-from .._validation import check_positive_int
+from .._validation import SEED_INT, check_options, check_positive_int
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .api import register
 from .base import Estimator
-from .stats import welch_dof
+from .results import LLaDAScores
 
-__all__ = ["LLaDA", "LLaDAScores", "llada_counts", "llada_masks", "llada_questions",
-           "llada_scores"]
+__all__ = ["LLaDA", "llada_counts", "llada_masks", "llada_scores"]
 
 
 def llada_counts(k: int, length: int, batch: int) -> np.ndarray:
@@ -161,32 +157,6 @@ class LLaDA(Estimator):
         return [[m] for m in means], calls
 
 
-@dataclass
-class LLaDAScores:
-    """:func:`llada_scores`' result, one entry per (context, continuation) pair.
-
-    Attributes
-    ----------
-    scores : numpy.ndarray
-        LLaDA's estimate of log p(continuation | context).
-    stderr : numpy.ndarray
-        Its Monte Carlo standard error from the spread of the batch means (NaN
-        with one batch; 0 for an empty continuation).
-    batches : int
-        ``mc_num / batch``, the independent batch means of each pair.
-    masked_inputs : numpy.ndarray
-        Masked inputs scored per pair (``mc_num``; 0 for an empty continuation).
-    num_model_calls : int
-        Forward passes.
-    """
-
-    scores: np.ndarray
-    stderr: np.ndarray
-    batches: int
-    masked_inputs: np.ndarray
-    num_model_calls: int
-
-
 def llada_scores(model: RaggedMaskedModel, contexts: Sequence[Any],
                  continuations: Sequence[Any], *, mc_num: int = 128, batch: int = 32,
                  seed: int | Sequence[int] = 0, token_budget: int = 8192,
@@ -223,6 +193,7 @@ def llada_scores(model: RaggedMaskedModel, contexts: Sequence[Any],
     LLaDAScores
     """
     mc_num, batch = _check(mc_num, batch)
+    check_options("llada_scores", overrides={"seed": [SEED_INT, "int sequence"]}, seed=seed)
     ctxs, conts = list(contexts), list(continuations)
     if len(ctxs) != len(conts):
         raise ValueError(f"{len(ctxs)} contexts for {len(conts)} continuations: pass one "
@@ -240,82 +211,12 @@ def llada_scores(model: RaggedMaskedModel, contexts: Sequence[Any],
                                 token_budget=token_budget, batch_size=batch_size,
                                 chunk_size=chunk_size, progress=progress)
     n = mc_num // batch
+    if n < 2:
+        warnings.warn(f"llada_scores: mc_num={mc_num} is one batch of batch={batch}: the "
+                      "standard errors (the spread of the batch means) are NaN; pass mc_num "
+                      "of at least two batches for an error.", RuntimeWarning, stacklevel=2)
     scores = np.array([m.mean() if m.size else 0.0 for m in means])
     stderr = np.array([(m.std(ddof=1) / np.sqrt(n) if n > 1 else np.nan) if m.size else 0.0
                        for m in means])
     rows = np.array([mc_num if m.size else 0 for m in means], dtype=np.int64)
     return LLaDAScores(scores, stderr, n, rows, calls)
-
-
-def llada_questions(model: RaggedMaskedModel, contexts: list[list[int]],
-                    candidates: list[list[list[int]]], seeds: list[int], mc_num: int,
-                    batch: int, **run: Any) -> SimpleNamespace:
-    """LLaDA's estimate of every candidate (each its own masks), as a comparison's fields.
-
-    Candidate j of question q draws from ``seq_seed(seeds[q], j)``; the leader's lead
-    over candidate k has the standard error ``sqrt(se_lead^2 + se_k^2)`` (independent
-    masks), its threshold the t quantile at their Welch degrees of freedom
-    (:func:`mptlml.compare`'s rule for one look).
-
-    Parameters
-    ----------
-    model : RaggedMaskedModel
-    contexts : list of token-id lists
-        One per question.
-    candidates : list of list of token-id lists
-        Each question's candidate continuations.
-    seeds : list of int
-        One per question.
-    mc_num, batch : int
-        As for :func:`llada_scores`.
-    **run
-        Passed to :func:`llada_scores` (``token_budget``, ``progress``, ``cfg_scale``).
-
-    Returns
-    -------
-    SimpleNamespace
-        Per question, the fields of :class:`~mptlml.estimators.compare.Comparison`
-        that the lm-eval records read (``scores``, ``stderr``, ``exact``,
-        ``candidate_masked_rows``, ``num_masked_rows``, ``stderr_dof``, ``rounds``,
-        ``stop_reason`` ``"spent"``, ``choice``, ``decided``, ``margin_z``,
-        ``z_threshold``, ``paired_stderr``).
-    """
-    flat = [(q, j) for q, c in enumerate(candidates) for j in range(len(c))]
-    res = llada_scores(model, [contexts[q] for q, _ in flat],
-                       [candidates[q][j] for q, j in flat], mc_num=mc_num, batch=batch,
-                       seed=[seq_seed(seeds[q], j) for q, j in flat], **run)
-    out = SimpleNamespace(scores=[], stderr=[], exact=[], candidate_masked_rows=[],
-                          num_masked_rows=[], stderr_dof=[], rounds=[], stop_reason=[],
-                          choice=[], decided=[], margin_z=[], z_threshold=[],
-                          paired_stderr=[])
-    dof = float(res.batches - 1)
-    w = 0
-    for cands in candidates:
-        k = len(cands)
-        est, se = res.scores[w:w + k], res.stderr[w:w + k]
-        rows = res.masked_inputs[w:w + k]
-        w += k
-        lead = int(np.argmax(est))
-        pse = np.sqrt(se[lead] ** 2 + se ** 2)
-        pse[lead] = 0.0
-        z = np.where(pse > 0, (est[lead] - est) / np.where(pse > 0, pse, 1.0), np.inf)
-        z[lead] = np.inf
-        runner = int(np.argmin(z))
-        welch = (welch_dof(torch.tensor([se[lead] ** 2, se[runner] ** 2]), dof)
-                 if k > 1 and dof > 0 else math.inf)
-        thr = float(sps.t.isf(0.025, welch) if math.isfinite(welch) else sps.norm.isf(0.025))
-        margin = float(z.min())
-        out.scores.append(est)
-        out.stderr.append(se)
-        out.exact.append(rows == 0)  # an empty continuation: 0, exactly
-        out.candidate_masked_rows.append(rows)
-        out.num_masked_rows.append(int(rows.sum()))
-        out.stderr_dof.append(dof)
-        out.rounds.append(1)
-        out.stop_reason.append("fixed")
-        out.choice.append(lead)
-        out.decided.append(margin > thr)
-        out.margin_z.append(margin)
-        out.z_threshold.append(thr)
-        out.paired_stderr.append(pse)
-    return out

@@ -24,9 +24,9 @@ import torch
 from .._io import jsonable
 from .._optional import require
 
-__all__ = ["MIN_STDERR_DOF", "LMLEstimate", "MPTCurve", "NonFiniteWarning", "TokenScores",
-           "announce_estimate", "announce_nonfinite", "as_float64", "warn_single_datum",
-           "warn_target_missed"]
+__all__ = ["MIN_STDERR_DOF", "LLaDAScores", "LMLEstimate", "MPTCurve", "NonFiniteWarning",
+           "TokenScores", "announce_estimate", "announce_nonfinite", "as_float64",
+           "warn_single_datum", "warn_target_missed"]
 
 #: below this many effective degrees of freedom the reported standard error is flagged
 #: (Student's t with 5 dof exceeds 2 in 10% of runs, with 3 in 14%, with 1 in 30%)
@@ -389,6 +389,33 @@ class TokenScores:
 def as_float64(a: Any) -> torch.Tensor:
     """A float64 CPU tensor of ``a`` (numpy arrays convert exactly)."""
     return torch.as_tensor(np.asarray(a, dtype=np.float64))
+
+
+@dataclass
+class LLaDAScores:
+    """:func:`llada_scores`' result, one entry per (context, continuation) pair.
+
+    Attributes
+    ----------
+    scores : numpy.ndarray
+        LLaDA's estimate of log p(continuation | context).
+    stderr : numpy.ndarray
+        Its Monte Carlo standard error from the spread of the batch means (NaN
+        with one batch, announced; 0 for an empty continuation).
+    batches : int
+        ``mc_num / batch``, the independent batch means of each pair.
+    masked_inputs : numpy.ndarray
+        Masked inputs scored per pair (``mc_num``; 0 for an empty continuation).
+    num_model_calls : int
+        Forward passes.
+    """
+
+    scores: np.ndarray
+    stderr: np.ndarray
+    batches: int
+    masked_inputs: np.ndarray
+    num_model_calls: int
+
 
 
 class NonFiniteWarning(RuntimeWarning):

@@ -1,112 +1,74 @@
-"""The lm-eval model ``mptlml``: lm-eval's requests answered by the MPT bound, with their errors.
+"""The lm-eval models ``mptlml``, ``llada_dist`` and ``dream``: requests answered by the MPT bound.
 
-:class:`MPTLM` is an ``lm_eval.api.model.LM``. Every request becomes a
-question of :func:`mptlml.compare` (the conditional MPT bound, sizes drawn
-over stratified rates, the whole continuation's mask scored once exactly):
+:class:`MPTLM` is an ``lm_eval.api.model.LM`` and an adapter: lm-eval's requests become
+questions of :func:`mptlml.compare`, its settings come from ``--model_args``
+(:mod:`mptlml.lm_eval.settings`, LLaDA's and Dream's through :mod:`mptlml.lm_eval.peers`),
+and each request's Monte Carlo error goes to :mod:`mptlml.lm_eval.records`.
 
 ``loglikelihood`` (context, continuation)
-    The conditional bound of log p(continuation | context): the continuation's
-    tokens masked, the context always visible. The requests of one document
-    that share a context (the K candidates of a multiple-choice question) are
-    one question, scored on common masks, so their differences, which decide
-    the answer, carry a paired standard error; a lone request is a question of
-    one. ``is_greedy`` is :func:`~mptlml.lm_eval.greedy.greedy_reproduces`.
+    The conditional bound of log p(continuation | context), the context always visible and
+    cut on the left to fit (:func:`~mptlml.models.sequence_input.fit_contexts`). The
+    requests of one document sharing a context (a multiple-choice question's K candidates)
+    are one question of ``compare``; ``is_greedy`` is
+    :func:`~mptlml.lm_eval.greedy.greedy_reproduces` of the context as scored.
 ``loglikelihood_rolling`` (text,)
-    The full-sequence bound of the text (a question of one, no context). A text
-    longer than the model is cut into windows: the first of the model's full
-    length, each next one of half of it, scored given as many preceding tokens
-    as fit (the chain rule with a truncated context, as lm-eval does for causal
-    models), and the windows' bounds summed (their variances too).
-``generate_until``
-    Refused: the backend scores text.
+    The full-sequence bound of the text; a long text in windows (the first of the model's
+    length, each next of half of it, given as many preceding tokens as fit), summed.
 
-Batching and processes. Each call gathers every process's requests (lm-eval
-splits the documents between the processes of ``accelerate launch``), puts them
-in one order (task, document, request index) and hands them to mptlml in one
-call, which scores them in length-bucketed forward passes under the token
-budget and, under a launcher, shares the chunks between the processes itself. A
-question's masks are drawn from the run's seed and its own texts, so a run
-gives the same numbers with one process or several, and a request the same
-number whatever other documents are in the run.
+Each call gathers every process's requests into one order (task, document, index) and
+scores them in one ``compare`` call, which shares the work between the processes; a
+question's masks come from the run's seed and its own texts, so the numbers do not depend
+on the number of processes or on the other documents of the run.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import inspect
 import json
 import logging
 import os
-import re
 import warnings
 import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from .._optional import require
-from .._scoring.distributed import (
-    barrier,
-    distributed_context,
-    gather,
-    launched,
-    resolve_device,
-    shard,
-)
-from .._validation import MONTE_CARLO_OPTIONS, SEED_INT, check_options, check_positive_int
-from ..estimators.compare import EXACT_LENGTH, compare
-from ..estimators.llada import llada_questions
+from .._scoring.distributed import barrier, gather, shard
+from ..estimators.compare import compare
 from ..models import MaskedLM
-from ..models.sequence_input import context_bos, encode_with_context, window_pairs
+from ..models.sequence_input import content_limit, context_bos, fit_contexts, window_pairs
 from .greedy import greedy_reproduces
-from .peers import ALIASES, PEER_ARGUMENTS, translate
 from .records import (
     RecordLog,
-    check_log_path,
+    group_weights,
     pair_records,
     rolling_records,
-    summary_lines,
+    warn_summary,
+    warn_windows,
 )
+from .settings import RunSettings, load_model, read_model_args, with_harness
 
 try:
+    import lm_eval.evaluator
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
 except ImportError:
     require("lm_eval", "mptlml.lm_eval (the lm-evaluation-harness backend)")  # names the extra
     raise
 
-__all__ = ["MPTLM"]
+__all__ = ["MPTLM", "MPTLMDream", "MPTLMLLaDA"]
 
 #: lm-eval's logger namespace: these lines show where lm-eval's own do
 logger = logging.getLogger("lm_eval.mptlml")
 
-#: how requests are scored: mptlml.compare, or LLaDA's own estimator (to reproduce it)
-SCHEMES = ("mptlml", "llada")
 #: ``mc_log`` in the results' config until the command line names the file
 BESIDE_RESULTS = "beside the results file"
-#: mptlml.compare's first round when ``mc_num`` does not set it
-_COMPARE_NUM_MASKS = int(inspect.signature(compare).parameters["num_masks"].default)
-#: loading options passed to ``MaskedLM.from_pretrained`` (transformers' among them)
-_LOADING = ("tokenizer", "mask_token_id", "trust_remote_code", "dtype", "add_special_tokens",
-            "revision", "autocast", "attn_implementation", "local_files_only", "cache_dir",
-            "corruption", "allow_unknown")
-#: the loading options of ``pretrained=antiberty`` (MaskedLM.antiberty)
-_ANTIBERTY = ("dtype", "autocast", "corruption", "allow_unknown")
-#: settings of the Monte Carlo estimate and of the run
-_SETTINGS = ("scheme", "num_masks", "target_se", "max_masks", "mc_num", "decide", "seed",
-             "token_budget", "batch_size", "max_length", "greedy", "cfg", "mc_log", "progress")
-#: the settings that are numbers or flags: a string value is read by lm-eval's own rule
-#: (``lm_eval.utils.handle_arg_string``: "true" -> True, "8" -> 8, "0.1" -> 0.1)
-_VALUED = ("num_masks", "target_se", "max_masks", "mc_num", "decide", "seed", "token_budget",
-           "batch_size", "max_length", "greedy", "cfg", "progress", "add_bos_token")
-#: the Monte Carlo options, checked by the one table (mptlml._validation.MONTE_CARLO_OPTIONS);
-#: here num_masks may be left out (compare's default) and a seed is an int
-_OVERRIDES = {"num_masks": [*MONTE_CARLO_OPTIONS["num_masks"], None], "seed": [SEED_INT]}
 
 
 @dataclass(frozen=True, order=True)
@@ -126,100 +88,39 @@ def _key(request: Any) -> _Key:
                 int(request.idx), tuple(str(a) for a in request.args))
 
 
-def _harness_device(device: str) -> str:
-    """lm-eval's ``--device`` (default ``cuda:0``) as the device this process scores on.
-
-    ``model_args device=`` takes precedence over it. Under a launcher a CUDA device means
-    each process's own GPU (``cuda:LOCAL_RANK``); without CUDA the CPU, as lm-eval's own
-    backends fall back.
-    """
-    if not device.startswith("cuda"):
-        return device
-    if not torch.cuda.is_available():
-        logger.info("lm-eval's --device %s (its default is cuda:0): CUDA is not available "
-                    "here; scoring on the CPU.", device)
-        return "cpu"
-    return "cuda" if launched() else device
-
-
 def _content_seed(seed: int, args: list[tuple[str, ...]]) -> int:
     """A question's seed from the run's seed and its texts: the same in any split of the run."""
     h = hashlib.blake2b(json.dumps([seed, [list(a) for a in args]]).encode(), digest_size=8)
     return int.from_bytes(h.digest(), "little") >> 1
 
 
-def _budget(mc_num: int, num_masks: int | None, max_masks: int | None
-            ) -> tuple[int, int]:
-    """LLaDA's / Dream's ``mc_num`` as :func:`mptlml.compare`'s ``(num_masks, max_masks)``.
-
-    A fixed budget of ``mc_num`` masked inputs per request (``max_masks``, the same unit:
-    the whole continuation's row, scored once, and ``mc_num - 1`` draws, in pairs: an even
-    ``mc_num`` is spent as ``mc_num - 1``), the first round of ``min(num_masks, draws)``.
-    At least 3 (one pair and the whole continuation): 1 and 2 are spent as 3, announced.
-    """
-    if max_masks is not None:
-        raise TypeError(f"model_args mc_num={mc_num} and max_masks={max_masks} are one budget "
-                        "(LLaDA's and Dream's name, and mptlml's); pass one of them.")
-    budget = max(3, mc_num)
-    if budget != mc_num:
-        logger.warning("mc_num=%d: mptlml.compare draws masks in pairs (two per rate stratum) "
-                       "besides the whole continuation's, so each request gets %d masked "
-                       "inputs (continuations of up to %d tokens are scored on every mask, "
-                       "exactly).", mc_num, budget, EXACT_LENGTH)
-    draws = (budget - 1) // 2 * 2  # the whole continuation's row counts
-    first = _COMPARE_NUM_MASKS if num_masks is None else num_masks
-    if first > draws:
-        if num_masks is not None:
-            raise ValueError(f"model_args num_masks={num_masks} draws and the whole "
-                             f"continuation's row are more than mc_num={mc_num} masked inputs "
-                             f"per request; lower num_masks to at most {draws} or leave it out.")
-        first = draws
-    return first, budget
+def _tasks(tree: Any) -> list[tuple[str, Any]]:
+    """(name, task) of every task in lm-eval's task dict (any nesting of its versions)."""
+    out: list[tuple[str, Any]] = []
+    items = tree.items() if isinstance(tree, dict) else []
+    for name, value in items:
+        if isinstance(value, dict):
+            out += _tasks(value)
+        elif hasattr(value, "OUTPUT_TYPE"):
+            out.append((str(name), value))
+    return out
 
 
-def _content_limit(model: MaskedLM, max_length: int | None) -> int:
-    """Content tokens one scored input may hold.
+def _checking_tasks_first(evaluate: Callable[..., Any]) -> Callable[..., Any]:
+    """lm-eval's ``evaluate``, after :meth:`MPTLM.check_tasks` when its model is an MPTLM:
+    what cannot apply to a task is refused before any request of any task is scored."""
+    if getattr(evaluate, "_mptlml_checks_tasks", False):
+        return evaluate
 
-    ``max_length`` (LLaDA's and Dream's) counts every token of the input, the
-    model's special tokens included; the model's own length bounds it too.
-    """
-    frame = len(model.prefix) + len(model.suffix)
-    limit = model.max_content_length
-    if max_length is not None:
-        if max_length <= frame:
-            raise ValueError(f"model_args max_length={max_length} leaves no room for a token "
-                             f"beside the model's {frame} special tokens; pass more.")
-        limit = min(limit, max_length - frame)
-    return limit
+    @functools.wraps(evaluate)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        lm = kwargs.get("lm", args[0] if args else None)
+        if isinstance(lm, MPTLM):
+            lm.check_tasks(kwargs.get("task_dict", args[1] if len(args) > 1 else {}))
+        return evaluate(*args, **kwargs)
 
-
-def _flag(value: Any, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise TypeError(f"model_args {name} must be true or false, got {value!r}.")
-
-
-def _refuse_unknown(loading: dict[str, Any]) -> None:
-    """Refuse the names of ``loading`` (model_args past MPTLM's own and LLaDA's and Dream's,
-    translated) that are no loading option."""
-    unknown = sorted(set(loading) - set(_LOADING))
-    if unknown:
-        raise TypeError(
-            f"mptlml model_args: unknown {unknown}. Loading takes pretrained, device, "
-            f"{', '.join(_LOADING)}; scoring takes {', '.join(_SETTINGS)}; LLaDA's and "
-            f"Dream's {', '.join(PEER_ARGUMENTS)} are taken too.")
-
-
-def check_arg_names(args: dict[str, Any]) -> None:
-    """Refuse a model_args name that :class:`MPTLM` refuses, without loading anything.
-
-    The command line calls it before lm-eval indexes its tasks, so that a misspelt
-    argument costs no more than the imports. Raises what ``MPTLM(**args)`` raises for the
-    names (:func:`~mptlml.lm_eval.peers.translate`'s refusals, then the unknown ones).
-    """
-    own = set(inspect.signature(MPTLM.__init__).parameters) - {"self", "loading"}
-    loading = translate({k: v for k, v in args.items() if k not in own})
-    _refuse_unknown({k: v for k, v in loading.items() if k not in ("pretrained", "greedy", "cfg")})
+    checked._mptlml_checks_tasks = True  # type: ignore[attr-defined]
+    return checked
 
 
 @register_model("mptlml")
@@ -230,83 +131,26 @@ class MPTLM(LM):
     ----------
     pretrained : str, path or MaskedLM
         A model directory or hub id for :meth:`mptlml.models.MaskedLM.from_pretrained`,
-        ``"antiberty"`` (the bundled :meth:`~mptlml.models.MaskedLM.antiberty`, as
-        ``mptlml curve --model antiberty``), or a ready
-        :class:`~mptlml.models.MaskedLM` (the Python route).
-    **loading
-        LLaDA's ``model_path``, ``mask_id``, ``is_check_greedy`` and Dream's
-        ``nll_type``, ``log_type``, ``parallelize``, ``autogptq``
-        (:mod:`mptlml.lm_eval.peers`; their generation options are refused), and
-        ``tokenizer``, ``mask_token_id``, ``trust_remote_code``, ``dtype``,
-        ``add_special_tokens``, ``revision``, ``autocast``, ``attn_implementation``,
-        ``local_files_only``, ``cache_dir``, ``corruption``, ``allow_unknown``: as for
-        ``MaskedLM.from_pretrained`` (``mask_token_id`` and ``trust_remote_code`` for a
-        masked-diffusion LM such as LLaDA); any other name is refused.
+        ``"antiberty"`` (the bundled :meth:`~mptlml.models.MaskedLM.antiberty`), or a
+        ready :class:`~mptlml.models.MaskedLM` (the Python route).
     device : str, optional
         ``"cuda"``, ``"cpu"``, ...; under ``accelerate launch`` each process takes
-        ``cuda:LOCAL_RANK`` (or the CPU). Default: lm-eval's ``--device`` (a CUDA
-        device there is the CPU where CUDA is not available, each process's own GPU
-        under a launcher), else a GPU when there is one.
-    num_masks : int, optional
-        Masks per request in the first round of draws (even; :func:`mptlml.compare`'s
-        default when not given), besides the one mask of the whole continuation.
-    target_se : float, optional
-        Keep drawing rounds until every request's standard error is at most this (nats).
-    max_masks : int, optional
-        Most masked inputs scored per request (candidate), all rounds together, the whole
-        continuation's one included: :func:`mptlml.compare`'s ``max_masks``, the cap of
-        ``target_se`` or ``decide`` (default: 512 draws, and 128); alone, a fixed budget spent
-        whole. A continuation short enough to be scored on every mask costs its 2^T - 1
-        masks whatever the cap.
-    decide : bool
-        Multiple-choice questions: keep drawing rounds while the leader is not
-        ahead of every other candidate by its paired-SE threshold, up to
-        ``max_masks`` (:func:`mptlml.compare`'s sequential rule).
-    seed : int
-        Seed of every mask (default 0: a run is reproducible). A request's masks
-        come from the seed and its own texts.
-    token_budget, batch_size : int
-        Padded tokens per forward pass; at most this many inputs per forward
-        pass (optional). With ``scheme="llada"``, ``batch_size`` is LLaDA's: the
-        masks of one systematic batch (default 32; lm-eval's ``--batch_size``
-        sets it, as in LLaDA's adapter).
-    scheme : {"mptlml", "llada"}
-        ``"mptlml"`` (default): :func:`mptlml.compare`. ``"llada"``: LLaDA's own
-        estimator (:func:`mptlml.estimators.llada_scores`: ``mc_num`` masks per
-        request, default 128, counts systematic per batch, weight L / l), each
-        candidate on its own masks, with the standard error of its batch means:
-        reproduce a published LLaDA number first, then switch.
-    greedy : bool
-        Compute ``is_greedy`` by greedy unmasking (default True; about T extra
-        forward rows per request). False: every ``is_greedy`` is False, announced
-        once, and metrics built on it (a ``loglikelihood`` task's ``acc``) are void.
-    mc_log : path, optional
-        The JSON-lines file of per-request standard errors and costs
-        (:mod:`mptlml.lm_eval.records`). Default: beside lm-eval's ``--output_path``
-        when run by ``python -m mptlml.lm_eval``; none otherwise (the summary
-        still goes into the results).
-    progress : bool
-        Progress bars of the scoring.
-    mc_num : int, optional
-        LLaDA's and Dream's name: a fixed budget of this many masked inputs per request
-        (``max_masks`` alone; :func:`mptlml.compare` draws masks in pairs besides the
-        whole continuation's, so an even N is spent as N - 1, and 1 or 2 as 3,
-        announced). Not with ``max_masks``.
-    cfg : float
-        Classifier-free guidance w (LLaDA's ``cfg``; Dream's
-        ``classifier_free_guidance`` is w + 1): 0, no guidance.
-    max_length : int, optional
-        Most tokens of one scored input, special tokens included (LLaDA's and
-        Dream's ``max_length``): contexts are cut on the left to fit, as for the
-        model's own length.
-    add_bos_token : bool
-        Dream's: the tokenizer's BOS token before every scored input's context, as
-        part of the model's frame (always visible, never masked, scored or cut, and
-        counted by ``max_length``: :meth:`~mptlml.models.MaskedLM.with_prefix`);
-        nothing more where the frame leads with it already (the Dream family's
-        convention, :mod:`mptlml.models.conventions`).
+        ``cuda:LOCAL_RANK`` (or the CPU). Default: lm-eval's ``--device`` (the CPU where
+        CUDA is not available), else a GPU when there is one.
+    **model_args
+        How requests are scored, :class:`~mptlml.lm_eval.settings.RunSettings` (``estimator``,
+        ``num_masks``, ``target_se``, ``max_masks``, ``mc_num``, ``batch``, ``decide``,
+        ``seed``, ``token_budget``, ``batch_size``, ``max_length``, ``greedy``, ``cfg``,
+        ``mc_log``, ``progress``, ``add_bos_token``); LLaDA's and Dream's arguments
+        (:data:`mptlml.lm_eval.peers.PEERS`); and the loading options of
+        ``MaskedLM.from_pretrained`` (``tokenizer``, ``mask_token_id``,
+        ``trust_remote_code``, ``dtype``, ``add_special_tokens``, ``revision``,
+        ``autocast``, ``attn_implementation``, ``local_files_only``, ``cache_dir``,
+        ``corruption``, ``allow_unknown``). Any other name is refused, before loading.
     """
 
+    #: lm-eval's model name (the peers' names add their adapters' defaults)
+    model_name = "mptlml"
     #: lm-eval's ``--output_path`` under :func:`mptlml.lm_eval.main`: the records then go
     #: beside its results file (set there)
     default_mc_dir: str | None = None
@@ -319,122 +163,39 @@ class MPTLM(LM):
     hold_last: bool = False
 
     def __init__(self, pretrained: str | os.PathLike | MaskedLM | None = None, *,
-                 device: str | None = None, num_masks: int | None = None,
-                 target_se: float | None = None,
-                 max_masks: int | None = None, decide: bool = False, seed: int = 0,
-                 token_budget: int = 8192, batch_size: int | None = None,
-                 greedy: bool | None = None,
-                 mc_log: str | os.PathLike | None = None, progress: bool = False,
-                 mc_num: int | None = None, cfg: float = 0.0, max_length: int | None = None,
-                 add_bos_token: bool = False, scheme: str = "mptlml",
-                 **loading: Any) -> None:
+                 device: str | None = None, **model_args: Any) -> None:
         super().__init__()
-        loading = translate({**loading, **({} if cfg == 0.0 else {"cfg": cfg})})
-        cfg = loading.pop("cfg", 0.0)
-        for name in ("pretrained", "greedy"):  # LLaDA's model_path, is_check_greedy
-            if name in loading:
-                if (pretrained if name == "pretrained" else greedy) is not None:
-                    theirs = next(k for k, v in ALIASES.items() if v == name)
-                    raise TypeError(f"model_args {theirs} and {name} are one argument (LLaDA's "
-                                    "name and mptlml's); pass one of them.")
-                if name == "pretrained":
-                    pretrained = loading.pop(name)
-                else:
-                    greedy = loading.pop(name)
-        _refuse_unknown(loading)
-        if cfg and greedy is not False:
-            raise ValueError(f"model_args cfg={cfg!r} with the greedy check: is_greedy would "
-                             "be computed without guidance. Pass is_check_greedy=false (as "
-                             "LLaDA's guided runs do) or cfg=0.")
-        if pretrained is None:
-            raise ValueError("mptlml model_args need pretrained=DIR_OR_HUB_ID (a masked LM, or "
-                             "a masked-diffusion LM with mask_token_id=...).")
-        check_options("mptlml model_args", overrides=_OVERRIDES, num_masks=num_masks,
-                      target_se=target_se, max_masks=max_masks, decide=decide, seed=seed,
-                      token_budget=token_budget, batch_size=batch_size, progress=progress)
-        for name, value in (("mc_num", mc_num), ("max_length", max_length)):
-            if value is not None:
-                check_positive_int(value, f"model_args {name}")
-        if num_masks is not None and num_masks % 2:
-            raise ValueError(f"model_args num_masks must be even (mptlml.compare draws two "
-                             f"masks per rate stratum), got {num_masks}.")
-        if scheme not in SCHEMES:
-            raise ValueError(f"model_args scheme={scheme!r}: pass one of {SCHEMES} ('mptlml': "
-                             "mptlml.compare; 'llada': LLaDA's own estimator, to reproduce "
-                             "its numbers).")
-        self.scheme = scheme
-        if scheme == "llada":
-            given = [k for k, v in (("num_masks", num_masks), ("target_se", target_se),
-                                    ("max_masks", max_masks), ("decide", decide)) if v]
-            if given:
-                raise ValueError(f"model_args {given} are mptlml.compare's; scheme=llada draws "
-                                 "mc_num masks per request in batches of batch_size, as LLaDA "
-                                 "does. Drop them, or leave scheme out.")
-            mc_num = 128 if mc_num is None else mc_num  # LLaDA's defaults
-            batch_size = 32 if batch_size is None else batch_size
-            if mc_num % batch_size:
-                raise ValueError(f"model_args mc_num={mc_num} is not a multiple of batch_size="
-                                 f"{batch_size} (LLaDA's masks per batch); pass a multiple.")
-        elif mc_num is not None:
-            num_masks, max_masks = _budget(mc_num, num_masks, max_masks)
-        if scheme == "mptlml":  # after mc_num became max_masks: the first round fits in it
-            first = _COMPARE_NUM_MASKS if num_masks is None else num_masks
-            if max_masks is not None and max_masks < first + 1:  # + the whole continuation
-                given = "" if num_masks is not None else ", mptlml.compare's default"
-                raise ValueError(f"model_args max_masks={max_masks} (masked inputs per request) "
-                                 f"is below the first round's num_masks={first}{given} draws "
-                                 f"and the whole continuation's row: raise max_masks to at least "
-                                 f"{first + 1}" + (f", or pass model_args num_masks=N (even, at "
-                                                   f"most {(max_masks - 1) // 2 * 2})"
-                                                   if max_masks >= 3 else "") + ".")
-        if mc_log is not None:
-            check_log_path(Path(mc_log))  # before the model is loaded
-        self.greedy = _flag(True if greedy is None else greedy, "greedy")
-        self.cfg = float(cfg)
-        self.mc_num = mc_num
-        self.decide = bool(decide)
-        self.progress = bool(progress)
-        self.num_masks = num_masks
-        self.target_se = target_se
-        self.max_masks = max_masks
-        self.seed = int(seed)
-        self.token_budget = int(token_budget)
-        self.batch_size = batch_size
+        given = {} if pretrained is None else {"pretrained": pretrained}
+        settings, loading = read_model_args({**given, **model_args}, model=self.model_name)
+        self.settings: RunSettings = settings
         # the process group first (under a launcher each rank takes its own device)
-        if isinstance(pretrained, MaskedLM):
-            if loading:
-                raise TypeError(f"{sorted(loading)} apply when loading a model; pretrained is "
-                                "a MaskedLM already.")
-            lm = pretrained if device is None else pretrained.to(resolve_device(device))
-            self._ctx = distributed_context(cpu=lm.device.type == "cpu")
-        else:
-            dev = resolve_device(device)
-            self._ctx = distributed_context(cpu=dev.type == "cpu")
-            if str(pretrained).lower() == "antiberty":  # as `mptlml curve --model antiberty`
-                other = sorted(set(loading) - set(_ANTIBERTY))
-                if other:
-                    raise TypeError(f"model_args {other} do not apply to pretrained=antiberty "
-                                    f"(bundled, with its own tokenizer); it takes "
-                                    f"{', '.join(_ANTIBERTY)}.")
-                lm = MaskedLM.antiberty(device=dev, **loading)
-            else:
-                lm = MaskedLM.from_pretrained(pretrained, device=dev, **loading)
-        self._bos = context_bos(lm, _flag(add_bos_token, "add_bos_token"))
+        lm, self._ctx = load_model(loading, device)
+        self._bos = context_bos(lm, settings.add_bos_token)
         if self._bos:  # the BOS joins the model's frame: visible, never masked, scored or cut
             lm = lm.with_prefix(self._bos)
         self.model = lm
-        self._limit = _content_limit(lm, max_length)
-        self.max_length = max_length
+        try:
+            self._limit = content_limit(lm, settings.max_length)
+        except ValueError as exc:
+            raise ValueError(f"model_args {exc}") from None
         self._rank, self._world_size = self._ctx.rank, self._ctx.world
         self._device = lm.device
         # no mc_log under the command line: the records go beside lm-eval's results file,
         # named by its timestamp, when lm-eval saves it (mptlml.lm_eval.command)
-        self.beside_results = mc_log is None and self.default_mc_dir is not None
-        self.log = RecordLog(mc_log, write=self._ctx.main)
+        self.beside_results = settings.mc_log is None and self.default_mc_dir is not None
+        self.log = RecordLog(settings.mc_log, write=self._ctx.main)  # the file made here
         self._questions = 0
         self._announced_greedy = False
+        self._groups: dict[str, dict[str, Any]] = {}
         type(self).last = ((lambda model=self: model) if self.hold_last else
                            weakref.ref(self))
+
+    def __getattr__(self, name: str) -> Any:
+        """The run's settings as attributes (``lm.seed``, ``lm.cfg``, ``lm.mc_num``, ...)."""
+        settings = self.__dict__.get("settings")
+        if settings is not None and name in RunSettings.__dataclass_fields__:
+            return getattr(settings, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------ lm-eval plumbing
     @classmethod
@@ -448,38 +209,32 @@ class MPTLM(LM):
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> MPTLM:
-        """``model_args`` as a dict, plus lm-eval's ``device`` / ``batch_size``.
-
-        A number or flag given as a string is read as lm-eval reads ``--model_args``
-        (``lm_eval.utils.handle_arg_string``, as :meth:`create_from_arg_string` does), then
-        checked with the Python door's types.
-        """
+        """``model_args`` as a dict, plus lm-eval's ``device`` / ``batch_size``; a number or
+        flag given as a string is read as lm-eval reads ``--model_args``
+        (``lm_eval.utils.handle_arg_string``)."""
         require("lm_eval", "mptlml.lm_eval (the lm-evaluation-harness backend)")
         from lm_eval.utils import handle_arg_string
 
-        return cls._create({k: handle_arg_string(v) if k in _VALUED and isinstance(v, str)
+        from .settings import VALUED
+
+        return cls._create({k: handle_arg_string(v) if k in VALUED and isinstance(v, str)
                             else v for k, v in arg_dict.items()}, additional_config)
 
     @classmethod
     def _create(cls, args: dict[str, Any], additional: dict | None) -> MPTLM:
-        extra = {k: v for k, v in (additional or {}).items() if v is not None}
-        device = extra.pop("device", None)
-        if device is not None and args.get("device") is None:
-            args["device"] = _harness_device(str(device))
-        harness = {k: extra.pop(k) for k in ("batch_size", "max_batch_size") if k in extra}
-        if args.get("scheme") == "llada" and "batch_size" in harness:
-            # LLaDA's adapter takes lm-eval's --batch_size as its masks per batch
-            size = harness.pop("batch_size")
-            if str(size) != "auto" and args.get("batch_size") is None:
-                args["batch_size"] = int(size)
-        if any(str(v) not in ("1", "auto") for v in harness.values()):
-            warnings.warn(
-                f"lm-eval's {harness} does not apply to mptlml: it batches masked inputs by "
-                "token budget. Use --model_args token_budget=N (padded tokens per forward "
-                "pass) or batch_size=N (inputs per forward pass).", UserWarning, stacklevel=3)
-        if extra:
-            raise TypeError(f"mptlml does not take lm-eval's {sorted(extra)}.")
-        return cls(**args)
+        return cls(**with_harness(args, additional, cls.model_name))
+
+    def check_tasks(self, task_dict: Any) -> None:
+        """Refuse, before any request is scored, a task the run's settings cannot score:
+        guidance (``cfg``) on a perplexity task (its texts have no context to guide by)."""
+        self._groups = group_weights(task_dict)  # for the group rows' MC SEs
+        rolling = sorted(n for n, t in _tasks(task_dict)
+                         if t.OUTPUT_TYPE == "loglikelihood_rolling")
+        if self.cfg and rolling:
+            raise ValueError(f"model_args {self.settings.name('cfg')}: guidance needs a context "
+                             f"to guide by, and the perplexity task(s) {rolling} "
+                             "(loglikelihood_rolling) score texts without one; nothing was "
+                             "scored. Run them in a run with cfg=0.")
 
     @property
     def device(self) -> torch.device:
@@ -528,32 +283,10 @@ class MPTLM(LM):
         summary = self.log.close_run()
         if self.beside_results:  # for the command line to write beside the results file
             type(self).pending_run = self.log.finished
-        for line in summary_lines(summary):
-            logger.info("Monte Carlo: %s", line)
-        for task, s in summary.items():
-            if s["budget_spent"] and (self.target_se is not None or self.decide):
-                logger.warning(
-                    "%s: %d requests spent %s before reaching %s; their standard errors are "
-                    "in the Monte Carlo log. Raise max_masks.", task, s["budget_spent"],
-                    f"max_masks={self.max_masks} masked inputs" if self.max_masks else
-                    "mptlml.compare's default cap (128 masked inputs with decide, 512 draws "
-                    "with target_se)",
-                    "target_se" if self.target_se is not None else "a decision")
-            if s.get("undecided"):
-                logger.warning(
-                    "%s: %d of %d multiple-choice decisions are not decided (the leader is not "
-                    "ahead of every other candidate by %.3g paired standard errors): Monte "
-                    "Carlo noise can move its accuracy by up to %.3g. More masks (decide=true, "
-                    "a larger max_masks) decide them.", task, s["undecided"], s["questions"],
-                    s["z_threshold"], s["undecided_share"])
+        warn_summary(summary, self.settings)
         return {"mptlml": {
-            "model": self.model.name, **self.model.placement(), "scheme": self.scheme,
-            "num_masks": self.num_masks,
-            "target_se": self.target_se, "max_masks": self.max_masks, "decide": self.decide,
-            "mc_num": self.mc_num, "cfg": self.cfg, "max_length": self.max_length,
-            "add_bos_token": bool(self._bos),
-            "seed": self.seed, "token_budget": self.token_budget, "greedy": self.greedy,
-            "world_size": self.world_size,
+            "model": self.model.name, **self.model.placement(), **self.settings.config(),
+            "world_size": self.world_size, "groups": self._groups,
             "mc_log": (str(self.log.path) if self.log.path is not None else
                        BESIDE_RESULTS if self.beside_results else None),
             "monte_carlo": summary}}
@@ -573,96 +306,65 @@ class MPTLM(LM):
         if not keys and self.world_size == 1:
             return []
         everyone = self._everyone(keys)
-        records = self._score_pairs(everyone)
+        records, scored = self._score_pairs(everyone)
+        for k, g in zip(everyone, self._greedy(*scored), strict=True):
+            records[k]["is_greedy"] = g
         self.log.add([records[k] for k in everyone])
         return [(float(records[k]["loglikelihood"]), bool(records[k]["is_greedy"]))
                 for k in keys]
 
-    def _pair_ids(self, keys: list[_Key]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Context and continuation ids of each pair (no BOS: it is the frame's), in one pass of
-        :func:`~mptlml.models.sequence_input.encode_with_context`; each continuation's
-        unknown tokens checked on its own, naming its task, document and choice."""
-        ids, nctx = encode_with_context(
-            self.model, [k.args[0] for k in keys], [k.args[1] for k in keys],
-            check_length=False, word_warnings=False,
-            names=[f"task {k.task!r}, document {k.doc_id}, choice {k.idx} ({k.args[1]!r})"
-                   for k in keys])
-        return ([t[:n] for t, n in zip(ids, nctx, strict=True)],
-                [t[n:] for t, n in zip(ids, nctx, strict=True)])
-
-    def _score_pairs(self, keys: list[_Key]) -> dict[_Key, dict[str, Any]]:
-        """Records of (context, continuation) requests: one question per document and context."""
-        ctx_ids, cont_ids = self._pair_ids(keys)
-        limit = self._limit
+    def _score_pairs(self, keys: list[_Key]) -> tuple[dict[_Key, dict[str, Any]], Any]:
+        """Records of (context, continuation) requests, one question per document and context;
+        and the (context, continuation) ids scored (the contexts cut to fit,
+        :func:`~mptlml.models.sequence_input.fit_contexts`)."""
         groups: dict[tuple[str, int, str], list[int]] = defaultdict(list)
         for i, k in enumerate(keys):
             groups[(k.task, k.doc_id, k.args[0])].append(i)
         questions = list(groups.values())
-        kept: dict[int, torch.Tensor] = {}
-        for members in questions:
-            longest = max(len(cont_ids[i]) for i in members)
-            if longest > limit:
-                k = keys[members[0]]
-                raise ValueError(
-                    f"task {k.task!r}, document {k.doc_id}: a continuation of {longest} tokens "
-                    f"is longer than the model's {limit} content tokens; mptlml cannot score it "
-                    "given its context (loglikelihood_rolling windows long texts).")
-            room = limit - longest  # the context's last tokens that fit beside the longest
-            for i in members:
-                c = ctx_ids[i]
-                kept[i] = c[len(c) - room:] if len(c) > room else c
-        cmp = self._compare(
-            [kept[m[0]].tolist() for m in questions],
-            [[cont_ids[i].tolist() for i in m] for m in questions],
-            [_content_seed(self.seed, [keys[i].args for i in m]) for m in questions])
-        records = pair_records(
-            keys, questions, cmp, num_tokens=[len(t) for t in cont_ids],
-            context_tokens=[len(kept[i]) for i in range(len(keys))],
-            dropped=[len(ctx_ids[i]) - len(kept[i]) for i in range(len(keys))],
-            first_id=self._questions)
+        seeds = [_content_seed(self.seed, [keys[i].args for i in m]) for m in questions]
+        ctx, cont, dropped = fit_contexts(
+            self.model, [k.args[0] for k in keys], [k.args[1] for k in keys], questions,
+            self._limit, names=[f"task {k.task!r}, document {k.doc_id}, choice {k.idx} "
+                                f"({k.args[1]!r})" for k in keys],
+            group_names=[f"task {keys[m[0]].task!r}, document {keys[m[0]].doc_id}"
+                         for m in questions])
+        cmp = compare(self.model, [ctx[m[0]].tolist() for m in questions],
+                      [[cont[i].tolist() for i in m] for m in questions], seed=seeds,
+                      **self.settings.compare_options())
+        records = pair_records(keys, questions, cmp, num_tokens=[len(t) for t in cont],
+                               context_tokens=[len(t) for t in ctx], dropped=dropped,
+                               first_id=self._questions)
         self._questions += len(questions)
-        greedy = self._greedy(keys, kept, cont_ids)
-        for k, g in zip(keys, greedy, strict=True):
-            records[k]["is_greedy"] = g
-        return records
+        return records, (ctx, cont)
 
-    def _compare(self, contexts: list[list[int]], candidates: list[list[list[int]]],
-                 seeds: list[int]) -> Any:
-        """The questions scored by the run's scheme: :func:`mptlml.compare`'s result, or
-        LLaDA's estimate of each candidate in the same fields
-        (:func:`~mptlml.estimators.llada.llada_questions`)."""
-        if self.scheme == "llada":
-            return llada_questions(self.model, contexts, candidates, seeds, self.mc_num,
-                                   int(self.batch_size), token_budget=self.token_budget,
-                                   progress=self.progress, cfg_scale=self.cfg)
-        return compare(self.model, contexts, candidates, seed=seeds, **self._compare_options())
+    def _pair_ids(self, keys: list[_Key]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Context and continuation ids of each pair as scored (no BOS: it is the frame's),
+        each in a question of its own."""
+        ctx, cont, _ = fit_contexts(self.model, [k.args[0] for k in keys],
+                                    [k.args[1] for k in keys], [[i] for i in range(len(keys))],
+                                    self._limit, names=[str(k) for k in keys],
+                                    group_names=[str(k) for k in keys])
+        return ctx, cont
 
-    def _compare_options(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {"token_budget": self.token_budget, "progress": self.progress,
-                              "decide": self.decide, "cfg_scale": self.cfg}
-        for name in ("num_masks", "target_se", "max_masks", "batch_size"):
-            if getattr(self, name) is not None:
-                kw[name] = getattr(self, name)
-        return kw
-
-    def _greedy(self, keys: list[_Key], kept: dict[int, torch.Tensor],
-                cont_ids: list[torch.Tensor]) -> list[bool | None]:
-        """is_greedy of each pair, the pairs shared out between the processes."""
+    def _greedy(self, kept: list[torch.Tensor], cont: list[torch.Tensor]) -> list[bool | None]:
+        """is_greedy of each pair (its context as scored, the continuation masked), the pairs
+        shared out between the processes."""
         if not self.greedy:
             if not self._announced_greedy:
-                warnings.warn("greedy=false: every is_greedy is False, so metrics built on it "
-                              "(the acc of a loglikelihood task such as LAMBADA, exact_match) "
-                              "read 0; leave greedy on for them.", UserWarning, stacklevel=3)
+                warnings.warn(f"{self.settings.name('greedy')}=false: every is_greedy is False, "
+                              "so metrics built on it (the acc of a loglikelihood task such as "
+                              "LAMBADA, exact_match) read 0; leave it on for them.",
+                              UserWarning, stacklevel=4)
                 self._announced_greedy = True
-            return [None] * len(keys)
-        mine = shard(list(range(len(keys))), self._ctx)
-        ids = [torch.cat([kept[i], cont_ids[i]]) for i in mine]
-        got = greedy_reproduces(self.model, ids, [len(kept[i]) for i in mine],
-                                token_budget=self.token_budget, batch_size=self.batch_size)
+            return [None] * len(kept)
+        mine = shard(list(range(len(kept))), self._ctx)
+        got = greedy_reproduces(self.model, [torch.cat([kept[i], cont[i]]) for i in mine],
+                                [len(kept[i]) for i in mine], token_budget=self.token_budget,
+                                batch_size=self.batch_size)
         out: dict[int, bool] = {}
         for part in gather(dict(zip(mine, got, strict=True)), self._ctx):
             out.update(part)
-        return [out[i] for i in range(len(keys))]
+        return [out[i] for i in range(len(kept))]
 
     # ---------------------------------------------------------------- rolling
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False
@@ -671,9 +373,10 @@ class MPTLM(LM):
         self.log.check_open()
         keys = [_key(r) for r in requests]
         if self.cfg:
-            raise ValueError(f"model_args cfg={self.cfg}: guidance needs a context to guide by; "
-                             "a perplexity task (loglikelihood_rolling) scores texts without "
-                             "one. Run it with cfg=0.")
+            raise ValueError(f"model_args {self.settings.name('cfg')}={self.cfg}: guidance "
+                             "needs a context to guide by; a perplexity task "
+                             "(loglikelihood_rolling) scores texts without one. Run it with "
+                             "cfg=0.")
         if not keys and self.world_size == 1:
             return []
         everyone = self._everyone(keys)
@@ -692,13 +395,14 @@ class MPTLM(LM):
         cmp = SimpleNamespace(scores=[], stderr=[], exact=[], num_masked_rows=[], stop_reason=[])
         if seeds:
             with warnings.catch_warnings(record=True) as said:
-                warnings.simplefilter("always", RuntimeWarning)
-                cmp = self._compare([c for ws in windows for c, _ in ws],
-                                    [[t] for ws in windows for _, t in ws], seeds)
-            for w in said:  # compare's words for its inputs: here windows of texts, no question
-                text = re.sub(r"\bquestions\b", "text windows",
-                              re.sub(r"\bquestion\b", "text window", str(w.message)))
-                warnings.warn(text, w.category, stacklevel=2)
+                warnings.simplefilter("always")
+                cmp = compare(self.model, [c for ws in windows for c, _ in ws],
+                              [[t] for ws in windows for _, t in ws], seed=seeds,
+                              **self.settings.compare_options())
+            for w in said:  # compare's own summary speaks of questions: said below of windows
+                if w.category is not RuntimeWarning:
+                    warnings.warn(w.message, w.category, stacklevel=2)
+            warn_windows(cmp)
         records = rolling_records(everyone, [len(t) for t in ids], [len(ws) for ws in windows],
                                   cmp)
         self.log.add([records[k] for k in everyone])
@@ -710,3 +414,29 @@ class MPTLM(LM):
             "(multiple-choice) and loglikelihood_rolling (perplexity) tasks. Run generation "
             "tasks (generate_until, e.g. gsm8k) with a model that generates, such as lm-eval's "
             "'hf' backend or a masked-diffusion LM's own sampler.")
+
+
+@register_model("llada_dist")
+class MPTLMLLaDA(MPTLM):
+    """``--model llada_dist``: LLaDA's lm-eval model name, scored by mptlml.
+
+    A published LLaDA command line (``--model llada_dist --model_args
+    model_path=...,mc_num=128,...``) runs unchanged: its ``model_args`` as LLaDA's
+    adapter reads them (:data:`~mptlml.lm_eval.peers.PEERS`), with its defaults (remote
+    code, ``mc_num=128``: :data:`~mptlml.lm_eval.peers.MODEL_DEFAULTS`); lm-eval's
+    ``--batch_size`` is LLaDA's masks per batch (``estimator=llada``'s ``batch``).
+    """
+
+    model_name = "llada_dist"
+
+
+@register_model("dream")
+class MPTLMDream(MPTLM):
+    """``--model dream``: Dream's lm-eval model name, scored by mptlml (as
+    :class:`MPTLMLLaDA`, with Dream's arguments and defaults)."""
+
+    model_name = "dream"
+
+
+# what cannot apply to a task (guidance on a perplexity task) refused before any scoring
+lm_eval.evaluator.evaluate = _checking_tasks_first(lm_eval.evaluator.evaluate)

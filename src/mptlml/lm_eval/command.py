@@ -36,9 +36,10 @@ from typing import Any
 from .._optional import require
 from .._scoring.distributed import shutdown_distributed
 from .._validation import check_device
-from .backend import _LOADING, _SETTINGS, BESIDE_RESULTS, MPTLM, check_arg_names
-from .peers import PEER_ARGUMENTS
+from .backend import BESIDE_RESULTS, MPTLM
+from .peers import MODEL_DEFAULTS, PEER_ARGUMENTS
 from .records import RecordLog, add_monte_carlo_stderr
+from .settings import LOADING, SETTINGS, check_arg_names
 
 logger = logging.getLogger("lm_eval.mptlml")
 
@@ -58,11 +59,12 @@ Every argument is lm-eval's; the model is `--model mptlml`, configured by --mode
   pretrained=DIR_OR_ID: a masked LM, or a masked-diffusion LM with mask_token_id=ID
 the Monte Carlo estimate (mptlml.compare's; decide=true: multiple choice stopped once
 decided; target_se=NATS: a precision):
-{_names(_SETTINGS)}
+{_names(SETTINGS)}
 loading (MaskedLM.from_pretrained) and placement:
-{_names(("device", *_LOADING))}
+{_names(("device", *LOADING))}
 LLaDA's (eval_llada.py) and Dream's (eval/eval.py) arguments, with their meaning
-(mc_num=N: N masks per request; generation options are refused):
+(mc_num=N: N masks per request; generation options are refused); their model names
+--model llada_dist and --model dream run mptlml with their adapters' defaults:
 {_names(PEER_ARGUMENTS)}
 
 Example:
@@ -113,7 +115,7 @@ def check_model_args_flag(argv: list[str]) -> None:
 
     lm-eval builds the model only after importing its command line and indexing every
     task (tens of seconds); a name :class:`~mptlml.lm_eval.MPTLM` does not take is
-    refused here instead (:func:`~mptlml.lm_eval.backend.check_arg_names`), as the model
+    refused here instead (:func:`~mptlml.lm_eval.settings.check_arg_names`), as the model
     would refuse it. The long options are read (``--model``, ``--model_args``: one
     ``k=v,...`` string, or several as lm-eval 0.4.9+ takes them); another model's
     arguments, and the JSON form, are left to lm-eval.
@@ -122,7 +124,8 @@ def check_model_args_flag(argv: list[str]) -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--model_args", nargs="+", default=None)
     known, _ = parser.parse_known_args(argv)
-    if known.model != "mptlml" or not known.model_args or known.model_args[0][:1] == "{":
+    if (known.model not in ("mptlml", *MODEL_DEFAULTS) or not known.model_args
+            or known.model_args[0][:1] == "{"):
         return
     require("lm_eval", "mptlml eval (the lm-evaluation-harness command line)")
     from lm_eval.utils import simple_parse_args_string

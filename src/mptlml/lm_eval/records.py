@@ -36,7 +36,9 @@ request here gets a record, written as one JSON line (``mc_log``, by default
     standard error of (leader minus this candidate) on common masks, and the
     question: ``id``, ``choice`` (the leader's ``idx``), ``margin_z`` (the
     smallest (leader - other) / paired SE), ``z_threshold`` and ``decided``
-    (``margin_z > z_threshold``: :func:`mptlml.compare`'s rule), ``candidates``,
+    (``margin_z > z_threshold``: :func:`mptlml.compare`'s rule), ``flip_probability``
+    (the chance the choice differs from the exhaustive one, :func:`flip_probability`),
+    ``candidates``,
     ``masked_inputs`` (all candidates), ``rounds`` and ``stop_reason``.
 ``windows, words, bytes``
     Rolling requests: the windows scored, and lm-eval's word and byte counts of the text.
@@ -66,9 +68,11 @@ file (``{"summary": ...}``) and goes into lm-eval's results
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -76,14 +80,35 @@ from typing import Any
 
 import numpy as np
 
+from ..estimators.results import MIN_STDERR_DOF
 from ..estimators.stats import sum_stderr
 
-__all__ = ["RecordLog", "add_monte_carlo_stderr", "check_log_path", "pair_records",
-           "rolling_records", "summarize", "summary_lines"]
+#: lm-eval's logger namespace: these lines show where lm-eval's own do
+logger = logging.getLogger("lm_eval.mptlml")
+
+__all__ = ["RecordLog", "add_monte_carlo_stderr", "check_log_path", "flip_probability",
+           "group_weights", "pair_records", "rolling_records", "summarize", "summary_lines",
+           "warn_summary", "warn_windows"]
+
 
 def _phi(z: float) -> float:
     """Standard normal CDF."""
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def flip_probability(margin_z: float | None) -> float:
+    """The chance a question's choice differs from the exhaustive one: ``Phi(-margin_z)``.
+
+    The leader's lead over its closest rival, ``margin_z`` paired standard errors, read
+    as the normal posterior of the true lead under a flat prior: the probability that the
+    true lead has the other sign. Summed over questions it is the expected number of
+    choices that differ from the exhaustive ones; it errs low on exact ties (the observed
+    margin is ``|N(0, 1)|``: mean 1/4 where the coin is 1/2) and high on clear questions
+    (module docstring). None or infinite (an exact or one-sided margin): 0.
+    """
+    if margin_z is None or not math.isfinite(margin_z):
+        return 0.0
+    return _phi(-float(margin_z))
 
 
 def _finite(x: float) -> bool:
@@ -143,8 +168,8 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         questions = {r["question"]["id"]: r["question"] for r in rs if r.get("question")}
         if questions:
             norm = _norm_flips([r for r in rs if r.get("question")])
-            flips = [0.0 if q["margin_z"] is None else _phi(-float(q["margin_z"]))
-                     for q in questions.values()]  # null: an infinite margin (strict JSON)
+            flips = [flip_probability(q["margin_z"])  # null: an infinite margin (strict JSON)
+                     for q in questions.values()]
             # a question stopped as a practical tie (compare's indifference zone) is settled
             tied = sum(bool(q.get("tied")) for q in questions.values())
             undecided = sum(not q["decided"] and not q.get("tied") for q in questions.values())
@@ -215,8 +240,8 @@ def pair_records(keys: Sequence[Any], questions: Sequence[Sequence[int]], cmp: A
         continuation).
     questions : list of list of int
         The positions in ``keys`` of each question's candidates, in order.
-    cmp : Comparison or its fields
-        :func:`mptlml.compare`'s result over ``questions`` (or LLaDA's in the same fields).
+    cmp : Comparison
+        :func:`mptlml.compare`'s result over ``questions``.
     num_tokens, context_tokens, dropped : list of int
         Per request: T, the context tokens scored, the context tokens cut to fit.
     first_id : int
@@ -237,6 +262,7 @@ def pair_records(keys: Sequence[Any], questions: Sequence[Sequence[int]], cmp: A
                 "id": first_id + q + 1, "choice": keys[members[cmp.choice[q]]].idx,
                 "decided": bool(cmp.decided[q]), "tied": str(cmp.stop_reason[q]) == "tied",
                 "margin_z": float(cmp.margin_z[q]), "z_threshold": float(cmp.z_threshold[q]),
+                "flip_probability": flip_probability(float(cmp.margin_z[q])),
                 "candidates": k_q, "masked_inputs": int(cmp.num_masked_rows[q])}
         for j, i in enumerate(members):
             k = keys[i]
@@ -305,6 +331,48 @@ _METRICS = {"acc": ("accuracy_mc_stderr", "abs"),
             "bits_per_byte": ("bits_per_byte_mc_stderr", "abs")}
 
 
+def group_weights(task_dict: Any) -> dict[str, dict[str, Any]]:
+    """The groups of lm-eval's task dict, as lm-eval aggregates their metrics.
+
+    Returns
+    -------
+    dict
+        group -> ``{"tasks": [leaf task names], "weight_by_size": {metric: bool}}`` for every
+        group whose YAML has an ``aggregate_metric_list`` (lm-eval's group row: the mean of
+        its leaf tasks' metric, weighted by their sizes or not).
+    """
+    found: dict[str, dict[str, Any]] = {}
+    groups = task_dict.get("groups", {}) if isinstance(task_dict, dict) else {}
+    for name, group in groups.items():
+        metrics = getattr(group, "aggregate_metric_list", None) or []
+        if metrics and hasattr(group, "get_all_tasks"):
+            found[str(getattr(group, "name", name))] = {
+                "tasks": [str(t.task_name) for t in group.get_all_tasks()],
+                "weight_by_size": {str(m.metric): bool(m.weight_by_size) for m in metrics}}
+    return found
+
+
+def _group_stderr(results: dict[str, Any], summary: dict[str, Any],
+                  groups: dict[str, dict[str, Any]]) -> None:
+    """Each group row's ``METRIC_mc_stderr,FILTER`` from its leaf tasks' (independent masks):
+    ``sqrt(sum_i w_i^2 se_i^2) / sum_i w_i``, ``w_i`` the task's documents when the group
+    weights by size, else 1, as lm-eval weights the metric itself."""
+    rows = results.get("results", {})
+    for group, g in groups.items():
+        for metric, by_size in g["weight_by_size"].items():
+            for key in [k for k in rows.get(group, {}) if k.partition(",")[0] == metric]:
+                filt = key.partition(",")[2]
+                mc = [rows.get(t, {}).get(f"{metric}_mc_stderr,{filt}") for t in g["tasks"]]
+                if not g["tasks"] or any(v is None or t not in summary
+                                         for v, t in zip(mc, g["tasks"], strict=True)):
+                    continue
+                w = [float(summary[t]["documents"]) if by_size else 1.0 for t in g["tasks"]]
+                se = math.sqrt(sum((wi * v) ** 2 for wi, v in zip(w, mc, strict=True))) / sum(w)
+                for table in (rows, results.get("groups", {})):
+                    if group in table:
+                        table[group][f"{metric}_mc_stderr,{filt}"] = se
+
+
 def add_monte_carlo_stderr(results: dict[str, Any], model: Any = None) -> dict[str, Any]:
     """Put each metric's Monte Carlo standard error beside lm-eval's own, in ``results``.
 
@@ -314,7 +382,9 @@ def add_monte_carlo_stderr(results: dict[str, Any], model: Any = None) -> dict[s
     ``"METRIC_mc_stderr,FILTER"``: ``acc`` and ``acc_norm`` (the decisions' flips,
     :func:`summarize`), the perplexities by the delta method (``perplexity``,
     ``word_perplexity``, ``byte_perplexity``: value * SE(log-likelihood sum) / count)
-    and ``bits_per_byte`` (SE / (bytes ln 2)). lm-eval's ``METRIC_stderr`` is over
+    and ``bits_per_byte`` (SE / (bytes ln 2)); and on each group row (an mmlu-style
+    ``group:`` YAML with ``aggregate_metric_list``) the same mean of its tasks' as lm-eval
+    takes of the metric (:func:`group_weights`). lm-eval's ``METRIC_stderr`` is over
     documents; this one is what the masks' randomness adds, at these documents.
     :func:`mptlml.lm_eval.main` calls it; call it on the result of
     ``lm_eval.simple_evaluate(model="mptlml", ...)``.
@@ -350,6 +420,7 @@ def add_monte_carlo_stderr(results: dict[str, Any], model: Any = None) -> dict[s
                 continue
             se = float(s[name]) * (abs(float(value)) if kind == "rel" else 1.0)
             metrics[f"{metric}_mc_stderr,{filt}"] = se
+    _group_stderr(results, summary, config.get("mptlml", {}).get("groups") or {})
     return results
 
 
@@ -409,24 +480,32 @@ class RecordLog:
     def __init__(self, path: str | os.PathLike | None, *, write: bool = True) -> None:
         self.path = None if path is None else Path(path)
         self.write = bool(write) and self.path is not None
-        if self.write:
-            check_log_path(self.path)  # before any request is scored
-        if self.write and self.path is not None and self.path.exists():
-            raise FileExistsError(
-                f"mc_log {self.path} exists (an earlier run's records): one file holds one run; "
-                "pass a new path, or remove that file first.")
+        if self.write and self.path is not None:  # made here, before any request is scored
+            check_log_path(self.path)
+            self._create(self.path)
         self.records: list[dict[str, Any]] = []
         #: the records and summary of the run :meth:`close_run` closed
         self.finished: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None
-        self._started = False
+
+    @staticmethod
+    def _create(path: Path) -> None:
+        """Create ``path`` empty, exclusively (``O_EXCL``): a file that exists, an earlier or
+        a concurrent run's, is refused, so no run's records are lost or mixed."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("x", encoding="utf-8"):
+                pass
+        except FileExistsError:
+            raise FileExistsError(
+                f"mc_log {path} exists (another run's records, finished or running): one file "
+                "holds one run; pass a new path, or remove that file first.") from None
+        except OSError as exc:
+            raise ValueError(f"model_args mc_log={path} cannot be created ({exc.strerror}); "
+                             "pass a path in a writable directory.") from None
 
     def _append(self, lines: list[dict[str, Any]]) -> None:
         if not self.write or self.path is None:
             return
-        if not self._started:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text("")
-            self._started = True
         with self.path.open("a", encoding="utf-8") as f:
             for r in lines:
                 f.write(json.dumps(_plain(r), allow_nan=False) + "\n")
@@ -458,3 +537,46 @@ class RecordLog:
         self.finished = (self.records, summary)
         self.records = []
         return summary
+
+
+def warn_summary(summary: dict[str, dict[str, Any]], settings: Any) -> None:
+    """Log a run's summary (:func:`summary_lines`), and warn of what it did not settle:
+    requests that spent ``max_masks`` before their target or decision, and undecided
+    multiple-choice decisions (``settings``: the run's
+    :class:`~mptlml.lm_eval.settings.RunSettings`)."""
+    for line in summary_lines(summary):
+        logger.info("Monte Carlo: %s", line)
+    for task, s in summary.items():
+        if s["budget_spent"] and (settings.target_se is not None or settings.decide):
+            logger.warning(
+                "%s: %d requests spent %s before reaching %s; their standard errors are in "
+                "the Monte Carlo log. Raise max_masks.", task, s["budget_spent"],
+                f"max_masks={settings.max_masks} masked inputs" if settings.max_masks else
+                "mptlml.compare's default cap (128 masked inputs with decide, 512 draws with "
+                "target_se)", "target_se" if settings.target_se is not None else "a decision")
+        if s.get("undecided"):
+            logger.warning(
+                "%s: %d of %d multiple-choice decisions are not decided (the leader is not "
+                "ahead of every other candidate by %.3g paired standard errors): Monte Carlo "
+                "noise can move its accuracy by up to %.3g. More masks (decide=true, a larger "
+                "max_masks) decide them.", task, s["undecided"], s["questions"],
+                s["z_threshold"], s["undecided_share"])
+
+
+def warn_windows(cmp: Any) -> None:
+    """Warn, in one line, of the text windows of a perplexity task whose standard errors are
+    not settled (``cmp``: :func:`mptlml.compare`'s result, one window per question): those
+    that spent ``max_masks`` before their target, those with a standard error 0 that is not
+    exact, and those on fewer than :data:`~mptlml.estimators.results.MIN_STDERR_DOF` dof."""
+    n = len(cmp.stderr)
+    cases = [([w for w in range(n) if cmp.stop_reason[w] == "budget"],
+              "spent max_masks before their target (raise max_masks)"),
+             ([w for w in range(n) if cmp.stderr[w][0] == 0 and not cmp.exact[w][0]],
+              "with a standard error 0 that is not exact (draws on one mask)"),
+             ([w for w in range(n) if cmp.stderr_dof[w] < MIN_STDERR_DOF],
+              f"with fewer than {MIN_STDERR_DOF} dof (an error beyond 2 SE is then far more "
+              "frequent than 5%)")]
+    said = [f"{len(ws)} of {n} text windows {what}" for ws, what in cases if ws]
+    if said:
+        warnings.warn(f"loglikelihood_rolling: {'; '.join(said)}; more masks (num_masks, or "
+                      "target_se=) settle them.", RuntimeWarning, stacklevel=3)

@@ -48,9 +48,9 @@ import torch
 from .protocols import RaggedMaskedModel
 from .tokenizer_checks import check_unknown_tokens
 
-__all__ = ["ContextBoundaryWarning", "as_token_ids", "check_content", "context_bos", "encode",
-           "encode_with_context", "normalise_sequences", "rolling_windows", "tokenize",
-           "tokenize_groups", "window_pairs"]
+__all__ = ["ContextBoundaryWarning", "as_token_ids", "check_content", "content_limit",
+           "context_bos", "encode", "encode_with_context", "fit_contexts", "normalise_sequences",
+           "rolling_windows", "tokenize", "tokenize_groups", "window_pairs"]
 
 _HOW = ("pass the texts themselves, or content token ids "
         "(tokenizer(texts, add_special_tokens=False)['input_ids'])")
@@ -403,6 +403,55 @@ def context_bos(model: Any, add_bos: bool) -> list[int]:
         raise ValueError("model_args add_bos_token=true: this tokenizer has no BOS token "
                          "(bos_token_id is None); leave add_bos_token out.")
     return [] if list(model.prefix[:1]) == [int(bos_id)] else [int(bos_id)]
+
+
+def content_limit(model: Any, max_length: int | None) -> int:
+    """Content tokens one scored input of ``model`` may hold.
+
+    ``max_length`` (LLaDA's and Dream's) counts every token of the input, the model's
+    special tokens (its frame) included; the model's own length bounds it too.
+    """
+    frame = len(model.prefix) + len(model.suffix)
+    limit = int(model.max_content_length)
+    if max_length is not None:
+        if max_length <= frame:
+            raise ValueError(f"max_length={max_length} leaves no room for a token beside the "
+                             f"model's {frame} special tokens; pass more.")
+        limit = min(limit, int(max_length) - frame)
+    return limit
+
+
+def fit_contexts(model: Any, contexts: Sequence[str], continuations: Sequence[str],
+                 groups: Sequence[Sequence[int]], limit: int, *, names: Sequence[str],
+                 group_names: Sequence[str]
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+    """The pairs' context and continuation ids, each context cut on the left to fit beside
+    its group's longest continuation; and the context tokens cut.
+
+    The pairs are encoded in one pass of :func:`encode_with_context` (each continuation's
+    unknown tokens checked on its own, naming ``names[i]``; no length check, no word
+    warnings). The continuations of a group (one question's candidates, sharing a context)
+    keep the same context tokens: the last ``limit - longest`` of it (the chain rule with
+    a truncated context, as lm-eval does for causal models). A continuation longer than
+    ``limit`` alone is refused, naming ``group_names[g]``.
+    """
+    ids, nctx = encode_with_context(model, list(contexts), list(continuations),
+                                    check_length=False, word_warnings=False, names=names)
+    full = [t[:n] for t, n in zip(ids, nctx, strict=True)]
+    continuations = [t[n:] for t, n in zip(ids, nctx, strict=True)]
+    kept: list[torch.Tensor] = list(full)
+    for g, members in enumerate(groups):
+        longest = max(len(continuations[i]) for i in members)
+        if longest > limit:
+            raise ValueError(
+                f"{group_names[g]}: a continuation of {longest} tokens is longer than the model's "
+                f"{limit} content tokens; it cannot be scored given its context (a perplexity "
+                "task's loglikelihood_rolling windows long texts).")
+        room = limit - longest
+        for i in members:
+            c = full[i]
+            kept[i] = c[len(c) - room:] if len(c) > room else c
+    return kept, continuations, [len(c) - len(k) for c, k in zip(full, kept, strict=True)]
 
 
 def rolling_windows(n: int, limit: int) -> list[tuple[int, int, int]]:
