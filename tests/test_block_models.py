@@ -168,3 +168,50 @@ def test_module_wrapped_with_family_and_block_size(lm):
     assert plain.block_size == 4 and plain.layout == "xt_x0"
     a = mptlml.estimate_lml(plain, TEXTS[:1], "learned-rate", num_masks=8, seed=0)
     assert abs(float(a.per_sample[0]) - reference_block_bound(lm, TEXTS[0])) < 1e-5
+
+
+def test_pll_and_curve_are_refused_on_a_block_model(lm):
+    with pytest.raises(ValueError, match="block-diffusion LM"):
+        mptlml.pll(lm, TEXTS[:1])
+    with pytest.raises(ValueError, match="block-diffusion LM"):
+        mptlml.mpt_curve(lm, TEXTS[:1], num_masks=2, seed=0)
+
+
+def direct_greedy(lm: MaskedLM, context: str, steps: int) -> list[int]:
+    """Greedy unmasking block by block with the module called directly (prefix layout)."""
+    tok, module, b, mask = lm.tokenizer, lm.model, lm.block_size, lm.mask_token_id
+    ctx = [tok.bos_token_id, *tok(context, add_special_tokens=False)["input_ids"]]
+    state = torch.tensor(ctx + [mask] * steps)
+    while (state == mask).any():
+        holes = (state == mask).nonzero().flatten()
+        holes = holes[holes // b == int(holes[0]) // b]
+        end = (int(holes[0]) // b + 1) * b
+        x = torch.cat([state[:end], torch.full((max(0, end - len(state)),), mask)])
+        with torch.no_grad():
+            logits = module(input_ids=x[None]).logits[0].double()
+        logits[:, mask] = -math.inf
+        top, arg = torch.log_softmax(logits, -1)[holes].max(-1)
+        k = int(torch.argmax(top))
+        state[holes[k]] = arg[k]
+    return state[len(ctx):].tolist()
+
+
+def test_lm_eval_scores_a_block_model_with_is_greedy(lm):
+    from lm_eval.api.instance import Instance
+
+    from mptlml.lm_eval.backend import MPTLM
+
+    greedy = direct_greedy(lm, "the cat sat", 3)
+    words = [lm.tokenizer.convert_ids_to_tokens(i) for i in greedy]
+    assert not any(w.startswith("[") for w in words)  # plain words: a text to score
+    wrong = [w for w in ("dog", "cat", "mat") if w != words[0]][0]
+    conts = [" " + " ".join(words), " " + " ".join([wrong, *words[1:]])]
+    backend = MPTLM(pretrained=lm)
+    out = backend.loglikelihood([Instance("loglikelihood", {}, ("the cat sat", c), i,
+                                          ("t", 0, 1)) for i, c in enumerate(conts)])
+    assert [g for _, g in out] == [True, False]
+    ref = [reference_block_bound(lm, c, "the cat sat") for c in conts]
+    np.testing.assert_allclose([ll for ll, _ in out], ref, atol=1e-5)
+    (rolled,) = backend.loglikelihood_rolling([Instance("loglikelihood_rolling", {},
+                                                        (TEXTS[0],), 0, ("t", 0, 1))])
+    assert abs(rolled - reference_block_bound(lm, TEXTS[0])) < 1e-5

@@ -608,8 +608,8 @@ class MaskedLM(nn.Module):
                 return torch.stack([top.double(), arg.double()], dim=1)  # ids < 2^53: exact
 
         cfg_scale = check_cfg_scale(cfg_scale)
-        if self.block_size is not None:
-            self.refuse_full_attention("the greedy check (top predictions of whole inputs)")
+        if self.block_size is not None:  # each input's positions in one block, laid out
+            inputs, positions = self._block_laid_out(inputs, positions, unconditional)
         self._check_shifted(any(bool((p == 0).any()) for p in positions))
         out = score_in_buckets(forward, self.pad_token_id, inputs, positions, positions,
                                token_budget=token_budget, batch_size=batch_size,
@@ -723,6 +723,24 @@ class MaskedLM(nn.Module):
         n = getattr(getattr(self.model, "config", None), "model_length", None)
         return int(n) if self.layout == "xt_x0" and isinstance(n, int) else None
 
+    def _block_laid_out(self, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
+                        unconditional: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Whole inputs whose positions lie in one block each (greedy decoding block by
+        block: the blocks before it clean), in the model's layout."""
+        if unconditional is not None:
+            raise ValueError(f"{self.name} is a block-diffusion LM: classifier-free guidance "
+                             "is not defined for it here; pass cfg_scale=0.")
+        out_i, out_p = [], []
+        for inp, pos in zip(inputs, positions, strict=True):
+            if len(pos) and int(pos.min()) // self.block_size != int(pos.max()) // self.block_size:
+                raise ValueError(f"{self.name} is a block-diffusion LM: the positions of one "
+                                 "input must lie in one block (it decodes block by block).")
+            ((x, p),) = block_inputs(inp, inp, pos, self.block_size, str(self.layout),
+                                     self.mask_token_id, self._fixed_length)
+            out_i.append(x)
+            out_p.append(p)
+        return out_i, out_p
+
     def refuse_full_attention(self, what: str) -> None:
         """Refuse ``what`` (an estimator, a door) that scores masks across a block model's
         blocks as if its attention were full (dllm #93's failure), naming the block bound."""
@@ -820,7 +838,8 @@ class MaskedLM(nn.Module):
         (:func:`~mptlml.models.blocks.block_inputs`).
         """
         if self.block_size is not None and not blockwise:
-            self.refuse_full_attention("this estimator")
+            self.refuse_full_attention("scoring masks over the whole sequence (pll, "
+                                       "mpt_curve, a full-attention estimator)")
         inputs, pos, tgt, owner, uncond = [], [], [], [], []
         off = len(self.prefix)
         if self.block_size is not None and guide is not None:
