@@ -215,3 +215,12 @@ def test_lm_eval_scores_a_block_model_with_is_greedy(lm):
     (rolled,) = backend.loglikelihood_rolling([Instance("loglikelihood_rolling", {},
                                                         (TEXTS[0],), 0, ("t", 0, 1))])
     assert abs(rolled - reference_block_bound(lm, TEXTS[0])) < 1e-5
+
+
+def test_the_guide_shows_the_table_of_block_families():
+    from pathlib import Path
+
+    from mptlml.models.conventions import block_conventions_table
+
+    guide = (Path(__file__).parents[1] / "docs" / "guides" / "block-models.md").read_text()
+    assert block_conventions_table() in guide
