@@ -14,8 +14,9 @@ block clean and visible.
 :class:`BlockDraw` draws each block's term as :class:`~mptlml.estimators.sequential.RateDraw`
 draws a continuation's: ``sum_{M=1..k} S_b(x; M) = S_b(x; k) + E_{M ~ q}[S_b(x; M) / q(M)]``
 (M < k), the whole block scored once (round 0) and P stratified rates per round (two per
-stratum of equal q-mass, :func:`~mptlml.estimators.sequential.stratified_rates`), drawn
-for every block of a sequence independently (stratified within each block, independent
+stratum of equal q-mass, :func:`~mptlml.estimators.sequential.stratified_rates`; the two
+of a stratum at opposite ends of one random order of the block, :func:`antithetic_pairs`),
+drawn for every block of a sequence independently (stratified within each block, independent
 across blocks: the round's variance is the sum of the blocks'). A block whose ``2^k - 2``
 other masks are no more than ``max(P, 2^exact_length - 2)`` is scored on every mask
 instead (exact, standard error 0). Row p of a round masks every drawn block with its own
@@ -48,7 +49,6 @@ from .sequential import (
     RoundDraw,
     density_of,
     fixed_rule,
-    masks_at_rates,
     run_rounds,
     stratified_rates,
     stratum_cells,
@@ -56,7 +56,7 @@ from .sequential import (
 )
 from .stats import enumerated_sum, mean_stderr, welch_dof
 
-__all__ = ["BlockDraw", "block_estimate", "block_model", "refuse_block_model"]
+__all__ = ["BlockDraw", "antithetic_pairs", "block_estimate", "block_model", "refuse_block_model"]
 
 
 def block_model(model: Any) -> bool:
@@ -69,6 +69,31 @@ def refuse_block_model(model: Any, what: str) -> None:
     if block_model(model):
         inner = getattr(model, "inner", model)
         inner.refuse_full_attention(what)
+
+
+def antithetic_pairs(length: int, rates: np.ndarray, order: torch.Tensor
+                     ) -> tuple[torch.Tensor, np.ndarray]:
+    """Masks ``(P, k)`` of sizes ``ceil(r (k - 1))``, each stratum's two at opposite ends of
+    one random order of the k positions: draw 2h masks the first ``M_2h`` positions of row
+    2h's order, draw 2h + 1 its last ``M_2h+1``.
+
+    Each draw is a uniform mask of its size (the pair's law is invariant under permutations
+    of the positions), so the estimate is unbiased; the two overlap as little as their sizes
+    allow (never equal: M < k), so a position's own spread, which a small mask's score
+    carries, cancels within the pair. Their covariance is then at most 0 and the pair's
+    ``(y_1 - y_2)^2 / 4`` errs on the large side as an estimate of its mean's variance
+    (``sigma^2 (1 - rho) / 2 >= sigma^2 (1 + rho) / 2``).
+    """
+    p = len(rates)
+    sizes = np.clip(np.ceil(rates * (length - 1)), 1, length - 1).astype(np.int64)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(length).expand(p, -1))
+    first = rank[0::2]
+    size = torch.as_tensor(sizes)
+    m = torch.empty(p, length, dtype=torch.bool)
+    m[0::2] = first < size[0::2, None]
+    m[1::2] = first >= length - size[1::2, None]
+    return m, sizes
 
 
 class _Forwards:
@@ -174,7 +199,7 @@ class BlockDraw(RoundDraw):
                 for a, e in drawn:
                     k = e - a
                     _, rates, order = stratified_rates(g, p, k, self.density)
-                    mm, sizes = masks_at_rates(k, rates, order)
+                    mm, sizes = antithetic_pairs(k, rates, order)
                     m[:, a:e] = mm
                     steps.append(("draw", a, e, (rows0, rates, sizes)))
                 parts.append(m)
