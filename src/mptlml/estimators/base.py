@@ -62,6 +62,7 @@ from ..masks import count_masks, sample_masks
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
 from .allocation import check_target
+from .block import block_estimate, block_model, refuse_block_model
 from .results import LMLEstimate
 from .runs import EXACT_LENGTH, DenseRun, ragged_to_target, start_run
 from .stats import cell_sums, welch_dof
@@ -463,6 +464,12 @@ class Estimator:
             self.check_targetable()
         ragged = isinstance(model, RaggedMaskedModel)
         self.check_applies(ragged=ragged)
+        if ragged and block_model(model):  # the rate draw inside each block, or refused
+            if not self.rate_draw:
+                refuse_block_model(model, f"the {self.name!r} estimator")
+            return block_estimate(self, model, x, seed=seed, progress=progress, run=run,
+                                  target_se=target_se, max_masks=budget, allocation=asked,
+                                  exact_length=EXACT_LENGTH)
         if target_se is not None and asked is not None and (
                 (not self.rate_draw and self.ragged_strata(np.array([2]))[1] < 2) if ragged
                 else len(self.strata(int(getattr(model, "num_tokens", 2))) or ()) < 2):

@@ -78,6 +78,7 @@ from .._optional import require
 from .._validation import ALLOCATIONS, SEED_INT, Options, check_options
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
+from .block import BlockDraw, block_model, refuse_block_model
 from .results import MIN_STDERR_DOF, _Result, announce_nonfinite
 from .runs import EXACT_LENGTH
 from .sequential import (
@@ -373,6 +374,10 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     ids = scorer.encode(flat_cand)
     lengths = np.array([len(t) for t in ids])  # the continuations' (the scorer adds contexts)
     members = [[i for i, (qq, _) in enumerate(owner) if qq == q] for q in range(len(cands))]
+    if block_model(scorer):  # a block-diffusion LM: the rate draw inside each block
+        if not isinstance(draw, RateDraw):
+            refuse_block_model(scorer, f"estimator={draw.name!r}")
+        draw = BlockDraw(p, allocation, EXACT_LENGTH)
     _check_lengths(draw, lengths, owner)
     # draws per member, per question (by default with target_se: MAX_TARGET_DRAWS, as
     # estimate_lml's target)
@@ -419,13 +424,14 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         return drawing, "budget" if at_cap else None, None
 
     out = run_rounds(draw, scorer, ids, members, _keys(seeds, members, lengths, common_masks,
-                                                       isinstance(draw, RateDraw)),
+                                                       isinstance(draw, RateDraw | BlockDraw)),
                      num_masks=p, max_masks=caps, rule=rule,
                      run=dict(chunk_size=chunk_size, token_budget=token_budget,
                               batch_size=batch_size, progress=progress),
                      what=f"compare ({len(cands)} questions, {_cap_text(max_masks, to_target, p)})",
                      remedy="lower max_masks (or num_masks)")
-    tallies, exact = out.tallies, out.enumerated
+    tallies = out.tallies
+    exact = out.enumerated | np.array([t.enumerated for t in tallies], dtype=bool)
     cand_rows = np.array([t.rows for t in tallies], dtype=np.int64)
     out_rows = [_question(tallies, members[q], behind[q]) for q in range(len(cands))]
     # the threshold of the runner-up (the smallest margin); decided: every pair past its own
@@ -448,8 +454,10 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         extra={"estimator": draw.name, "allocation": draw.allocation, "num_masks": p,
                "max_masks": max_masks, "max_draws": caps, "alpha": alpha,
                "delta": delta if decide else None, "target_se": target_se,
-               "rate_density": draw.density.mass.tolist() if isinstance(draw, RateDraw)
-               else None})
+               "rate_density": draw.density.mass.tolist() if isinstance(draw, RateDraw | BlockDraw)
+               else None,
+               **({"blocks": [draw.blocks.get(i, (0, 0)) for i in range(len(ids))]}
+                  if isinstance(draw, BlockDraw) else {})})
     announce_nonfinite(np.concatenate(res.scores), "the candidates' scores", "candidates")
     _announce(res, decide, target_se, _cap_text(max_masks, to_target, p))
     return res

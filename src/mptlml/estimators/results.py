@@ -108,6 +108,10 @@ class LMLEstimate(_Result):
     seed : int or None
     model : str or None
         The model's label (masked LMs).
+    num_blocks, exact_blocks : LongTensor (N,) or None
+        A block-diffusion LM's block bound (:mod:`mptlml.estimators.block`): each
+        sequence's blocks, and how many of them were enumerated (exact, standard error 0);
+        None for any other model.
     """
 
     estimator: str
@@ -134,6 +138,8 @@ class LMLEstimate(_Result):
     nested: bool = False
     seed: int | None = None
     model: str | None = None
+    num_blocks: torch.Tensor | None = None
+    exact_blocks: torch.Tensor | None = None
 
     def to_pandas(self) -> Any:
         """A tidy ``pandas.DataFrame``: one row per datum (or sequence).

@@ -12,6 +12,10 @@ lm-eval adapter checks (Nie et al., "Large Language Diffusion Models", 2025).
 The continuation is greedy when every step fills the position with the token
 the continuation has there; the first step that does not stops that pair.
 
+A block-diffusion LM decodes block by block: each step fills a position of the first block
+that still has masked ones, the blocks before it clean (the blocks after it, masked, are
+not visible to it).
+
 The steps of many pairs run together: each step is one batch of the pairs
 still decoding, through :meth:`mptlml.models.MaskedLM.top_predictions`
 (length-bucketed under a token budget).
@@ -66,6 +70,9 @@ def greedy_reproduces(model: MaskedLM, ids: Sequence[torch.Tensor], num_context:
     while alive:
         inputs = [torch.cat([prefix, states[i], suffix]) for i in alive]
         holes = [torch.nonzero(states[i] == mask_id)[:, 0] for i in alive]
+        if getattr(model, "block_size", None) is not None:  # a block model decodes its
+            b = int(model.block_size)                       # first unfinished block first
+            holes = [h[(h + len(prefix)) // b == int(h[0] + len(prefix)) // b] for h in holes]
         tops = model.top_predictions(inputs, [h + len(prefix) for h in holes],
                                      token_budget=token_budget, batch_size=batch_size)
         still = []

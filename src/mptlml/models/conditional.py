@@ -260,6 +260,23 @@ class ConditionedSequences:
         return self.inner.ragged_target_log_prob(joined, full, tfull, generators, **kwargs,
                                                  **self._guidance(ids))
 
+    def block_spans(self, ids: Sequence[torch.Tensor]) -> list[list[tuple[int, int]]]:
+        """A block model's blocks of each continuation, its context's tokens before it
+        (clean, in the first block when the continuation starts inside one)."""
+        joined, _ = self._joined(ids, [torch.zeros(0, len(t), dtype=torch.bool) for t in ids])
+        ctx = [len(j) - len(t) for j, t in zip(joined, ids, strict=True)]
+        spans = self.inner.block_spans(joined, ctx)
+        return [[(a - c, e - c) for a, e in sp] for sp, c in zip(spans, ctx, strict=True)]
+
+    def block_position_log_probs(self, ids: Sequence[torch.Tensor],
+                                 masks: Sequence[torch.Tensor], **kwargs: Any
+                                 ) -> list[torch.Tensor]:
+        """A block model's per-position log-probs of each continuation's masked tokens,
+        the context clean and visible: ``(Q_i, T_i)`` each."""
+        joined, full = self._joined(ids, masks)
+        out = self.inner.block_position_log_probs(joined, full, **kwargs)
+        return [o[:, len(j) - len(t):] for o, j, t in zip(out, joined, ids, strict=True)]
+
     def fingerprint(self) -> dict[str, Any]:
         """The model's fingerprint, a digest of the contexts and the guidance scale."""
         import hashlib

@@ -14,6 +14,14 @@ Each is data here, read by :class:`~mptlml.models.masked_lm.MaskedLM`:
   prepended and an EOS appended to the continuation (``"bos_eos"``: Dream's evaluation
   adapter does both, and never masks either). Classifier-free guidance masks the frame's
   leading tokens with the prompt (LLaDA's and Dream's prompts include their BOS).
+- **the blocks** (block-diffusion LMs: BD3-LM, SDAR, LLaDA2.x, Fast-dLLM v2): a block size
+  B and an input layout. The model factorises left to right over blocks of B input
+  positions (counted from the input's first position, the BOS included) and is a masked
+  diffusion model within each; its attention is block-causal. ``"xt_x0"`` (BD3-LM's
+  training layout): the input is the noised copy x_t followed by the clean copy x_0, each
+  padded to the same length, and one forward of length 2L scores every block's noised copy
+  against the clean earlier blocks; ``"prefix"``: the input is the clean earlier blocks
+  and the noised block, cut at the block's end (one forward per block).
 
 A family is found from ``config.model_type`` (:func:`convention_of`) or named
 (``MaskedLM(..., family="dream")``); the user's own ``mask_token_id=`` and
@@ -25,11 +33,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CONVENTIONS", "FRAMES", "Convention", "convention_of", "conventions_table",
-           "family_conflict", "get_convention", "ordinary_token"]
+__all__ = ["CONVENTIONS", "FRAMES", "LAYOUTS", "Convention", "block_conventions_table",
+           "convention_of", "conventions_table", "family_conflict", "get_convention",
+           "ordinary_token"]
 
 #: how the special tokens around the content are chosen
-FRAMES = ("tokenizer", "bos_eos")
+FRAMES = ("tokenizer", "bos_eos", "bos")
+#: how a block-diffusion LM takes a masked input (module docstring)
+LAYOUTS = ("xt_x0", "prefix")
 
 
 @dataclass(frozen=True)
@@ -48,10 +59,20 @@ class Convention:
         Face masked LM with its tokenizer's mask token (checked as a masked LM).
     shift_logits : bool
         The head predicts position i from the hidden state at i - 1.
-    frame : {"tokenizer", "bos_eos"}
-        The special tokens around the content (module docstring).
+    frame : {"tokenizer", "bos_eos", "bos"}
+        The special tokens around the content (module docstring); ``"bos"``: the
+        tokenizer's BOS prepended, never masked, nothing appended (a block model's EOS
+        after the content would sit in its last block, visible to it).
     source : str
         Where the convention is taken from.
+    block_size : int, "config" or None
+        A block-diffusion LM's block size B: a number, or ``"config"`` (read from the
+        config's ``block_size``, as BD3-LM's checkpoints state it); None: full attention.
+    layout : {"xt_x0", "prefix"} or None
+        A block model's input layout (module docstring).
+    subs : bool
+        The mask token gets probability 0: its logit is -inf before the softmax (BD3-LM's
+        SUBS parameterisation).
     """
 
     name: str
@@ -60,6 +81,27 @@ class Convention:
     shift_logits: bool
     frame: str
     source: str
+    block_size: int | str | None = None
+    layout: str | None = None
+    subs: bool = False
+
+    @property
+    def is_block(self) -> bool:
+        """Whether the family is block-causal (a block-diffusion LM)."""
+        return self.block_size is not None
+
+    def block_size_of(self, config: Any) -> int | None:
+        """The block size B of a model of this family (None: full attention)."""
+        if self.block_size is None:
+            return None
+        if self.block_size == "config":
+            b = getattr(config, "block_size", None)
+            if not isinstance(b, int) or b < 1:
+                raise ValueError(f"{self.name} states its block size in its config "
+                                 f"(block_size), but this model's config has {b!r}; pass "
+                                 "block_size=.")
+            return int(b)
+        return int(self.block_size)
 
     def mask_id(self, vocab_size: int | None) -> int | None:
         """The mask id this family sets (None: the tokenizer's, as for any masked LM)."""
@@ -93,6 +135,26 @@ CONVENTIONS: dict[str, Convention] = {
                        "SMDM: mask id 32000 after the TinyLlama vocabulary"),
     "bert": Convention("BERT-style", (), None, False, "tokenizer",
                        "any AutoModelForMaskedLM: the tokenizer's [MASK] and frame"),
+    "bd3lm": Convention("BD3-LM", ("bd3lm",), "last", False, "bos",
+                        "kuleshov-group/bd3lms (models/hf/modeling_bd3lm.py, diffusion.py): "
+                        "mask id the last vocabulary entry, BOS never masked, blocks of "
+                        "config.block_size, x_t + x_0 in one forward of 2 * model_length "
+                        "with the block-diffusion attention mask, SUBS (mask logit -inf)",
+                        block_size="config", layout="xt_x0", subs=True),
+    "sdar": Convention("SDAR", ("sdar",), 151669, False, "tokenizer",
+                       "JetAstra SDAR / TraDo: blocks of 4, mask id 151669 (<|MASK|>), "
+                       "block-causal attention over the clean prefix",
+                       block_size=4, layout="prefix"),
+    "llada2": Convention("LLaDA2.x", ("llada2_moe", "llada2"), 156895, False, "tokenizer",
+                         "inclusionAI LLaDA2.0-2.2 (MoE): blocks of 32, mask id 156895, "
+                         "block-causal attention over the clean prefix",
+                         block_size=32, layout="prefix"),
+    "fast_dllm_v2": Convention("Fast-dLLM v2", ("Fast_dLLM_Qwen", "fast_dllm_v2"), "tokenizer",
+                               False, "tokenizer",
+                               "NVlabs Fast-dLLM v2 (Qwen2.5 adapted to blocks): blocks of "
+                               "32 (bd_size), the tokenizer's mask token, block-causal "
+                               "attention over the clean prefix",
+                               block_size=32, layout="prefix"),
 }
 
 
@@ -102,6 +164,25 @@ def get_convention(family: str) -> Convention:
         raise ValueError(f"unknown family {family!r}; known: {sorted(CONVENTIONS)} (or leave "
                          "family=None to read it from config.model_type).")
     return CONVENTIONS[family.lower()]
+
+
+def block_conventions_table() -> str:
+    """The table of block-diffusion families as Markdown (the block-model guide shows it)."""
+    rows = ["| family | `family=` | `config.model_type` | block size | mask id | layout | "
+            "SUBS |", "|---|---|---|---|---|---|---|"]
+    for key, c in CONVENTIONS.items():
+        if not c.is_block:
+            continue
+        mask = {"tokenizer": "the tokenizer's mask token",
+                "last": "the last vocabulary id"}.get(c.mask_token,  # type: ignore[arg-type]
+                                                      str(c.mask_token))
+        size = "`config.block_size`" if c.block_size == "config" else str(c.block_size)
+        layout = ("x_t + x_0, one forward of 2L for every block" if c.layout == "xt_x0"
+                  else "clean prefix + noised block, one forward per block")
+        types = ", ".join(f"`{t}`" for t in c.model_types)
+        rows.append(f"| {c.name} | `{key}` | {types} | {size} | {mask} | {layout} | "
+                    f"{'yes' if c.subs else 'no'} |")
+    return "\n".join(rows)
 
 
 def convention_of(config: Any) -> Convention | None:
@@ -174,6 +255,8 @@ def conventions_table() -> str:
             "shifted logits | BOS | EOS after the continuation |",
             "|---|---|---|---|---|---|---|"]
     for key, c in CONVENTIONS.items():
+        if c.is_block:  # block_conventions_table
+            continue
         mask = {None: "the tokenizer's [MASK]", "tokenizer": "the tokenizer's mask token",
                 "last": "the last vocabulary id"}.get(c.mask_token,  # type: ignore[arg-type]
                                                       str(c.mask_token))

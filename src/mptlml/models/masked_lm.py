@@ -44,6 +44,7 @@ from torch import nn
 
 from .._validation import check_device, make_generator
 from . import word_units
+from .blocks import block_inputs, block_spans, check_block_family
 from .conditional import check_cfg_scale, guided_logits
 from .conventions import Convention, convention_of, family_conflict, get_convention, ordinary_token
 from .hf_loading import (
@@ -120,6 +121,16 @@ def check_family_fits(conv: Convention, family: str, config: Any) -> None:
             "force_family=True if you mean it.")
 
 
+def _bos(tokenizer: Any, family: str) -> list[int]:
+    """A BOS before the content, nothing after it (a block model's frame)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        raise ValueError(f"{family}'s convention puts the tokenizer's BOS before the content "
+                         "(never masked), but this tokenizer has bos_token_id=None; pass its "
+                         "own tokenizer, or add_special_tokens=False.")
+    return [int(bos)]
+
+
 class MaskedLM(nn.Module):
     """A Hugging Face masked LM plus its tokenizer, scored on masked content tokens.
 
@@ -183,6 +194,13 @@ class MaskedLM(nn.Module):
     force_family : bool
         Apply ``family``'s conventions even where the checkpoint contradicts them, or its
         mask id is an ordinary token of the tokenizer (you mean it).
+        A block-diffusion family (``"bd3lm"``, ``"sdar"``, ``"llada2"``,
+        ``"fast_dllm_v2"``) makes this a block model (:attr:`block_size`); a full-attention
+        family given to a block model, or a block family to a full-attention one, is
+        refused by name.
+    block_size : int, optional
+        A block model's block size B (default: its family's, or its config's
+        ``block_size``); only with a block family.
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, mask_token_id: int | None = None,
@@ -191,7 +209,7 @@ class MaskedLM(nn.Module):
                  preprocess: Callable[[str], str] | None = None, name: str | None = None,
                  allow_unknown: bool = False, autocast: bool | str | None = None,
                  shift_logits: bool | None = None, family: str | None = None,
-                 force_family: bool = False) -> None:
+                 force_family: bool = False, block_size: int | None = None) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(
@@ -217,6 +235,10 @@ class MaskedLM(nn.Module):
             check_family_fits(conv, family, config)
         #: the family's conventions (:mod:`mptlml.models.conventions`), None: BERT-style
         self.convention = conv
+        #: a block-diffusion LM's block size B (None: full attention), its input layout and
+        #: whether the mask token's logit is -inf (SUBS)
+        self.block_size, self.layout, self.subs = check_block_family(
+            conv, config, block_size, corruption)
         #: logits of position i read at i - 1 (Dream's head)
         self.shift_logits = bool(conv is not None and conv.shift_logits) if (
             shift_logits is None) else shift_logits
@@ -270,10 +292,16 @@ class MaskedLM(nn.Module):
                                            if i not in specials], dtype=torch.long)
         self.prefix, self.suffix = (([], []) if not add_special_tokens else
                                     _bos_eos(tokenizer, conv.name) if conv is not None
-                                    and conv.frame == "bos_eos" else special_frame(tokenizer))
+                                    and conv.frame == "bos_eos" else
+                                    (_bos(tokenizer, conv.name), []) if conv is not None
+                                    and conv.frame == "bos" else special_frame(tokenizer))
+        if self.block_size is not None:  # a frame after the content would sit in its last
+            self.suffix = []              # block, visible to it: block models append none
         self.max_length = max_input_length(model, tokenizer)
         #: whether padding can be hidden from the model (else only equal lengths share a batch)
         self._takes_attention_mask = accepts_keyword(model, "attention_mask")
+        self._takes_timesteps = self.block_size is not None and accepts_keyword(model,
+                                                                                "timesteps")
         base = getattr(model, getattr(model, "base_model_prefix", ""), None)
         head = next((getattr(model, n) for n in _HEAD_NAMES
                      if isinstance(getattr(model, n, None), nn.Module)), None)
@@ -576,6 +604,8 @@ class MaskedLM(nn.Module):
                 logits = self._head(hidden[rows, cols])
             else:
                 extra = {"attention_mask": attention_mask} if self._takes_attention_mask else {}
+                if self._takes_timesteps:  # BD3-LM's forward: sigma, zero without time
+                    extra["timesteps"] = torch.zeros(input_ids.shape[0], device=dev)
                 try:
                     out = self.model(input_ids=input_ids, **extra)
                 except IndexError as exc:  # e.g. a position table shorter than the input
@@ -584,8 +614,15 @@ class MaskedLM(nn.Module):
                         f"(IndexError: {exc}): a table of the model (its positions?) is shorter "
                         f"than these inputs of {input_ids.shape[1]} tokens. Pass shorter texts, "
                         "or truncate=True with a model that states its length.") from exc
-                logits = logits_of(out, self.name, input_ids.shape)[rows, cols]
+                shape = input_ids.shape
+                if self.layout == "xt_x0":  # the logits of x_t, the input's first half
+                    shape = (shape[0], shape[1] // 2)
+                    out = logits_of(out, self.name)
+                    out = out[:, : shape[1]] if out.shape[1] == input_ids.shape[1] else out
+                logits = logits_of(out, self.name, shape)[rows, cols]
             logits = logits if logits.dtype == torch.float64 else logits.float()
+            if self.subs and self.mask_token_id < logits.shape[-1]:  # SUBS: p(mask) = 0
+                logits[:, self.mask_token_id] = -torch.inf
             if unconditional is None:
                 return logits
             c, u = logits.chunk(2)
@@ -630,11 +667,13 @@ class MaskedLM(nn.Module):
                 return torch.stack([top.double(), arg.double()], dim=1)  # ids < 2^53: exact
 
         cfg_scale = check_cfg_scale(cfg_scale)
+        if self.block_size is not None:  # each input's positions in one block, laid out
+            inputs, positions = self._block_laid_out(inputs, positions, unconditional)
         self._check_shifted(any(bool((p == 0).any()) for p in positions))
         out = score_in_buckets(forward, self.pad_token_id, inputs, positions, positions,
                                token_budget=token_budget, batch_size=batch_size,
-                               equal_lengths=not self._takes_attention_mask,
-                               unconditional=unconditional)
+                               equal_lengths=not self._takes_attention_mask
+                               or self.layout == "xt_x0", unconditional=unconditional)
         return [(v[:, 0].clone(), v[:, 1].long()) for v in out]
 
     def score_positions(self, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
@@ -660,7 +699,8 @@ class MaskedLM(nn.Module):
         return score_in_buckets(forward, self.pad_token_id, inputs, positions,
                                 targets, token_budget=token_budget, batch_size=batch_size,
                                 progress=progress,
-                                equal_lengths=not self._takes_attention_mask,
+                                equal_lengths=not self._takes_attention_mask
+                                or self.layout == "xt_x0",
                                 unconditional=unconditional)
 
     # ------------------------------------------------------------------ protocol
@@ -735,6 +775,74 @@ class MaskedLM(nn.Module):
             raise ValueError("each prompt length must lie in [0, len(ids[i])].")
         return cfg_scale, out
 
+    # ------------------------------------------------------------------ blocks
+    @property
+    def _fixed_length(self) -> int | None:
+        """The x_t and x_0 halves' fixed length (BD3-LM's ``config.model_length``)."""
+        n = getattr(getattr(self.model, "config", None), "model_length", None)
+        return int(n) if self.layout == "xt_x0" and isinstance(n, int) else None
+
+    def _block_laid_out(self, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
+                        unconditional: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Whole inputs whose positions lie in one block each (greedy decoding block by
+        block: the blocks before it clean), in the model's layout."""
+        if unconditional is not None:
+            raise ValueError(f"{self.name} is a block-diffusion LM: classifier-free guidance "
+                             "is not defined for it here; pass cfg_scale=0.")
+        out_i, out_p = [], []
+        for inp, pos in zip(inputs, positions, strict=True):
+            if len(pos) and int(pos.min()) // self.block_size != int(pos.max()) // self.block_size:
+                raise ValueError(f"{self.name} is a block-diffusion LM: the positions of one "
+                                 "input must lie in one block (it decodes block by block).")
+            ((x, p),) = block_inputs(inp, inp, pos, self.block_size, str(self.layout),
+                                     self.mask_token_id, self._fixed_length)
+            out_i.append(x)
+            out_p.append(p)
+        return out_i, out_p
+
+    def refuse_full_attention(self, what: str) -> None:
+        """Refuse ``what`` (an estimator, a door) that scores masks across a block model's
+        blocks as if its attention were full (dllm #93's failure), naming the block bound."""
+        raise ValueError(
+            f"{self.name} is a block-diffusion LM ({self.convention.name}, block size "
+            f"{self.block_size}): its conditionals are block-causal, so {what}, which draws "
+            "masks over the whole sequence as for a full-attention model, does not give its "
+            "bound. Use the block bound: estimate_lml(model, texts, 'learned-rate') (masks "
+            "drawn inside each block), compare(...), or the lm-eval backend.")
+
+    def block_spans(self, ids: Sequence[torch.Tensor], context_lengths: Sequence[int] | None
+                    = None) -> list[list[tuple[int, int]]]:
+        """Each sequence's blocks in content coordinates
+        (:func:`~mptlml.models.blocks.block_spans`): the content starts after the frame's
+        leading tokens and, with ``context_lengths``, after as many context tokens of its
+        own ids (spans then count from the context's start)."""
+        if self.block_size is None:
+            raise ValueError(f"{self.name} is not a block-diffusion LM (no block size).")
+        ctx = [0] * len(ids) if context_lengths is None else [int(c) for c in context_lengths]
+        return [[(a + c, e + c) for a, e in block_spans(len(t) - c, len(self.prefix) + c,
+                                                          self.block_size)]
+                for t, c in zip(ids, ctx, strict=True)]
+
+    def block_position_log_probs(self, ids: Sequence[torch.Tensor],
+                                 masks: Sequence[torch.Tensor], *, token_budget: int = 8192,
+                                 batch_size: int | None = None, progress: Any = None
+                                 ) -> list[torch.Tensor]:
+        """A block model's ``log p(x_j | x_{b - mask}, x_<b)`` at each masked position j of
+        each row, 0 elsewhere: float64 ``(Q_i, D_i)`` per sequence.
+
+        Each row's masked positions of block b are scored against block b's visible tokens
+        and the clean earlier blocks, whatever the row masks elsewhere (block-causal
+        attention: later blocks are never visible); with the ``"xt_x0"`` layout one forward
+        of length 2L scores every block of a row (:func:`~mptlml.models.blocks.block_inputs`).
+        """
+        ms = [torch.as_tensor(m, dtype=torch.bool) for m in masks]
+        owner, lp = self._score_pairs(list(ids), ms, [None] * len(ms), token_budget, progress,
+                                      batch_size, blockwise=True)
+        out = [torch.zeros(m.shape, dtype=torch.float64) for m in ms]
+        for (i, q, p), v in zip(owner, lp, strict=True):
+            out[i][q, p] = v
+        return out
+
     # ------------------------------------------------------------------ words
     def token_strings(self, ids: torch.Tensor) -> list[str]:
         """The vocabulary strings of content ids ``(D,)`` (e.g. ``["un", "##happy"]``)."""
@@ -778,15 +886,24 @@ class MaskedLM(nn.Module):
     def _score_pairs(self, ids: list[torch.Tensor], masks: list[torch.Tensor],
                      generators: list[torch.Generator | None], token_budget: int,
                      progress: Any, batch_size: int | None = None, targets: Any = None,
-                     guide: tuple[float, list[int]] | None = None,
+                     guide: tuple[float, list[int]] | None = None, blockwise: bool = False,
                      ) -> tuple[list[tuple[int, int, torch.Tensor]], list[torch.Tensor]]:
         """Per-position log-probs of each (sequence, mask) pair, at ``targets`` (default: M).
 
         ``guide``: ``(cfg_scale, prompt length of each sequence)`` (guided scoring): each
         input's unconditional twin masks its first ``len(prefix) + length`` positions too.
+        A block model is scored only ``blockwise`` (:meth:`block_position_log_probs`): each
+        row's masked positions against their own block and the clean earlier blocks
+        (:func:`~mptlml.models.blocks.block_inputs`).
         """
+        if self.block_size is not None and not blockwise:
+            self.refuse_full_attention("scoring masks over the whole sequence (pll, "
+                                       "mpt_curve, a full-attention estimator)")
         inputs, pos, tgt, owner, uncond = [], [], [], [], []
         off = len(self.prefix)
+        if self.block_size is not None and guide is not None:
+            raise ValueError(f"{self.name} is a block-diffusion LM: classifier-free guidance "
+                             "is not defined for its block bound here; pass cfg_scale=0.")
         self._check_shifted(off == 0 and any(bool((m if targets is None else targets[i])[:, 0]
                                                   .any()) for i, m in enumerate(masks)))
         for i, (t, m, g) in enumerate(zip(ids, masks, generators, strict=True)):
@@ -794,6 +911,18 @@ class MaskedLM(nn.Module):
             if guide is not None:
                 xu = x.clone()
                 xu[:, :off + guide[1][i]] = self.mask_token_id
+            if self.block_size is not None:
+                clean = self.corrupt(t, torch.zeros(1, len(t), dtype=torch.bool))[0]
+                for q in range(m.shape[0]):
+                    p = m[q].nonzero().flatten()
+                    for inp, pp in block_inputs(clean, x[q], p + off, self.block_size,
+                                                str(self.layout), self.mask_token_id,
+                                                self._fixed_length):
+                        inputs.append(inp)
+                        pos.append(pp)
+                        tgt.append(t[pp - off])
+                        owner.append((i, q, pp - off))
+                continue
             for q in range(m.shape[0]):
                 p = (m[q] if targets is None else targets[i][q]).nonzero().flatten()
                 inputs.append(x[q])
