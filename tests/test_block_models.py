@@ -108,7 +108,7 @@ def test_prefix_layout_gives_the_same_bound(lm):
     """The same module scored by the prefix layout (one forward per block, the prefix
     recomputed): the same exact bound, more forwards."""
     pre = MaskedLM(lm.model, lm.tokenizer, family="fast_dllm_v2", block_size=4,
-                   mask_token_id=lm.mask_token_id)
+                   mask_token_id=lm.mask_token_id, force_family=True)  # a bd3lm module
     pre.prefix = list(lm.prefix)  # the same frame (BD3-LM's BOS)
     pre.subs = True
     a = mptlml.estimate_lml(lm, TEXTS[:2], "learned-rate", num_masks=8, seed=0)
@@ -149,7 +149,8 @@ def test_full_attention_estimators_are_refused_on_a_block_model(lm):
 def test_mismatched_family_is_refused_by_name(lm, hub_dir):
     with pytest.raises(ValueError, match="full-attention family.*bd3lm"):
         MaskedLM(lm.model, lm.tokenizer, family="llada", mask_token_id=lm.mask_token_id)
-    with pytest.raises(ValueError, match="full-attention family"):
+    # from_pretrained reads the config before the weights: the family contradicts it by name
+    with pytest.raises(ValueError, match="family='mdlm' contradicts the checkpoint.*'bd3lm'"):
         MaskedLM.from_pretrained(hub_dir, trust_remote_code=True, family="mdlm")
     mod = load_modeling(hub_dir)
     full = mod.TinyBD3LM(mod.TinyBD3LMConfig(block_size=4))

@@ -196,12 +196,12 @@ def test_guidance_is_refused_before_any_scoring_where_it_cannot_apply(tiny, tmp_
                                      ([[], ids[0].tolist()], [[ids[1].tolist(),
                                                                 ids[2].tolist()],
                                                                [ids[3].tolist()]])):
-            with pytest.raises(ValueError, match="continuation 0 has an empty one"):
+            with pytest.raises(ValueError, match="continuation 0 has no token"):
                 mptlml.compare(tiny, contexts, candidates, cfg_scale=0.5)
         empty = write_tasks(tmp_path / "empty", mc_docs=[{"context": "", "choices": [
             "the cat", "a dog"], "label": 0}], prefix="bare")
         lm = mle.MPTLM(tiny, cfg=0.5, is_check_greedy=False)
-        with pytest.raises(ValueError, match="empty one"):
+        with pytest.raises(ValueError, match="has no token"):
             lm_eval.simple_evaluate(model=lm, tasks=["bare_mc"], task_manager=_manager(empty))
     finally:
         hook.remove()

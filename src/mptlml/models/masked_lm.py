@@ -231,14 +231,15 @@ class MaskedLM(nn.Module):
         check_force_family(family, force_family)
         config = getattr(model, "config", None)
         conv = get_convention(family) if family is not None else convention_of(config)
+        #: a block-diffusion LM's block size B (None: full attention), its input layout and
+        #: whether the mask token's logit is -inf (SUBS); a block family on a full-attention
+        #: model or the reverse is refused here first, by name
+        self.block_size, self.layout, self.subs = check_block_family(
+            conv, config, block_size, corruption)
         if family is not None and not force_family:
             check_family_fits(conv, family, config)
         #: the family's conventions (:mod:`mptlml.models.conventions`), None: BERT-style
         self.convention = conv
-        #: a block-diffusion LM's block size B (None: full attention), its input layout and
-        #: whether the mask token's logit is -inf (SUBS)
-        self.block_size, self.layout, self.subs = check_block_family(
-            conv, config, block_size, corruption)
         #: logits of position i read at i - 1 (Dream's head)
         self.shift_logits = bool(conv is not None and conv.shift_logits) if (
             shift_logits is None) else shift_logits
