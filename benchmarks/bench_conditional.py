@@ -417,11 +417,12 @@ def trained_questions(model: MaskedLM, n: int, seed: int, easy: bool
 
 
 def score_set(model: MaskedLM, name: str, c: list[str], k: list[list[str]], e: np.ndarray,
-              gap: np.ndarray, args: argparse.Namespace, deltas: list[float | None]
+              gap: np.ndarray, args: argparse.Namespace, variants: list[dict]
               ) -> list[dict]:
     """One question set: LLaDA's 128 draws per candidate and ``compare(decide=True)`` (at its
-    defaults, and at each delta of ``deltas``), each over ``args.seeds`` seeds of the masks,
-    against the exhaustive choice ``e.argmax(1)``; per delta one row of means over seeds."""
+    defaults ``{}``, and with each other variant's options: a ``delta``, ``precision=False``),
+    each over ``args.seeds`` seeds of the masks, against the exhaustive choice
+    ``e.argmax(1)``; per variant one row of means over seeds."""
     flat_ctx = [x for x, ks in zip(c, k, strict=True) for _ in ks]
     flat = [y for ks in k for y in ks]
     best = e.argmax(1)
@@ -431,13 +432,12 @@ def score_set(model: MaskedLM, name: str, c: list[str], k: list[list[str]], e: n
         agree_llada.append(float(np.mean(ll.reshape(len(c), -1).argmax(1) == best)))
         llada_rows = ll_rows / len(c)
     out = []
-    for delta in deltas:
+    for options in variants:
         per_seed = []
         for s in range(args.seeds):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                cmp = mptlml.compare(model, c, k, decide=True, seed=args.seed + s,
-                                     **({} if delta is None else {"delta": delta}))
+                cmp = mptlml.compare(model, c, k, decide=True, seed=args.seed + s, **options)
             choice, stop = np.array(cmp.choice), np.array(cmp.stop_reason)
             per_seed.append({
                 "mptlml_rows": float(np.mean(cmp.num_masked_rows)),
@@ -449,7 +449,8 @@ def score_set(model: MaskedLM, name: str, c: list[str], k: list[list[str]], e: n
                 "tied": float(np.mean(stop == "tied")),
                 "delta": cmp.extra["delta"]})
         row = {key: float(np.mean([r[key] for r in per_seed])) for key in per_seed[0]}
-        row.update({"set": name, "questions": len(c), "default": delta is None,
+        row.update({"set": name, "questions": len(c), "default": not options,
+                    "precision_stop": options.get("precision", True),
                     "seeds": args.seeds, "gap_range": (float(gap.min()), float(gap.max())),
                     "gaps_under_1.5": int(np.sum(gap < 1.5)), "llada_rows": llada_rows,
                     "agree_exhaustive_llada": float(np.mean(agree_llada)),
@@ -480,7 +481,8 @@ def trained_sets(args: argparse.Namespace) -> list[dict]:
         if not len(idx):  # a short training (--smoke) may leave a set empty
             continue
         out += score_set(model, name, [ctxs[i] for i in idx], [cands[i] for i in idx],
-                         ex[idx], gap[idx], args, [None, *args.walk])
+                         ex[idx], gap[idx], args,
+                         [{}, *({"delta": d} for d in args.walk), {"precision": False}])
     return out
 
 
@@ -557,16 +559,17 @@ def llada_set(args: argparse.Namespace) -> list[dict]:
             f"{int(np.sum(gap[idx] < 1.5))} under 1.5)")
     return score_set(model, name,
                      [ctxs[i] for i in idx], [cands[i] for i in idx], ex[idx], gap[idx],
-                     args, [None])
+                     args, [{}, {"precision": False}])
 
 
 def trained_table(rows: list[dict]) -> str:
-    lines = ["| question set | delta | masked inputs per question: LLaDA | mptlml | fewer | "
-             "agreement with exhaustive: mptlml / LLaDA (worst seed) | within delta | "
+    lines = ["| question set | delta (options) | masked inputs per question: LLaDA | mptlml | "
+             "fewer | agreement with exhaustive: mptlml / LLaDA (worst seed) | within delta | "
              "undecided | precision | tied |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['set']}, {r['questions']} | {r['delta']:g}{' (default)' if r['default'] else ''}"
+            f"{'' if r['precision_stop'] else ', precision=False'}"
             f" | {r['llada_rows']:.0f} | {r['mptlml_rows']:.0f} | "
             f"{r['llada_rows'] / r['mptlml_rows']:.1f}x | {r['agree_exhaustive_mptlml']:.1%} / "
             f"{r['agree_exhaustive_llada']:.1%} ({r['agree_exhaustive_mptlml_min']:.0%} / "
