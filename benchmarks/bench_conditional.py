@@ -488,12 +488,12 @@ def trained_sets(args: argparse.Namespace) -> list[dict]:
 
 # ---------------------------------------------------------------------- LLaDA's architecture
 def llada_model(args: argparse.Namespace) -> MaskedLM:
-    """A small model of LLaDA's architecture (``bench_llada_eval.TinyLLaDA``: RMSNorm, RoPE,
+    """A small model of LLaDA's architecture (``_llada_arch.TinyLLaDA``: RMSNorm, RoPE,
     SwiGLU, bidirectional attention, the mask an ordinary token) trained with LLaDA's
     objective (t ~ U(0, 1) per sentence, each token masked with probability t, loss
     ``sum_masked CE / t / L``) on :func:`grammar` for ``--llada-steps`` steps."""
     import torch.nn.functional as F
-    from bench_llada_eval import SIZES, TinyLLaDA
+    from _llada_arch import SIZES, TinyLLaDA
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
