@@ -416,6 +416,51 @@ def trained_questions(model: MaskedLM, n: int, seed: int, easy: bool
     return ctxs, cands, ex
 
 
+def score_set(model: MaskedLM, name: str, c: list[str], k: list[list[str]], e: np.ndarray,
+              gap: np.ndarray, args: argparse.Namespace, variants: list[dict]
+              ) -> list[dict]:
+    """One question set: LLaDA's 128 draws per candidate and ``compare(decide=True)`` (at its
+    defaults ``{}``, and with each other variant's options: a ``delta``, ``precision=False``),
+    each over ``args.seeds`` seeds of the masks, against the exhaustive choice
+    ``e.argmax(1)``; per variant one row of means over seeds."""
+    flat_ctx = [x for x, ks in zip(c, k, strict=True) for _ in ks]
+    flat = [y for ks in k for y in ks]
+    best = e.argmax(1)
+    agree_llada, llada_rows = [], 0.0
+    for s in range(args.seeds):
+        ll, _, ll_rows = llada(model, flat_ctx, flat, args.seed + s)
+        agree_llada.append(float(np.mean(ll.reshape(len(c), -1).argmax(1) == best)))
+        llada_rows = ll_rows / len(c)
+    out = []
+    for options in variants:
+        per_seed = []
+        for s in range(args.seeds):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                cmp = mptlml.compare(model, c, k, decide=True, seed=args.seed + s, **options)
+            choice, stop = np.array(cmp.choice), np.array(cmp.stop_reason)
+            per_seed.append({
+                "mptlml_rows": float(np.mean(cmp.num_masked_rows)),
+                "agree_exhaustive_mptlml": float(np.mean(choice == best)),
+                "within_delta": float(np.mean(
+                    e.max(1) - e[np.arange(len(c)), choice] <= cmp.extra["delta"])),
+                "undecided": float(np.mean(stop == "budget")),
+                "precision": float(np.mean(stop == "precision")),
+                "tied": float(np.mean(stop == "tied")),
+                "delta": cmp.extra["delta"]})
+        row = {key: float(np.mean([r[key] for r in per_seed])) for key in per_seed[0]}
+        row.update({"set": name, "questions": len(c), "default": not options,
+                    "precision_stop": options.get("precision", True),
+                    "seeds": args.seeds, "gap_range": (float(gap.min()), float(gap.max())),
+                    "gaps_under_1.5": int(np.sum(gap < 1.5)), "llada_rows": llada_rows,
+                    "agree_exhaustive_llada": float(np.mean(agree_llada)),
+                    "agree_exhaustive_mptlml_min": min(r["agree_exhaustive_mptlml"]
+                                                       for r in per_seed),
+                    "agree_exhaustive_llada_min": min(agree_llada)})
+        out.append(row)
+    return out
+
+
 def trained_sets(args: argparse.Namespace) -> list[dict]:
     """The easy (leader gap > 3 nats) and close (0.1-3 nats) sets on a trained small model,
     ``compare`` at its defaults (``decide=True``) against LLaDA's 128 draws per candidate;
@@ -432,47 +477,105 @@ def trained_sets(args: argparse.Namespace) -> list[dict]:
         top = np.sort(ex, 1)
         gap = top[:, -1] - top[:, -2]
         idx = np.flatnonzero(gap > 3 if easy else (gap >= 0.1) & (gap <= 3))[:args.questions]
-        c, k, e = [ctxs[i] for i in idx], [cands[i] for i in idx], ex[idx]
         print(f"{name}: {len(idx)} of {len(ctxs)} questions", file=sys.stderr)
         if not len(idx):  # a short training (--smoke) may leave a set empty
             continue
-        flat_ctx = [x for x, ks in zip(c, k, strict=True) for _ in ks]
-        ll, _, ll_rows = llada(model, flat_ctx, [y for ks in k for y in ks], args.seed)
-        ll_choice = ll.reshape(-1, 4).argmax(1)
-        for delta in [None, *args.walk]:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                cmp = mptlml.compare(model, c, k, decide=True, seed=args.seed,
-                                     **({} if delta is None else {"delta": delta}))
-            choice = np.array(cmp.choice)
-            stop = np.array(cmp.stop_reason)
-            out.append({"set": name, "questions": len(idx),
-                        "delta": cmp.extra["delta"], "default": delta is None,
-                        "gap_range": (float(gap[idx].min()), float(gap[idx].max())),
-                        "llada_rows": ll_rows / len(idx),
-                        "mptlml_rows": float(np.mean(cmp.num_masked_rows)),
-                        "agree_exhaustive_mptlml": float(np.mean(choice == e.argmax(1))),
-                        "agree_exhaustive_llada": float(np.mean(ll_choice == e.argmax(1))),
-                        "within_delta": float(np.mean(
-                            e.max(1) - e[np.arange(len(idx)), choice] <= cmp.extra["delta"])),
-                        "undecided": float(np.mean(stop == "budget")),
-                        "tied": float(np.mean(stop == "tied"))})
+        out += score_set(model, name, [ctxs[i] for i in idx], [cands[i] for i in idx],
+                         ex[idx], gap[idx], args,
+                         [{}, *({"delta": d} for d in args.walk), {"precision": False}])
     return out
 
 
+# ---------------------------------------------------------------------- LLaDA's architecture
+def llada_model(args: argparse.Namespace) -> MaskedLM:
+    """A small model of LLaDA's architecture (``_llada_arch.TinyLLaDA``: RMSNorm, RoPE,
+    SwiGLU, bidirectional attention, the mask an ordinary token) trained with LLaDA's
+    objective (t ~ U(0, 1) per sentence, each token masked with probability t, loss
+    ``sum_masked CE / t / L``) on :func:`grammar` for ``--llada-steps`` steps."""
+    import torch.nn.functional as F
+    from _llada_arch import SIZES, TinyLLaDA
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted({*ADJ, *NOUN, *VERB, *PREP, "the", "and"})
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", *words, "<|mdm_mask|>"])}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]")
+    mask_id = vocab["<|mdm_mask|>"]
+    torch.manual_seed(args.seed)
+    net = TinyLLaDA(len(vocab) + 8, **SIZES["small"])
+    rng = np.random.default_rng(args.seed)
+    g = torch.Generator().manual_seed(args.seed)
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.0)
+    net.train()
+    for _ in range(args.llada_steps):
+        ids = torch.tensor([tok.convert_tokens_to_ids(x) for x in grammar(64, rng)])
+        t = torch.rand(len(ids), 1, generator=g).clamp_min(1e-3)
+        masked = torch.rand(ids.shape, generator=g) < t
+        logits = net(torch.where(masked, torch.full_like(ids, mask_id), ids))
+        ce = F.cross_entropy(logits.transpose(1, 2), ids, reduction="none")
+        loss = ((ce * masked / t).sum(1) / ids.shape[1]).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    net.eval()
+    return MaskedLM(net, tok, mask_token_id=mask_id, name="tiny-llada-grammar")
+
+
+def llada_set(args: argparse.Namespace) -> list[dict]:
+    """The close set of a model of LLaDA's architecture: contexts of 3 words, four candidate
+    continuations of 6-9 words (the sentence's own and, in every other question, three other
+    sentences' words at the same positions, else three shuffles of its own: a spread of
+    gaps), ``--questions`` of them taken from ``--llada-pool`` so that
+    ``--near`` (12 of 40) have an exhaustive leader gap under 1.5 nats and the rest at
+    least 1.5; ``compare`` at its defaults against LLaDA's 128 draws per candidate."""
+    t0 = time.perf_counter()
+    model = llada_model(args)
+    print(f"LLaDA-architecture model trained in {time.perf_counter() - t0:.0f} s",
+          file=sys.stderr)
+    rng = np.random.default_rng(args.seed + 3)
+    ctxs, cands = [], []
+    for q, x in enumerate(grammar(args.pool, rng)):
+        n = int(rng.integers(6, 10))
+        options = {" " + " ".join(x[3:3 + n])}
+        while len(options) < 4:  # the grammar's own (close), or shuffles (a spread of gaps)
+            y = grammar(1, rng)[0][3:3 + n] if q % 2 else list(rng.permutation(x[3:3 + n]))
+            options.add(" " + " ".join(y))
+        ctxs.append(" ".join(x[:3]))
+        cands.append(sorted(options))
+    t0 = time.perf_counter()
+    ex = exhaustive(model, [c for c, cs in zip(ctxs, cands, strict=True) for _ in cs],
+                    [y for cs in cands for y in cs]).reshape(-1, 4)
+    print(f"exhaustive sums in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    top = np.sort(ex, 1)
+    gap = top[:, -1] - top[:, -2]
+    near = int(round(args.questions * 12 / 40))
+    idx = np.concatenate([np.flatnonzero(gap < 1.5)[:near],
+                          np.flatnonzero(gap >= 1.5)[:args.questions - near]])
+    print(f"LLaDA-architecture close set: {len(idx)} of {len(ctxs)} questions, "
+          f"{int(np.sum(gap[idx] < 1.5))} under 1.5 nats", file=sys.stderr)
+    name = (f"LLaDA-architecture close (gap 0-{gap[idx].max():.0f} nats, "
+            f"{int(np.sum(gap[idx] < 1.5))} under 1.5)")
+    return score_set(model, name,
+                     [ctxs[i] for i in idx], [cands[i] for i in idx], ex[idx], gap[idx],
+                     args, [{}, {"precision": False}])
+
+
 def trained_table(rows: list[dict]) -> str:
-    lines = ["| question set (trained small model) | delta | masked inputs per question: "
-             "LLaDA | mptlml | fewer | agreement with exhaustive: mptlml / LLaDA | "
-             "within delta | undecided | tied |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| question set | delta (options) | masked inputs per question: LLaDA | mptlml | "
+             "fewer | agreement with exhaustive: mptlml / LLaDA (worst seed) | within delta | "
+             "undecided | precision | tied |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['set']}, {r['questions']} | {r['delta']:g}{' (default)' if r['default'] else ''}"
+            f"{'' if r['precision_stop'] else ', precision=False'}"
             f" | {r['llada_rows']:.0f} | {r['mptlml_rows']:.0f} | "
-            f"{r['llada_rows'] / r['mptlml_rows']:.1f}x | {r['agree_exhaustive_mptlml']:.0%} / "
-            f"{r['agree_exhaustive_llada']:.0%} | {r['within_delta']:.0%} | "
-            f"{r['undecided']:.0%} | {r['tied']:.0%} |")
+            f"{r['llada_rows'] / r['mptlml_rows']:.1f}x | {r['agree_exhaustive_mptlml']:.1%} / "
+            f"{r['agree_exhaustive_llada']:.1%} ({r['agree_exhaustive_mptlml_min']:.0%} / "
+            f"{r['agree_exhaustive_llada_min']:.0%}) | {r['within_delta']:.0%} | "
+            f"{r['undecided']:.1%} | {r['precision']:.1%} | {r['tied']:.1%} |")
     return "\n".join(lines)
-
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -498,13 +601,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--walk", type=float, nargs="*", default=[],
                    help="compare's delta values to run besides the default")
     p.add_argument("--trained-only", action="store_true",
-                   help="only the easy and close sets of the trained small model")
+                   help="only the question sets of the trained small models (easy, close, "
+                        "LLaDA-architecture close)")
+    p.add_argument("--seeds", type=int, default=3,
+                   help="seeds of the masks per question set (mptlml and LLaDA alike)")
+    p.add_argument("--llada-steps", type=int, default=150,
+                   help="training steps of the LLaDA-architecture model")
+    p.add_argument("--llada-pool", type=int, default=64,
+                   help="questions drawn for the LLaDA-architecture close set")
+    p.add_argument("--sets", nargs="*", default=["bert", "llada"], choices=["bert", "llada"],
+                   help="which trained models' sets to run")
     args = p.parse_args(argv)
     if args.smoke:
         args.genes, args.repeats, args.profile_masks, args.bound_seeds = 2, 1, 3, 2
         args.questions, args.pool, args.train_steps = 4, 60, 20
+        args.seeds, args.llada_steps, args.llada_pool = 1, 20, 16
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    trained = trained_table(trained_sets(args))
+    rows = trained_sets(args) if "bert" in args.sets else []
+    if "llada" in args.sets:
+        pool, args.pool = args.pool, args.llada_pool
+        rows += llada_set(args)
+        args.pool = pool
+    trained = trained_table(rows)
     print(trained)
     if args.trained_only:
         if args.out is not None:

@@ -96,20 +96,27 @@ def test_common_masks_shrink_the_spread_of_a_difference(runs):
 
 
 def test_a_clear_question_stops_early_and_a_tie_spends_the_budget(tiny):
-    """Without an indifference zone (delta=0) a tie spends max_masks; with the default zone
-    the same tie stops as soon as the pair is confidently within delta, reported tied."""
+    """Without an indifference zone (delta=0) a tie spends max_masks where no precision stop
+    applies (an estimator other than the rate draw); with the rate draw the same tie (two
+    copies: the difference 0 on every draw) is known as precisely as LLaDA's scheme would know
+    it long before, and stops "precision"; with the default zone it stops as soon as the pair
+    is confidently within delta, reported tied."""
     clear = mptlml.compare(tiny, [CONTEXT], [[" a mat", " the the the the the"]],
                            num_masks=8, decide=True, max_masks=128, seed=0)
     with pytest.warns(RuntimeWarning, match="1 of 1 questions undecided after max_masks=128"):
         tie = mptlml.compare(tiny, [CONTEXT], [[CANDIDATES[0]] * 2], num_masks=8, decide=True,
-                             delta=0.0, max_masks=128, seed=0)
+                             delta=0.0, max_masks=128, seed=0, estimator="random-size")
     assert clear.stop_reason == ["decided"] and clear.rounds[0] <= 2
-    # 128 masked inputs per candidate: the whole continuation and 127 draws, in pairs 126:
-    # 8, 8, 16, 32, 62 masks
+    # 128 masked inputs per candidate, 8, 8, 16, 32, 64 draws of one masked input each
     assert tie.stop_reason == ["budget"] and tie.rounds == [5]
-    assert tie.num_masked_rows[0] == 2 * 127
+    assert tie.num_masked_rows[0] == 2 * 128
     assert tie.num_masked_rows[0] > 4 * clear.num_masked_rows[0]
     assert not tie.decided[0] and not tie.tied[0].any()
+    with pytest.warns(RuntimeWarning, match="1 of 1 questions undecided at LLaDA's precision"):
+        precise = mptlml.compare(tiny, [CONTEXT], [[CANDIDATES[0]] * 2], num_masks=8,
+                                 decide=True, delta=0.0, max_masks=128, seed=0)
+    assert precise.stop_reason == ["precision"] and not precise.decided[0]
+    assert precise.num_masked_rows[0] < tie.num_masked_rows[0] / 2
     zone = mptlml.compare(tiny, [CONTEXT], [[CANDIDATES[0]] * 2], num_masks=8, decide=True,
                           max_masks=128, seed=0)
     assert zone.stop_reason == ["tied"] and list(zone.tied[0]) == [False, True]
@@ -307,7 +314,8 @@ def test_the_indifference_zone_guarantee_holds_over_seeds_near_the_zone(b_token,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         res = mptlml.compare(TOY, [TOY_CONTEXT] * n, [[a, b]] * n, num_masks=4, decide=True,
-                             delta=delta, max_masks=1024, seed=list(range(n)))
+                             delta=delta, max_masks=1024, seed=list(range(n)),
+                             precision=False)  # the zone alone (the precision stop: below)
     wrong = ref.max() - ref[np.array(res.choice)] > delta
     stopped = np.isin(res.stop_reason, ["decided", "tied"])
     assert stopped.mean() > 0.5, np.unique(res.stop_reason, return_counts=True)

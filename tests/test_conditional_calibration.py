@@ -272,3 +272,50 @@ def test_a_run_too_large_says_what_it_would_score(tiny):
     assert "1 sequence(s) scored on every mask" in msg
     assert "1 drawn, 12 masked inputs" in msg  # 2 orders x 6 tokens
     assert "would score 27 masked inputs" in msg and "lower num_masks" in msg
+
+
+#: continuations of 5 to 7 tokens: at num_masks=2 every size but the whole one is drawn
+LONGER = [" the big red mat and", " the big red tree and the", " a small blue house or a cat",
+          " the dog ran on a mat", " big red trees and the cat sat"]
+
+
+@pytest.mark.slow  # about 10 s
+def test_cumulative_standard_errors_are_honest_at_two_masks_on_longer_continuations(tiny):
+    """Issue 48's measure: at num_masks=2, 5- to 7-token continuations (too long to enumerate)
+    over 100 seeds, |z| > 2 against the exhaustive sum in at most 10% of (seed, continuation)
+    pairs (15% with the sizes' own variances alone, 1 dof each; the pooled SE of
+    ``Cumulative.sequence_error`` makes it 9%), and the SE never understates the spread."""
+    refs = [size_scores(tiny, CONTEXT, c) for c in LONGER]
+    assert [len(r) for r in refs] == [5, 6, 7, 6, 7]
+    seeds = 100
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # few dof, said by a warning
+        est = mptlml.estimate_lml(tiny, LONGER * seeds, "cumulative", context=CONTEXT,
+                                  num_masks=2, seed=0)
+    lml = est.per_sample.numpy().reshape(seeds, -1)
+    se = est.per_sample_stderr.numpy().reshape(seeds, -1)
+    z = (lml - np.array([r.sum() for r in refs])) / se
+    assert np.mean(np.abs(z) > 2) <= 0.10, np.mean(np.abs(z) > 2, 0)
+    ratio = lml.std(0, ddof=1) / np.sqrt((se ** 2).mean(0))
+    assert np.all((ratio > 0.5) & (ratio < 1.1)), ratio
+
+
+def test_the_pooled_size_variance_is_the_finite_population_model():
+    """pooled_size_error against the formula written out: sigma^2 pooled over the drawn sizes
+    (dof-weighted s_M^2 / f_M, f_M = (T - M) / (M (T - 1))), the sum's variance sum_M sigma^2
+    f_M / P_M; None below two drawn sizes or with a size of one draw; exact sizes left out."""
+    from mptlml.estimators.stats import exact_cell, pooled_size_error
+
+    rng = np.random.default_rng(0)
+    t = 6
+    cells = [rng.normal(size=p) for p in (2, 3, 2, 4, 2)] + [exact_cell([0.7])]
+    f = [(t - m) / (m * (t - 1)) for m in range(1, t)]
+    nu = sum(len(c) - 1 for c in cells[:-1])
+    sigma2 = sum((len(c) - 1) * np.var(c, ddof=1) / fm
+                 for c, fm in zip(cells[:-1], f, strict=True)) / nu
+    var, dof = pooled_size_error(cells)
+    assert dof == nu
+    want = sum(sigma2 * fm / len(c) for c, fm in zip(cells[:-1], f, strict=True))
+    assert var == pytest.approx(want, rel=1e-12)
+    assert pooled_size_error([rng.normal(size=2), exact_cell([1.0])]) is None
+    assert pooled_size_error([rng.normal(size=2), rng.normal(size=1), exact_cell([1.0])]) is None

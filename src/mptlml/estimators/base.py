@@ -526,6 +526,12 @@ class Estimator:
         """
         return self.ragged_cells(model, toks, counts, seed, tag=self.ragged_tag, **run)
 
+    def sequence_error(self, cells: list[np.ndarray], single_draws: bool
+                       ) -> tuple[float, float, np.ndarray, np.ndarray]:
+        """One sequence's estimate, its SE, and the variances and dof the call's Welch dof
+        pools: :func:`~mptlml.estimators.stats.cell_sums` unless overridden."""
+        return cell_sums(cells, single_draws)
+
     def score_sequences(self, model: RaggedMaskedModel, toks: list[torch.Tensor], seed: int,
                         progress: bool, run: dict[str, Any]) -> RaggedScores:
         """Per-sequence estimates on ragged sequences (their content ids): P draws per row.
@@ -545,7 +551,7 @@ class Estimator:
                                                                      strict=True)],
                         dtype=np.int64)
         cells, calls = self.sequence_cells(model, toks, counts, seed, progress=progress, **run)
-        sums = [cell_sums(c, p == 1) for c in cells]
+        sums = [self.sequence_error(c, p == 1) for c in cells]
         tot, tse = [t for t, _, _, _ in sums], [e for _, e, _, _ in sums]
         var, dofs = [v for _, _, v, _ in sums], [d for _, _, _, d in sums]
         dof = (welch_dof(torch.from_numpy(np.concatenate(var)),

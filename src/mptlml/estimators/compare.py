@@ -83,6 +83,7 @@ from .results import MIN_STDERR_DOF, _Result, announce_nonfinite
 from .runs import EXACT_LENGTH
 from .sequential import (
     MAX_TARGET_DRAWS,
+    TARGET_MIN_DOF,
     CellDraw,
     RateDraw,
     RoundDraw,
@@ -109,7 +110,8 @@ DELTA = 0.5
 #: compare's own allowed values where they differ from the shared table
 #: (:data:`mptlml._validation.MONTE_CARLO_OPTIONS`)
 _OPTIONS: dict[str, list[Any]] = {"seed": [SEED_INT, "int sequence"],
-                                  "allocation": [Options(ALLOCATIONS)]}
+                                  "allocation": [Options(ALLOCATIONS)],
+                                  "precision": ["boolean"]}
 
 
 @dataclass
@@ -216,7 +218,7 @@ class Comparison(_Result):
 
 def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[Any]], *,
             num_masks: int = 16, decide: bool = False, target_se: float | None = None,
-            alpha: float = 0.05, delta: float | None = None,
+            alpha: float = 0.05, delta: float | None = None, precision: bool | None = None,
             max_masks: int | None = None, allocation: str = "neyman",
             common_masks: bool = True, seed: int | Sequence[int] = 0,
             token_budget: int = 8192, batch_size: int | None = None, chunk_size: int = 64,
@@ -263,6 +265,23 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         true difference at some look, at most ``alpha / R`` per look (R looks,
         Bonferroni); a question that spends ``max_masks`` first carries no
         guarantee and is reported undecided.
+    precision : bool, optional
+        With ``decide`` (default True; refused without it): a question also stops once
+        every candidate not behind the leader nor tied with it is known, paired with the
+        leader, at least as precisely as LLaDA's scheme would know that pair on
+        ``max_masks`` masked inputs per candidate (``stop_reason`` ``"precision"``,
+        undecided). **Guarantee**: the upper ``1 - alpha`` confidence bound of each such
+        pair's paired standard error is at most ``sqrt((W_a + W_j) / max_masks)``, where
+        ``W_k`` is the within-size part of the variance of one of LLaDA's draws of
+        candidate k (its sizes uniform or systematic, each candidate its own masks:
+        LLaDA's variance is at least that), estimated from k's own stratum pairs of equal
+        size, unseen sizes counted 0 (it errs small); the rule reads standard errors only,
+        never the margin, so the leader at the stop is the maximum of estimates whose
+        every pair is at least as precise as LLaDA's, and orders each pair as the
+        exhaustive sums do at least as often as LLaDA would (``Phi(|gap| / SE)`` falls
+        with the SE). Applies to the rate draw (``estimator="learned-rate"``); other
+        estimators draw an undecided question to ``max_masks``. False: undecided
+        questions draw to ``max_masks``.
     max_masks : int, optional
         Most masked inputs scored per candidate, all rounds together (the last round takes
         what is left); the same unit as everywhere in the package (``estimate_lml``'s and
@@ -334,9 +353,10 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     """
     check_options("compare", overrides=_OPTIONS, num_masks=num_masks, decide=decide,
                   target_se=target_se, alpha=alpha, delta=DELTA if delta is None else delta,
-                  max_masks=max_masks, allocation=allocation,
-                  common_masks=common_masks, seed=seed, token_budget=token_budget,
-                  batch_size=batch_size, chunk_size=chunk_size, progress=progress)
+                  precision=True if precision is None else precision, max_masks=max_masks,
+                  allocation=allocation, common_masks=common_masks, seed=seed,
+                  token_budget=token_budget, batch_size=batch_size, chunk_size=chunk_size,
+                  progress=progress)
     if not isinstance(model, RaggedMaskedModel):
         raise TypeError(
             f"compare scores candidate continuations of texts or token ids with a masked LM (a "
@@ -351,6 +371,11 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         raise ValueError(f"delta={delta!r} is the indifference zone of decide=True (a pair "
                          "confidently within delta nats is a practical tie); pass decide=True "
                          "or drop delta.")
+    if precision is not None and not decide:
+        raise ValueError(f"precision={precision!r} is a stop rule of decide=True (an undecided "
+                         "question stops once known as precisely as LLaDA's scheme would know "
+                         "it); pass decide=True or drop precision.")
+    precision = True if precision is None else bool(precision)
     delta = float(DELTA if delta is None else delta)
     if decide and target_se is not None:
         raise ValueError("decide=True stops a question once its leader is decided, whatever "
@@ -416,11 +441,18 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         # within delta of it pauses (it draws again if the leader changes and it is no longer
         # tied with the new one)
         behind[q] |= passed - {res["lead"]}
-        drawing = {i for j, i in enumerate(idx) if j not in behind[q] and j not in tied}
+        # a candidate whose pair with the leader is known as precisely as LLaDA's scheme would
+        # know it (on max_masks masked inputs per candidate) pauses as a tied one does
+        precise = (_precise(res, idx, draw, max_masks, alpha) - passed - tied if precision
+                   else set())
+        drawing = {i for j, i in enumerate(idx)
+                   if j not in behind[q] and j not in tied and j not in precise}
         if len(passed) == len(idx):
             return drawing, "decided", None
         if len(passed | tied) == len(idx):
             return drawing, "tied", None
+        if len(passed | tied | precise) == len(idx):
+            return drawing, "precision", None
         return drawing, "budget" if at_cap else None, None
 
     out = run_rounds(draw, scorer, ids, members, _keys(seeds, members, lengths, common_masks,
@@ -453,7 +485,8 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
         common_masks=common_masks, seed=seed, model=getattr(model, "name", None),
         extra={"estimator": draw.name, "allocation": draw.allocation, "num_masks": p,
                "max_masks": max_masks, "max_draws": caps, "alpha": alpha,
-               "delta": delta if decide else None, "target_se": target_se,
+               "delta": delta if decide else None, "precision": precision if decide else None,
+               "target_se": target_se,
                "rate_density": draw.density.mass.tolist() if isinstance(draw, RateDraw | BlockDraw)
                else None,
                **({"blocks": [draw.blocks.get(i, (0, 0)) for i in range(len(ids))]}
@@ -652,6 +685,9 @@ def _announce(res: Comparison, decide: bool, target_se: float | None, cap: str) 
     """
     n = len(res.scores)
     spent = [q for q, s in enumerate(res.stop_reason) if s == "budget"]
+    precise = [q for q, s in enumerate(res.stop_reason) if s == "precision"]
+    missing = [q for q in range(n) if math.isnan(res.margin_z[q])
+               or np.any(np.isnan(res.stderr[q]))]
     zero = [q for q in range(n) if np.any((res.stderr[q] == 0) & ~res.exact[q])]
     # a decided (or tied) question's threshold already is a t quantile at its dof: only SEs
     # reported without a decision are flagged
@@ -665,6 +701,16 @@ def _announce(res: Comparison, decide: bool, target_se: float | None, cap: str) 
         fixes.append("their choice may flip on other masks (see margin_z and paired_stderr)"
                      if decide else "their standard errors are larger than asked")
         fixes.append("raise max_masks to spend more on them")
+    if precise:
+        parts.append((precise, "undecided at LLaDA's precision (stop_reason 'precision': their "
+                      "margins known at least as precisely as LLaDA's scheme would know them on "
+                      "max_masks masked inputs per candidate)"))
+        fixes.append("their choice is as reliable as LLaDA's; raise max_masks to decide more")
+    if missing:
+        parts.append((missing, "with a missing standard error (NaN: a cell of fewer than two "
+                      "draws, or an SE 0 from draws that fell on one mask), marked undecided"))
+        fixes.append("a missing SE is never a decision: draw at least two draws per cell "
+                     "(more masks, or another estimator)")
     if zero:
         parts.append((zero, "with a standard error 0 that is not exact"))
         fixes.append("a 0 from draws that fell on one mask understates the Monte Carlo error")
@@ -697,12 +743,86 @@ def _tied(res: dict[str, Any], threshold: Any, delta: float) -> set[int]:
     lead = res["lead"]
     out = set()
     for j, (s, d) in enumerate(zip(res["pse"], res["pair_dof"], strict=True)):
-        if j == lead:
+        if j == lead or math.isnan(res["z"][j]):  # a missing SE ties nothing (_pair_z)
             continue
         g = float(res["est"][lead] - res["est"][j])
         if abs(g) + threshold(float(d)) * float(s) < delta:
             out.add(j)
     return out
+
+
+def _pair_z(g: float, ps: float, dof: float, lead: Tally, other: Tally) -> float:
+    """``g / ps``, the leader's margin over a candidate in paired standard errors; NaN where the
+    SE is missing.
+
+    A paired SE is missing when it is NaN (a cell of fewer than two draws: LLaDA's draw with
+    one batch, an estimator drawing one draw per candidate), or when it is 0 on 0 or NaN
+    degrees of freedom, or 0 without both candidates enumerated while the difference is not 0
+    (every pair of draws fell on one mask: the 0 says nothing of the spread). A missing SE is
+    never a decision: its z is NaN, which passes no threshold, ties nothing and is not
+    precise (the question ends undecided, and :func:`compare` warns). An SE 0 of two
+    enumerated candidates is exact (z infinite, or 0 for equal sums); so is a difference 0
+    on every draw (two copies of one candidate: z 0).
+    """
+    if not math.isfinite(ps) or not dof > 0:
+        return math.nan
+    if ps > 0:
+        return g / ps
+    if g == 0:
+        return 0.0
+    if lead.enumerated and other.enumerated:
+        return math.inf if g > 0 else -math.inf
+    return math.nan
+
+
+def _precise(res: dict[str, Any], idx: list[int], draw: RoundDraw, max_masks: int | None,
+             alpha: float) -> set[int]:
+    """The candidates whose pair with the leader is known at least as precisely as LLaDA's
+    scheme would know it on ``max_masks`` masked inputs per candidate.
+
+    Pair (leader a, candidate j): LLaDA scores each candidate on its own ``n = max_masks``
+    draws, so its SE of ``a - j`` is ``sqrt((V_a + V_j) / n)``, ``V_k`` its variance of one
+    draw of k, at least its within-size part ``W_k``
+    (:meth:`~mptlml.estimators.sequential.RateDraw.reference_var`, estimated from k's own
+    stratum pairs of equal size, unseen sizes 0: it errs small). j is precise when the
+    paired SE's upper ``1 - alpha`` confidence bound is at most that,
+    ``s sqrt(nu / chi2_{nu}(alpha)) <= sqrt((W_a + W_j) / n)`` (s on nu Welch degrees of
+    freedom, ``chi2_nu(alpha)`` the chi-square's lower alpha quantile: the variance estimate
+    as ``sigma^2 chi2_nu / nu``), and each drawn candidate's ``W`` rests on at least
+    :data:`~mptlml.estimators.sequential.TARGET_MIN_DOF` pairs. Empty where the draw cannot
+    estimate ``W`` (an estimator other than the rate draw) or without a cap.
+    """
+    if max_masks is None:
+        return set()
+    ref = [draw.reference_var(i) for i in idx]
+    if any(r is None for r in ref):
+        return set()
+    lead = res["lead"]
+    out = set()
+    for j in range(len(idx)):
+        if j == lead:
+            continue
+        pair = [ref[lead], ref[j]]
+        drawn = [r for r, i in zip(pair, (idx[lead], idx[j]), strict=True)
+                 if not draw.enumerates(int(draw.lengths[i]))]
+        if not drawn or any(n < TARGET_MIN_DOF for _, n in drawn):
+            continue
+        target = math.sqrt((pair[0][0] + pair[1][0]) / max_masks)
+        if target > 0 and precision_bound(float(res["pse"][j]), float(res["pair_dof"][j]),
+                                          alpha) <= target:
+            out.add(j)
+    return out
+
+
+def precision_bound(se: float, dof: float, alpha: float) -> float:
+    """The upper ``1 - alpha`` confidence bound of a standard error ``se`` on ``dof`` degrees
+    of freedom: ``se sqrt(nu / chi2_nu(alpha))`` (``se^2 ~ sigma^2 chi2_nu / nu``; ``se``
+    itself where nu is infinite, NaN where it is missing: not finite, or nu <= 0)."""
+    if not math.isfinite(se) or not dof > 0:
+        return math.nan
+    if not math.isfinite(dof):
+        return se
+    return se * math.sqrt(dof / float(special.chdtri(dof, 1.0 - alpha)))
 
 
 def _question(tallies: list[Tally], idx: list[int], out: set[int] | None = None
@@ -726,7 +846,7 @@ def _question(tallies: list[Tally], idx: list[int], out: set[int] | None = None
             continue
         g, ps, d = paired(tallies[idx[lead]], tallies[idx[j]])
         pse[j], pair_dof[j] = ps, d
-        zs[j] = g / ps if ps > 0 else (math.inf if g > 0 else 0.0)
+        zs[j] = _pair_z(g, ps, d, tallies[idx[lead]], tallies[idx[j]])
         dof.append(d)
     return {"est": est, "se": se, "lead": lead, "pse": pse, "z": zs, "pair_dof": pair_dof,
             "margin": float(zs.min()), "dof": float(min(dof)), "se_dof": np.array(dof[:k])}

@@ -275,6 +275,11 @@ STOP_REASONS: dict[str, str] = {
                "threshold",
     "tied": "compare(decide=True): every other candidate behind the leader or confidently "
             "within delta of it, at least one tied",
+    "precision": "compare(decide=True): undecided, but every pair of the leader and a candidate "
+                 "not behind it nor tied known at least as precisely (paired standard error, "
+                 "on at least TARGET_MIN_DOF degrees of freedom) as LLaDA's scheme would know "
+                 "it on max_masks masked inputs per candidate: more draws cannot make the "
+                 "choice less accurate than LLaDA's",
 }
 
 
@@ -391,6 +396,12 @@ class RoundDraw:
     def learn(self, active: list[int]) -> None:
         """After a round of the groups ``active``."""
 
+    def reference_var(self, i: int) -> tuple[float, int] | None:
+        """LLaDA's variance of one draw of sequence i (within-size part) and the pairs it rests
+        on, where the draw can estimate it (:meth:`RateDraw.reference_var`); None where not
+        (no ``"precision"`` stop)."""
+        return None
+
 
 class RateDraw(RoundDraw):
     """The rate draw of Proposition 1 conditionally, with a rate density learned over rounds.
@@ -420,9 +431,37 @@ class RateDraw(RoundDraw):
         self.spread_sum = np.zeros((len(groups), NUM_RATE_BINS))
         self.spread_n = np.zeros((len(groups), NUM_RATE_BINS))
         self.tmax = [int(lengths[m].max()) for m in groups]
+        # per sequence, per size M: sum of (s_1 - s_2)^2 / 2 over its stratum pairs of equal
+        # size M (s the sum of the masked log-probabilities), and their number
+        self.within_sum = [np.zeros(int(t) + 1) for t in lengths]
+        self.within_n = [np.zeros(int(t) + 1) for t in lengths]
 
     def enumerates(self, length: int) -> bool:
         return bool(2.0 ** length - 2 <= max(self.p, 2 ** self.exact_length - 2) or length <= 1)
+
+    def reference_var(self, i: int) -> tuple[float, int]:
+        """LLaDA's variance of one draw of sequence i, its within-size part, and the pairs
+        it rests on.
+
+        LLaDA's draw (Nie et al. 2025) of a continuation of T tokens takes M uniform in 1..T
+        and a uniform mask of M positions, and scores ``f = (T / M) s_M``, ``s_M`` the sum of
+        the masked log-probabilities; its variance is at least the within-size part
+        ``W = E_M[(T / M)^2 v_M] = sum_{M=1..T-1} T v_M / M^2``, ``v_M = Var(s_M | M)``
+        (``v_T = 0``: one mask), whatever its sizes (independent, or LLaDA's systematic
+        counts, which remove the between-size part at most). ``v_M`` is estimated by
+        ``(s_1 - s_2)^2 / 2`` averaged over this sequence's stratum pairs that fell on the
+        same size M (two uniform masks of size M; a swapped repeat only adds to it by
+        ``v_M / (C(T, M) - 1)`` at most); a size never seen in a pair counts 0, so ``W`` errs
+        small (a stricter reference). An enumerated sequence: ``(0.0, 0)``.
+        """
+        n = self.within_n[i]
+        t = int(self.lengths[i])
+        sizes = np.arange(len(n))
+        seen = (n > 0) & (sizes >= 1) & (sizes < t)
+        if not seen.any():
+            return 0.0, 0
+        v = self.within_sum[i][seen] / n[seen]
+        return float(np.sum(t * v / sizes[seen] ** 2)), int(n[seen].sum())
 
     def most_rows(self, length: int, draws: int) -> int:
         return 2 ** length - 1 if self.enumerates(length) else draws + 1
@@ -467,6 +506,11 @@ class RateDraw(RoundDraw):
             q = self.group_of[i]
             y = s / (sizes * self.densities[q].size_probs(sizes, t))
             res[i] = (stratum_cells(y), top, rows)
+            pair_s, pair_m = s.reshape(-1, 2), sizes.reshape(-1, 2)
+            same = pair_m[:, 0] == pair_m[:, 1]
+            np.add.at(self.within_sum[i], pair_m[same, 0],
+                      (pair_s[same, 0] - pair_s[same, 1]) ** 2 / 2)
+            np.add.at(self.within_n[i], pair_m[same, 0], 1)
             score = s / sizes
             b = np.minimum((rates * NUM_RATE_BINS).astype(int), NUM_RATE_BINS - 1)
             pair = score.reshape(-1, 2)

@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 __all__ = ["ExactCell", "SampledCell", "cell_error", "cell_spread", "cell_sums", "des_raj",
-           "enumerated_sum", "exact_cell", "mean_stderr", "sampled_cell",
-           "strata_stderr",
+           "enumerated_sum", "exact_cell", "mean_stderr", "pooled_size_error",
+           "sampled_cell", "strata_stderr",
            "sum_stderr", "welch_dof"]
 
 A = TypeVar("A", torch.Tensor, np.ndarray)
@@ -127,6 +127,31 @@ def cell_sums(cell: Sequence[np.ndarray], single_draws: bool = False
     total_se = sum_stderr(None if single_draws else se, mean)
     dofs = np.array([cell_error(c)[2] for c in cell], dtype=np.float64)
     return float(mean.sum()), float(total_se), se ** 2, dofs
+
+
+def pooled_size_error(cells: Sequence[np.ndarray]) -> tuple[float, float] | None:
+    """A draw of every size's variance, pooled over the sizes by a finite-population model.
+
+    ``cells[M-1]`` holds P_M scores ``S_hat(x; M)`` (the mean log-probability of a uniform
+    mask of M of the T = ``len(cells)`` tokens; an :class:`ExactCell`: the size enumerated,
+    no error). If the T tokens' log-probabilities were a fixed population of variance
+    sigma^2, the mean of M of them drawn without replacement would have variance
+    ``sigma^2 f_M``, ``f_M = (T - M) / (M (T - 1))``; so each drawn size's sample variance
+    gives ``s_M^2 / f_M`` an estimate of sigma^2 on P_M - 1 degrees of freedom, pooled
+    ``sigma^2_hat = sum_M (P_M - 1) s_M^2 / f_M / sum_M (P_M - 1)`` on ``nu = sum_M (P_M -
+    1)`` degrees of freedom (instead of P_M - 1 per size), and the sum's variance is
+    ``sum_M sigma^2_hat f_M / P_M``. Returns that variance and nu; None with fewer than two
+    drawn sizes, or a drawn size of fewer than two draws (then the sizes' own variances).
+    """
+    t = len(cells)
+    drawn = [(m, np.asarray(c, dtype=np.float64)) for m, c in enumerate(cells, start=1)
+             if not isinstance(c, ExactCell) and m < t]
+    if len(drawn) < 2 or any(c.size < 2 for _, c in drawn):
+        return None
+    shape = {m: (t - m) / (m * (t - 1)) for m, _ in drawn}
+    nu = float(sum(c.size - 1 for _, c in drawn))
+    sigma2 = sum((c.size - 1) * float(c.var(ddof=1)) / shape[m] for m, c in drawn) / nu
+    return float(sum(sigma2 * shape[m] / c.size for m, c in drawn)), nu
 
 
 def enumerated_sum(sums: np.ndarray, sizes: np.ndarray) -> float:
