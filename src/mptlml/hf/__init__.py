@@ -53,6 +53,9 @@ Preference optimisation (DPO) on paired conditional bounds:
 :func:`preference_bounds` (:mod:`mptlml.hf.preference`) and :class:`MPTDPOTrainer`
 (:mod:`mptlml.hf.dpo`).
 
+Generation by LLaDA's sampler (low-confidence remasking over semi-autoregressive blocks):
+:func:`generate` (:mod:`mptlml.hf.generation`, also ``mptlml.generate``).
+
 Sampling by unmasking in a random order: :func:`sample_random_order`
 (:mod:`mptlml.hf.orders`); the chain rule over random orders is the
 ``"chain-rule"`` estimator of :func:`mptlml.estimate_lml`.
@@ -63,6 +66,7 @@ from __future__ import annotations
 from typing import Any
 
 from .collator import CORRUPTIONS, DataCollatorForMPT
+from .generation import REMASKING, Generation, generate, transfer_counts
 from .loss import IGNORE_INDEX, mpt_batch_loss, mpt_loss
 from .orders import sample_random_order
 from .preference import (
@@ -78,20 +82,24 @@ from .preference import (
 __all__ = [
     "CORRUPTIONS",
     "IGNORE_INDEX",
+    "REMASKING",
     "MASK_SCHEMES",
     "DataCollatorForMPT",
     "DataCollatorForPreference",
     "EncodedPairs",
+    "Generation",
     "MPTDPOTrainer",
     "MPTTrainer",
     "PreferenceBounds",
     "dpo_loss",
     "encode_pairs",
+    "generate",
     "masked_sums",
     "mpt_batch_loss",
     "mpt_loss",
     "preference_bounds",
     "sample_random_order",
+    "transfer_counts",
 ]
 
 
