@@ -133,7 +133,8 @@ def _forward(lm: MaskedLM, module: torch.nn.Module, x: torch.Tensor,
 
 def generate(lm: MaskedLM, prompts: Sequence[Any], *, max_new_tokens: int = 128,
              steps: int | None = None, block_length: int | None = None,
-             temperature: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
+             temperature: float = 0.0, remasking: str = "low_confidence",
+             seed: int | Sequence[int] = 0,
              batch_size: int | None = None, allowed_ids: Sequence[int] | None = None,
              module: torch.nn.Module | None = None) -> Generation:
     """Complete each prompt with LLaDA's sampler (module docstring).
@@ -157,8 +158,8 @@ def generate(lm: MaskedLM, prompts: Sequence[Any], *, max_new_tokens: int = 128,
         Gumbel noise scale T (0: greedy, deterministic).
     remasking : {"low_confidence", "random"}
         Which masked positions are kept masked at a step.
-    seed : int
-        Row i draws its noise from the stream (seed, i).
+    seed : int or list of int
+        Row i draws its noise from the stream (seed, i), or from ``seed[i]``'s stream.
     batch_size : int, optional
         Prompts per forward (default: all).
     allowed_ids : sequence of int, optional
@@ -179,11 +180,16 @@ def generate(lm: MaskedLM, prompts: Sequence[Any], *, max_new_tokens: int = 128,
                         f"string {prompts[:40]!r}; pass [{prompts[:40]!r}].")
     n_new, n_steps, block, temp = _check(max_new_tokens, steps, block_length, temperature,
                                          remasking)
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}.")
     prompts = list(prompts)
     if not prompts:
         raise ValueError("prompts is empty: pass at least one prompt.")
+    seeds = [seed] if isinstance(seed, numbers.Integral) else list(seed)
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0
+               for v in seeds) or (not isinstance(seed, numbers.Integral)
+                                   and len(seeds) != len(prompts)):
+        raise ValueError(f"seed must be an int >= 0 or one such int per prompt, got {seed!r}.")
+    streams = ([stream_seed(int(seed), i) for i in range(len(prompts))]
+               if isinstance(seed, numbers.Integral) else [stream_seed(int(v)) for v in seeds])
     bs = len(prompts) if batch_size is None else check_positive_int(batch_size, "batch_size")
     enc = lm.encode(prompts)
     frame = len(lm.prefix) + len(lm.suffix)
@@ -213,8 +219,7 @@ def generate(lm: MaskedLM, prompts: Sequence[Any], *, max_new_tokens: int = 128,
     with torch.no_grad(), evaluation_mode(module):
         for start in range(0, len(enc), bs):
             rows = enc[start:start + bs]
-            gens = [torch.Generator().manual_seed(stream_seed(int(seed), start + i))
-                    for i in range(len(rows))]
+            gens = [torch.Generator().manual_seed(streams[start + i]) for i in range(len(rows))]
             done, used = _sample(lm, module, rows, gens, n_new, n_steps, block, temp, remasking,
                                  banned)
             out_ids.extend(done)

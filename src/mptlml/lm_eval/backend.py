@@ -17,8 +17,9 @@ over stratified rates, the whole continuation's mask scored once exactly):
     length, each next one of half of it, scored given as many preceding tokens
     as fit (the chain rule with a truncated context, as lm-eval does for causal
     models), and the windows' bounds summed (their variances too).
-``generate_until``
-    Refused: the backend scores text.
+``generate_until`` (context, gen_kwargs)
+    LLaDA's sampler (:func:`mptlml.generate`), its settings from LLaDA's or Dream's
+    generation model_args, cut at the request's ``until`` (:mod:`mptlml.lm_eval.generation`).
 
 Batching and processes. Each call gathers every process's requests (lm-eval
 splits the documents between the processes of ``accelerate launch``), puts them
@@ -63,6 +64,7 @@ from ..estimators.compare import EXACT_LENGTH, compare
 from ..estimators.llada import llada_questions
 from ..models import MaskedLM
 from ..models.sequence_input import context_bos, encode_with_context, window_pairs
+from .generation import answer_generation, generation_settings
 from .greedy import greedy_reproduces
 from .peers import ALIASES, PEER_ARGUMENTS, translate
 from .records import (
@@ -218,6 +220,8 @@ def check_arg_names(args: dict[str, Any]) -> None:
     names (:func:`~mptlml.lm_eval.peers.translate`'s refusals, then the unknown ones).
     """
     own = set(inspect.signature(MPTLM.__init__).parameters) - {"self", "loading"}
+    args = dict(args)
+    generation_settings(args)
     loading = translate({k: v for k, v in args.items() if k not in own})
     _refuse_unknown({k: v for k, v in loading.items() if k not in ("pretrained", "greedy", "cfg")})
 
@@ -236,7 +240,8 @@ class MPTLM(LM):
     **loading
         LLaDA's ``model_path``, ``mask_id``, ``is_check_greedy`` and Dream's
         ``nll_type``, ``log_type``, ``parallelize``, ``autogptq``
-        (:mod:`mptlml.lm_eval.peers`; their generation options are refused), and
+        (:mod:`mptlml.lm_eval.peers`), their generation options (``gen_length``,
+        ``steps``, ``block_length``, ... :mod:`mptlml.lm_eval.generation`), and
         ``tokenizer``, ``mask_token_id``, ``trust_remote_code``, ``dtype``,
         ``add_special_tokens``, ``revision``, ``autocast``, ``attn_implementation``,
         ``local_files_only``, ``cache_dir``, ``corruption``, ``allow_unknown``: as for
@@ -329,6 +334,8 @@ class MPTLM(LM):
                  add_bos_token: bool = False, scheme: str = "mptlml",
                  **loading: Any) -> None:
         super().__init__()
+        #: the sampler's settings of generate_until (LLaDA's / Dream's generation model_args)
+        self.generation = generation_settings(loading)
         loading = translate({**loading, **({} if cfg == 0.0 else {"cfg": cfg})})
         cfg = loading.pop("cfg", 0.0)
         for name in ("pretrained", "greedy"):  # LLaDA's model_path, is_check_greedy
@@ -705,8 +712,7 @@ class MPTLM(LM):
         return [records[k]["loglikelihood"] for k in keys]
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        raise NotImplementedError(
-            "mptlml scores text and does not generate: it answers loglikelihood "
-            "(multiple-choice) and loglikelihood_rolling (perplexity) tasks. Run generation "
-            "tasks (generate_until, e.g. gsm8k) with a model that generates, such as lm-eval's "
-            "'hf' backend or a masked-diffusion LM's own sampler.")
+        """Completions by LLaDA's sampler, cut at ``until`` (:mod:`mptlml.lm_eval.generation`)."""
+        return answer_generation(self.model, [r.args for r in requests], self.generation,
+                                 seed=self.seed, content_limit=self._limit,
+                                 batch_size=self.batch_size)

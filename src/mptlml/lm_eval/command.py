@@ -37,6 +37,7 @@ from .._optional import require
 from .._scoring.distributed import shutdown_distributed
 from .._validation import check_device
 from .backend import _LOADING, _SETTINGS, BESIDE_RESULTS, MPTLM, check_arg_names
+from .generation import GENERATION_ARGUMENTS
 from .peers import PEER_ARGUMENTS
 from .records import RecordLog, add_monte_carlo_stderr
 
@@ -62,8 +63,10 @@ decided; target_se=NATS: a precision):
 loading (MaskedLM.from_pretrained) and placement:
 {_names(("device", *_LOADING))}
 LLaDA's (eval_llada.py) and Dream's (eval/eval.py) arguments, with their meaning
-(mc_num=N: N masks per request; generation options are refused):
+(mc_num=N: N masks per request):
 {_names(PEER_ARGUMENTS)}
+generate_until by LLaDA's sampler (mptlml.generate), LLaDA's or Dream's names:
+{_names(tuple(GENERATION_ARGUMENTS))}
 
 Example:
   mptlml eval --model mptlml --model_args pretrained=DIR,decide=true \\

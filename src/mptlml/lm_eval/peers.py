@@ -19,7 +19,7 @@ argument                        whose      in mptlml
 ``batch_size``                  both       their masks per Monte Carlo batch: ``scheme=llada``
 ``nll_type=mc``, ``log_type``   Dream      only ``mc`` and ``ftb`` (log p(target | prefix))
 ``parallelize``, ``autogptq``   Dream      only false
-generation options              both       refused: mptlml scores text, it does not generate
+generation options              both       LLaDA's sampler: :mod:`mptlml.lm_eval.generation`
 ``sampling_eps``                Dream      refused: a rate floor of Dream's Bernoulli scheme
 ==============================  =========  ====================================================
 
@@ -31,14 +31,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["ALIASES", "GENERATION", "PEER_ARGUMENTS", "translate"]
+__all__ = ["ALIASES", "PEER_ARGUMENTS", "translate"]
 
 #: LLaDA's and Dream's argument names that mptlml spells otherwise: theirs -> mptlml's
 ALIASES = {"model_path": "pretrained", "mask_id": "mask_token_id", "is_check_greedy": "greedy"}
-#: generation options of LLaDA's (first four) and Dream's adapters: mptlml does not generate
-GENERATION = ("steps", "gen_length", "block_length", "remasking", "max_new_tokens",
-              "diffusion_steps", "temperature", "top_p", "top_k", "alg", "alg_temp",
-              "escape_until")
 #: Dream's options of which mptlml does only one value (its default): name -> (value, why)
 _ONLY = {
     "nll_type": ("mc", "the Monte Carlo ELBO; 'ar_ftb'/'ar_btf' score one fixed "
@@ -72,7 +68,7 @@ def translate(options: dict[str, Any]) -> dict[str, Any]:
     Raises
     ------
     TypeError
-        An argument given under both spellings, or a generation option.
+        An argument given under both spellings.
     ValueError
         A value mptlml does not do (named, with what to pass).
     """
@@ -83,12 +79,6 @@ def translate(options: dict[str, Any]) -> dict[str, Any]:
                 raise TypeError(f"model_args {theirs} and {ours} are one argument (LLaDA's "
                                 f"name and mptlml's); pass one of them.")
             out[ours] = out.pop(theirs)
-    gen = sorted(set(out) & set(GENERATION))
-    if gen:
-        raise TypeError(
-            f"model_args {gen}: generation options of LLaDA's / Dream's adapters. mptlml "
-            "scores text (loglikelihood, loglikelihood_rolling) and does not generate; drop "
-            "them (generation tasks need the model's own sampler).")
     if "sampling_eps" in out:
         raise ValueError(
             f"model_args sampling_eps={out['sampling_eps']!r}: the rate floor of Dream's own "
