@@ -67,6 +67,7 @@ from typing import Any
 
 from .collator import CORRUPTIONS, DataCollatorForMPT
 from .generation import REMASKING, Generation, generate, transfer_counts
+from .logratio import LOGRATIO_MASKS, CommonPlans, LogRatios, common_plans, policy_logratios
 from .loss import IGNORE_INDEX, mpt_batch_loss, mpt_loss
 from .orders import sample_random_order
 from .preference import (
@@ -76,27 +77,34 @@ from .preference import (
     dpo_loss,
     encode_pairs,
     masked_sums,
+    plan_inputs,
     preference_bounds,
 )
 
 __all__ = [
     "CORRUPTIONS",
     "IGNORE_INDEX",
+    "LOGRATIO_MASKS",
     "REMASKING",
     "MASK_SCHEMES",
     "DataCollatorForMPT",
+    "CommonPlans",
     "DataCollatorForPreference",
     "EncodedPairs",
     "Generation",
+    "LogRatios",
     "MPTDPOTrainer",
     "MPTTrainer",
     "PreferenceBounds",
+    "common_plans",
     "dpo_loss",
     "encode_pairs",
     "generate",
     "masked_sums",
+    "plan_inputs",
     "mpt_batch_loss",
     "mpt_loss",
+    "policy_logratios",
     "preference_bounds",
     "sample_random_order",
     "transfer_counts",
