@@ -53,6 +53,10 @@ Preference optimisation (DPO) on paired conditional bounds:
 :func:`preference_bounds` (:mod:`mptlml.hf.preference`) and :class:`MPTDPOTrainer`
 (:mod:`mptlml.hf.dpo`).
 
+GRPO of masked-diffusion LMs on bounds scored on common masks: :func:`policy_logratios`
+(:mod:`mptlml.hf.logratio`) and :class:`MPTGRPOTrainer`, :class:`MPTGRPOConfig`
+(:mod:`mptlml.hf.grpo`).
+
 Generation by LLaDA's sampler (low-confidence remasking over semi-autoregressive blocks):
 :func:`generate` (:mod:`mptlml.hf.generation`, also ``mptlml.generate``).
 
@@ -94,6 +98,8 @@ __all__ = [
     "Generation",
     "LogRatios",
     "MPTDPOTrainer",
+    "MPTGRPOConfig",
+    "MPTGRPOTrainer",
     "MPTTrainer",
     "PreferenceBounds",
     "common_plans",
@@ -116,6 +122,10 @@ def __getattr__(name: str) -> Any:
         from .trainer import MPTTrainer
 
         return MPTTrainer
+    if name in ("MPTGRPOTrainer", "MPTGRPOConfig"):  # transformers.Trainer too
+        from . import grpo
+
+        return getattr(grpo, name)
     if name in ("MPTDPOTrainer", "DataCollatorForPreference"):  # transformers.Trainer too
         from . import dpo
 
