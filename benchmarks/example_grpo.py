@@ -1,13 +1,14 @@
-"""End-to-end GRPO of a tiny masked LM on MPT bounds: a copy task it rarely solves at first.
+"""End-to-end GRPO of a tiny masked LM on MPT bounds: a task it rarely solves at first.
 
 A 2-layer BERT (random weights, built here; nothing downloaded) completes prompts
-``"<frame> X"`` with 4 tokens; the reward is the share of them equal to ``X``, which a random
-model earns about once in the vocabulary's size. :class:`mptlml.hf.MPTGRPOTrainer` trains it
+``"<frame> X"`` with 4 tokens; the reward is the share of them equal to the word that X
+asks for (cat -> red, dog -> blue, house -> big, tree -> small), which a random model earns
+about once in the vocabulary's size. :class:`mptlml.hf.MPTGRPOTrainer` trains it
 (8 completions per prompt, 2 prompts per step, complementary masks on the policy, the old
 policy and the adapter-free reference); the held-out reward (other frames, greedy
 completions) is measured before and after. Runs in a few minutes on 2 CPU cores::
 
-    PYTHONPATH=src python benchmarks/example_grpo.py --steps 150
+    PYTHONPATH=src python benchmarks/example_grpo.py --steps 60
 
 The guide ``docs/guides/grpo.md`` shows its log.
 """
@@ -24,7 +25,8 @@ import torch
 
 WORDS = ("the a my one cat dog sat on mat ran far away big small red blue house tree and "
          "or but with under over is was").split()
-TARGETS = ("cat", "dog", "mat", "house", "tree", "red", "blue", "big")
+ANSWER = {"cat": "red", "dog": "blue", "house": "big", "tree": "small"}
+TARGETS = tuple(ANSWER)
 TRAIN_FRAMES = ("the", "my", "one")
 HELD_OUT_FRAMES = ("a", "big small", "under the")
 LENGTH = 4
@@ -46,10 +48,10 @@ def build(path: Path, seed: int):
 
 
 def reward(prompts, completions, **_):
-    """Share of the completion's words equal to the prompt's last word."""
+    """Share of the completion's words equal to the answer to the prompt's last word."""
     out = []
     for p, c in zip(prompts, completions, strict=True):
-        target, words = p.split()[-1], c.split()
+        target, words = ANSWER[p.split()[-1]], c.split()
         out.append(sum(w == target for w in words) / LENGTH)
     return out
 
@@ -69,7 +71,7 @@ def held_out_reward(model, tok) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lora", action="store_true", help="train a peft LoRA adapter")
     ap.add_argument("--threads", type=int, default=2)
@@ -87,8 +89,8 @@ def main() -> None:
         data = [{"prompt": f"{f} {t}"} for f in TRAIN_FRAMES for t in TARGETS]
         args = MPTGRPOConfig(output_dir=str(Path(tmp) / "out"), num_generations=8,
                              per_device_train_batch_size=16, max_completion_length=LENGTH,
-                             learning_rate=3e-3, beta=0.01, num_iterations=2,
-                             num_masks=8, max_steps=a.steps, logging_steps=10,
+                             learning_rate=2e-3, beta=0.01, num_iterations=2,
+                             num_masks=8, max_steps=a.steps, logging_steps=5,
                              report_to=[], seed=a.seed, save_strategy="no",
                              use_cpu=True, disable_tqdm=True, drift_length=LENGTH,
                              exact_length=0)
