@@ -20,9 +20,10 @@ and new always on the same masks, as every peer does):
 
 - ``d1``: d1 / diffu-GRPO's one-step estimate ``sum_j log p(y_j | x~, all of y masked)``,
   x~ the prompt with each token masked at 15%: 8 draws of the prompt mask, averaged;
-- ``coupled``: coupled-GRPO's mask and its complement, t ~ U(0, 1), each completion token
-  masked with probability t: ``(1/t) sum_{j in M} log p + (1/(1-t)) sum_{j not in M} log p``
-  (unbiased for the bound, MDLM's weight), 4 pairs averaged;
+- ``coupled``: coupled-GRPO's mask and its complement (DiffuCoder), t ~ U(0.2, 0.8), each
+  completion token masked with probability t in the first pass and in the second pass
+  otherwise: every token's log-probability read once, from the pass where it is masked,
+  summed (``sum_{j in M} log p + sum_{j not in M} log p``), 4 pairs averaged;
 - ``mptlml``: :func:`mptlml.hf.policy_logratios`, complementary stratified draws plus the
   whole completion's mask (``num_masks=4``: 5 forwards; ``8``: 9 forwards), and
   ``masks="stratified"`` with ``num_masks=6`` (7 forwards).
@@ -110,6 +111,7 @@ def main() -> None:
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         old, tok = _model(Path(tmp) / "m", a.seed, a.train_steps)
+    print(f"trained ({(time.time() - t0) / 60:.1f} min)", flush=True)
     lm_old = MaskedLM(old, tok)
     rng = random.Random(a.seed + 1)
     prompts = [p for p, _ in _texts(rng, a.completions)]
@@ -130,7 +132,7 @@ def main() -> None:
             q.add_(a.lr * q.grad)
             q.grad = None
         truth = (_exact_bounds(lm_new, exact, new) - _exact_bounds(lm_old, exact, old)).numpy()
-    mask_id, off = tok.mask_token_id, 1
+    off = len(lm_old.prefix)
 
     def d1(seed: int) -> np.ndarray:
         g = torch.Generator().manual_seed(seed)
@@ -154,16 +156,15 @@ def main() -> None:
         out = []
         for full, n in zip(ids, nctx, strict=True):
             t_len = len(full) - n
-            masks, w = [], []
+            masks = []
             for _ in range(4):
-                t = float(torch.rand(1, generator=g))
+                t = 0.2 + 0.6 * float(torch.rand(1, generator=g))
                 m = torch.rand(t_len, generator=g) < t
                 masks += [m, ~m]
-                w += [1 / t, 1 / (1 - t)]
-            keep = [k for k, m in enumerate(masks) if m.any()]
-            x, lab = plan_inputs(lm_old, full, n, torch.stack([masks[k] for k in keep]), g)
+            keep = [m for m in masks if m.any()]
+            x, lab = plan_inputs(lm_old, full, n, torch.stack(keep), g)
             s = [masked_sums(mod, lm_old, list(x), list(lab), grad=False) for mod in (new, old)]
-            out.append(float(((s[0] - s[1]) * torch.tensor([w[k] for k in keep])).sum() / 4))
+            out.append(float((s[0] - s[1]).sum() / 4))
         return np.array(out)
 
     def ours(num_masks: int, masks: str):
@@ -188,6 +189,7 @@ def main() -> None:
                 if isinstance(out, tuple):
                     se.append(out[1])
             est = np.array(est)
+            print(f"{name} ({(time.time() - t0) / 60:.1f} min)", flush=True)
             res[name] = (((est - truth) ** 2).mean(), fw, np.array(se) if se else None, est)
     d1_mse = res["d1 (one step, prompt 15%)"][0]
     cg_mse = res["coupled-GRPO (mask + complement)"][0]
