@@ -5,12 +5,13 @@ A small masked LM is trained here (nothing is downloaded)::
     PYTHONPATH=src python benchmarks/bench_grpo.py            # a few minutes on 2 CPU cores
     PYTHONPATH=src python benchmarks/bench_grpo.py --smoke    # seconds: only checks it runs
 
-**Models.** Letters a-h; texts are a 3-letter prompt and a 6-letter continuation drawn from
-the prompt's letters. pi_old is a 2-layer BERT (hidden 32) trained by MPT for
-``--train-steps`` on such texts; pi_new is pi_old after one exact GRPO-like step: one SGD
-step of ``--lr`` on ``mean_i A_i B(y_i | x_i)``, B the exact conditional bound (every mask
-of the 6 tokens) and A_i = +1 / -1 for completions with / without the prompt's first
-letter.
+**Models.** Letters a-h; texts are a 3-letter prompt and a 6-letter continuation, a motif of
+two of the prompt's letters said three times (its tokens depend on each other: the bound's
+sizes differ, which a fully masked completion does not see). pi_old is a 2-layer BERT
+(hidden 32) trained by MPT for ``--train-steps`` on such texts; pi_new is pi_old after one
+exact GRPO-like step: one SGD step of ``--lr`` on ``mean_i A_i B(y_i | x_i)``, B the exact
+conditional bound (every mask of the 6 tokens) and A_i = +1 / -1 for completions with /
+without the prompt's first letter.
 
 **Target.** For 6-letter completions sampled from pi_old by :func:`mptlml.generate`, the
 exact log-ratio ``L = B_new(y|x) - B_old(y|x)`` (both bounds on all 63 masks).
@@ -53,7 +54,8 @@ def _texts(rng: random.Random, n: int) -> list[tuple[str, str]]:
     out = []
     for _ in range(n):
         p = rng.sample(LETTERS, 3)
-        out.append((" ".join(p), " ".join(rng.choice(p) for _ in range(6))))
+        motif = [rng.choice(p), rng.choice(p)]
+        out.append((" ".join(p), " ".join(motif * 3)))
     return out
 
 
