@@ -75,7 +75,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lora", action="store_true", help="train a peft LoRA adapter")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="2 steps: only checks that it runs")
     a = ap.parse_args()
+    if a.smoke:
+        a.steps = 2
     torch.set_num_threads(a.threads)
     from mptlml.hf import MPTGRPOConfig, MPTGRPOTrainer
 
