@@ -169,12 +169,11 @@ def _evaluate(tasks_dir: Path, names: list[str], model: mle.MPTLM, **kw):
 
 
 # ---------------------------------------------------------------------- registration
-def test_the_model_is_registered_and_generation_refused(tiny_dir):
+def test_the_model_is_registered(tiny_dir):
     assert get_model("mptlml") is mle.MPTLM
     lm = mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},seed=3", {"device": "cpu"})
     assert lm.seed == 3 and lm.device == torch.device("cpu") and lm.world_size == 1
-    with pytest.raises(NotImplementedError, match="does not generate.*loglikelihood"):
-        lm.generate_until([])
+    assert lm.generate_until([]) == []
 
 
 def test_model_args_are_checked_before_any_work(tiny_dir):
@@ -561,6 +560,46 @@ def test_command_line_runs_lm_eval_with_the_model_registered(tiny_dir, ppl_tasks
         r = keyed[(s["doc_id"], 0)]
         assert float(s["resps"][0][0]) == pytest.approx(r["loglikelihood"], abs=0, rel=1e-12)
         assert math.isfinite(r["stderr"]) and r["stderr"] >= 0 and r["masked_inputs"] > 0
+
+
+GEN_DOCS = [{"q": "the cat sat", "a": "on"}, {"q": "a big dog", "a": "ran"},
+            {"q": "blue tree and the", "a": "cat"}]
+
+
+def test_generate_until_through_the_command_line_is_llada_s_sampler(tiny_dir, ref, tmp_path,
+                                                                     own_tasks_only):
+    """A generate_until task over JSON lines: each answer is LLaDA's algorithm (written on the
+    module, tests.test_generation) decoded and cut at the task's ``until``."""
+    from mptlml.cli import main as mptlml_main
+
+    from .test_generation import llada_reference
+
+    data = tmp_path / "gen.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in GEN_DOCS))
+    (tmp_path / "toy_gen.yaml").write_text(
+        f"task: toy_gen\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {data}\noutput_type: generate_until\ntest_split: test\n"
+        "doc_to_text: \"{{q}}\"\ndoc_to_target: \"{{a}}\"\n"
+        "generation_kwargs:\n  until: [\"house\"]\n  max_gen_toks: 4\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n"
+        "    higher_is_better: true\n")
+    out = tmp_path / "out"
+    assert mptlml_main(["eval", "--model", "mptlml", "--model_args",
+                        f"pretrained={tiny_dir},steps=4,block_length=2",
+                        "--tasks", "toy_gen", "--include_path", str(tmp_path),
+                        "--device", "cpu", "--output_path", str(out), "--log_samples"]) == 0
+    f = glob.glob(str(out / "**" / "samples_toy_gen_*.jsonl"), recursive=True)[0]
+    got = {json.loads(s)["doc_id"]: json.loads(s)["resps"][0][0]
+           for s in Path(f).read_text().splitlines()}
+    tok = ref.tok
+    for i, d in enumerate(GEN_DOCS):  # max_gen_toks=4 tokens, two blocks of two, 4 steps
+        x = torch.tensor([[tok.cls_token_id, *ref.ids(d["q"])]])
+        ids = llada_reference(ref.model, x, torch.tensor([tok.sep_token_id]), 4, 4, 2,
+                              tok.mask_token_id)[0]
+        text = tok.decode(ids.tolist(), skip_special_tokens=False).split("house")[0]
+        for special in tok.all_special_tokens:
+            text = text.replace(special, "")
+        assert got[i] == text
 
 
 def test_help_names_the_model_and_its_model_args_before_lm_evals_own(capsys):

@@ -81,13 +81,24 @@ def test_dream_arguments(tiny, tiny_dir, mdm):
         mle.MPTLM(tiny, add_bos_token=True)
 
 
-@pytest.mark.parametrize("arg", ["steps=1024", "gen_length=256", "block_length=32",
-                                 "remasking=low_confidence", "max_new_tokens=128",
-                                 "diffusion_steps=128", "temperature=0.0", "alg=entropy"])
-def test_generation_options_are_refused_by_name(tiny_dir, arg):
-    name = arg.split("=")[0]
-    with pytest.raises(TypeError, match=rf"{name}=.*a generation option.*does not generate"):
-        mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},{arg}")
+def test_generation_options_are_taken_under_llada_s_and_dream_s_names(tiny_dir):
+    from mptlml.lm_eval.generation import GenerationSettings
+
+    lm = mle.MPTLM.create_from_arg_string(
+        f"pretrained={tiny_dir},gen_length=8,steps=4,block_length=4,remasking=random,"
+        "temperature=0.5")
+    assert lm.settings.generation == GenerationSettings(8, 4, 4, "random", 0.5)
+    lm = mle.MPTLM.create_from_arg_obj({"pretrained": str(tiny_dir), "max_new_tokens": "6",
+                                        "diffusion_steps": "3"})
+    assert lm.settings.generation == GenerationSettings(6, 3)
+    for arg, err, match in [
+            ("alg=entropy", TypeError, r"\['alg'\]: options of Dream's own sampler"),
+            ("top_p=0.9", TypeError, "Dream's own sampler"),
+            ("gen_length=8,max_new_tokens=8", TypeError, "given already under another name"),
+            ("remasking=entropy", ValueError, "remasking='entropy'"),
+            ("steps=0", ValueError, "steps must be a positive integer")]:
+        with pytest.raises(err, match=match):
+            mle.MPTLM.create_from_arg_string(f"pretrained={tiny_dir},{arg}")
 
 
 def test_one_argument_under_two_names_is_refused(tiny_dir):

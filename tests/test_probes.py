@@ -254,16 +254,17 @@ def test_python_m_mptlml_lm_eval_says_a_bad_argument_in_one_line(lme, tiny_dir, 
 
 def test_a_bad_model_arg_is_refused_before_lm_evals_command_line(lme, tiny_dir, capsys,
                                                                  monkeypatch):
-    """A misspelt or generation model_args name is refused as MPTLM refuses it, before lm-eval's
-    command line is imported (it indexes every task first: tens of seconds); names MPTLM
-    takes (its own, LLaDA's, Dream's), other models' arguments and the JSON form pass."""
+    """A misspelt model_args name or Dream's sampler option is refused as MPTLM refuses it,
+    before lm-eval's command line is imported (it indexes every task first: tens of seconds);
+    names MPTLM takes (its own, LLaDA's, Dream's), other models' arguments and the JSON form
+    pass."""
     import sys
 
     from mptlml.lm_eval.command import check_model_args_flag, run
 
     monkeypatch.setitem(sys.modules, "lm_eval.__main__", None)  # importing it now fails
     for args, message in [("num_mask=4", "mptlml model_args: unknown ['num_mask']"),
-                          ("steps=1024", "model_args steps=1024: a generation option")]:
+                          ("alg=entropy", "model_args ['alg']: options of Dream's own sampler")]:
         argv = ["--model", "mptlml", "--tasks", "t",
                 "--model_args", f"pretrained={tiny_dir},{args}"]
         with pytest.raises(TypeError) as direct:

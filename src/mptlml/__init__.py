@@ -20,6 +20,7 @@ from .estimators import (
     pll,
     register,
 )
+from .hf.generation import generate
 
 __version__ = "0.1.0"
 
@@ -33,6 +34,7 @@ __all__ = [
     "compare",
     "estimate_lml",
     "estimators",
+    "generate",
     "mpt_area",
     "mpt_curve",
     "pll",

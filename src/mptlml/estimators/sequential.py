@@ -47,7 +47,8 @@ from .stats import ExactCell, cell_error, enumerated_sum, welch_dof
 __all__ = ["DENSITY_FLOOR", "MAX_TARGET_DRAWS", "NEED_MARGIN", "NUM_RATE_BINS", "PRIOR_PAIRS",
            "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "DenseDraw", "RateDensity", "RateDraw",
            "RoundDraw", "Rule", "SequentialRun", "Tally", "at_target", "cells_error",
-           "combine_rounds", "density_of", "draws_needed", "fixed_rule", "masks_at_rates",
+           "combine_rounds", "complement_cells", "density_of", "draws_needed", "fixed_rule",
+           "masks_at_rates",
            "neyman_counts", "neyman_sd", "next_draws", "paired", "round_sizes", "run_rounds",
            "stratified_rates", "stratum_cells", "target_rule", "weighted_rounds"]
 
@@ -109,6 +110,17 @@ def stratum_cells(y: np.ndarray) -> list[np.ndarray]:
     ``sum_h (y_h1 - y_h2)^2 / (4 H^2)`` on H degrees of freedom."""
     h = len(y) // 2
     return list((y / h).reshape(h, 2))
+
+
+def complement_cells(y: np.ndarray) -> list[np.ndarray]:
+    """:func:`stratum_cells` of complementary draws (:func:`stratified_rates` with
+    ``complement``): stratum h and its mirror ``H - 1 - h`` are one cell of two independent
+    antithetic pairs ``((y_h1 + y_m1) / H, (y_h2 + y_m2) / H)``, so the round's variance is
+    ``sum_{h < H/2} ((y_h1 + y_m1) - (y_h2 + y_m2))^2 / (4 H^2)`` on H / 2 degrees of freedom.
+    """
+    h = len(y) // 2
+    pairs = (y / h).reshape(h, 2)
+    return list(pairs[: h // 2] + pairs[h // 2:][::-1])
 
 
 def weighted_rounds(rounds: dict[int, tuple[int, list[np.ndarray]]]
@@ -216,10 +228,29 @@ def next_draws(drawn: int, max_masks: int, need: float | None = None) -> int:
     return max(2, nxt)
 
 
-def stratified_rates(g: torch.Generator, p: int, tmax: int, density: RateDensity
-          ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
-    """Stratified rates (two per stratum of equal q-mass) and a random order of positions."""
+def stratified_rates(g: torch.Generator, p: int, tmax: int, density: RateDensity,
+                     complement: bool = False) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    """Stratified rates (two per stratum of equal q-mass) and a random order of positions.
+
+    With ``complement`` (P a multiple of 4, q symmetric: ``q(r) = q(1 - r)``) only the lower
+    half of the strata draw: stratum ``H - 1 - h`` takes the rates ``1 - r`` of stratum h
+    and the reversed orders, so its masks are the complements of stratum h's (size
+    ``ceil((1 - r)(T - 1)) = T - ceil(r (T - 1))`` almost surely, positions the others of
+    the order, for every T): antithetic draws, each still a uniform mask at a stratified
+    rate, whose pair sums :func:`complement_cells` reads.
+    """
     h = p // 2
+    if complement:
+        if p % 4 or not np.allclose(density.mass, density.mass[::-1]):
+            raise ValueError(f"complementary masks need a multiple of 4 draws and a "
+                             f"symmetric rate density; got {p} draws.")
+        v = torch.rand(h // 2, 2, generator=g, dtype=torch.float64).numpy()
+        lo = density.inverse(((np.arange(h // 2)[:, None] + v) / h).reshape(-1))
+        first = torch.rand(p // 2, tmax, generator=g).argsort(dim=1)
+        rates = np.concatenate([lo, (1.0 - lo).reshape(-1, 2)[::-1].reshape(-1)])
+        order = torch.cat([first, first.flip(1).reshape(h // 2, 2, tmax).flip(0)
+                           .reshape(-1, tmax)])
+        return np.repeat(np.arange(h), 2), rates, order
     v = torch.rand(h, 2, generator=g, dtype=torch.float64).numpy()
     u = (np.arange(h)[:, None] + v) / h
     rates = density.inverse(u.reshape(-1))

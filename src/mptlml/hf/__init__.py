@@ -53,6 +53,13 @@ Preference optimisation (DPO) on paired conditional bounds:
 :func:`preference_bounds` (:mod:`mptlml.hf.preference`) and :class:`MPTDPOTrainer`
 (:mod:`mptlml.hf.dpo`).
 
+GRPO of masked-diffusion LMs on bounds scored on common masks: :func:`policy_logratios`
+(:mod:`mptlml.hf.logratio`) and :class:`MPTGRPOTrainer`, :class:`MPTGRPOConfig`
+(:mod:`mptlml.hf.grpo`).
+
+Generation by LLaDA's sampler (low-confidence remasking over semi-autoregressive blocks):
+:func:`generate` (:mod:`mptlml.hf.generation`, also ``mptlml.generate``).
+
 Sampling by unmasking in a random order: :func:`sample_random_order`
 (:mod:`mptlml.hf.orders`); the chain rule over random orders is the
 ``"chain-rule"`` estimator of :func:`mptlml.estimate_lml`.
@@ -63,6 +70,8 @@ from __future__ import annotations
 from typing import Any
 
 from .collator import CORRUPTIONS, DataCollatorForMPT
+from .generation import REMASKING, Generation, generate, transfer_counts
+from .logratio import LOGRATIO_MASKS, CommonPlans, LogRatios, common_plans, policy_logratios
 from .loss import IGNORE_INDEX, mpt_batch_loss, mpt_loss
 from .orders import sample_random_order
 from .preference import (
@@ -72,26 +81,39 @@ from .preference import (
     dpo_loss,
     encode_pairs,
     masked_sums,
+    plan_inputs,
     preference_bounds,
 )
 
 __all__ = [
     "CORRUPTIONS",
     "IGNORE_INDEX",
+    "LOGRATIO_MASKS",
+    "REMASKING",
     "MASK_SCHEMES",
     "DataCollatorForMPT",
+    "CommonPlans",
     "DataCollatorForPreference",
     "EncodedPairs",
+    "Generation",
+    "LogRatios",
     "MPTDPOTrainer",
+    "MPTGRPOConfig",
+    "MPTGRPOTrainer",
     "MPTTrainer",
     "PreferenceBounds",
+    "common_plans",
     "dpo_loss",
     "encode_pairs",
+    "generate",
     "masked_sums",
+    "plan_inputs",
     "mpt_batch_loss",
     "mpt_loss",
+    "policy_logratios",
     "preference_bounds",
     "sample_random_order",
+    "transfer_counts",
 ]
 
 
@@ -100,6 +122,10 @@ def __getattr__(name: str) -> Any:
         from .trainer import MPTTrainer
 
         return MPTTrainer
+    if name in ("MPTGRPOTrainer", "MPTGRPOConfig"):  # transformers.Trainer too
+        from . import grpo
+
+        return getattr(grpo, name)
     if name in ("MPTDPOTrainer", "DataCollatorForPreference"):  # transformers.Trainer too
         from . import dpo
 

@@ -88,7 +88,7 @@ from .collator import stream_seed
 from .loss import IGNORE_INDEX, mpt_loss
 
 __all__ = ["MASK_SCHEMES", "EncodedPairs", "PreferenceBounds", "check_exact_length", "dpo_loss",
-           "encode_pairs", "masked_sums", "preference_bounds"]
+           "encode_pairs", "masked_sums", "plan_inputs", "preference_bounds"]
 
 #: how the masks of a pair's four bounds are drawn (module docstring)
 MASK_SCHEMES = ("common", "independent", "vrpo")
@@ -314,6 +314,23 @@ def _plans(tw: int, tl: int, p: int, g: torch.Generator, scheme: str, density: R
     return out
 
 
+def plan_inputs(lm: Any, ids: torch.Tensor, num_context: int, masks: torch.Tensor,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Model inputs ``(R, L)`` of a response's masks ``(R, T)`` and their targets.
+
+    ``ids`` is the content of prompt + response, of which the first ``num_context`` are
+    the prompt's (never masked); the rows are framed and corrupted by ``lm.corrupt``, the
+    targets the true ids at masked positions and -100 elsewhere (:func:`masked_sums`).
+    """
+    m = torch.zeros(masks.shape[0], len(ids), dtype=torch.bool)
+    m[:, num_context:] = masks
+    x = lm.corrupt(ids, m, generator)
+    lab = torch.full(x.shape, IGNORE_INDEX, dtype=torch.long)
+    cols = torch.arange(len(ids)) + len(lm.prefix)
+    lab[:, cols] = torch.where(m, ids, torch.full_like(ids, IGNORE_INDEX))
+    return x, lab
+
+
 def masked_sums(module: torch.nn.Module, lm: Any, inputs: list[torch.Tensor],
                 targets: list[torch.Tensor], *, grad: bool) -> torch.Tensor:
     """Summed log-probabilities of the masked targets of each model input, ``(R,)``.
@@ -427,7 +444,6 @@ def preference_bounds(policy: Any, reference: Any, prompts: Sequence[Any] | Enco
     density = density if density is not None else RateDensity(np.ones(NUM_RATE_BINS))
     gens = _generators(seed, len(enc))
     beta = float(beta)
-    off = len(policy.prefix)
 
     # every (pair, response, role) gets its plan; identical plans share one masked input
     plans, inputs_of = [], {}
@@ -446,13 +462,7 @@ def preference_bounds(policy: Any, reference: Any, prompts: Sequence[Any] | Enco
                 if (id(plan), 0) in inputs_of and masks != "independent":
                     inputs_of[key] = inputs_of[(id(plan), 0)]  # the policy's input, shared
                     continue
-                ids, n = full[c], nctx[c]
-                m = torch.zeros(plan.masks.shape[0], len(ids), dtype=torch.bool)
-                m[:, n:] = plan.masks
-                x = policy.corrupt(ids, m, gens[i])
-                lab = torch.full(x.shape, IGNORE_INDEX, dtype=torch.long)
-                cols = torch.arange(len(ids)) + off
-                lab[:, cols] = torch.where(m, ids, torch.full_like(ids, IGNORE_INDEX))
+                x, lab = plan_inputs(policy, full[c], nctx[c], plan.masks, gens[i])
                 start = len(rows_in[role])
                 rows_in[role].extend(x.unbind(0))
                 tg[role].extend(lab.unbind(0))

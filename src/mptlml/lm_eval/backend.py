@@ -14,6 +14,9 @@ and each request's Monte Carlo error goes to :mod:`mptlml.lm_eval.records`.
 ``loglikelihood_rolling`` (text,)
     The full-sequence bound of the text; a long text in windows (the first of the model's
     length, each next of half of it, given as many preceding tokens as fit), summed.
+``generate_until`` (context, gen_kwargs)
+    LLaDA's sampler (:func:`mptlml.generate`), its settings from LLaDA's or Dream's
+    generation model_args, cut at the request's ``until`` (:mod:`mptlml.lm_eval.generation`).
 
 Each call gathers every process's requests into one order (task, document, index) and
 scores them in one ``compare`` call, which shares the work between the processes; a
@@ -43,6 +46,7 @@ from .._scoring.distributed import barrier, gather, shard
 from ..estimators.compare import compare
 from ..models import MaskedLM
 from ..models.sequence_input import content_limit, context_bos, fit_contexts, window_pairs
+from .generation import answer_generation
 from .greedy import greedy_reproduces
 from .records import (
     RecordLog,
@@ -409,11 +413,11 @@ class MPTLM(LM):
         return [records[k]["loglikelihood"] for k in keys]
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        raise NotImplementedError(
-            "mptlml scores text and does not generate: it answers loglikelihood "
-            "(multiple-choice) and loglikelihood_rolling (perplexity) tasks. Run generation "
-            "tasks (generate_until, e.g. gsm8k) with a model that generates, such as lm-eval's "
-            "'hf' backend or a masked-diffusion LM's own sampler.")
+        """Completions by LLaDA's sampler, cut at ``until`` (:mod:`mptlml.lm_eval.generation`)."""
+        s = self.settings
+        return answer_generation(self.model, [r.args for r in requests], s.generation,
+                                 seed=s.seed, content_limit=self._limit,
+                                 batch_size=s.batch_size)
 
 
 @register_model("llada_dist")

@@ -37,6 +37,7 @@ from .._optional import require
 from .._scoring.distributed import shutdown_distributed
 from .._validation import check_device
 from .backend import BESIDE_RESULTS, MPTLM
+from .generation import GENERATION_ARGUMENTS
 from .peers import MODEL_DEFAULTS, PEER_ARGUMENTS
 from .records import RecordLog, add_monte_carlo_stderr
 from .settings import LOADING, SETTINGS, check_arg_names
@@ -63,9 +64,11 @@ decided; target_se=NATS: a precision):
 loading (MaskedLM.from_pretrained) and placement:
 {_names(("device", *LOADING))}
 LLaDA's (eval_llada.py) and Dream's (eval/eval.py) arguments, with their meaning
-(mc_num=N: N masks per request; generation options are refused); their model names
+(mc_num=N: N masks per request); their model names
 --model llada_dist and --model dream run mptlml with their adapters' defaults:
 {_names(PEER_ARGUMENTS)}
+generate_until by LLaDA's sampler (mptlml.generate), LLaDA's or Dream's names:
+{_names(tuple(GENERATION_ARGUMENTS))}
 
 Example:
   mptlml eval --model mptlml --model_args pretrained=DIR,decide=true \\

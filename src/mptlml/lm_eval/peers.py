@@ -23,7 +23,7 @@ argument                        whose      in mptlml
                                            batch: ``batch`` of ``estimator=llada``
 ``nll_type=mc``, ``log_type``   Dream      only ``mc`` and ``ftb`` (log p(target | prefix))
 ``parallelize``, ``autogptq``   Dream      only false
-generation options              both       refused: mptlml scores text, it does not generate
+generation options              both       LLaDA's sampler: :mod:`mptlml.lm_eval.generation`
 ``sampling_eps``                Dream      refused: a rate floor of Dream's Bernoulli scheme
 ==============================  =========  ====================================================
 
@@ -38,15 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GENERATION", "MODEL_DEFAULTS", "PEERS", "PEER_ARGUMENTS", "Peer", "translate"]
-
-#: generation options of LLaDA's (first four) and Dream's adapters: mptlml does not generate
-GENERATION = ("steps", "gen_length", "block_length", "remasking", "max_new_tokens",
-              "diffusion_steps", "temperature", "top_p", "top_k", "alg", "alg_temp",
-              "escape_until")
-_GENERATES = ("a generation option of LLaDA's / Dream's adapters. mptlml scores text "
-              "(loglikelihood, loglikelihood_rolling) and does not generate; drop it "
-              "(generation tasks need the model's own sampler)")
+__all__ = ["MODEL_DEFAULTS", "PEERS", "PEER_ARGUMENTS", "Peer", "translate"]
 
 
 def _number(value: Any, name: str) -> float:
@@ -120,8 +112,6 @@ PEERS: dict[str, Peer] = {
     "sampling_eps": Peer("Dream", None, refuse=(
         "the rate floor of Dream's own Bernoulli masking scheme, which mptlml does not use "
         "(its masks have sizes 1..T, never the empty mask); drop it")),
-    **{g: Peer("LLaDA" if g in GENERATION[:4] else "Dream", None, refuse=_GENERATES)
-       for g in GENERATION},
 }
 #: every LLaDA / Dream argument taken (for ``--help`` and the docs)
 PEER_ARGUMENTS = tuple(k for k, v in PEERS.items() if v.refuse is None)
@@ -150,7 +140,8 @@ def translate(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     ------
     TypeError
         An argument given under two spellings (``model_path`` and ``pretrained``; ``cfg``
-        and ``classifier_free_guidance``), or a generation option.
+        and ``classifier_free_guidance``). The generation options are read before, by
+        :func:`mptlml.lm_eval.generation.generation_settings`.
     ValueError
         A value mptlml does not do (named, with what to pass).
     """
@@ -161,8 +152,7 @@ def translate(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         if peer is None:
             continue
         if peer.refuse is not None:
-            raise (TypeError if name in GENERATION else ValueError)(
-                f"model_args {name}={value!r}: {peer.refuse}.")
+            raise ValueError(f"model_args {name}={value!r}: {peer.refuse}.")
         if peer.ours is None:
             only, why = peer.only
             if value != only:

@@ -24,6 +24,7 @@ from .._validation import MONTE_CARLO_OPTIONS, SEED_INT, check_options, check_po
 from ..estimators.api import available
 from ..estimators.compare import EXACT_LENGTH, compare
 from ..estimators.llada import LLaDA
+from .generation import GenerationSettings, generation_settings
 from .peers import MODEL_DEFAULTS, PEER_ARGUMENTS, translate
 from .records import check_log_path
 
@@ -107,6 +108,9 @@ class RunSettings:
         Progress bars of the scoring.
     add_bos_token : bool
         Dream's: the tokenizer's BOS token before every scored input's context.
+    generation : GenerationSettings
+        ``generate_until``'s sampler settings (LLaDA's ``gen_length``, ``steps``,
+        ``block_length``, ...; :func:`~mptlml.lm_eval.generation.generation_settings`).
     spelt : dict
         mptlml's name -> the name the user passed (LLaDA's and Dream's), for messages.
     """
@@ -127,6 +131,7 @@ class RunSettings:
     mc_log: str | None = None
     progress: bool = False
     add_bos_token: bool = False
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
     spelt: dict[str, str] = field(default_factory=dict, compare=False)
 
     def name(self, ours: str) -> str:
@@ -170,6 +175,8 @@ def _refuse_unknown(loading: dict[str, Any]) -> None:
 def check_arg_names(args: dict[str, Any]) -> None:
     """Refuse a model_args name the models refuse, without loading anything (the command
     line calls it before lm-eval indexes its tasks)."""
+    args = dict(args)
+    generation_settings(args)  # takes the generation options out, checked
     rest, _ = translate({k: v for k, v in args.items()
                          if k not in (*SETTINGS, "pretrained", "device")})
     _refuse_unknown({k: v for k, v in rest.items() if k not in (*SETTINGS, "pretrained")})
@@ -243,6 +250,8 @@ def read_model_args(args: dict[str, Any], *, model: str = "mptlml"
     (:data:`~mptlml.lm_eval.peers.MODEL_DEFAULTS`; remote code only where a checkpoint is
     loaded).
     """
+    args = dict(args)
+    generation = generation_settings(args)  # generate_until's, taken out and checked
     merged, spelt = translate(args)
     defaults = {k: v for k, v in MODEL_DEFAULTS.get(model, {}).items() if k not in merged
                 and (k in SETTINGS or isinstance(merged.get("pretrained"), str | os.PathLike))}
@@ -290,7 +299,7 @@ def read_model_args(args: dict[str, Any], *, model: str = "mptlml"
     if s.get("mc_log") is not None:
         check_log_path(Path(s["mc_log"]))  # before the model is loaded
         s["mc_log"] = os.fspath(s["mc_log"])
-    return RunSettings(**s, spelt=spelt), loading
+    return RunSettings(**s, generation=generation, spelt=spelt), loading
 
 
 def harness_device(device: str) -> str:

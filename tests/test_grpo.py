@@ -1,0 +1,192 @@
+"""GRPO on MPT bounds (issue 51): log-ratios on common masks and MPTGRPOTrainer.
+
+References: the exhaustive conditional MPT sum of each completion by direct forwards of the
+BERT (:func:`tests.mlm_helpers.exhaustive_masked_sum`), never numbers mptlml printed; the
+complementary draw checked mask by mask.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mptlml.estimators.sequential import (
+    NUM_RATE_BINS,
+    RateDensity,
+    complement_cells,
+    masks_at_rates,
+    stratified_rates,
+)
+from mptlml.hf import policy_logratios
+from mptlml.models import MaskedLM
+
+from .mlm_helpers import exhaustive_masked_sum, make_tiny_bert
+
+pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning"),
+              pytest.mark.usefixtures("one_thread")]
+
+PROMPTS = ["the cat", "a dog"]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A float64 tiny BERT and a nearby one (an RL step away)."""
+    from transformers import BertForMaskedLM, BertTokenizer
+
+    path = make_tiny_bert(tmp_path_factory.mktemp("grpo") / "b", seed=0)
+    tok = BertTokenizer.from_pretrained(path)
+    pol = BertForMaskedLM.from_pretrained(path).double().eval()
+    old = BertForMaskedLM.from_pretrained(path).double().eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for q in old.parameters():
+            q.add_(0.02 * torch.randn(q.shape, generator=g, dtype=q.dtype))
+    return tok, pol, old
+
+
+def _exact_logratio(tok, pol, old, prompt, completion):
+    def bound(net):
+        ids = torch.tensor(tok(prompt + completion)["input_ids"])
+        n = len(tok(prompt)["input_ids"]) - 1  # [CLS] + the prompt
+        return exhaustive_masked_sum(ids, list(range(n, len(ids) - 1)), tok.mask_token_id,
+                                     lambda x: net(x).logits.double().log_softmax(-1))
+
+    return bound(pol) - bound(old)
+
+
+def test_complementary_draws_are_complements_at_mirrored_stratified_rates():
+    g = torch.Generator().manual_seed(0)
+    density = RateDensity(np.ones(NUM_RATE_BINS))
+    strata, rates, order = stratified_rates(g, 8, 9, density, complement=True)
+    h = 4
+    assert np.all((rates >= strata / h) & (rates <= (strata + 1) / h))  # each in its stratum
+    for t in (5, 9):  # any length up to the order's
+        m, sizes = masks_at_rates(t, rates, order, distinct_pairs=False)
+        for j in range(2):  # stratum j's draws and stratum h - 1 - j's
+            for k in range(2):
+                a, b = m[2 * j + k], m[2 * (h - 1 - j) + k]
+                assert torch.equal(a, ~b) and sizes[2 * j + k] + sizes[2 * (h - 1 - j) + k] == t
+    y = np.arange(8.0)
+    cells = complement_cells(y)  # (y_h + y_mirror) / H per antithetic pair
+    assert np.allclose(cells[0], [(0 + 6) / 4, (1 + 7) / 4])
+    assert np.isclose(sum(c.mean() for c in cells), y.mean())
+    with pytest.raises(ValueError, match="multiple of 4"):
+        stratified_rates(g, 6, 9, density, complement=True)
+
+
+def test_an_enumerable_completion_s_logratio_is_exact_with_se_zero(pair):
+    tok, pol, old = pair
+    comps = [" sat on", " ran far away"]  # 2 and 3 tokens: every mask
+    r = policy_logratios(MaskedLM(pol, tok), MaskedLM(old, tok), PROMPTS, comps)
+    exact = [_exact_logratio(tok, pol, old, p, c) for p, c in zip(PROMPTS, comps, strict=True)]
+    np.testing.assert_allclose(r.logratio.detach().numpy(), exact, atol=1e-10)
+    assert r.exact.all() and np.all(r.logratio_stderr == 0) and r.masked_inputs == 3 + 7
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("masks", ["complement", "stratified"])
+def test_the_logratio_is_unbiased_and_its_se_calibrated(pair, masks):
+    """6-token completions, 8 draws: over 150 seeds the mean is within 4 SE of the exact
+    log-ratio, the mean squared error matches the mean reported variance, and the batch mean's
+    |z| > 2 rate is at most 10%."""
+    tok, pol, old = pair
+    comps = [" sat on a big red mat", " ran far away with the cat"]
+    exact = np.array([_exact_logratio(tok, pol, old, p, c)
+                      for p, c in zip(PROMPTS, comps, strict=True)])
+    lp, lo = MaskedLM(pol, tok), MaskedLM(old, tok)
+    est, se = [], []
+    with torch.no_grad():
+        for s in range(150):
+            r = policy_logratios(lp, lo, PROMPTS, comps, num_masks=8, seed=s, masks=masks)
+            est.append(r.logratio.numpy())
+            se.append(r.logratio_stderr)
+    est, se = np.array(est), np.array(se)
+    err = est - exact
+    assert np.all(np.abs(err.mean(0)) < 4 * err.std(0) / np.sqrt(len(err)))
+    ratio = (err ** 2).mean(0) / (se ** 2).mean(0)
+    assert np.all((ratio > 0.6) & (ratio < 1.6)), ratio
+    z = err.mean(1) / (np.sqrt((se ** 2).sum(1)) / 2)
+    assert np.mean(np.abs(z) > 2) <= 0.10
+
+
+def test_the_policy_gets_the_gradient_and_the_old_policy_none(pair):
+    tok, pol, old = pair
+    comps = [" sat on a big red mat", " ran far"]
+    r = policy_logratios(MaskedLM(pol, tok), MaskedLM(old, tok), PROMPTS, comps, seed=3)
+    r.logratio.sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in pol.parameters())
+    assert all(p.grad is None for p in old.parameters())
+    pol.zero_grad()
+    with pytest.raises(ValueError, match="multiple of 4"):
+        policy_logratios(MaskedLM(pol, tok), MaskedLM(old, tok), PROMPTS, comps, num_masks=6)
+    with pytest.raises(ValueError, match="one prompt per completion"):
+        policy_logratios(MaskedLM(pol, tok), MaskedLM(old, tok), PROMPTS, comps[:1])
+
+
+# ---------------------------------------------------------------------- the trainer
+def _reward(prompts, completions, **_):
+    return [c.split().count("red") / 3.0 for c in completions]
+
+
+def _config(tmp_path, **kw):
+    from mptlml.hf import MPTGRPOConfig
+
+    base = dict(output_dir=str(tmp_path / "out"), num_generations=4,
+                per_device_train_batch_size=8, max_completion_length=3, max_steps=2,
+                logging_steps=1, report_to=[], learning_rate=1e-3, use_cpu=True,
+                save_strategy="no", disable_tqdm=True, seed=0)
+    return MPTGRPOConfig(**{**base, **kw})
+
+
+@pytest.fixture
+def fresh(tmp_path):
+    from transformers import BertForMaskedLM, BertTokenizer
+
+    path = make_tiny_bert(tmp_path / "m", seed=2)
+    return BertForMaskedLM.from_pretrained(path), BertTokenizer.from_pretrained(path)
+
+
+DATA = [{"prompt": "the cat"}, {"prompt": "a dog"}]
+
+
+def test_bad_setups_are_refused_before_any_step(fresh, tmp_path):
+    from mptlml.hf import MPTGRPOTrainer
+
+    model, tok = fresh
+    with pytest.raises(ValueError, match="num_generations must be an int >= 2"):
+        _config(tmp_path, num_generations=1, per_device_train_batch_size=4)
+    with pytest.raises(ValueError, match="'prompt' column"):
+        MPTGRPOTrainer(model=model, reward_funcs=[_reward], args=_config(tmp_path),
+                       train_dataset=[{"text": "the cat"}], processing_class=tok)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        MPTGRPOTrainer(model=model, reward_funcs=[_reward], args=_config(tmp_path),
+                       train_dataset=[{"prompt": "a"}, {"prompt": " "}], processing_class=tok)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = MPTGRPOTrainer(model=model, reward_funcs=[lambda prompts, completions, **_: [1.0]],
+                             args=_config(tmp_path), train_dataset=DATA, processing_class=tok)
+    with pytest.raises(ValueError, match="returned 1 values .* for 8 completions"):
+        trainer.train()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_a_lora_policy_is_its_own_reference_with_kl_zero_at_step_zero(fresh, tmp_path):
+    import peft  # the rl extra
+
+    from mptlml.hf import MPTGRPOTrainer
+
+    model, tok = fresh
+    model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["query", "value"]))
+    trainer = MPTGRPOTrainer(model=model, reward_funcs=[_reward],
+                             args=_config(tmp_path, beta=0.1, num_masks=4, exact_length=0,
+                                          drift_length=3),
+                             train_dataset=DATA, processing_class=tok)
+    assert trainer.adapter_reference and trainer.ref_lm is None  # no second copy of weights
+    weights = {id(p) for m in (trainer.model, trainer.policy_lm.model) for p in m.parameters()}
+    assert len(weights) == len(list(trainer.model.parameters()))
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "kl" in h]
+    assert logs[0]["kl"] == 0.0 and logs[0]["kl_mc_se"] == 0.0  # LoRA's B starts at 0
+    for key in ("reward", "reward_std", "logratio_mc_se", "masked_inputs", "drift/bound_gap"):
+        assert key in logs[0]
+    assert logs[0]["masked_inputs"] == 8 * (4 + 1)
