@@ -216,9 +216,9 @@ def test_scheme_llada_through_lm_eval(tiny, tmp_path):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from mptlml._scoring.ragged import seq_seed
     from mptlml.estimators import llada_scores
     from mptlml.lm_eval.backend import _content_seed
+    from mptlml.seeds import spawn
 
     from .test_lm_eval import MC_DOCS, read_records, write_tasks
 
@@ -238,7 +238,7 @@ def test_scheme_llada_through_lm_eval(tiny, tmp_path):
         ctx, cont = lm._pair_ids([mle.backend._Key("toy_mc", d, i, a)
                                   for i, a in enumerate(args)])
         want = llada_scores(tiny, [c.tolist() for c in ctx], [c.tolist() for c in cont],
-                            mc_num=8, batch=4, seed=[seq_seed(q_seed, j) for j in range(3)])
+                            mc_num=8, batch=4, seed=[spawn(q_seed, j) for j in range(3)])
         np.testing.assert_allclose([r["loglikelihood"] for r in rs], want.scores, atol=1e-9)
         np.testing.assert_allclose([r["stderr"] for r in rs], want.stderr, atol=1e-9)
         assert rs[0]["question"]["choice"] == int(np.argmax(want.scores))

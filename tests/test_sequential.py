@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 import mptlml
-from mptlml._scoring.ragged import seq_seed
 from mptlml._validation import InvalidOptionError
 from mptlml.estimators import FixedRate, LLaDA, RandomSize, Riemann, register, unregister
 from mptlml.estimators.sequential import (
     STOP_REASONS,
     CellDraw,
     fixed_rule,
+    round_seed,
     run_rounds,
     target_rule,
 )
@@ -99,7 +99,10 @@ def test_compare_takes_every_ragged_estimator_on_common_random_numbers(tiny, ref
         warnings.simplefilter("ignore", RuntimeWarning)  # few dof at 8 masks
         twin = mptlml.compare(tiny, [CONTEXT], [[SHORT[0], SHORT[0]]], num_masks=8, seed=3,
                               estimator=estimator)
-        assert twin.scores[0][0] == twin.scores[0][1] and twin.paired_stderr[0][1] == 0
+        # equal draws: equal up to float32 reductions, which may vary with the thread count
+        # and a row's place in its batch (1.4e-6 seen under several torch threads)
+        assert twin.scores[0][0] == pytest.approx(twin.scores[0][1], rel=1e-6, abs=1e-5)
+        assert twin.paired_stderr[0][1] <= 1e-5
         assert twin.extra["estimator"] == name
         runs = [mptlml.compare(tiny, [CONTEXT], [SHORT], num_masks=8, seed=s,
                                estimator=estimator) for s in range(12)]
@@ -177,7 +180,7 @@ class _OneByOne(CellDraw):
             est = self.est.with_draws(int(p))
             counts = self.counts(i, p)
             cells, c = est.sequence_cells(scorer, [ids[i]], [counts],
-                                          seq_seed(*self.keys[i], r), **run)
+                                          round_seed(self.keys[i], r), **run)
             calls += c
             res[i] = (list(cells[0]), 0.0, int(est.scored_rows(int(self.lengths[i]), counts)))
             if len(self.strata[i]) == len(cells[0]):

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from .._scoring.dense import Counter, score_masks
-from .._scoring.ragged import check_run_size, run_pairs, seq_seed
+from .._scoring.ragged import check_run_size, run_pairs, sequence_seed
 from .._validation import check_positive_int, make_generator
 from ..masks import count_masks, sample_masks
 from ..models.base import MaskedModel
@@ -387,7 +387,7 @@ class Estimator:
         cells = []
         for i, (s, d) in enumerate(zip(out.sums, out.lengths, strict=True)):
             # the same sizes again, from the same generator
-            m = draw_sizes(i, int(d), torch.Generator().manual_seed(seq_seed(seed, i)))
+            m = draw_sizes(i, int(d), torch.Generator().manual_seed(sequence_seed(seed, i)))
             w = self.weights(m, torch.full_like(m, int(d)))
             check_size_rule(self, m, torch.full_like(m, int(d)), w)
             cells.append([(w * torch.as_tensor(s, dtype=torch.float64) / m).numpy()])

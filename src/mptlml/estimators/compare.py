@@ -513,23 +513,24 @@ def _draw_caps(draw: RoundDraw, p: int, lengths: np.ndarray, members: list[list[
 
 
 def _keys(seeds: list[tuple[int, int]], members: list[list[int]], lengths: np.ndarray,
-          common: bool, rate: bool) -> list[tuple[int, int]]:
-    """The seed key of each candidate: the question's (common random numbers) for the rate
-    draw; for an estimator's draws the first candidate of its length's (equal lengths share
-    draws, other lengths draw independently); its own without ``common_masks``."""
-    keys: list[tuple[int, int]] = [(0, 0)] * len(lengths)
+          common: bool, rate: bool) -> list[tuple[int, ...]]:
+    """The seed key of each candidate (:func:`~mptlml.estimators.sequential.round_seed`): the
+    question's ``(seed, q)`` (common random numbers) for the rate draw; for an estimator's
+    draws the question's for the first candidate of its length, ``(seed, q, f + 1)`` for the
+    others (candidate f the first of its length: equal lengths share draws, other lengths
+    draw independently); its own ``(seed, q, j + 1)`` without ``common_masks``."""
+    keys: list[tuple[int, ...]] = [(0, 0)] * len(lengths)
     for q, idx in enumerate(members):
         s0, s1 = seeds[q]
         first: dict[int, int] = {}
         for j, i in enumerate(idx):
-            own = (s0, s1 * 1_000_003 + j + 1)
             if not common:
-                keys[i] = own
+                keys[i] = (s0, s1, j + 1)
             elif rate:
                 keys[i] = (s0, s1)
             else:  # the first length's key is the question's: an estimate's of sequence q
                 f = first.setdefault(int(lengths[i]), j)
-                keys[i] = (s0, s1) if f == 0 else (s0, s1 * 1_000_003 + f)
+                keys[i] = (s0, s1) if f == 0 else (s0, s1, f + 1)
     return keys
 
 

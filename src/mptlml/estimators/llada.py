@@ -28,6 +28,7 @@ switching to its own estimators: :class:`LLaDA` (``estimate_lml(model, x,
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -37,10 +38,11 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
-from .._scoring.ragged import run_pairs, seq_seed
+from .._scoring.ragged import run_pairs, sequence_seed
 from .._validation import check_positive_int
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
+from ..seeds import check_seed, check_seeds, spawn
 from .api import register
 from .base import Estimator
 from .stats import welch_dof
@@ -155,7 +157,7 @@ class LLaDA(Estimator):
                        counts: Sequence[np.ndarray], seed: int,
                        **run: Any) -> tuple[list[list[np.ndarray]], int]:
         """One cell per sequence: its batch means (independent draws of one term)."""
-        seeds = [seq_seed(seed, i) for i in range(len(toks))]
+        seeds = [sequence_seed(seed, i) for i in range(len(toks))]
         means, calls = _batch_means(model, toks, [0] * len(toks), seeds, self.num_masks,
                                     self.batch, tag=self.ragged_tag, **run)
         return [[m] for m in means], calls
@@ -227,10 +229,9 @@ def llada_scores(model: RaggedMaskedModel, contexts: Sequence[Any],
     if len(ctxs) != len(conts):
         raise ValueError(f"{len(ctxs)} contexts for {len(conts)} continuations: pass one "
                          "context per continuation.")
-    seeds = ([seq_seed(int(seed), i) for i in range(len(conts))]
-             if isinstance(seed, int | np.integer) else [int(s) for s in seed])
-    if len(seeds) != len(conts):
-        raise ValueError(f"{len(seeds)} seeds for {len(conts)} pairs.")
+    seeds = ([spawn(check_seed(seed), i) for i in range(len(conts))]
+             if isinstance(seed, numbers.Integral) and not isinstance(seed, bool)
+             else check_seeds(seed, len(conts)))
     if not conts:
         return LLaDAScores(np.zeros(0), np.zeros(0), mc_num // batch,
                            np.zeros(0, dtype=np.int64), 0)
@@ -252,7 +253,7 @@ def llada_questions(model: RaggedMaskedModel, contexts: list[list[int]],
                     batch: int, **run: Any) -> SimpleNamespace:
     """LLaDA's estimate of every candidate (each its own masks), as a comparison's fields.
 
-    Candidate j of question q draws from ``seq_seed(seeds[q], j)``; the leader's lead
+    Candidate j of question q draws from ``spawn(seeds[q], j)``; the leader's lead
     over candidate k has the standard error ``sqrt(se_lead^2 + se_k^2)`` (independent
     masks), its threshold the t quantile at their Welch degrees of freedom
     (:func:`mptlml.compare`'s rule for one look).
@@ -283,7 +284,7 @@ def llada_questions(model: RaggedMaskedModel, contexts: list[list[int]],
     flat = [(q, j) for q, c in enumerate(candidates) for j in range(len(c))]
     res = llada_scores(model, [contexts[q] for q, _ in flat],
                        [candidates[q][j] for q, j in flat], mc_num=mc_num, batch=batch,
-                       seed=[seq_seed(seeds[q], j) for q, j in flat], **run)
+                       seed=[spawn(seeds[q], j) for q, j in flat], **run)
     out = SimpleNamespace(scores=[], stderr=[], exact=[], candidate_masked_rows=[],
                           num_masked_rows=[], stderr_dof=[], rounds=[], stop_reason=[],
                           choice=[], decided=[], margin_z=[], z_threshold=[],

@@ -40,16 +40,17 @@ import numpy as np
 import torch
 
 from .._scoring.dense import check_masked_inputs
-from .._scoring.ragged import check_run_size, run_pairs, seq_seed
+from .._scoring.ragged import check_run_size, run_pairs
 from ..masks import every_mask
+from ..seeds import spawn
 from .stats import ExactCell, cell_error, enumerated_sum, welch_dof
 
 __all__ = ["DENSITY_FLOOR", "MAX_TARGET_DRAWS", "NEED_MARGIN", "NUM_RATE_BINS", "PRIOR_PAIRS",
            "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "DenseDraw", "RateDensity", "RateDraw",
            "RoundDraw", "Rule", "SequentialRun", "Tally", "at_target", "cells_error",
            "combine_rounds", "density_of", "draws_needed", "fixed_rule", "masks_at_rates",
-           "neyman_counts", "neyman_sd", "next_draws", "paired", "round_sizes", "run_rounds",
-           "stratified_rates", "stratum_cells", "target_rule", "weighted_rounds"]
+           "neyman_counts", "neyman_sd", "next_draws", "paired", "round_seed", "round_sizes",
+           "run_rounds", "stratified_rates", "stratum_cells", "target_rule", "weighted_rounds"]
 
 #: rate bins of the learned allocation
 NUM_RATE_BINS = 10
@@ -87,6 +88,15 @@ class RateDensity:
         """q(M) for M in ``sizes`` (1..T-1) of a continuation of T = ``length`` tokens."""
         n = length - 1
         return self.cdf(sizes / n) - self.cdf((sizes - 1) / n)
+
+
+def round_seed(key: tuple[int, ...], r: int) -> int:
+    """The seed of round r of the sequence keyed ``key = (seed, q, *member)``:
+    :func:`mptlml.seeds.spawn` ``(seed, q, r, *member)``. The round comes before the member's
+    own keys, so the streams of a group (``(seed, q, r)``) and of its members
+    (``(seed, q, r, j)``, ``j >= 1``) never meet (SeedSequence pads its entropy with zeros:
+    ``(seed, q, r)`` is ``(seed, q, r, 0)``)."""
+    return spawn(key[0], key[1], int(r), *key[2:])
 
 
 def cells_error(cells: list[np.ndarray]) -> tuple[float, np.ndarray, np.ndarray]:
@@ -343,7 +353,7 @@ class RoundDraw:
     name: str | None = None
 
     def bind(self, lengths: np.ndarray, groups: list[list[int]],
-             keys: list[tuple[int, int]]) -> None:
+             keys: list[tuple[int, ...]]) -> None:
         """The sequences' lengths, their groups (questions) and each one's seed key."""
         self.lengths, self.groups, self.keys = lengths, groups, keys
         self.group_of = {i: q for q, m in enumerate(groups) for i in m}
@@ -412,7 +422,7 @@ class RateDraw(RoundDraw):
         self.p, self.allocation, self.exact_length = num_masks, allocation, exact_length
 
     def bind(self, lengths: np.ndarray, groups: list[list[int]],
-             keys: list[tuple[int, int]]) -> None:
+             keys: list[tuple[int, ...]]) -> None:
         super().bind(lengths, groups, keys)
         self.density = RateDensity(np.ones(NUM_RATE_BINS))  # the call's (pooled), reported
         self.densities = [self.density] * len(groups)  # each group's, for its next round
@@ -439,7 +449,7 @@ class RateDraw(RoundDraw):
             if self.enumerates(t):  # every mask, once
                 masks[i], meta[i] = every_mask(t), None
                 continue
-            g = torch.Generator().manual_seed(seq_seed(*self.keys[i], r))
+            g = torch.Generator().manual_seed(round_seed(self.keys[i], r))
             _, rates, order = stratified_rates(g, p, self.tmax[q], self.densities[q])
             one_length = bool((self.lengths[self.groups[q]] == t).all())
             m, sizes = masks_at_rates(t, rates, order, distinct_pairs=one_length)
@@ -506,7 +516,7 @@ class CellDraw(RoundDraw):
         self.est, self.allocation = est, allocation
 
     def bind(self, lengths: np.ndarray, groups: list[list[int]],
-             keys: list[tuple[int, int]]) -> None:
+             keys: list[tuple[int, ...]]) -> None:
         super().bind(lengths, groups, keys)
         self.strata, h = self.est.ragged_strata(lengths)
         self.spread_sum, self.spread_n = np.zeros(h), np.zeros(h)
@@ -562,7 +572,7 @@ class CellDraw(RoundDraw):
             est = self.est.with_draws(p)
             counts = [self.counts(i, p) for i in seqs]
             # sequence i's generator as if drawn alone from its round seed (sequence 0)
-            seeds = [seq_seed(seq_seed(*self.keys[i], r), 0) for i in seqs]
+            seeds = [spawn(round_seed(self.keys[i], r), 0) for i in seqs]
             cells, c = est.sequence_cells(scorer, [ids[i] for i in seqs], counts, seeds,
                                           **_round_dir(run, r, f"draws_{p:06d}"))
             calls += c
@@ -765,7 +775,7 @@ def fixed_rule(q: int, members: list[int], tallies: list[Tally], at_cap: bool
 
 
 def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: list[list[int]],
-               keys: list[tuple[int, int]], *, num_masks: int, max_masks: Sequence[int],
+               keys: list[tuple[int, ...]], *, num_masks: int, max_masks: Sequence[int],
                rule: Rule, run: dict[str, Any], what: str = "the sequential draws",
                remedy: str | None = "lower max_masks") -> SequentialRun:
     """The sequential engine: rounds of ``draw`` over groups of sequences until each stops.
@@ -791,7 +801,7 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
         The sequences of each group (common random numbers within it).
     keys : list of (int, int)
         The seed key of each sequence: round r of sequence i draws from
-        ``seq_seed(*keys[i], r)`` (:func:`~mptlml._scoring.ragged.seq_seed`).
+        :func:`round_seed` ``(keys[i], r)``.
     num_masks : int
         Draws per member in the first round.
     max_masks : list of int

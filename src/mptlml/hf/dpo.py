@@ -68,7 +68,7 @@ from .._optional import require
 from .._validation import check_positive_int
 from ..estimators.runs import EXACT_LENGTH
 from ..estimators.sequential import NUM_RATE_BINS, RateDensity, density_of
-from .collator import stream_seed
+from ..seeds import spawn
 from .preference import MASK_SCHEMES, EncodedPairs, dpo_loss, encode_pairs, preference_bounds
 from .trainer import _items_mean, _step_batches
 
@@ -380,7 +380,7 @@ class MPTDPOTrainer(Trainer):
                 offset: int) -> Any:
         """The bounds of a micro-batch; its pair i draws from ``(seed, *keys, offset + i)``."""
         pairs = _pairs_of(inputs)
-        gens = [torch.Generator().manual_seed(stream_seed(self.mask_seed, *keys, offset + i))
+        gens = [torch.Generator().manual_seed(spawn(self.mask_seed, *keys, offset + i))
                 for i in range(len(pairs))]
         return preference_bounds(self.policy_lm, self.ref_lm, pairs, beta=self.beta,
                                  num_masks=self.num_masks, masks=self.masks,

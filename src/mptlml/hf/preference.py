@@ -83,7 +83,7 @@ from ..estimators.stats import enumerated_sum, mean_stderr
 from ..masks import every_mask, sample_masks, uniform_sizes
 from ..models.mlm_inputs import accepts_keyword, logits_of
 from ..models.sequence_input import encode_with_context
-from .collator import stream_seed
+from ..seeds import spawn
 from .loss import IGNORE_INDEX, mpt_loss
 
 __all__ = ["MASK_SCHEMES", "EncodedPairs", "PreferenceBounds", "dpo_loss", "encode_pairs",
@@ -210,7 +210,7 @@ def _generators(generator: Any, n: int) -> list[torch.Generator]:
     if isinstance(generator, numbers.Integral) and not isinstance(generator, bool):
         if int(generator) < 0:
             raise ValueError(f"seed must be a non-negative int, got {generator}.")
-        return [torch.Generator().manual_seed(stream_seed(int(generator), i)) for i in range(n)]
+        return [torch.Generator().manual_seed(spawn(int(generator), i)) for i in range(n)]
     gens = list(generator) if isinstance(generator, Sequence) else None
     if gens is None or len(gens) != n or not all(isinstance(g, torch.Generator) for g in gens):
         raise TypeError(f"seed must be an int or a list of {n} torch.Generator (one per pair), "

@@ -32,7 +32,6 @@ number whatever other documents are in the run.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import logging
@@ -63,6 +62,7 @@ from ..estimators.compare import EXACT_LENGTH, compare
 from ..estimators.llada import llada_questions
 from ..models import MaskedLM
 from ..models.sequence_input import context_bos, encode_with_context, window_pairs
+from ..seeds import spawn, text_key
 from .greedy import greedy_reproduces
 from .peers import ALIASES, PEER_ARGUMENTS, translate
 from .records import (
@@ -144,8 +144,7 @@ def _harness_device(device: str) -> str:
 
 def _content_seed(seed: int, args: list[tuple[str, ...]]) -> int:
     """A question's seed from the run's seed and its texts: the same in any split of the run."""
-    h = hashlib.blake2b(json.dumps([seed, [list(a) for a in args]]).encode(), digest_size=8)
-    return int.from_bytes(h.digest(), "little") >> 1
+    return spawn(seed, text_key(json.dumps([list(a) for a in args])))
 
 
 def _budget(mc_num: int, num_masks: int | None, max_masks: int | None
