@@ -139,7 +139,7 @@ def test_bad_arguments_are_refused(tiny, tmp_path):
     with pytest.raises(ValueError, match="num_masks must be even"):
         MPTDPOTrainer(model=model, args=args, train_dataset=PAIRS, processing_class=tok,
                       num_masks=3)
-    with pytest.raises(ValueError, match="allocation='learned' learns from"):
+    with pytest.raises(ValueError, match="allocation='neyman' learns from"):
         MPTDPOTrainer(model=model, args=args, train_dataset=PAIRS, processing_class=tok,
                       masks="vrpo")
 

@@ -131,10 +131,18 @@ def test_the_estimated_margin_is_unbiased_and_its_se_calibrated(models, masks):
     matches the spread of the margins over draws (the SE is that of the paired draws)."""
     tok, pol, ref = models
     n = 200
-    m, se, _ = _repeated(*_float(tok, pol, ref), n, beta=BETA, num_masks=4,
+    m, se, b = _repeated(*_float(tok, pol, ref), n, beta=BETA, num_masks=4,
                          exact_length=1, masks=masks)
     exact = np.array([_exact_margin(tok, pol, ref, *t) for t in zip(PROMPTS, CHOSEN, REJECTED,
                                                                     strict=True)])
+    # a pair whose responses' 2^T - 1 masks are no more than their draws' (T <= 2 at 4 draws)
+    # is scored on every mask (the one exactness rule): its margin is the exact one, SE 0
+    whole = b.exact.reshape(n, -1)[0]
+    assert whole.sum() < len(whole)
+    np.testing.assert_allclose(m[:, whole], np.broadcast_to(exact[whole], m[:, whole].shape),
+                               rtol=0, atol=1e-4)
+    assert np.all(se[:, whole] == 0)
+    m, se, exact = m[:, ~whole], se[:, ~whole], exact[~whole]
     z = (m.mean(0) - exact) / (m.std(0, ddof=1) / np.sqrt(n))
     assert np.all(np.abs(z) < 4), z
     ratio = (se ** 2).mean(0) / m.var(0, ddof=1)
@@ -191,10 +199,12 @@ def test_a_learned_density_keeps_the_margin_unbiased(models):
     tok, pol, ref = models
     dens = RateDensity(np.linspace(3.0, 0.5, 10))
     m, _, b = _repeated(*_float(tok, pol, ref), 200,
-                        chosen=[" sat on a mat", " ran far"], rejected=[" ran far", " was under"],
+                        chosen=[" sat on a mat", " ran far away"],
+                        rejected=[" ran far away", " was under the"],
                         beta=BETA, num_masks=4, exact_length=1, density=dens)
     exact = np.array([_exact_margin(tok, pol, ref, p, c, r) for p, c, r in
-                      zip(PROMPTS, [" sat on a mat", " ran far"], [" ran far", " was under"],
+                      zip(PROMPTS, [" sat on a mat", " ran far away"],
+                          [" ran far away", " was under the"],
                           strict=True)])
     z = (m.mean(0) - exact) / (m.std(0, ddof=1) / np.sqrt(200))
     assert np.all(np.abs(z) < 4), z

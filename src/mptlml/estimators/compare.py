@@ -27,9 +27,10 @@ Variance reduction, all unbiased:
 - **an allocation learned as the run goes**: after the first (uniform) round,
   q is proportional to the spread of a mask's score by rate (Neyman), that
   of the question's own draws shrunk toward the spread pooled over every
-  candidate of the call, as if the pooled one were :data:`PRIOR_PAIRS`
-  pairs per rate bin: a question's first rounds borrow the call's profile,
-  its later ones follow its own (no pilot per sequence); each round is
+  candidate of the call, as if the pooled one were
+  :data:`~mptlml.estimators.learned_rate.PRIOR_PAIRS` pairs per rate bin: a
+  question's first rounds borrow the call's profile, its later ones follow its
+  own (no pilot per sequence); each round is
   unbiased on its own and rounds are combined with weights in proportion
   to their draws.
 
@@ -78,12 +79,11 @@ from .._optional import require
 from .._validation import ALLOCATIONS, SEED_INT, Options, check_options
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
+from .learned_rate import RateDraw
 from .results import MIN_STDERR_DOF, _Result, announce_nonfinite
-from .runs import EXACT_LENGTH
-from .sequential import (
+from .sequential import (  # EXACT_LENGTH: compare's, for its callers
+    EXACT_LENGTH,  # noqa: F401
     MAX_TARGET_DRAWS,
-    CellDraw,
-    RateDraw,
     RoundDraw,
     Tally,
     fixed_rule,
@@ -460,7 +460,7 @@ def _draw_of(estimator: Any, num_masks: int, allocation: str) -> RoundDraw:
     if getattr(estimator, "rate_draw", False) or (
             isinstance(estimator, str) and estimator in available(ragged=True)
             and get(estimator).rate_draw):
-        return RateDraw(num_masks, allocation, EXACT_LENGTH)
+        return create(estimator, for_ragged=True).round_draw(num_masks, allocation)
 
     try:
         cls = get(estimator)
@@ -477,9 +477,7 @@ def _draw_of(estimator: Any, num_masks: int, allocation: str) -> RoundDraw:
                          f"{est.name!r}: its draw is one term, nothing to allocate (the rate "
                          "density is allocated by estimator='learned-rate', the sizes by "
                          "'cumulative'). Drop allocation, or change estimator.")
-    draw = CellDraw(est.with_draws(num_masks), allocation)
-    draw.name = est.name
-    return draw
+    return est.round_draw(num_masks, allocation)
 
 
 def _draw_caps(draw: RoundDraw, p: int, lengths: np.ndarray, members: list[list[int]],

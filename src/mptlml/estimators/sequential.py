@@ -30,6 +30,8 @@ Marginal Likelihood", NeurIPS 2023, Proposition 1.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,26 +41,30 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._scoring.checkpoints import check_meta
 from .._scoring.dense import check_masked_inputs
 from .._scoring.ragged import check_run_size, run_pairs
 from ..masks import every_mask
 from ..seeds import spawn
 from .stats import ExactCell, cell_error, enumerated_sum, welch_dof
 
-__all__ = ["DENSITY_FLOOR", "MAX_TARGET_DRAWS", "NEED_MARGIN", "NUM_RATE_BINS", "PRIOR_PAIRS",
-           "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "DenseDraw", "RateDensity", "RateDraw",
-           "RoundDraw", "Rule", "SequentialRun", "Tally", "at_target", "cells_error",
+__all__ = ["DENSITY_FLOOR", "EXACT_LENGTH", "MAX_TARGET_DRAWS", "NEED_MARGIN", "NUM_RATE_BINS",
+           "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "DenseDraw", "RateDensity", "RoundDraw",
+           "Rule", "SequentialRun", "Tally", "at_target", "cells_error", "check_run_fingerprint",
            "combine_rounds", "density_of", "draws_needed", "fixed_rule", "masks_at_rates",
-           "neyman_counts", "neyman_sd", "next_draws", "paired", "round_seed", "round_sizes",
-           "run_rounds", "stratified_rates", "stratum_cells", "target_rule", "weighted_rounds"]
+           "neyman_counts", "neyman_sd", "next_draws", "paired", "rate_bin", "round_seed",
+           "round_sizes", "run_rounds", "scores_every_mask", "stratified_rates", "stratum_cells",
+           "target_rule", "weighted_rounds"]
 
-#: rate bins of the learned allocation
+#: rate bins: of the learned rate density (its strata), and of a ragged draw's rows
+#: (``cumulative``'s sizes M of D_i, by the rate M / D_i): :func:`rate_bin`
 NUM_RATE_BINS = 10
+#: sequences (continuations) of at most this many units are scored on every mask (exact,
+#: standard error 0): their 2^D - 1 <= 15 masks cost no more than a few draws
+EXACT_LENGTH = 4
 #: the learned density never falls below this share of its largest bin (keeps every rate,
 #: and bounds the importance weights: heavy tails make standard errors unstable)
 DENSITY_FLOOR = 0.3
-#: a question's spread by rate is shrunk toward the call's as if by this many pairs per bin
-PRIOR_PAIRS = 8
 #: a standard error counts as at its target only on at least this many degrees of freedom
 TARGET_MIN_DOF = 10
 #: a round towards a target SE draws this times the predicted remainder (fewer extra rounds)
@@ -88,6 +94,26 @@ class RateDensity:
         """q(M) for M in ``sizes`` (1..T-1) of a continuation of T = ``length`` tokens."""
         n = length - 1
         return self.cdf(sizes / n) - self.cdf((sizes - 1) / n)
+
+
+def rate_bin(rates: np.ndarray, bins: int = NUM_RATE_BINS) -> np.ndarray:
+    """The bin of each rate in (0, 1]: bin b holds ``(b / B, (b + 1) / B]``, i.e.
+    ``ceil(B r) - 1`` (a rate within 1e-9 of an edge falls in the lower bin), clipped to
+    ``0..B-1``. The one convention of the rate density's strata (the rate draw's spread,
+    :func:`~mptlml.estimators.learned_rate.pair_spread`) and of a ragged draw's rows (the
+    size M of D_i at the rate M / D_i, ``cumulative``)."""
+    r = np.asarray(rates, dtype=np.float64)
+    return np.clip(np.ceil(bins * r - 1e-9).astype(np.int64) - 1, 0, bins - 1)
+
+
+def scores_every_mask(length: int, asked: int, exact_length: int = EXACT_LENGTH) -> bool:
+    """The one exactness rule: a sequence of ``length`` units is scored on every mask
+    (exact, standard error 0) when its ``2^D - 1`` masks are no more than the ``asked``
+    masked inputs its draws would score, or than ``2^exact_length - 1``
+    (:data:`EXACT_LENGTH`: a few); a sequence of at most one unit always (one mask).
+    Both estimate the same sum."""
+    d = int(length)
+    return d <= 1 or 2.0 ** d - 1 <= max(int(asked), 2 ** int(exact_length) - 1)
 
 
 def round_seed(key: tuple[int, ...], r: int) -> int:
@@ -362,6 +388,11 @@ class RoundDraw:
         """The length of each sequence (its units; dense data: D)."""
         return np.array([len(t) for t in ids], dtype=np.int64)
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides the draws besides the seeds and the data, for a checkpoint: the
+        draw (its estimator and options) and its allocation."""
+        return {"draw": self.name, "allocation": self.allocation}
+
     def check_size(self, lengths: np.ndarray, caps: list[int], what: str,
                    remedy: str | None) -> None:
         """Refuse, before any draw, a run whose cap (``caps[i]`` draws of sequence i) could
@@ -401,99 +432,6 @@ class RoundDraw:
         """After a round of the groups ``active``."""
 
 
-class RateDraw(RoundDraw):
-    """The rate draw of Proposition 1 conditionally, with a rate density learned over rounds.
-
-    ``sum_{M=1..T} S_T(x; M) = S_T(x; T) + E_{M ~ q}[S_T(x; M) / q(M)]`` (M < T): the whole
-    continuation scored once (exactly, in round 0), and per round P draws on H = P/2 strata
-    of equal q-mass (:func:`stratified_rates`, :func:`masks_at_rates`: M = ceil(r (T-1)));
-    the candidates of a group share the rates and the order of positions (common random
-    numbers, from the group's key unless the caller gives each candidate its own). A short
-    sequence, whose ``2^T - 2`` other masks are no more than ``max(P, 2^EXACT_LENGTH - 2)``,
-    is scored on every mask instead (exact). With ``allocation="neyman"`` q follows the
-    spread of a mask's score by rate bin (Neyman, :func:`density_of`), a group's own spread
-    shrunk toward the call's as if that were :data:`PRIOR_PAIRS` pairs per bin.
-    """
-
-    name = "learned-rate"
-
-    def __init__(self, num_masks: int, allocation: str = "neyman", exact_length: int = 4
-                 ) -> None:
-        self.p, self.allocation, self.exact_length = num_masks, allocation, exact_length
-
-    def bind(self, lengths: np.ndarray, groups: list[list[int]],
-             keys: list[tuple[int, ...]]) -> None:
-        super().bind(lengths, groups, keys)
-        self.density = RateDensity(np.ones(NUM_RATE_BINS))  # the call's (pooled), reported
-        self.densities = [self.density] * len(groups)  # each group's, for its next round
-        self.spread_sum = np.zeros((len(groups), NUM_RATE_BINS))
-        self.spread_n = np.zeros((len(groups), NUM_RATE_BINS))
-        self.tmax = [int(lengths[m].max()) for m in groups]
-
-    def enumerates(self, length: int) -> bool:
-        return bool(2.0 ** length - 2 <= max(self.p, 2 ** self.exact_length - 2) or length <= 1)
-
-    def most_rows(self, length: int, draws: int) -> int:
-        return 2 ** length - 1 if self.enumerates(length) else draws + 1
-
-    def draws_within(self, length: int, rows: int) -> int:
-        return int(rows) - 1  # the whole continuation's row, scored once, counts
-
-    def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
-              run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
-                                            int]:
-        masks: dict[int, torch.Tensor] = {}
-        meta: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
-        for i, p in todo:
-            t, q = int(self.lengths[i]), self.group_of[i]
-            if self.enumerates(t):  # every mask, once
-                masks[i], meta[i] = every_mask(t), None
-                continue
-            g = torch.Generator().manual_seed(round_seed(self.keys[i], r))
-            _, rates, order = stratified_rates(g, p, self.tmax[q], self.densities[q])
-            one_length = bool((self.lengths[self.groups[q]] == t).all())
-            m, sizes = masks_at_rates(t, rates, order, distinct_pairs=one_length)
-            if r == 0:  # the whole continuation: S_T(x; |T|) exactly, once
-                m = torch.cat([m, torch.ones(1, t, dtype=torch.bool)])
-            masks[i], meta[i] = m, (rates, sizes)
-        order_ = sorted(masks)
-        out = run_pairs(scorer, [ids[i] for i in order_],
-                        lambda k, d, g: masks[order_[k]], seed=0, tag="sequential",
-                        spec={"kind": "sequential", "round": r,
-                              "total_pairs": int(sum(m.shape[0] for m in masks.values()))},
-                        desc="sequential draws", **_round_dir(run, r))
-        res: dict[int, tuple[list[np.ndarray] | None, float, int]] = {}
-        for i, s in zip(order_, out.sums, strict=True):
-            t, s = int(self.lengths[i]), np.asarray(s, dtype=np.float64)
-            rows = int(masks[i].shape[0])
-            if meta[i] is None:
-                res[i] = (None, enumerated_sum(s, masks[i].sum(1).numpy()), rows)
-                continue
-            rates, sizes = meta[i]
-            top = 0.0
-            if r == 0:
-                top, s = float(s[-1]) / t, s[:-1]
-            q = self.group_of[i]
-            y = s / (sizes * self.densities[q].size_probs(sizes, t))
-            res[i] = (stratum_cells(y), top, rows)
-            score = s / sizes
-            b = np.minimum((rates * NUM_RATE_BINS).astype(int), NUM_RATE_BINS - 1)
-            pair = score.reshape(-1, 2)
-            np.add.at(self.spread_sum[q], b.reshape(-1, 2)[:, 0],
-                      (pair[:, 0] - pair[:, 1]) ** 2 / 2)
-            np.add.at(self.spread_n[q], b.reshape(-1, 2)[:, 0], 1)
-        return res, out.num_model_calls
-
-    def learn(self, active: list[int]) -> None:
-        if self.allocation != "neyman" or self.spread_n.sum(0).min() <= 0:
-            return
-        pooled = self.spread_sum.sum(0) / self.spread_n.sum(0)
-        self.density = density_of(pooled)
-        for q in active:  # its own spread, shrunk toward the call's by PRIOR_PAIRS
-            self.densities[q] = density_of((self.spread_sum[q] + PRIOR_PAIRS * pooled)
-                                           / (self.spread_n[q] + PRIOR_PAIRS))
-
-
 class CellDraw(RoundDraw):
     """Any ragged estimator's own draws as rounds, its rows allocated as the rounds learn.
 
@@ -513,7 +451,7 @@ class CellDraw(RoundDraw):
     """
 
     def __init__(self, est: Any, allocation: str = "neyman") -> None:
-        self.est, self.allocation = est, allocation
+        self.est, self.allocation, self.name = est, allocation, est.name
 
     def bind(self, lengths: np.ndarray, groups: list[list[int]],
              keys: list[tuple[int, ...]]) -> None:
@@ -526,6 +464,9 @@ class CellDraw(RoundDraw):
 
     def enumerates(self, length: int) -> bool:
         return bool(self.est.enumerates_sequence(int(length)))
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {**super().fingerprint(), "estimator": self.est.fingerprint()}
 
     def round_size(self, draws: int) -> int:
         unit = int(getattr(self.est, "draw_unit", 1))
@@ -748,6 +689,35 @@ class SequentialRun:
     enumerated: np.ndarray
 
 
+def check_run_fingerprint(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor],
+                          groups: list[list[int]], keys: list[tuple[int, ...]], num_masks: int,
+                          max_masks: Sequence[int], run: dict[str, Any]) -> None:
+    """Refuse, before the first round, a ``checkpoint_dir`` that holds another run's rounds.
+
+    The run's fingerprint is everything that decides its draws: the draw
+    (:meth:`RoundDraw.fingerprint`: the estimator, its options, the allocation), every
+    sequence's seed key, the groups, the first round's draws and the caps, the data (a
+    SHA-256 of the ids) and the model. It is written to ``checkpoint_dir/sequential/
+    meta.json`` by the first run and compared by every later one
+    (:func:`~mptlml._scoring.checkpoints.check_meta`): a mismatch is a
+    :class:`~mptlml._scoring.checkpoints.CheckpointError` naming the keys that differ
+    (``seeds``, ``allocation``, ...). Each round's chunks keep their own fingerprint too.
+    """
+    h = hashlib.sha256()
+    for t in ids:
+        h.update(np.asarray(t.detach().cpu() if isinstance(t, torch.Tensor) else t,
+                            dtype=np.int64).tobytes())
+        h.update(b"|")
+    model = scorer.fingerprint() if hasattr(scorer, "fingerprint") else {}
+    meta = {**draw.fingerprint(), "seeds": [[int(k) for k in key] for key in keys],
+            "groups": [[int(i) for i in m] for m in groups], "num_masks": int(num_masks),
+            "max_masks": [int(c) for c in max_masks], "data_sha256": h.hexdigest(),
+            "model": model}
+    ckpt = Path(run["checkpoint_dir"]) / "sequential"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    check_meta(ckpt, json.loads(json.dumps(meta, default=str)), write=True)
+
+
 def target_rule(targets: Sequence[float]) -> Rule:
     """Stop a group once every member's SE is at its target (:func:`at_target`): members at
     it stop drawing; the next round draws what the slowest needs (:func:`draws_needed`);
@@ -791,7 +761,8 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
     Parameters
     ----------
     draw : RoundDraw
-        :class:`RateDraw` or :class:`CellDraw` (an estimator's draws on ragged sequences),
+        :class:`~mptlml.estimators.learned_rate.RateDraw` or :class:`CellDraw` (an
+        estimator's draws on ragged sequences),
         or :class:`DenseDraw` (an estimator's draws on dense data: one member, the data set).
     scorer : RaggedMaskedModel or MaskedModel
         The model (with its contexts, :func:`mptlml.models.conditional.with_context`).
@@ -822,6 +793,8 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
     SequentialRun
     """
     lengths = draw.lengths_of(ids)
+    if run.get("checkpoint_dir") is not None:
+        check_run_fingerprint(draw, scorer, ids, groups, keys, num_masks, max_masks, run)
     draw.bind(lengths, groups, keys)
     enumerated = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
     cap = {i: max_masks[q] for q, m in enumerate(groups) for i in m}
