@@ -233,3 +233,33 @@ def test_bad_input_is_refused_before_any_work(models, tmp_path):
     lo = MaskedLM(pol.__class__.from_pretrained(other), BertTokenizer.from_pretrained(other))
     with pytest.raises(ValueError, match="share one tokenizer"):
         preference_bounds(lp, lo, *args)
+
+
+def test_dream_s_shifted_logits_are_read_one_position_back(models):
+    """With ``shift_logits`` (Dream's head: position i predicted at i - 1) the bounds read the
+    logits of the position before each masked one; the exhaustive margin by hand, each
+    target read at i - 1 of the model's own logits (shifting the other way, or not at all,
+    gives another margin)."""
+    tok, pol, ref = models
+    shifted = [MaskedLM(n, tok, shift_logits=True) for n in (pol, ref)]
+
+    def read_back(net):
+        def log_probs(x):
+            lp = net(x).logits.double().log_softmax(-1)
+            return torch.cat([lp[:, :1], lp[:, :-1]], dim=1)  # position i from i - 1
+        return log_probs
+
+    def bound(net, prompt, response):
+        ids, scored = _input(tok, prompt, response)
+        return exhaustive_masked_sum(ids, scored, tok.mask_token_id, read_back(net))
+
+    with torch.no_grad():
+        b = preference_bounds(*shifted, PROMPTS, CHOSEN, REJECTED, beta=BETA, num_masks=2)
+    assert b.exact.all()
+    want = np.array([BETA * ((bound(pol, p, c) - bound(ref, p, c))
+                             - (bound(pol, p, r) - bound(ref, p, r)))
+                     for p, c, r in zip(PROMPTS, CHOSEN, REJECTED, strict=True)])
+    np.testing.assert_allclose(b.margin.numpy(), want, rtol=1e-9, atol=1e-9)
+    plain = np.array([_exact_margin(tok, pol, ref, *t)
+                      for t in zip(PROMPTS, CHOSEN, REJECTED, strict=True)])
+    assert np.abs(want - plain).max() > 1e-3  # the shift matters here
