@@ -341,7 +341,8 @@ def test_one_rate_bin_convention_and_one_exactness_rule():
     """rate_bin: bin b holds (b/B, (b+1)/B]; cumulative's rows are binned by M / D through it;
     scores_every_mask: 2^D - 1 masks no more than those asked, or 2^EXACT_LENGTH - 1."""
     from mptlml.estimators import create
-    from mptlml.estimators.sequential import EXACT_LENGTH, rate_bin, scores_every_mask
+    from mptlml.estimators.learned_rate import rate_bin
+    from mptlml.estimators.sequential import EXACT_LENGTH, scores_every_mask
 
     assert rate_bin(np.array([0.0, 0.05, 0.1, 0.1000001, 0.95, 1.0])).tolist() == [0, 0, 0, 1,
                                                                                    9, 9]

@@ -35,7 +35,8 @@ from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
 from .api import register
 from .base import Draws, Estimator
-from .sequential import NUM_RATE_BINS, rate_bin
+from .learned_rate import rate_bin
+from .sequential import NUM_RATE_BINS
 from .stats import exact_cell
 
 __all__ = ["Cumulative", "enumerated_sizes"]
@@ -156,7 +157,7 @@ class Cumulative(Estimator):
     # ---------------------------------------------------------------- ragged sequences
     def ragged_strata(self, lengths: np.ndarray) -> tuple[list[np.ndarray], int]:
         """Rows of a draw: the sizes 1..D_i, pooled in ``NUM_RATE_BINS`` bins of the rate
-        M / D_i (:func:`~mptlml.estimators.sequential.rate_bin`)."""
+        M / D_i (:func:`~mptlml.estimators.learned_rate.rate_bin`)."""
         return [rate_bin(np.arange(1, int(d) + 1) / int(d)) if d else np.zeros(0, dtype=np.int64)
                 for d in lengths], NUM_RATE_BINS
 

@@ -23,7 +23,7 @@ Its parts are public, for every door that draws rates (the DPO margin of
 (:func:`~mptlml.estimators.sequential.stratified_rates`,
 :func:`~mptlml.estimators.sequential.masks_at_rates`), the spread learning
 (:func:`pair_spread`: a stratum's two draws' ``(y_1 - y_2)^2 / 2`` in the bin of their
-rate, :func:`~mptlml.estimators.sequential.rate_bin`) and the density learned from it
+rate, :func:`rate_bin`) and the density learned from it
 (:func:`learned_density`: Neyman, floored, a group's own spread shrunk toward the pooled
 one by :data:`PRIOR_PAIRS`); :class:`RateDraw` is the engine's round of them.
 """
@@ -50,7 +50,6 @@ from .sequential import (
     density_of,
     fixed_rule,
     masks_at_rates,
-    rate_bin,
     round_seed,
     run_rounds,
     scores_every_mask,
@@ -59,25 +58,41 @@ from .sequential import (
 )
 from .stats import enumerated_sum, welch_dof
 
-__all__ = ["PRIOR_PAIRS", "LearnedRate", "RateDraw", "learned_density", "pair_spread"]
+__all__ = ["PRIOR_PAIRS", "LearnedRate", "RateDraw", "learned_density", "pair_spread", "rate_bin"]
 
 #: a group's spread by rate is shrunk toward the call's as if by this many pairs per bin
 PRIOR_PAIRS = 8
 
 
+def rate_bin(rates: np.ndarray, bins: int = NUM_RATE_BINS) -> np.ndarray:
+    """The bin of each rate in (0, 1]: bin b holds ``(b / B, (b + 1) / B]``, i.e.
+    ``ceil(B r) - 1`` (a rate within 1e-9 of an edge falls in the lower bin), clipped to
+    ``0..B-1``. The one convention of the rate density's strata (the rate draw's spread,
+    :func:`pair_spread`) and of a ragged draw's rows (the
+    size M of D_i at the rate M / D_i, ``cumulative``)."""
+    r = np.asarray(rates, dtype=np.float64)
+    return np.clip(np.ceil(bins * r - 1e-9).astype(np.int64) - 1, 0, bins - 1)
+
+
 def pair_spread(spread_sum: np.ndarray, spread_n: np.ndarray, rates: np.ndarray,
-                terms: np.ndarray) -> None:
+                terms: np.ndarray, density: RateDensity | None = None) -> None:
     """Add the spread of a stratified round's draws to the evidence by rate bin, in place.
 
     ``rates`` and ``terms`` are in stratum order (rows 2h, 2h+1 the two draws of stratum
     h); each stratum adds ``(y_h1 - y_h2)^2 / 2`` (an unbiased estimate of the variance of
     one draw's term within it) to ``spread_sum`` and 1 to ``spread_n`` in the bin of its
-    first rate (:func:`~mptlml.estimators.sequential.rate_bin`). The terms are
-    density-free (a mask's mean score ``s / M``; the DPO margin's term times its q-density),
-    so the evidence does not depend on the density it was drawn under.
+    first rate (:func:`rate_bin`). The evidence must not depend on the density the terms
+    were drawn under: pass density-free terms (a mask's mean score ``s / M``), or
+    importance-weighted ones with their ``density`` (the DPO margin's ``d_k``), which are
+    then made density-free, ``d_k q(r_k)`` (q's density at the rate: its bin's mass times
+    B).
     """
-    b = rate_bin(np.asarray(rates)).reshape(-1, 2)[:, 0]
-    pair = np.asarray(terms, dtype=np.float64).reshape(-1, 2)
+    bins = rate_bin(np.asarray(rates))
+    y = np.asarray(terms, dtype=np.float64)
+    if density is not None:
+        y = y * density.mass[bins] * len(density.mass)
+    b = bins.reshape(-1, 2)[:, 0]
+    pair = y.reshape(-1, 2)
     np.add.at(spread_sum, b, (pair[:, 0] - pair[:, 1]) ** 2 / 2)
     np.add.at(spread_n, b, 1)
 

@@ -52,12 +52,13 @@ __all__ = ["DENSITY_FLOOR", "EXACT_LENGTH", "MAX_TARGET_DRAWS", "NEED_MARGIN", "
            "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "DenseDraw", "RateDensity", "RoundDraw",
            "Rule", "SequentialRun", "Tally", "at_target", "cells_error", "check_run_fingerprint",
            "combine_rounds", "density_of", "draws_needed", "fixed_rule", "masks_at_rates",
-           "neyman_counts", "neyman_sd", "next_draws", "paired", "rate_bin", "round_seed",
+           "neyman_counts", "neyman_sd", "next_draws", "paired", "round_seed",
            "round_sizes", "run_rounds", "scores_every_mask", "stratified_rates", "stratum_cells",
            "target_rule", "weighted_rounds"]
 
 #: rate bins: of the learned rate density (its strata), and of a ragged draw's rows
-#: (``cumulative``'s sizes M of D_i, by the rate M / D_i): :func:`rate_bin`
+#: (``cumulative``'s sizes M of D_i, by the rate M / D_i):
+#: :func:`~mptlml.estimators.learned_rate.rate_bin`
 NUM_RATE_BINS = 10
 #: sequences (continuations) of at most this many units are scored on every mask (exact,
 #: standard error 0): their 2^D - 1 <= 15 masks cost no more than a few draws
@@ -94,16 +95,6 @@ class RateDensity:
         """q(M) for M in ``sizes`` (1..T-1) of a continuation of T = ``length`` tokens."""
         n = length - 1
         return self.cdf(sizes / n) - self.cdf((sizes - 1) / n)
-
-
-def rate_bin(rates: np.ndarray, bins: int = NUM_RATE_BINS) -> np.ndarray:
-    """The bin of each rate in (0, 1]: bin b holds ``(b / B, (b + 1) / B]``, i.e.
-    ``ceil(B r) - 1`` (a rate within 1e-9 of an edge falls in the lower bin), clipped to
-    ``0..B-1``. The one convention of the rate density's strata (the rate draw's spread,
-    :func:`~mptlml.estimators.learned_rate.pair_spread`) and of a ragged draw's rows (the
-    size M of D_i at the rate M / D_i, ``cumulative``)."""
-    r = np.asarray(rates, dtype=np.float64)
-    return np.clip(np.ceil(bins * r - 1e-9).astype(np.int64) - 1, 0, bins - 1)
 
 
 def scores_every_mask(length: int, asked: int, exact_length: int = EXACT_LENGTH) -> bool:

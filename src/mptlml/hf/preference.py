@@ -79,7 +79,6 @@ from ..estimators.sequential import (
     RateDensity,
     cells_error,
     masks_at_rates,
-    rate_bin,
     scores_every_mask,
     stratified_rates,
     stratum_cells,
@@ -492,8 +491,7 @@ def preference_bounds(policy: Any, reference: Any, prompts: Sequence[Any] | Enco
         se[i] = _stratified_se(draws)
         # the allocation's evidence: density-free terms d_k q(r_k), spread within a stratum
         rates = sampled[0].rates
-        pair_spread(spread_sum, spread_n, rates,
-                    draws * density.mass[rate_bin(rates)] * NUM_RATE_BINS)
+        pair_spread(spread_sum, spread_n, rates, draws, density)
     pw, plo = torch.stack(est["pw"]), torch.stack(est["pl"])
     rw, rl = torch.stack(est["rw"]).detach(), torch.stack(est["rl"]).detach()
     margin = beta * ((pw - rw) - (plo - rl))
