@@ -28,11 +28,11 @@ import numpy as np
 import torch
 
 from mptlml import mpt_curve, pll
-from mptlml._scoring.ragged import seq_seed as _seq_seed
 from mptlml.data import bundled_antibodies
 from mptlml.estimators.rates import mask_sizes
 from mptlml.masks import sample_masks
 from mptlml.models import MaskedLM
+from mptlml.seeds import spawn as _spawn
 from mptlml.settings import keep_heap
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,7 +50,7 @@ def curve_batches(lm: MaskedLM, texts, rates, token_budget: int):
     off = len(lm.prefix)
     copies = []
     for i, t in enumerate(ids):
-        g = torch.Generator().manual_seed(_seq_seed(0, i))
+        g = torch.Generator().manual_seed(_spawn(0, i))
         m = sample_masks(len(t), torch.as_tensor(mask_sizes(len(t), rates)), generator=g)
         rows = lm.corrupt(t, m, g)
         for k in range(m.shape[0]):

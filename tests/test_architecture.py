@@ -44,7 +44,7 @@ PACKAGE = SRC / "mptlml"
 FLOORS: dict[str, int] = {
     "_io": 0, "_markdown": 0, "_linalg": 0, "_validation": 0, "_progress": 0, "_heap": 0,
     "_optional": 0,
-    "settings": 0,
+    "settings": 0, "seeds": 0,
     "masks": 1,
     "models": 2,
     "_scoring": 3,

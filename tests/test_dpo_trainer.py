@@ -139,7 +139,7 @@ def test_bad_arguments_are_refused(tiny, tmp_path):
     with pytest.raises(ValueError, match="num_masks must be even"):
         MPTDPOTrainer(model=model, args=args, train_dataset=PAIRS, processing_class=tok,
                       num_masks=3)
-    with pytest.raises(ValueError, match="allocation='learned' learns from"):
+    with pytest.raises(ValueError, match="allocation='neyman' learns from"):
         MPTDPOTrainer(model=model, args=args, train_dataset=PAIRS, processing_class=tok,
                       masks="vrpo")
 
@@ -409,3 +409,50 @@ def test_a_loss_that_is_not_finite_stops_training_before_the_weights_move(tiny, 
             assert torch.equal(p.detach(), before[n], ) or bool(torch.isnan(before[n]).any()), n
         assert all(bool(torch.isfinite(p).all()) for n, p in tr.model.named_parameters()
                    if "decoder.bias" not in n and n != "cls.predictions.bias")
+
+
+def test_every_logged_quantity_is_recomputed_from_the_step_s_bounds(tiny, tmp_path):
+    """Each step's logs against the bounds it drew, recomputed here: rewards (beta (B_pi -
+    B_ref), per response, mean over the pairs), accuracies, margins and their spread, the
+    policy's bounds, the loss (mean -log sigmoid m) and margin_mc_se, the SE of the step's
+    mean margin sqrt(sum_i se_i^2) / B (not the root-mean-square of the pairs' SEs, which is
+    sqrt(B) times larger). A reference from another seed makes every quantity non-zero."""
+    import numpy as np
+
+    path, tok = tiny
+    from transformers import BertForMaskedLM
+
+    ref = BertForMaskedLM.from_pretrained(make_tiny_bert(tmp_path / "ref", seed=9))
+    tr = _trainer(path, tok, _args(tmp_path / "out", max_steps=2,
+                                   per_device_train_batch_size=3), ref_model=ref)
+    seen = []
+    record = tr._record
+
+    def keep(split, b, step):
+        seen.append(b)
+        record(split, b, step)
+
+    tr._record = keep
+    tr.train()
+    logs = [h for h in tr.state.log_history if "loss" in h]
+    assert len(logs) == len(seen) == 2
+    beta = tr.beta
+    for b, log in zip(seen, logs, strict=True):
+        pw = b.policy_chosen.detach().double().numpy()
+        pl = b.policy_rejected.detach().double().numpy()
+        rw, rl = b.ref_chosen.double().numpy(), b.ref_rejected.double().numpy()
+        cw, cl = beta * (pw - rw), beta * (pl - rl)
+        m = cw - cl
+        se = np.asarray(b.margin_se, dtype=np.float64)
+        assert len(m) == 3 and (se > 0).any()
+        np.testing.assert_allclose(m, b.margin.detach().double().numpy(), rtol=1e-6)
+        want = {"rewards/chosen": cw.mean(), "rewards/rejected": cl.mean(),
+                "rewards/accuracies": float((m > 0).mean()), "rewards/margins": m.mean(),
+                "rewards/margins_sd": m.std(ddof=1), "logps/chosen": pw.mean(),
+                "logps/rejected": pl.mean(),
+                "margin_mc_se": math.sqrt(float((se ** 2).sum())) / len(m)}
+        for k, v in want.items():
+            assert log[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+        assert log["margin_mc_se"] != pytest.approx(math.sqrt(float((se ** 2).mean())))
+        loss = float(torch.nn.functional.softplus(-torch.from_numpy(m)).mean())
+        assert log["loss"] == pytest.approx(loss, rel=1e-3, abs=1e-4)

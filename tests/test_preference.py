@@ -131,10 +131,18 @@ def test_the_estimated_margin_is_unbiased_and_its_se_calibrated(models, masks):
     matches the spread of the margins over draws (the SE is that of the paired draws)."""
     tok, pol, ref = models
     n = 200
-    m, se, _ = _repeated(*_float(tok, pol, ref), n, beta=BETA, num_masks=4,
+    m, se, b = _repeated(*_float(tok, pol, ref), n, beta=BETA, num_masks=4,
                          exact_length=1, masks=masks)
     exact = np.array([_exact_margin(tok, pol, ref, *t) for t in zip(PROMPTS, CHOSEN, REJECTED,
                                                                     strict=True)])
+    # a pair whose responses' 2^T - 1 masks are no more than their draws' (T <= 2 at 4 draws)
+    # is scored on every mask (the one exactness rule): its margin is the exact one, SE 0
+    whole = b.exact.reshape(n, -1)[0]
+    assert whole.sum() < len(whole)
+    np.testing.assert_allclose(m[:, whole], np.broadcast_to(exact[whole], m[:, whole].shape),
+                               rtol=0, atol=1e-4)
+    assert np.all(se[:, whole] == 0)
+    m, se, exact = m[:, ~whole], se[:, ~whole], exact[~whole]
     z = (m.mean(0) - exact) / (m.std(0, ddof=1) / np.sqrt(n))
     assert np.all(np.abs(z) < 4), z
     ratio = (se ** 2).mean(0) / m.var(0, ddof=1)
@@ -191,10 +199,12 @@ def test_a_learned_density_keeps_the_margin_unbiased(models):
     tok, pol, ref = models
     dens = RateDensity(np.linspace(3.0, 0.5, 10))
     m, _, b = _repeated(*_float(tok, pol, ref), 200,
-                        chosen=[" sat on a mat", " ran far"], rejected=[" ran far", " was under"],
+                        chosen=[" sat on a mat", " ran far away"],
+                        rejected=[" ran far away", " was under the"],
                         beta=BETA, num_masks=4, exact_length=1, density=dens)
     exact = np.array([_exact_margin(tok, pol, ref, p, c, r) for p, c, r in
-                      zip(PROMPTS, [" sat on a mat", " ran far"], [" ran far", " was under"],
+                      zip(PROMPTS, [" sat on a mat", " ran far away"],
+                          [" ran far away", " was under the"],
                           strict=True)])
     z = (m.mean(0) - exact) / (m.std(0, ddof=1) / np.sqrt(200))
     assert np.all(np.abs(z) < 4), z
@@ -223,3 +233,33 @@ def test_bad_input_is_refused_before_any_work(models, tmp_path):
     lo = MaskedLM(pol.__class__.from_pretrained(other), BertTokenizer.from_pretrained(other))
     with pytest.raises(ValueError, match="share one tokenizer"):
         preference_bounds(lp, lo, *args)
+
+
+def test_dream_s_shifted_logits_are_read_one_position_back(models):
+    """With ``shift_logits`` (Dream's head: position i predicted at i - 1) the bounds read the
+    logits of the position before each masked one; the exhaustive margin by hand, each
+    target read at i - 1 of the model's own logits (shifting the other way, or not at all,
+    gives another margin)."""
+    tok, pol, ref = models
+    shifted = [MaskedLM(n, tok, shift_logits=True) for n in (pol, ref)]
+
+    def read_back(net):
+        def log_probs(x):
+            lp = net(x).logits.double().log_softmax(-1)
+            return torch.cat([lp[:, :1], lp[:, :-1]], dim=1)  # position i from i - 1
+        return log_probs
+
+    def bound(net, prompt, response):
+        ids, scored = _input(tok, prompt, response)
+        return exhaustive_masked_sum(ids, scored, tok.mask_token_id, read_back(net))
+
+    with torch.no_grad():
+        b = preference_bounds(*shifted, PROMPTS, CHOSEN, REJECTED, beta=BETA, num_masks=2)
+    assert b.exact.all()
+    want = np.array([BETA * ((bound(pol, p, c) - bound(ref, p, c))
+                             - (bound(pol, p, r) - bound(ref, p, r)))
+                     for p, c, r in zip(PROMPTS, CHOSEN, REJECTED, strict=True)])
+    np.testing.assert_allclose(b.margin.numpy(), want, rtol=1e-9, atol=1e-9)
+    plain = np.array([_exact_margin(tok, pol, ref, *t)
+                      for t in zip(PROMPTS, CHOSEN, REJECTED, strict=True)])
+    assert np.abs(want - plain).max() > 1e-3  # the shift matters here

@@ -30,10 +30,10 @@ import torch
 
 import mptlml
 from mptlml._scoring.checkpoints import CheckpointError
-from mptlml._scoring.ragged import seq_seed
 from mptlml.estimators import AdaptiveSize
 from mptlml.masks import all_masks, distinct_masks, fixed_rate_size, sample_masks
 from mptlml.models import PPCA
+from mptlml.seeds import spawn
 
 from .mlm_helpers import SENTENCES, exact_size_scores
 
@@ -157,7 +157,7 @@ def test_fixed_rate_is_d_times_s_at_its_one_size(tiny, tiny_dir, exact):
         # 6 distinct masks among C(D, M) = 20, or all C(5, 2) = 10 (no more than 15: exact)
         pop = math.comb(d, m)
         masks = all_masks(d, m) if pop <= 15 else distinct_masks(
-            d, m, 6, torch.Generator().manual_seed(seq_seed(3, i)))
+            d, m, 6, torch.Generator().manual_seed(spawn(3, i)))
         assert len({k.numpy().tobytes() for k in masks}) == len(masks)
         ids = torch.tensor(tok(text)["input_ids"])
         draws = []

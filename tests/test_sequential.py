@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 import mptlml
-from mptlml._scoring.ragged import seq_seed
 from mptlml._validation import InvalidOptionError
 from mptlml.estimators import FixedRate, LLaDA, RandomSize, Riemann, register, unregister
 from mptlml.estimators.sequential import (
     STOP_REASONS,
     CellDraw,
     fixed_rule,
+    round_seed,
     run_rounds,
     target_rule,
 )
@@ -213,7 +213,7 @@ class _OneByOne(CellDraw):
             est = self.est.with_draws(int(p))
             counts = self.counts(i, p)
             cells, c = est.sequence_cells(scorer, [ids[i]], [counts],
-                                          seq_seed(*self.keys[i], r), **run)
+                                          round_seed(self.keys[i], r), **run)
             calls += c
             res[i] = (list(cells[0]), 0.0, int(est.scored_rows(int(self.lengths[i]), counts)))
             if len(self.strata[i]) == len(cells[0]):
@@ -346,3 +346,41 @@ def test_dense_rounds_learn_neyman_s_counts_pooled_over_rounds_and_data():
             got = draw.counts(32)
             assert np.abs(got - want).max() <= 1 and got.sum() <= 32 * 8
 
+
+
+@pytest.mark.parametrize("estimator", ["learned-rate", "cumulative"])
+def test_a_checkpoint_of_another_run_is_refused_by_name_at_the_first_round(tiny, tmp_path,
+                                                                          estimator):
+    """The engine's checkpoints are fingerprinted by what decides the draws: a rerun into one
+    checkpoint_dir with another seed, or another allocation, is refused before any round,
+    naming what differs; the same run again reuses its rounds and gives the same numbers."""
+    from mptlml._scoring.checkpoints import CheckpointError
+
+    kw = dict(context=CONTEXT, target_se=0.5, max_masks=64, checkpoint_dir=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        first = mptlml.estimate_lml(tiny, [LONG], estimator, seed=0, **kw)
+        again = mptlml.estimate_lml(tiny, [LONG], estimator, seed=0, **kw)
+        assert again.mean == first.mean and again.stderr == first.stderr
+        with pytest.raises(CheckpointError, match=r"differs in \[.*'seeds'"):
+            mptlml.estimate_lml(tiny, [LONG], estimator, seed=1, **kw)
+        with pytest.raises(CheckpointError, match=r"differs in \['allocation'"):
+            mptlml.estimate_lml(tiny, [LONG], estimator, seed=0, allocation="uniform", **kw)
+        with pytest.raises(CheckpointError, match=r"differs in \[.*'seeds'"):
+            mptlml.estimate_lml(tiny, [LONG, LONG], estimator, seed=0, **kw)
+
+
+def test_one_rate_bin_convention_and_one_exactness_rule():
+    """rate_bin: bin b holds (b/B, (b+1)/B]; cumulative's rows are binned by M / D through it;
+    scores_every_mask: 2^D - 1 masks no more than those asked, or 2^EXACT_LENGTH - 1."""
+    from mptlml.estimators import create
+    from mptlml.estimators.learned_rate import rate_bin
+    from mptlml.estimators.sequential import EXACT_LENGTH, scores_every_mask
+
+    assert rate_bin(np.array([0.0, 0.05, 0.1, 0.1000001, 0.95, 1.0])).tolist() == [0, 0, 0, 1,
+                                                                                   9, 9]
+    strata, h = create("cumulative").ragged_strata(np.array([20]))
+    assert h == 10 and strata[0].tolist() == [m // 2 - (m % 2 == 0) for m in range(1, 21)]
+    assert scores_every_mask(EXACT_LENGTH, 1) and not scores_every_mask(EXACT_LENGTH + 1, 1)
+    assert scores_every_mask(6, 63) and not scores_every_mask(6, 62)
+    assert scores_every_mask(1, 0)

@@ -42,29 +42,22 @@ from .._progress import progress_bar
 from .._validation import check_positive_int
 from ..models.protocols import RaggedMaskedModel, WordMaskedModel
 from ..models.sequence_input import encode, normalise_sequences
+from ..seeds import spawn
 from .checkpoints import CheckpointError, check_meta, load_chunk, save_chunk
 from .dense import check_masked_inputs
 from .distributed import DistContext, barrier, distributed_context, gather, shard
 
 __all__ = ["MAX_SEQUENCE_MASK_BYTES", "RunOutput", "check_run_size", "encode_units", "run_pairs",
-           "seq_seed", "targeted", "token_masks", "unit_counts", "word_model"]
+           "sequence_seed", "targeted", "token_masks", "unit_counts", "word_model"]
 
 
-def seq_seed(seed: int | Sequence[int], *keys: int) -> int:
-    """The seed of the generator named by integer ``keys`` in a run seeded by ``seed``.
-
-    ``numpy.random.SeedSequence([seed, *keys])``'s first 32-bit word: sequence ``i``'s
-    generator is ``seq_seed(seed, i)``, question q's round r ``seq_seed(seed, q, r)``;
-    distinct keys give independent streams. Where a run is given each sequence's own seed
-    (the sequences of several calls batched into one,
-    :class:`~mptlml.estimators.sequential.CellDraw`), ``seed`` is that list and
-    ``seq_seed(seed, i)`` is ``seed[i]``.
-    """
+def sequence_seed(seed: int | Sequence[int], i: int) -> int:
+    """Sequence i's seed in a run seeded by ``seed``: :func:`mptlml.seeds.spawn` ``(seed, i)``,
+    or ``seed[i]`` where the run is given each sequence's own seed (the sequences of several
+    calls batched into one, :class:`~mptlml.estimators.sequential.CellDraw`)."""
     if not isinstance(seed, int | np.integer):
-        (index,) = keys
-        return int(seed[index])
-    return int(np.random.SeedSequence([int(seed), *(int(k) for k in keys)]
-                                      ).generate_state(1)[0])
+        return int(seed[i])
+    return spawn(int(seed), int(i))
 
 
 def _seed_spec(seed: int | Sequence[int]) -> int | list[int]:
@@ -160,7 +153,7 @@ def _fingerprint(model: RaggedMaskedModel, ids: list[torch.Tensor], spec: dict) 
 def _num_masks(make_masks: Callable[[int, int, torch.Generator], torch.Tensor], i: int,
                length: int, seed: int | Sequence[int]) -> int:
     """How many masks sequence i gets: the length a reused checkpoint array must have."""
-    return int(make_masks(int(i), length, torch.Generator().manual_seed(seq_seed(seed, i)))
+    return int(make_masks(int(i), length, torch.Generator().manual_seed(sequence_seed(seed, i)))
                .shape[0])
 
 
@@ -253,7 +246,7 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
     i over its D_i scoring units (its tokens; with ``units``, the words of
     :func:`encode_units`, expanded to tokens by :func:`token_masks`); the same
     generator then drives the model's input corruption, so everything is a
-    function of (seed, i) (:func:`seq_seed`; a list ``seed`` gives each sequence's own).
+    function of (seed, i) (:func:`mptlml.seeds.spawn`; a list ``seed`` gives each sequence's own).
     ``token_budget`` bounds the padded tokens and ``batch_size`` (optional) the inputs of
     one forward pass.
     """
@@ -298,7 +291,7 @@ def run_pairs(model: RaggedMaskedModel, ids: list[torch.Tensor],
         if all(i in done for i in seqs):
             bar.update(sum(len(done[i]) for i in seqs))
             continue
-        gens = [torch.Generator().manual_seed(seq_seed(seed, i)) for i in seqs]
+        gens = [torch.Generator().manual_seed(sequence_seed(seed, i)) for i in seqs]
         masks = [unit_masks(i, g) for i, g in zip(seqs, gens, strict=True)]
         sums = model.ragged_masked_log_prob([ids[i] for i in seqs], masks, gens,
                                             token_budget=token_budget, progress=calls, **extra)

@@ -14,7 +14,6 @@ draws; :func:`~mptlml.estimators.sequential.neyman_counts`). What is here:
   per datum or sequence) and ``allocation`` (``"neyman"`` or ``"uniform"``)
   validated once for every front door;
 - :func:`plan_remedy`: what a refusal of a target's run too large names;
-- :func:`rate_bin`: the strata of a ragged ``cumulative`` draw.
 
 Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
 Marginal Likelihood", NeurIPS 2023, Proposition 1 (the stratified sum over
@@ -26,11 +25,9 @@ from __future__ import annotations
 import math
 import numbers
 
-import numpy as np
-
 from .._validation import ALLOCATIONS
 
-__all__ = ["RATE_BINS", "check_target", "plan_remedy", "rate_bin"]
+__all__ = ["check_target", "plan_remedy"]
 
 
 def plan_remedy(unit: str) -> str:
@@ -66,11 +63,3 @@ def check_target(target_se: float | None, max_masks: int | None,
         raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}.")
     return float(target_se), None if max_masks is None else int(max_masks), allocation
 
-
-#: rate bins over which a ragged draw of ``cumulative`` pools the spread of S_hat (its strata)
-RATE_BINS = 10
-
-
-def rate_bin(sizes: np.ndarray, length: int, bins: int = RATE_BINS) -> np.ndarray:
-    """Rate bin of each size M of a sequence of ``length`` units: ceil(B M / D) - 1."""
-    return np.minimum(bins - 1, np.ceil(bins * sizes / length - 1e-9).astype(np.int64) - 1)

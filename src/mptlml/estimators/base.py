@@ -56,15 +56,16 @@ import numpy as np
 import torch
 
 from .._scoring.dense import Counter, score_masks
-from .._scoring.ragged import check_run_size, run_pairs, seq_seed
+from .._scoring.ragged import check_run_size, run_pairs, sequence_seed
 from .._validation import check_positive_int, make_generator
-from ..masks import count_masks, sample_masks
+from ..masks import sample_masks
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
 from .allocation import check_target
 from .block import block_estimate, block_model, refuse_block_model
 from .results import LMLEstimate
-from .runs import EXACT_LENGTH, DenseRun, ragged_to_target, start_run
+from .runs import DenseRun, ragged_to_target, start_run
+from .sequential import EXACT_LENGTH, CellDraw, RoundDraw, scores_every_mask
 from .stats import cell_sums, welch_dof
 
 __all__ = ["Draws", "Estimator", "RaggedScores", "accepted_options", "check_size_rule"]
@@ -310,11 +311,21 @@ class Estimator:
         """Whether a sequence of ``num_tokens`` units is scored on every mask instead
         (exact, standard error 0): an unbiased estimator's, when its 2^D - 1 masks are no
         more than the masked inputs its draws would score, or than 2^EXACT_LENGTH - 1 (a
-        few: :data:`~mptlml.estimators.runs.EXACT_LENGTH`). Both estimate the same sum."""
+        few: :data:`~mptlml.estimators.sequential.EXACT_LENGTH`), the engine's one rule
+        (:func:`~mptlml.estimators.sequential.scores_every_mask`). Both estimate the same
+        sum."""
         if not self.unbiased or num_tokens < 1:
             return False
-        asked = self.masks_per_draw(int(num_tokens)) * self.num_masks
-        return count_masks(int(num_tokens)) <= max(asked, 2 ** EXACT_LENGTH - 1)
+        return scores_every_mask(int(num_tokens),
+                                 self.masks_per_draw(int(num_tokens)) * self.num_masks)
+
+    def round_draw(self, num_masks: int, allocation: str | None = "neyman") -> RoundDraw:
+        """The estimator's draw as the sequential engine runs it on ragged sequences: a
+        round of ``num_masks`` draws per sequence
+        (:class:`~mptlml.estimators.sequential.CellDraw` of :meth:`with_draws`, its rows
+        allocated by ``allocation``); the rate draw overrides it
+        (:class:`~mptlml.estimators.learned_rate.RateDraw`)."""
+        return CellDraw(self.with_draws(int(num_masks)), allocation or "neyman")
 
     def scored_rows(self, num_tokens: int, counts: np.ndarray) -> int:
         """Masked inputs :meth:`ragged_cells` scores for a sequence of ``num_tokens`` units
@@ -388,7 +399,7 @@ class Estimator:
         cells = []
         for i, (s, d) in enumerate(zip(out.sums, out.lengths, strict=True)):
             # the same sizes again, from the same generator
-            m = draw_sizes(i, int(d), torch.Generator().manual_seed(seq_seed(seed, i)))
+            m = draw_sizes(i, int(d), torch.Generator().manual_seed(sequence_seed(seed, i)))
             w = self.weights(m, torch.full_like(m, int(d)))
             check_size_rule(self, m, torch.full_like(m, int(d)), w)
             cells.append([(w * torch.as_tensor(s, dtype=torch.float64) / m).numpy()])

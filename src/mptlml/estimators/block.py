@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._scoring.ragged import seq_seed
 from ..masks import every_mask
 from ..models.sequence_input import encode
 from .results import LMLEstimate, announce_estimate, as_float64
@@ -49,6 +48,7 @@ from .sequential import (
     RoundDraw,
     density_of,
     fixed_rule,
+    round_seed,
     run_rounds,
     stratified_rates,
     stratum_cells,
@@ -172,7 +172,7 @@ class BlockDraw(RoundDraw):
         plan: dict[int, list[tuple[str, int, int, Any]]] = {}
         for i, p in todo:
             t = int(self.lengths[i])
-            g = torch.Generator().manual_seed(seq_seed(*self.keys[i], r))
+            g = torch.Generator().manual_seed(round_seed(self.keys[i], r))
             exact = [(a, e) for a, e in self.spans[i] if self.exact_block(e - a)]
             drawn = [(a, e) for a, e in self.spans[i] if not self.exact_block(e - a)]
             self.blocks[i] = (len(self.spans[i]), len(exact))

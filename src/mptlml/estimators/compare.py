@@ -27,9 +27,10 @@ Variance reduction, all unbiased:
 - **an allocation learned as the run goes**: after the first (uniform) round,
   q is proportional to the spread of a mask's score by rate (Neyman), that
   of the question's own draws shrunk toward the spread pooled over every
-  candidate of the call, as if the pooled one were :data:`PRIOR_PAIRS`
-  pairs per rate bin: a question's first rounds borrow the call's profile,
-  its later ones follow its own (no pilot per sequence); each round is
+  candidate of the call, as if the pooled one were
+  :data:`~mptlml.estimators.learned_rate.PRIOR_PAIRS` pairs per rate bin: a
+  question's first rounds borrow the call's profile, its later ones follow its
+  own (no pilot per sequence); each round is
   unbiased on its own and rounds are combined with weights in proportion
   to their draws.
 
@@ -79,13 +80,12 @@ from .._validation import ALLOCATIONS, SEED_INT, Options, check_options
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .block import BlockDraw, block_model, refuse_block_model
+from .learned_rate import RateDraw
 from .results import MIN_STDERR_DOF, _Result, announce_nonfinite
-from .runs import EXACT_LENGTH
-from .sequential import (
+from .sequential import (  # EXACT_LENGTH: compare's, for its callers
+    EXACT_LENGTH,  # noqa: F401
     MAX_TARGET_DRAWS,
     TARGET_MIN_DOF,
-    CellDraw,
-    RateDraw,
     RoundDraw,
     Tally,
     fixed_rule,
@@ -504,7 +504,7 @@ def _draw_of(estimator: Any, num_masks: int, allocation: str) -> RoundDraw:
     if getattr(estimator, "rate_draw", False) or (
             isinstance(estimator, str) and estimator in available(ragged=True)
             and get(estimator).rate_draw):
-        return RateDraw(num_masks, allocation, EXACT_LENGTH)
+        return create(estimator, for_ragged=True).round_draw(num_masks, allocation)
 
     try:
         cls = get(estimator)
@@ -522,9 +522,7 @@ def _draw_of(estimator: Any, num_masks: int, allocation: str) -> RoundDraw:
                          "density is allocated by estimator='learned-rate', the sizes by "
                          "'cumulative'). Drop allocation, or change estimator.")
     _check_whole_units(est, num_masks)
-    draw = CellDraw(est.with_draws(num_masks), allocation)
-    draw.name = est.name
-    return draw
+    return est.round_draw(num_masks, allocation)
 
 
 def _check_lengths(draw: RoundDraw, lengths: np.ndarray, owner: list[tuple[int, int]]) -> None:
@@ -619,23 +617,24 @@ def _draw_caps(draw: RoundDraw, p: int, lengths: np.ndarray, members: list[list[
 
 
 def _keys(seeds: list[tuple[int, int]], members: list[list[int]], lengths: np.ndarray,
-          common: bool, rate: bool) -> list[tuple[int, int]]:
-    """The seed key of each candidate: the question's (common random numbers) for the rate
-    draw; for an estimator's draws the first candidate of its length's (equal lengths share
-    draws, other lengths draw independently); its own without ``common_masks``."""
-    keys: list[tuple[int, int]] = [(0, 0)] * len(lengths)
+          common: bool, rate: bool) -> list[tuple[int, ...]]:
+    """The seed key of each candidate (:func:`~mptlml.estimators.sequential.round_seed`): the
+    question's ``(seed, q)`` (common random numbers) for the rate draw; for an estimator's
+    draws the question's for the first candidate of its length, ``(seed, q, f + 1)`` for the
+    others (candidate f the first of its length: equal lengths share draws, other lengths
+    draw independently); its own ``(seed, q, j + 1)`` without ``common_masks``."""
+    keys: list[tuple[int, ...]] = [(0, 0)] * len(lengths)
     for q, idx in enumerate(members):
         s0, s1 = seeds[q]
         first: dict[int, int] = {}
         for j, i in enumerate(idx):
-            own = (s0, s1 * 1_000_003 + j + 1)
             if not common:
-                keys[i] = own
+                keys[i] = (s0, s1, j + 1)
             elif rate:
                 keys[i] = (s0, s1)
             else:  # the first length's key is the question's: an estimate's of sequence q
                 f = first.setdefault(int(lengths[i]), j)
-                keys[i] = (s0, s1) if f == 0 else (s0, s1 * 1_000_003 + f)
+                keys[i] = (s0, s1) if f == 0 else (s0, s1, f + 1)
     return keys
 
 

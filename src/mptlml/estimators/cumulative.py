@@ -33,9 +33,10 @@ from .._scoring.ragged import run_pairs
 from ..masks import all_masks, sample_masks
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
-from .allocation import RATE_BINS, rate_bin
 from .api import register
 from .base import Draws, Estimator
+from .learned_rate import rate_bin
+from .sequential import NUM_RATE_BINS
 from .stats import ExactCell, cell_sums, exact_cell, pooled_size_error
 
 __all__ = ["Cumulative", "enumerated_sizes"]
@@ -155,9 +156,10 @@ class Cumulative(Estimator):
 
     # ---------------------------------------------------------------- ragged sequences
     def ragged_strata(self, lengths: np.ndarray) -> tuple[list[np.ndarray], int]:
-        """Rows of a draw: the sizes 1..D_i, pooled in ``RATE_BINS`` bins of the rate M / D_i."""
-        return [rate_bin(np.arange(1, int(d) + 1), int(d)) if d else np.zeros(0, dtype=np.int64)
-                for d in lengths], RATE_BINS
+        """Rows of a draw: the sizes 1..D_i, pooled in ``NUM_RATE_BINS`` bins of the rate
+        M / D_i (:func:`~mptlml.estimators.learned_rate.rate_bin`)."""
+        return [rate_bin(np.arange(1, int(d) + 1) / int(d)) if d else np.zeros(0, dtype=np.int64)
+                for d in lengths], NUM_RATE_BINS
 
     def ragged_cells(self, model: RaggedMaskedModel, toks: list[torch.Tensor],
                      counts: Sequence[np.ndarray], seed: int, *, tag: str,

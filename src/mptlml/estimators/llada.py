@@ -27,6 +27,7 @@ switching to its own estimators: :class:`LLaDA` (``estimate_lml(model, x,
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -34,10 +35,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._scoring.ragged import run_pairs, seq_seed
-from .._validation import SEED_INT, check_options, check_positive_int
+from .._scoring.ragged import run_pairs, sequence_seed
+from .._validation import check_positive_int
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
+from ..seeds import check_seed, check_seeds, spawn
 from .api import register
 from .base import Estimator
 from .results import LLaDAScores
@@ -151,7 +153,7 @@ class LLaDA(Estimator):
                        counts: Sequence[np.ndarray], seed: int,
                        **run: Any) -> tuple[list[list[np.ndarray]], int]:
         """One cell per sequence: its batch means (independent draws of one term)."""
-        seeds = [seq_seed(seed, i) for i in range(len(toks))]
+        seeds = [sequence_seed(seed, i) for i in range(len(toks))]
         means, calls = _batch_means(model, toks, [0] * len(toks), seeds, self.num_masks,
                                     self.batch, tag=self.ragged_tag, **run)
         return [[m] for m in means], calls
@@ -193,15 +195,13 @@ def llada_scores(model: RaggedMaskedModel, contexts: Sequence[Any],
     LLaDAScores
     """
     mc_num, batch = _check(mc_num, batch)
-    check_options("llada_scores", overrides={"seed": [SEED_INT, "int sequence"]}, seed=seed)
     ctxs, conts = list(contexts), list(continuations)
     if len(ctxs) != len(conts):
         raise ValueError(f"{len(ctxs)} contexts for {len(conts)} continuations: pass one "
                          "context per continuation.")
-    seeds = ([seq_seed(int(seed), i) for i in range(len(conts))]
-             if isinstance(seed, int | np.integer) else [int(s) for s in seed])
-    if len(seeds) != len(conts):
-        raise ValueError(f"{len(seeds)} seeds for {len(conts)} pairs.")
+    seeds = ([spawn(check_seed(seed), i) for i in range(len(conts))]
+             if isinstance(seed, numbers.Integral) and not isinstance(seed, bool)
+             else check_seeds(seed, len(conts)))
     if not conts:
         return LLaDAScores(np.zeros(0), np.zeros(0), mc_num // batch,
                            np.zeros(0, dtype=np.int64), 0)

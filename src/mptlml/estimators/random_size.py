@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._scoring.ragged import run_pairs, seq_seed
+from .._scoring.ragged import run_pairs, sequence_seed
 from .._validation import check_positive_int
 from ..masks import sample_masks, sizes_at, uniform_sizes, unit_uniforms
 from ..models.protocols import RaggedMaskedModel
@@ -224,7 +224,7 @@ class RandomSize(Estimator):
         for i, (s, d) in enumerate(zip(out.sums, out.lengths, strict=True)):
             # the same masks again, from the same generator
             _, m, stratum, probs, distinct = self._distinct_draws(
-                int(d), draws[i], torch.Generator().manual_seed(seq_seed(seed, i)), pairs)
+                int(d), draws[i], torch.Generator().manual_seed(sequence_seed(seed, i)), pairs)
             w = self.weights(m, torch.full_like(m, int(d)))
             ratio = (w * torch.as_tensor(s, dtype=torch.float64) / m).numpy()
             h = draws[i] // 2 if pairs else 1

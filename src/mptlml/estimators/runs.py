@@ -18,7 +18,7 @@ kinds lives here:
   engine, :class:`~mptlml.estimators.sequential.DenseDraw`: rounds of draws per
   stratum, Neyman's counts learned over the rounds) and :func:`ragged_to_target`
   (each sequence a member, :class:`~mptlml.estimators.sequential.CellDraw` or
-  :class:`~mptlml.estimators.sequential.RateDraw`).
+  :class:`~mptlml.estimators.learned_rate.RateDraw`).
 
 The strata pool differently: on dense data each stratum's spread is pooled
 over the data (or taken from the data means with shared masks); on ragged
@@ -50,10 +50,9 @@ from ..models.sequence_input import encode
 from .allocation import plan_remedy
 from .results import LMLEstimate, announce_estimate, as_float64
 from .sequential import (
+    EXACT_LENGTH,
     MAX_TARGET_DRAWS,
-    CellDraw,
     DenseDraw,
-    RateDraw,
     SequentialRun,
     run_rounds,
     target_rule,
@@ -62,10 +61,6 @@ from .stats import enumerated_sum, mean_stderr, strata_stderr, sum_stderr, welch
 
 __all__ = ["EXACT_LENGTH", "DenseRun", "RaggedRun", "ragged_to_target", "run_what",
            "score_every_mask", "start_run"]
-
-#: sequences (continuations) of at most this many units are scored on every mask (exact,
-#: standard error 0): their 2^D - 1 <= 15 masks cost no more than a few draws
-EXACT_LENGTH = 4
 
 
 def score_every_mask(model: RaggedMaskedModel, toks: list[torch.Tensor], seed: int, *,
@@ -368,8 +363,7 @@ def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed
         est.check_num_tokens(int(d))
     p = max(2, 2 * math.ceil(est.num_masks / 2))
     allocation = allocation or "neyman"
-    draw = (RateDraw(p, allocation, EXACT_LENGTH) if getattr(est, "rate_draw", False) else
-            CellDraw(est.with_draws(p), allocation))
+    draw = est.round_draw(p, allocation)
     n = len(toks)
     whole = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
     n_mc = int((~whole).sum())

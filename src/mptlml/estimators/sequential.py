@@ -30,6 +30,8 @@ Marginal Likelihood", NeurIPS 2023, Proposition 1.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,26 +41,32 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._scoring.checkpoints import check_meta
 from .._scoring.dense import check_masked_inputs
-from .._scoring.ragged import check_run_size, run_pairs, seq_seed
+from .._scoring.ragged import check_run_size, run_pairs
 from ..masks import every_mask
+from ..seeds import spawn
 from .stats import ExactCell, cell_error, enumerated_sum, welch_dof
 
-__all__ = ["DENSITY_FLOOR", "MAX_TARGET_DRAWS", "NEED_MARGIN", "NUM_RATE_BINS", "PRIOR_PAIRS",
-           "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "DenseDraw", "RateDensity", "RateDraw",
-           "RoundDraw", "Rule", "SequentialRun", "Tally", "at_target", "cells_error",
+__all__ = ["DENSITY_FLOOR", "EXACT_LENGTH", "MAX_TARGET_DRAWS", "NEED_MARGIN", "NUM_RATE_BINS",
+           "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "DenseDraw", "RateDensity", "RoundDraw",
+           "Rule", "SequentialRun", "Tally", "at_target", "cells_error", "check_run_fingerprint",
            "combine_rounds", "complement_cells", "density_of", "draws_needed", "fixed_rule",
            "masks_at_rates",
-           "neyman_counts", "neyman_sd", "next_draws", "paired", "round_sizes", "run_rounds",
-           "stratified_rates", "stratum_cells", "target_rule", "weighted_rounds"]
+           "neyman_counts", "neyman_sd", "next_draws", "paired", "round_seed",
+           "round_sizes", "run_rounds", "scores_every_mask", "stratified_rates", "stratum_cells",
+           "target_rule", "weighted_rounds"]
 
-#: rate bins of the learned allocation
+#: rate bins: of the learned rate density (its strata), and of a ragged draw's rows
+#: (``cumulative``'s sizes M of D_i, by the rate M / D_i):
+#: :func:`~mptlml.estimators.learned_rate.rate_bin`
 NUM_RATE_BINS = 10
+#: sequences (continuations) of at most this many units are scored on every mask (exact,
+#: standard error 0): their 2^D - 1 <= 15 masks cost no more than a few draws
+EXACT_LENGTH = 4
 #: the learned density never falls below this share of its largest bin (keeps every rate,
 #: and bounds the importance weights: heavy tails make standard errors unstable)
 DENSITY_FLOOR = 0.3
-#: a question's spread by rate is shrunk toward the call's as if by this many pairs per bin
-PRIOR_PAIRS = 8
 #: a standard error counts as at its target only on at least this many degrees of freedom
 TARGET_MIN_DOF = 10
 #: a round towards a target SE draws this times the predicted remainder (fewer extra rounds)
@@ -88,6 +96,25 @@ class RateDensity:
         """q(M) for M in ``sizes`` (1..T-1) of a continuation of T = ``length`` tokens."""
         n = length - 1
         return self.cdf(sizes / n) - self.cdf((sizes - 1) / n)
+
+
+def scores_every_mask(length: int, asked: int, exact_length: int = EXACT_LENGTH) -> bool:
+    """The one exactness rule: a sequence of ``length`` units is scored on every mask
+    (exact, standard error 0) when its ``2^D - 1`` masks are no more than the ``asked``
+    masked inputs its draws would score, or than ``2^exact_length - 1``
+    (:data:`EXACT_LENGTH`: a few); a sequence of at most one unit always (one mask).
+    Both estimate the same sum."""
+    d = int(length)
+    return d <= 1 or 2.0 ** d - 1 <= max(int(asked), 2 ** int(exact_length) - 1)
+
+
+def round_seed(key: tuple[int, ...], r: int) -> int:
+    """The seed of round r of the sequence keyed ``key = (seed, q, *member)``:
+    :func:`mptlml.seeds.spawn` ``(seed, q, r, *member)``. The round comes before the member's
+    own keys, so the streams of a group (``(seed, q, r)``) and of its members
+    (``(seed, q, r, j)``, ``j >= 1``) never meet (SeedSequence pads its entropy with zeros:
+    ``(seed, q, r)`` is ``(seed, q, r, 0)``)."""
+    return spawn(key[0], key[1], int(r), *key[2:])
 
 
 def cells_error(cells: list[np.ndarray]) -> tuple[float, np.ndarray, np.ndarray]:
@@ -380,7 +407,7 @@ class RoundDraw:
     name: str | None = None
 
     def bind(self, lengths: np.ndarray, groups: list[list[int]],
-             keys: list[tuple[int, int]]) -> None:
+             keys: list[tuple[int, ...]]) -> None:
         """The sequences' lengths, their groups (questions) and each one's seed key."""
         self.lengths, self.groups, self.keys = lengths, groups, keys
         self.group_of = {i: q for q, m in enumerate(groups) for i in m}
@@ -388,6 +415,11 @@ class RoundDraw:
     def lengths_of(self, ids: list[Any]) -> np.ndarray:
         """The length of each sequence (its units; dense data: D)."""
         return np.array([len(t) for t in ids], dtype=np.int64)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides the draws besides the seeds and the data, for a checkpoint: the
+        draw (its estimator and options) and its allocation."""
+        return {"draw": self.name, "allocation": self.allocation}
 
     def check_size(self, lengths: np.ndarray, caps: list[int], what: str,
                    remedy: str | None) -> None:
@@ -434,132 +466,6 @@ class RoundDraw:
         return None
 
 
-class RateDraw(RoundDraw):
-    """The rate draw of Proposition 1 conditionally, with a rate density learned over rounds.
-
-    ``sum_{M=1..T} S_T(x; M) = S_T(x; T) + E_{M ~ q}[S_T(x; M) / q(M)]`` (M < T): the whole
-    continuation scored once (exactly, in round 0), and per round P draws on H = P/2 strata
-    of equal q-mass (:func:`stratified_rates`, :func:`masks_at_rates`: M = ceil(r (T-1)));
-    the candidates of a group share the rates and the order of positions (common random
-    numbers, from the group's key unless the caller gives each candidate its own). A short
-    sequence, whose ``2^T - 2`` other masks are no more than ``max(P, 2^EXACT_LENGTH - 2)``,
-    is scored on every mask instead (exact). With ``allocation="neyman"`` q follows the
-    spread of a mask's score by rate bin (Neyman, :func:`density_of`), a group's own spread
-    shrunk toward the call's as if that were :data:`PRIOR_PAIRS` pairs per bin.
-    """
-
-    name = "learned-rate"
-
-    def __init__(self, num_masks: int, allocation: str = "neyman", exact_length: int = 4
-                 ) -> None:
-        self.p, self.allocation, self.exact_length = num_masks, allocation, exact_length
-
-    def bind(self, lengths: np.ndarray, groups: list[list[int]],
-             keys: list[tuple[int, int]]) -> None:
-        super().bind(lengths, groups, keys)
-        self.density = RateDensity(np.ones(NUM_RATE_BINS))  # the call's (pooled), reported
-        self.densities = [self.density] * len(groups)  # each group's, for its next round
-        self.spread_sum = np.zeros((len(groups), NUM_RATE_BINS))
-        self.spread_n = np.zeros((len(groups), NUM_RATE_BINS))
-        self.tmax = [int(lengths[m].max()) for m in groups]
-        # per sequence, per size M: sum of (s_1 - s_2)^2 / 2 over its stratum pairs of equal
-        # size M (s the sum of the masked log-probabilities), and their number
-        self.within_sum = [np.zeros(int(t) + 1) for t in lengths]
-        self.within_n = [np.zeros(int(t) + 1) for t in lengths]
-
-    def enumerates(self, length: int) -> bool:
-        return bool(2.0 ** length - 2 <= max(self.p, 2 ** self.exact_length - 2) or length <= 1)
-
-    def reference_var(self, i: int) -> tuple[float, int]:
-        """LLaDA's variance of one draw of sequence i, its within-size part, and the pairs
-        it rests on.
-
-        LLaDA's draw (Nie et al. 2025) of a continuation of T tokens takes M uniform in 1..T
-        and a uniform mask of M positions, and scores ``f = (T / M) s_M``, ``s_M`` the sum of
-        the masked log-probabilities; its variance is at least the within-size part
-        ``W = E_M[(T / M)^2 v_M] = sum_{M=1..T-1} T v_M / M^2``, ``v_M = Var(s_M | M)``
-        (``v_T = 0``: one mask), whatever its sizes (independent, or LLaDA's systematic
-        counts, which remove the between-size part at most). ``v_M`` is estimated by
-        ``(s_1 - s_2)^2 / 2`` averaged over this sequence's stratum pairs that fell on the
-        same size M (two uniform masks of size M; a swapped repeat only adds to it by
-        ``v_M / (C(T, M) - 1)`` at most); a size never seen in a pair counts 0, so ``W`` errs
-        small (a stricter reference). An enumerated sequence: ``(0.0, 0)``.
-        """
-        n = self.within_n[i]
-        t = int(self.lengths[i])
-        sizes = np.arange(len(n))
-        seen = (n > 0) & (sizes >= 1) & (sizes < t)
-        if not seen.any():
-            return 0.0, 0
-        v = self.within_sum[i][seen] / n[seen]
-        return float(np.sum(t * v / sizes[seen] ** 2)), int(n[seen].sum())
-
-    def most_rows(self, length: int, draws: int) -> int:
-        return 2 ** length - 1 if self.enumerates(length) else draws + 1
-
-    def draws_within(self, length: int, rows: int) -> int:
-        return int(rows) - 1  # the whole continuation's row, scored once, counts
-
-    def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
-              run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
-                                            int]:
-        masks: dict[int, torch.Tensor] = {}
-        meta: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
-        for i, p in todo:
-            t, q = int(self.lengths[i]), self.group_of[i]
-            if self.enumerates(t):  # every mask, once
-                masks[i], meta[i] = every_mask(t), None
-                continue
-            g = torch.Generator().manual_seed(seq_seed(*self.keys[i], r))
-            _, rates, order = stratified_rates(g, p, self.tmax[q], self.densities[q])
-            one_length = bool((self.lengths[self.groups[q]] == t).all())
-            m, sizes = masks_at_rates(t, rates, order, distinct_pairs=one_length)
-            if r == 0:  # the whole continuation: S_T(x; |T|) exactly, once
-                m = torch.cat([m, torch.ones(1, t, dtype=torch.bool)])
-            masks[i], meta[i] = m, (rates, sizes)
-        order_ = sorted(masks)
-        out = run_pairs(scorer, [ids[i] for i in order_],
-                        lambda k, d, g: masks[order_[k]], seed=0, tag="sequential",
-                        spec={"kind": "sequential", "round": r,
-                              "total_pairs": int(sum(m.shape[0] for m in masks.values()))},
-                        desc="sequential draws", **_round_dir(run, r))
-        res: dict[int, tuple[list[np.ndarray] | None, float, int]] = {}
-        for i, s in zip(order_, out.sums, strict=True):
-            t, s = int(self.lengths[i]), np.asarray(s, dtype=np.float64)
-            rows = int(masks[i].shape[0])
-            if meta[i] is None:
-                res[i] = (None, enumerated_sum(s, masks[i].sum(1).numpy()), rows)
-                continue
-            rates, sizes = meta[i]
-            top = 0.0
-            if r == 0:
-                top, s = float(s[-1]) / t, s[:-1]
-            q = self.group_of[i]
-            y = s / (sizes * self.densities[q].size_probs(sizes, t))
-            res[i] = (stratum_cells(y), top, rows)
-            pair_s, pair_m = s.reshape(-1, 2), sizes.reshape(-1, 2)
-            same = pair_m[:, 0] == pair_m[:, 1]
-            np.add.at(self.within_sum[i], pair_m[same, 0],
-                      (pair_s[same, 0] - pair_s[same, 1]) ** 2 / 2)
-            np.add.at(self.within_n[i], pair_m[same, 0], 1)
-            score = s / sizes
-            b = np.minimum((rates * NUM_RATE_BINS).astype(int), NUM_RATE_BINS - 1)
-            pair = score.reshape(-1, 2)
-            np.add.at(self.spread_sum[q], b.reshape(-1, 2)[:, 0],
-                      (pair[:, 0] - pair[:, 1]) ** 2 / 2)
-            np.add.at(self.spread_n[q], b.reshape(-1, 2)[:, 0], 1)
-        return res, out.num_model_calls
-
-    def learn(self, active: list[int]) -> None:
-        if self.allocation != "neyman" or self.spread_n.sum(0).min() <= 0:
-            return
-        pooled = self.spread_sum.sum(0) / self.spread_n.sum(0)
-        self.density = density_of(pooled)
-        for q in active:  # its own spread, shrunk toward the call's by PRIOR_PAIRS
-            self.densities[q] = density_of((self.spread_sum[q] + PRIOR_PAIRS * pooled)
-                                           / (self.spread_n[q] + PRIOR_PAIRS))
-
-
 class CellDraw(RoundDraw):
     """Any ragged estimator's own draws as rounds, its rows allocated as the rounds learn.
 
@@ -579,10 +485,10 @@ class CellDraw(RoundDraw):
     """
 
     def __init__(self, est: Any, allocation: str = "neyman") -> None:
-        self.est, self.allocation = est, allocation
+        self.est, self.allocation, self.name = est, allocation, est.name
 
     def bind(self, lengths: np.ndarray, groups: list[list[int]],
-             keys: list[tuple[int, int]]) -> None:
+             keys: list[tuple[int, ...]]) -> None:
         super().bind(lengths, groups, keys)
         self.strata, h = self.est.ragged_strata(lengths)
         self.spread_sum, self.spread_n = np.zeros(h), np.zeros(h)
@@ -592,6 +498,9 @@ class CellDraw(RoundDraw):
 
     def enumerates(self, length: int) -> bool:
         return bool(self.est.enumerates_sequence(int(length)))
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {**super().fingerprint(), "estimator": self.est.fingerprint()}
 
     def round_size(self, draws: int) -> int:
         unit = int(getattr(self.est, "draw_unit", 1))
@@ -638,7 +547,7 @@ class CellDraw(RoundDraw):
             est = self.est.with_draws(p)
             counts = [self.counts(i, p) for i in seqs]
             # sequence i's generator as if drawn alone from its round seed (sequence 0)
-            seeds = [seq_seed(seq_seed(*self.keys[i], r), 0) for i in seqs]
+            seeds = [spawn(round_seed(self.keys[i], r), 0) for i in seqs]
             cells, c = est.sequence_cells(scorer, [ids[i] for i in seqs], counts, seeds,
                                           **_round_dir(run, r, f"draws_{p:06d}"))
             calls += c
@@ -814,6 +723,35 @@ class SequentialRun:
     enumerated: np.ndarray
 
 
+def check_run_fingerprint(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor],
+                          groups: list[list[int]], keys: list[tuple[int, ...]], num_masks: int,
+                          max_masks: Sequence[int], run: dict[str, Any]) -> None:
+    """Refuse, before the first round, a ``checkpoint_dir`` that holds another run's rounds.
+
+    The run's fingerprint is everything that decides its draws: the draw
+    (:meth:`RoundDraw.fingerprint`: the estimator, its options, the allocation), every
+    sequence's seed key, the groups, the first round's draws and the caps, the data (a
+    SHA-256 of the ids) and the model. It is written to ``checkpoint_dir/sequential/
+    meta.json`` by the first run and compared by every later one
+    (:func:`~mptlml._scoring.checkpoints.check_meta`): a mismatch is a
+    :class:`~mptlml._scoring.checkpoints.CheckpointError` naming the keys that differ
+    (``seeds``, ``allocation``, ...). Each round's chunks keep their own fingerprint too.
+    """
+    h = hashlib.sha256()
+    for t in ids:
+        h.update(np.asarray(t.detach().cpu() if isinstance(t, torch.Tensor) else t,
+                            dtype=np.int64).tobytes())
+        h.update(b"|")
+    model = scorer.fingerprint() if hasattr(scorer, "fingerprint") else {}
+    meta = {**draw.fingerprint(), "seeds": [[int(k) for k in key] for key in keys],
+            "groups": [[int(i) for i in m] for m in groups], "num_masks": int(num_masks),
+            "max_masks": [int(c) for c in max_masks], "data_sha256": h.hexdigest(),
+            "model": model}
+    ckpt = Path(run["checkpoint_dir"]) / "sequential"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    check_meta(ckpt, json.loads(json.dumps(meta, default=str)), write=True)
+
+
 def target_rule(targets: Sequence[float]) -> Rule:
     """Stop a group once every member's SE is at its target (:func:`at_target`): members at
     it stop drawing; the next round draws what the slowest needs (:func:`draws_needed`);
@@ -841,7 +779,7 @@ def fixed_rule(q: int, members: list[int], tallies: list[Tally], at_cap: bool
 
 
 def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: list[list[int]],
-               keys: list[tuple[int, int]], *, num_masks: int, max_masks: Sequence[int],
+               keys: list[tuple[int, ...]], *, num_masks: int, max_masks: Sequence[int],
                rule: Rule, run: dict[str, Any], what: str = "the sequential draws",
                remedy: str | None = "lower max_masks") -> SequentialRun:
     """The sequential engine: rounds of ``draw`` over groups of sequences until each stops.
@@ -857,7 +795,8 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
     Parameters
     ----------
     draw : RoundDraw
-        :class:`RateDraw` or :class:`CellDraw` (an estimator's draws on ragged sequences),
+        :class:`~mptlml.estimators.learned_rate.RateDraw` or :class:`CellDraw` (an
+        estimator's draws on ragged sequences),
         or :class:`DenseDraw` (an estimator's draws on dense data: one member, the data set).
     scorer : RaggedMaskedModel or MaskedModel
         The model (with its contexts, :func:`mptlml.models.conditional.with_context`).
@@ -867,7 +806,7 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
         The sequences of each group (common random numbers within it).
     keys : list of (int, int)
         The seed key of each sequence: round r of sequence i draws from
-        ``seq_seed(*keys[i], r)`` (:func:`~mptlml._scoring.ragged.seq_seed`).
+        :func:`round_seed` ``(keys[i], r)``.
     num_masks : int
         Draws per member in the first round.
     max_masks : list of int
@@ -888,6 +827,8 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
     SequentialRun
     """
     lengths = draw.lengths_of(ids)
+    if run.get("checkpoint_dir") is not None:
+        check_run_fingerprint(draw, scorer, ids, groups, keys, num_masks, max_masks, run)
     draw.bind(lengths, groups, keys)
     enumerated = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
     cap = {i: max_masks[q] for q, m in enumerate(groups) for i in m}

@@ -47,7 +47,6 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..estimators import Estimator, accepted_options, available, create, get
@@ -55,9 +54,10 @@ from ..estimators.base import check_size_rule
 from ..models.mlm_inputs import CORRUPTIONS, corrupt
 from ..models.sequence_input import as_token_ids
 from ..models.tokenizer_checks import MAX_UNKNOWN_FRACTION, check_round_trip
+from ..seeds import spawn
 from .loss import IGNORE_INDEX, LABELS, WEIGHTS
 
-__all__ = ["CORRUPTIONS", "DEFAULT_RATE", "DataCollatorForMPT", "stream_seed"]
+__all__ = ["CORRUPTIONS", "DEFAULT_RATE", "DataCollatorForMPT"]
 
 _HINTS = {"rate": "rate applies to estimator='fixed-rate' only; {estimator} draws M from 1..D_i. "
                   "Drop rate, or pass estimator='fixed-rate'.",
@@ -65,16 +65,6 @@ _HINTS = {"rate": "rate applies to estimator='fixed-rate' only; {estimator} draw
                         "has one size per sequence)."}
 #: BERT's masking rate, the default of ``estimator="fixed-rate"``.
 DEFAULT_RATE = 0.15
-
-
-def stream_seed(*keys: int) -> int:
-    """A 64-bit seed for the stream named by integer ``keys`` (``numpy.random.SeedSequence``).
-
-    Distinct keys give independent streams: ``(seed, worker seed)`` in a
-    DataLoader worker, ``(seed, tag, step, micro-batch, process)`` in
-    :class:`~mptlml.hf.MPTTrainer`.
-    """
-    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1, np.uint64)[0])
 
 
 class DataCollatorForMPT:
@@ -235,7 +225,7 @@ class DataCollatorForMPT:
                 self._worker_seed = None
             return self._generator
         if self._generator is None or self._worker_seed != int(info.seed):
-            self._generator = torch.Generator().manual_seed(stream_seed(self.seed, info.seed))
+            self._generator = torch.Generator().manual_seed(spawn(self.seed, info.seed))
             self._worker_seed = int(info.seed)
         return self._generator
 

@@ -29,9 +29,11 @@ What it guarantees
   draw what one batch of 4 draws), differ from step to step, and are drawn again
   identically when training resumes from a checkpoint. Evaluation pair j (its place in
   the evaluation set, likewise global) draws from ``(seed, j)`` of the evaluation stream.
-- **The allocation.** With ``allocation="learned"`` the rate density of step s is set in
-  proportion to the spread of the margin's draws by rate bin over steps 0..s-1 (Neyman,
-  :func:`~mptlml.estimators.sequential.density_of`, floored), summed over all processes
+- **The allocation.** With ``allocation="neyman"`` (the default) the rate density of step s
+  is set in proportion to the spread of the margin's draws by rate bin over steps 0..s-1
+  (Neyman: the learned-rate estimator's :func:`~mptlml.estimators.learned_rate.pair_spread`
+  and :func:`~mptlml.estimators.learned_rate.learned_density`, floored), summed over all
+  processes
   (one all-reduce per step): no pilot, each step unbiased given the past, and every
   process draws with the same density. It is saved with every checkpoint and read back
   on resume.
@@ -73,10 +75,10 @@ import numpy as np
 import torch
 
 from .._optional import require
-from .._validation import check_positive_int
-from ..estimators.runs import EXACT_LENGTH
-from ..estimators.sequential import NUM_RATE_BINS, RateDensity, density_of
-from .collator import stream_seed
+from .._validation import ALLOCATIONS, check_positive_int
+from ..estimators.learned_rate import learned_density
+from ..estimators.sequential import EXACT_LENGTH, NUM_RATE_BINS, RateDensity
+from ..seeds import check_seed, spawn
 from .preference import (
     MASK_SCHEMES,
     EncodedPairs,
@@ -287,8 +289,10 @@ class MPTDPOTrainer(Trainer):
         gradients) and as many through the reference.
     masks : {"common", "independent", "vrpo"}
         How the four bounds of a pair draw their masks (:mod:`mptlml.hf.preference`).
-    allocation : {"learned", "uniform"}
-        Learn the rate density across steps (``masks="common"`` only), or keep it uniform.
+    allocation : {"neyman", "uniform"}
+        ``"neyman"``: learn the rate density across steps from the margin's spread by rate
+        (``masks="common"`` only); ``"uniform"``: keep it uniform
+        (``mptlml._validation.ALLOCATIONS``, as every target's).
     exact_length : int
         Responses of at most this many tokens are scored on every mask (exact).
     seed : int, optional
@@ -308,7 +312,7 @@ class MPTDPOTrainer(Trainer):
     def __init__(self, model: Any = None, ref_model: Any = None, args: Any = None,
                  data_collator: Any = None, train_dataset: Any = None, eval_dataset: Any = None,
                  processing_class: Any = None, *, beta: float = 0.1, num_masks: int = 8,
-                 masks: str = "common", allocation: str = "learned",
+                 masks: str = "common", allocation: str = "neyman",
                  exact_length: int = EXACT_LENGTH, seed: int | None = None,
                  mask_token_id: int | None = None, family: str | None = None,
                  force_family: bool = False, disable_dropout: bool = True,
@@ -330,17 +334,17 @@ class MPTDPOTrainer(Trainer):
                              "copy of the starting point.")
         if masks not in MASK_SCHEMES:
             raise ValueError(f"masks must be one of {MASK_SCHEMES}, got {masks!r}.")
-        if allocation not in ("learned", "uniform"):
-            raise ValueError(f"allocation must be 'learned' or 'uniform', got {allocation!r}.")
-        if allocation == "learned" and masks != "common":
-            raise ValueError(f"allocation='learned' learns from the paired draws of "
+        if allocation not in ALLOCATIONS:
+            raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}.")
+        if allocation == "neyman" and masks != "common":
+            raise ValueError(f"allocation='neyman' learns from the paired draws of "
                              f"masks='common'; with masks={masks!r} pass allocation='uniform'.")
         if data_collator is not None and not isinstance(data_collator,
                                                         DataCollatorForPreference):
             raise TypeError("MPTDPOTrainer tokenises pairs with its own "
                             "DataCollatorForPreference; drop data_collator.")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}.")
+        if seed is not None:
+            seed = check_seed(seed)
         exact_length = check_exact_length(exact_length)  # every exact path under one cap
         for what, data in (("training", train_dataset), ("evaluation", eval_dataset)):
             for part in (data.values() if isinstance(data, dict) else [data]):
@@ -476,8 +480,8 @@ class MPTDPOTrainer(Trainer):
         self._set_density()
 
     def _set_density(self) -> None:
-        if self.allocation == "learned" and self.spread_count.min() > 0:
-            self.density = density_of(self.spread_sum / self.spread_count)
+        if self.allocation == "neyman":
+            self.density = learned_density(self.spread_sum, self.spread_count)
 
     def _save_checkpoint(self, model: Any, trial: Any, *args: Any, **kwargs: Any) -> None:
         super()._save_checkpoint(model, trial, *args, **kwargs)  # 4.x also passes metrics
@@ -513,7 +517,7 @@ class MPTDPOTrainer(Trainer):
                 offset: int) -> Any:
         """The bounds of a micro-batch; its pair i draws from ``(seed, *keys, offset + i)``."""
         pairs = _pairs_of(inputs)
-        gens = [torch.Generator().manual_seed(stream_seed(self.mask_seed, *keys, offset + i))
+        gens = [torch.Generator().manual_seed(spawn(self.mask_seed, *keys, offset + i))
                 for i in range(len(pairs))]
         return preference_bounds(self.policy_lm, self.ref_lm, pairs, beta=self.beta,
                                  num_masks=self.num_masks, masks=self.masks,

@@ -41,7 +41,7 @@ from .._validation import check_positive_int
 from ..models.masked_lm import MaskedLM
 from ..models.mlm_inputs import accepts_keyword, evaluation_mode, logits_of
 from ..models.sequence_input import as_token_ids
-from .collator import stream_seed
+from ..seeds import spawn
 
 __all__ = ["REMASKING", "Generation", "generate", "transfer_counts"]
 
@@ -188,8 +188,8 @@ def generate(lm: MaskedLM, prompts: Sequence[Any], *, max_new_tokens: int = 128,
                for v in seeds) or (not isinstance(seed, numbers.Integral)
                                    and len(seeds) != len(prompts)):
         raise ValueError(f"seed must be an int >= 0 or one such int per prompt, got {seed!r}.")
-    streams = ([stream_seed(int(seed), i) for i in range(len(prompts))]
-               if isinstance(seed, numbers.Integral) else [stream_seed(int(v)) for v in seeds])
+    streams = ([spawn(int(seed), i) for i in range(len(prompts))]
+               if isinstance(seed, numbers.Integral) else [spawn(int(v)) for v in seeds])
     bs = len(prompts) if batch_size is None else check_positive_int(batch_size, "batch_size")
     enc = lm.encode(prompts)
     frame = len(lm.prefix) + len(lm.suffix)

@@ -86,7 +86,7 @@ import torch
 
 from .._optional import require
 from ..estimators.runs import EXACT_LENGTH
-from .collator import stream_seed
+from ..seeds import spawn
 from .dpo import _disable_dropout
 from .generation import REMASKING, generate
 from .logratio import LOGRATIO_MASKS, CommonPlans, common_plans
@@ -332,7 +332,7 @@ class MPTGRPOTrainer(Trainer):
         g = a.num_generations
         rows = [r for r in rows for _ in range(g)]
         prompts = [r["prompt"] for r in rows]
-        seeds = [stream_seed(int(a.seed), _SAMPLE, step, i) for i in range(len(rows))]
+        seeds = [spawn(int(a.seed), _SAMPLE, step, i) for i in range(len(rows))]
         gen = generate(self.policy_lm, prompts, max_new_tokens=a.max_completion_length,
                        steps=a.steps, block_length=a.block_length, temperature=a.temperature,
                        remasking=a.remasking, seed=seeds, module=module,
@@ -342,7 +342,7 @@ class MPTGRPOTrainer(Trainer):
         adv = (grouped - grouped.mean(1, keepdims=True)) / (grouped.std(1, ddof=1,
                                                                         keepdims=True) + 1e-4)
         ids = [torch.cat([p, c]) for p, c in zip(gen.prompt_ids, gen.ids, strict=True)]
-        gens = [torch.Generator().manual_seed(stream_seed(int(a.seed), _ROLLOUT, step, i))
+        gens = [torch.Generator().manual_seed(spawn(int(a.seed), _ROLLOUT, step, i))
                 for i in range(len(rows))]
         plans = common_plans(self.policy_lm, ids, [len(p) for p in gen.prompt_ids],
                              num_masks=self.num_masks_now, seed=gens, masks=a.masks,
@@ -415,7 +415,7 @@ class MPTGRPOTrainer(Trainer):
         full = [ro.ids[i] for i in keep]
         ctx = [ro.num_context[i] for i in keep]
         step = int(self.state.global_step)
-        seeds = [torch.Generator().manual_seed(stream_seed(int(self.args.seed), _DRIFT, step, i))
+        seeds = [torch.Generator().manual_seed(spawn(int(self.args.seed), _DRIFT, step, i))
                  for i in range(len(keep))]
         with torch.no_grad():
             est_plans = common_plans(lm, full, ctx, num_masks=self.num_masks_now, seed=seeds,

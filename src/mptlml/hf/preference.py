@@ -9,8 +9,10 @@ S_y(M) the mean over masks of M response tokens of ``(1/M) sum_{j in mask} log p
 unmasked y, x)`` (the prompt always visible), a rate r drawn from a density q on (0, 1)
 giving the size ``M_r = ceil(r (T - 1))`` and q_T(M) the q-mass of its rate interval (the
 machinery of :func:`mptlml.compare`, :mod:`mptlml.estimators.sequential`). The whole
-response (M = T, one mask) is scored once, exactly; a response of at most
-``exact_length`` tokens is scored on all of its 2^T - 1 masks (its bound is exact).
+response (M = T, one mask) is scored once, exactly; a response whose 2^T - 1 masks are no
+more than its draws' masked inputs, or than ``2^exact_length - 1``, is scored on all of
+them (its bound is exact: the engine's one rule,
+:func:`~mptlml.estimators.sequential.scores_every_mask`).
 
 DPO on bounds. For a pair (x, y_w, y_l) of a policy pi and a frozen reference,
 
@@ -71,12 +73,14 @@ import torch.nn.functional as F
 
 from .. import settings
 from .._validation import check_positive_int
-from ..estimators.runs import EXACT_LENGTH
+from ..estimators.learned_rate import pair_spread
 from ..estimators.sequential import (
+    EXACT_LENGTH,
     NUM_RATE_BINS,
     RateDensity,
     cells_error,
     masks_at_rates,
+    scores_every_mask,
     stratified_rates,
     stratum_cells,
 )
@@ -84,7 +88,7 @@ from ..estimators.stats import enumerated_sum, mean_stderr
 from ..masks import every_mask, sample_masks, uniform_sizes
 from ..models.mlm_inputs import accepts_keyword, logits_of
 from ..models.sequence_input import encode_with_context
-from .collator import stream_seed
+from ..seeds import spawn
 from .loss import IGNORE_INDEX, mpt_loss
 
 __all__ = ["MASK_SCHEMES", "EncodedPairs", "PreferenceBounds", "check_exact_length", "dpo_loss",
@@ -226,7 +230,7 @@ def _generators(generator: Any, n: int) -> list[torch.Generator]:
     if isinstance(generator, numbers.Integral) and not isinstance(generator, bool):
         if int(generator) < 0:
             raise ValueError(f"seed must be a non-negative int, got {generator}.")
-        return [torch.Generator().manual_seed(stream_seed(int(generator), i)) for i in range(n)]
+        return [torch.Generator().manual_seed(spawn(int(generator), i)) for i in range(n)]
     gens = list(generator) if isinstance(generator, Sequence) else None
     if gens is None or len(gens) != n or not all(isinstance(g, torch.Generator) for g in gens):
         raise TypeError(f"seed must be an int or a list of {n} torch.Generator (one per pair), "
@@ -291,7 +295,8 @@ def _vrpo_plan(t: int, p: int, g: torch.Generator) -> _Plan:
 def _plans(tw: int, tl: int, p: int, g: torch.Generator, scheme: str, density: RateDensity,
            exact_length: int) -> list[list[_Plan]]:
     """``[[policy_w, policy_l], [ref_w, ref_l]]`` plans of one pair (shared objects: one input)."""
-    exact = [t <= max(exact_length, 1) for t in (tw, tl)]
+    asked = p if scheme == "vrpo" else p + 1  # masked inputs of a response's draws
+    exact = [scores_every_mask(t, asked, exact_length) for t in (tw, tl)]
     if scheme == "vrpo":
         both = [_exact_plan(t) if e else _vrpo_plan(t, p, g)
                 for t, e in zip((tw, tl), exact, strict=True)]
@@ -413,8 +418,10 @@ def preference_bounds(policy: Any, reference: Any, prompts: Sequence[Any] | Enco
     seed : int or list of torch.Generator
         Pair i draws from the stream (seed, i), or from the i-th generator.
     exact_length : int
-        Responses of at most this many tokens are scored on every mask (exact; 0 or 1:
-        only one-token responses, which have a single mask).
+        Responses of at most this many tokens are scored on every mask (exact), and any
+        whose 2^T - 1 masks are no more than its draws' masked inputs
+        (:func:`~mptlml.estimators.sequential.scores_every_mask`; 0 or 1: only those and
+        one-token responses, which have a single mask).
     policy_module : torch.nn.Module, optional
         The module whose forward computes the policy's logits (default ``policy.model``;
         a trainer passes its wrapped model, e.g. DistributedDataParallel's).
@@ -508,10 +515,7 @@ def preference_bounds(policy: Any, reference: Any, prompts: Sequence[Any] | Enco
         se[i] = _stratified_se(draws)
         # the allocation's evidence: density-free terms d_k q(r_k), spread within a stratum
         rates = sampled[0].rates
-        b = np.minimum((rates * NUM_RATE_BINS).astype(int), NUM_RATE_BINS - 1)
-        u = (draws * density.mass[b] * NUM_RATE_BINS).reshape(-1, 2)
-        np.add.at(spread_sum, b.reshape(-1, 2)[:, 0], (u[:, 0] - u[:, 1]) ** 2 / 2)
-        np.add.at(spread_n, b.reshape(-1, 2)[:, 0], 1)
+        pair_spread(spread_sum, spread_n, rates, draws, density)
     pw, plo = torch.stack(est["pw"]), torch.stack(est["pl"])
     rw, rl = torch.stack(est["rw"]).detach(), torch.stack(est["rl"]).detach()
     margin = beta * ((pw - rw) - (plo - rl))

@@ -56,7 +56,8 @@ import torch
 from .._optional import require
 from .._validation import check_positive_int
 from ..models.hf_loading import check_masked_lm, position_limit
-from .collator import DataCollatorForMPT, stream_seed
+from ..seeds import spawn
+from .collator import DataCollatorForMPT
 from .loss import LABELS, WEIGHTS, _logits_of, mpt_loss
 
 try:
@@ -168,7 +169,7 @@ class MPTTrainer(Trainer):
                 f"tokenizing (tokenizer(text, truncation=True, max_length={limit})) or split "
                 "long texts into chunks" + (", and keep pad_to_multiple_of within it"
                                            if self.mpt_collator.pad_to_multiple_of else "") + ".")
-        g = torch.Generator().manual_seed(stream_seed(self.mask_seed, *keys,
+        g = torch.Generator().manual_seed(spawn(self.mask_seed, *keys,
                                                       self.args.process_index))
         return self.mpt_collator.apply_masks(batch, g)
 

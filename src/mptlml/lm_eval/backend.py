@@ -27,7 +27,6 @@ on the number of processes or on the other documents of the run.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -46,6 +45,7 @@ from .._scoring.distributed import barrier, gather, shard
 from ..estimators.compare import compare
 from ..models import MaskedLM
 from ..models.sequence_input import content_limit, context_bos, fit_contexts, window_pairs
+from ..seeds import spawn, text_key
 from .generation import answer_generation
 from .greedy import greedy_reproduces
 from .records import (
@@ -94,8 +94,7 @@ def _key(request: Any) -> _Key:
 
 def _content_seed(seed: int, args: list[tuple[str, ...]]) -> int:
     """A question's seed from the run's seed and its texts: the same in any split of the run."""
-    h = hashlib.blake2b(json.dumps([seed, [list(a) for a in args]]).encode(), digest_size=8)
-    return int.from_bytes(h.digest(), "little") >> 1
+    return spawn(seed, text_key(json.dumps([list(a) for a in args])))
 
 
 def _tasks(tree: Any) -> list[tuple[str, Any]]:

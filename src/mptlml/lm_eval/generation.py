@@ -32,7 +32,6 @@ does not depend on the other requests of the run.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -40,9 +39,9 @@ from typing import Any
 
 from .._optional import require
 from .._validation import check_positive_int
-from ..hf.collator import stream_seed
 from ..hf.generation import REMASKING, generate
 from ..models import MaskedLM
+from ..seeds import spawn, text_key
 
 __all__ = ["GENERATION_ARGUMENTS", "GenerationSettings", "answer_generation",
            "generation_settings"]
@@ -167,9 +166,8 @@ def answer_generation(lm: MaskedLM, requests: list[tuple[str, dict[str, Any]]],
                              f"{content_limit} content tokens; pass a smaller gen_length.")
         ctx = lm.encode([requests[i][0] for i in idx])
         ctx = [c[len(c) - room:] if len(c) > room else c for c in ctx]
-        seeds = [stream_seed(seed, int.from_bytes(hashlib.sha256(
-            repr((requests[i][0], n, steps, block, temp)).encode()).digest()[:8], "little"))
-            for i in idx]
+        seeds = [spawn(seed, text_key(repr((requests[i][0], n, steps, block, temp))))
+                 for i in idx]
         gen = generate(lm, [c.tolist() for c in ctx], max_new_tokens=n, steps=steps,
                        block_length=block, temperature=temp, remasking=settings.remasking,
                        seed=seeds, batch_size=batch_size)
