@@ -173,7 +173,8 @@ def test_a_stopped_candidate_is_paired_on_the_round_it_drew_and_pays_for_it_alon
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         res = mptlml.compare(rec, [CONTEXT], [cands], num_masks=8, decide=True, max_masks=65,
-                             delta=0.0, seed=2)  # no indifference zone: the exact tie draws on
+                             delta=0.0, precision=False, seed=2)  # no indifference zone and
+        # no precision stop: the exact tie draws on
     assert any("undecided" in str(w.message) for w in caught)
     rows = [int(v) for v in res.candidate_masked_rows[0]]
     assert res.rounds == [4] and rows[:2] == [65, 65]  # 8 + 8 + 16 + 32, and the whole mask

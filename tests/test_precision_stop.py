@@ -22,7 +22,8 @@ from scipy import stats
 
 import mptlml
 from mptlml.estimators import LLaDA
-from mptlml.estimators.sequential import RateDraw, Tally, fixed_rule, run_rounds
+from mptlml.estimators.learned_rate import RateDraw
+from mptlml.estimators.sequential import Tally, fixed_rule, run_rounds
 from mptlml.models.conditional import with_context
 
 from .test_compare import TOY, TOY_CONTEXT, toy_exhaustive
@@ -174,19 +175,17 @@ def test_a_missing_standard_error_is_never_a_decision_in_the_rule():
 
 def test_a_missing_standard_error_is_never_a_decision_through_compare():
     """Two inputs of the cause: LLaDA's draw with a single batch per candidate (its SE from
-    batch means is NaN), and nested masks of candidates of two lengths at num_masks=2 (a
-    pair's two draws can fall on one mask: an SE 0 that is not exact). Neither is ever
-    decided on a missing SE, no margin is infinite, and the missing SE is announced."""
+    batch means would be NaN: refused before any work, with and without decide), and nested
+    masks of candidates of two lengths at num_masks=2 (a pair's two draws can fall on one
+    mask: an SE 0 that is not exact). Neither is ever decided on a missing SE, no margin is
+    infinite, and the missing SE is announced."""
     b = [3, 4, 5, 6, 7, 8, 9, 9]
     one_batch = LLaDA(32, batch=32)
     for decide in (False, True):
         kw = {"decide": True, "max_masks": 32} if decide else {}
-        with pytest.warns(RuntimeWarning, match="with a missing standard error"):
-            res = mptlml.compare(TOY, [TOY_CONTEXT] * 3, [[A, b]] * 3, num_masks=32,
-                                 estimator=one_batch, seed=[0, 1, 2], **kw)
-        assert not any(res.decided)
-        assert all(math.isnan(z) for z in res.margin_z)
-        assert all(np.isnan(s).all() for s in res.stderr)
+        with pytest.raises(ValueError, match="one batch \\(no spread\\)"):
+            mptlml.compare(TOY, [TOY_CONTEXT] * 3, [[A, b]] * 3, num_masks=32,
+                           estimator=one_batch, seed=[0, 1, 2], **kw)
     n = 200
     short, longer = [3, 4, 5, 6, 7], [3, 4, 5, 6, 7, 8]
     with warnings.catch_warnings(record=True) as caught:

@@ -144,6 +144,12 @@ class LLaDA(Estimator):
         super().__init__(num_masks)
         self.num_masks, self.batch = _check(num_masks, batch)
 
+    def enumerates_sequence(self, num_tokens: int) -> bool:
+        """A one-token continuation has one mask, which every draw scores with weight
+        L / l = 1: its estimate is exact (standard error 0, not a missing one), and it is
+        scored once (as LLaDA's evaluation takes ``mc_num = 1`` for one-token answers)."""
+        return int(num_tokens) == 1
+
     @property
     def draw_unit(self) -> int:
         """Draws come in whole batches: a round of the sequential engine is a multiple."""
