@@ -171,11 +171,94 @@ def test_module_wrapped_with_family_and_block_size(lm):
     assert abs(float(a.per_sample[0]) - reference_block_bound(lm, TEXTS[0])) < 1e-5
 
 
-def test_pll_and_curve_are_refused_on_a_block_model(lm):
-    with pytest.raises(ValueError, match="block-diffusion LM"):
-        mptlml.pll(lm, TEXTS[:1])
-    with pytest.raises(ValueError, match="block-diffusion LM"):
-        mptlml.mpt_curve(lm, TEXTS[:1], num_masks=2, seed=0)
+def direct_block_row(lm: MaskedLM, full: torch.Tensor, b0: int, masked: list[int]
+                     ) -> torch.Tensor:
+    """The module called directly on the clean prefix before block ``b0`` and the block with
+    ``masked`` hidden (padded with the mask id), SUBS applied: log-probs ``(b0 + B, V)``."""
+    block, mask_id = lm.block_size, lm.mask_token_id
+    x = full[: b0 + block].clone()
+    if len(x) < b0 + block:
+        x = torch.cat([x, torch.full((b0 + block - len(x),), mask_id)])
+    x[masked] = mask_id
+    with torch.no_grad():
+        logits = lm.model(input_ids=x[None]).logits[0].double()
+    logits[:, mask_id] = -math.inf  # SUBS
+    return torch.log_softmax(logits, -1)
+
+
+def full_ids(lm: MaskedLM, text: str, context: str | None = None) -> tuple[torch.Tensor, int]:
+    ctx = [] if context is None else lm.tokenizer(context, add_special_tokens=False)["input_ids"]
+    cont = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return torch.tensor([lm.tokenizer.bos_token_id, *ctx, *cont]), 1 + len(ctx)
+
+
+@pytest.mark.parametrize("context", [None, "the cat"])
+def test_block_pll_equals_the_module_called_directly(lm, context):
+    """Each token masked alone, its own block's other tokens and earlier blocks visible."""
+    if context is None:
+        got = mptlml.pll(lm, TEXTS, per_token=True)
+        per_token, total = got.log_probs, got.total
+    else:  # per_token does not combine with context=
+        total = mptlml.pll(lm, [" " + t for t in TEXTS], context=[context] * len(TEXTS))
+    for i, text in enumerate(TEXTS):
+        full, start = full_ids(lm, text if context is None else " " + text, context)
+        ref = [float(direct_block_row(lm, full, j // lm.block_size * lm.block_size, [j])
+                     [j, full[j]]) for j in range(start, len(full))]
+        if context is None:
+            assert np.abs(per_token[i] - np.array(ref)).max() < 1e-5
+        assert abs(float(total[i]) - sum(ref)) < 1e-5
+    with pytest.raises(ValueError, match="block-diffusion LM.*whole_word"):
+        mptlml.pll(lm, TEXTS[:1], whole_word=True)
+
+
+def test_block_pll_scores_every_block_of_a_row_in_one_forward(lm):
+    from mptlml.estimators.block import block_pll
+
+    ids = lm.encode(TEXTS[1:2])
+    _, calls = block_pll(lm, ids, batch_size=1)
+    assert calls == lm.block_size  # one row per position in a block, not one per token
+    assert len(ids[0]) > 2 * lm.block_size
+
+
+def test_block_curve_equals_enumeration_with_the_module_called_directly(lm):
+    """Every (block, rate) cell enumerable: the curve is exact, and equals the per-block
+    S_b(x; round(r |b|)) by enumeration, weighted by |b| / D."""
+    rates = [0.2, 0.5, 0.8]
+    c = mptlml.mpt_curve(lm, TEXTS, num_masks=6, rates=rates, seed=0)  # C(4, 2) = 6
+    for i, text in enumerate(TEXTS):
+        full, start = full_ids(lm, text)
+        d = len(full) - start
+        for k, r in enumerate(rates):
+            ref = 0.0
+            for b0 in range(0, len(full), lm.block_size):
+                pos = [j for j in range(b0, min(b0 + lm.block_size, len(full))) if j >= start]
+                if not pos:
+                    continue
+                m = min(max(math.floor(r * len(pos) + 0.5), 1), len(pos))
+                vals = []
+                for sub in itertools.combinations(pos, m):
+                    lp = direct_block_row(lm, full, b0, list(sub))
+                    vals.append(sum(float(lp[j, full[j]]) for j in sub) / m)
+                ref += len(pos) * float(np.mean(vals))
+            assert abs(float(c.per_sample[i, k]) - ref / d) < 1e-6
+        assert float(c.per_sample_stderr[i].max()) == 0.0
+        assert abs(float(c.lml[i]) - d * float(c.per_sample[i].mean())) < 1e-9
+    assert c.extra["exact_cells"] == [3 * len(lm.block_spans(lm.encode([t]))[0])
+                                      for t in TEXTS]
+
+
+def test_block_curve_draws_where_blocks_are_long(lm):
+    """P < C(|b|, M): drawn, with a standard error; the mean over seeds meets the exact curve."""
+    rates = [0.5]
+    exact = mptlml.mpt_curve(lm, TEXTS[1:2], num_masks=6, rates=rates, seed=0)
+    runs = [mptlml.mpt_curve(lm, TEXTS[1:2], num_masks=2, rates=rates, seed=s)
+            for s in range(6)]
+    assert all(float(r.per_sample_stderr.max()) > 0 for r in runs)
+    mean = np.mean([float(r.per_sample[0, 0]) for r in runs])
+    se = np.sqrt(np.mean([float(r.per_sample_stderr[0, 0]) ** 2 for r in runs]) / len(runs))
+    assert abs(mean - float(exact.per_sample[0, 0])) < 5 * se
+    with pytest.raises(ValueError, match="block-diffusion LM.*target_se"):
+        mptlml.mpt_curve(lm, TEXTS[:1], num_masks=2, seed=0, target_se=0.1)
 
 
 def direct_greedy(lm: MaskedLM, context: str, steps: int) -> list[int]:

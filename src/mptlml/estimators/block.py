@@ -31,6 +31,7 @@ ICLR 2025.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from typing import Any
@@ -38,8 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._progress import progress_bar
 from ..masks import every_mask
 from ..models.sequence_input import encode
+from ..seeds import spawn
 from .results import LMLEstimate, announce_estimate, as_float64
 from .sequential import (
     MAX_TARGET_DRAWS,
@@ -56,7 +59,8 @@ from .sequential import (
 )
 from .stats import enumerated_sum, mean_stderr, welch_dof
 
-__all__ = ["BlockDraw", "antithetic_pairs", "block_estimate", "block_model", "refuse_block_model"]
+__all__ = ["BlockDraw", "antithetic_pairs", "block_curve", "block_estimate", "block_model",
+           "block_pll", "refuse_block_model"]
 
 
 def block_model(model: Any) -> bool:
@@ -97,14 +101,17 @@ def antithetic_pairs(length: int, rates: np.ndarray, order: torch.Tensor
 
 
 class _Forwards:
-    """A progress sink that counts the forward passes and the inputs they scored."""
+    """A progress sink that counts the forward passes and the inputs they scored (and
+    moves ``bar``, a progress bar of the inputs, when given)."""
 
-    def __init__(self) -> None:
-        self.calls, self.inputs = 0, 0
+    def __init__(self, bar: Any = None) -> None:
+        self.calls, self.inputs, self.bar = 0, 0, bar
 
     def update(self, n: int) -> None:
         self.calls += 1
         self.inputs += int(n)
+        if self.bar is not None:
+            self.bar.update(int(n))
 
 
 class BlockDraw(RoundDraw):
@@ -301,3 +308,125 @@ def block_estimate(est: Any, model: Any, sequences: Any, *, seed: int, progress:
         allocation=draw.allocation if target_se is not None else None, seed=int(seed),
         model=getattr(model, "name", None), num_blocks=torch.as_tensor(blocks[:, 0]),
         exact_blocks=torch.as_tensor(blocks[:, 1])))
+
+
+def _block_log_probs(model: Any, toks: list[torch.Tensor], masks: list[torch.Tensor], *,
+                     token_budget: int, batch_size: int | None, progress: bool, desc: str
+                     ) -> tuple[list[np.ndarray], int]:
+    """Each row's per-position block-causal log-probs
+    (:meth:`~mptlml.models.MaskedLM.block_position_log_probs`) and the forwards spent."""
+    bar = progress_bar(None, enabled=progress, desc=desc, total=sum(int(m.shape[0])
+                                                                     for m in masks))
+    sink = _Forwards(bar)
+    try:
+        lp = model.block_position_log_probs(toks, masks, token_budget=int(token_budget),
+                                            batch_size=batch_size, progress=sink)
+    finally:
+        bar.close()
+    return [v.numpy() for v in lp], sink.calls
+
+
+def block_pll(model: Any, toks: list[torch.Tensor], *, token_budget: int = 8192,
+              batch_size: int | None = None, progress: bool = False
+              ) -> tuple[list[np.ndarray], int]:
+    """A block model's pseudo-log-likelihood terms, block-causal: ``log p(x_j | x_{b - j},
+    x_<b)`` for every content token j of block b, the rest of its block and the earlier
+    blocks visible, the later blocks not (the M = 1 term of each block's MPT sum times |b|).
+
+    Row q of a sequence masks the q-th token of every block (each block's row is scored
+    against its own block and the clean earlier ones), so a sequence costs ``max_b |b|``
+    rows (B), not D: with the ``"xt_x0"`` layout one forward of length 2L scores every
+    block of a row. Returns the per-token log-probs ``(D_i,)`` per sequence and the
+    forwards spent.
+    """
+    masks = []
+    for t, spans in zip(toks, model.block_spans(toks), strict=True):
+        m = torch.zeros(max((e - a for a, e in spans), default=0), len(t), dtype=torch.bool)
+        for a, e in spans:
+            m[torch.arange(e - a), torch.arange(a, e)] = True
+        masks.append(m)
+    lp, calls = _block_log_probs(model, toks, masks, token_budget=token_budget,
+                                 batch_size=batch_size, progress=progress, desc="PLL (blocks)")
+    return [v.sum(0) for v in lp], calls
+
+
+def block_curve(model: Any, toks: list[torch.Tensor], rates: np.ndarray, counts: np.ndarray,
+                seed: int, *, token_budget: int = 8192, batch_size: int | None = None,
+                progress: bool = False) -> dict[str, Any]:
+    """A block model's MPT curve on a rate grid, the masks drawn inside each block.
+
+    Rate r_k masks ``M_bk = max(1, round(r_k |b|))`` tokens of each block b (half-up, at
+    most |b|: the ragged curve's rule, :func:`~mptlml.estimators.rates.mask_sizes`, per
+    block), scored block-causally (its own block's other tokens and the clean earlier
+    blocks visible, the later blocks not): ``S_hat_b(x; M_bk)``, the mean over the
+    block's masks of ``(1/M) sum_{j in mask} log p(x_j | x_{b - mask}, x_<b)``. A block
+    whose ``C(|b|, M_bk)`` masks of the size are no more than ``counts[k]`` is scored on
+    each of them once (exact, standard error 0); the others on ``counts[k]`` uniform
+    masks drawn i.i.d. (standard error ``s / sqrt(P)``; NaN, announced, at one mask).
+    The sequence's point is the token-weighted mean of its blocks' curves,
+
+        S_ik = (1 / D_i) sum_b |b| S_hat_b(x; M_bk),
+
+    so that ``D_i mean_k S_ik = sum_b |b| mean_k S_hat_b(x; M_bk)``, the Riemann estimate of
+    the block bound ``sum_b sum_{M=1..|b|} S_b(x; M)``. Row q of a rate masks every block
+    with its own q-th mask: a rate costs ``max_b`` (masks of block b) rows per sequence,
+    each one forward with the ``"xt_x0"`` layout. The masks of sequence i come from a
+    generator seeded by ``(seed, i)``.
+
+    Returns a dict with ``scores``, ``scores_stderr``, ``sizes`` (``sum_b M_bk``, a row's
+    masked tokens), ``lml``, ``lml_stderr``, ``rows`` (per sequence), ``calls``,
+    ``num_blocks`` and ``exact`` (per sequence, the (block, rate) cells enumerated).
+    """
+    n, k = len(toks), len(rates)
+    spans = model.block_spans(toks)
+    masks, plans = [], []
+    for i, (t, sp) in enumerate(zip(toks, spans, strict=True)):
+        g = torch.Generator().manual_seed(spawn(int(seed), i, 0))
+        parts, plan = [], []
+        rows0 = 0
+        for r, p in zip(rates.tolist(), counts.tolist(), strict=True):
+            cells = []
+            for a, e in sp:
+                kb = e - a
+                m = int(min(max(math.floor(r * kb + 0.5), 1), kb))
+                if math.comb(kb, m) <= p:
+                    mm = torch.zeros(math.comb(kb, m), kb, dtype=torch.bool)
+                    for q, sub in enumerate(itertools.combinations(range(kb), m)):
+                        mm[q, list(sub)] = True
+                else:
+                    mm = torch.rand(int(p), kb, generator=g).argsort(1) < m
+                cells.append((a, e, m, mm))
+            rows = max(c[3].shape[0] for c in cells)
+            block = torch.zeros(rows, len(t), dtype=torch.bool)
+            for a, e, _, mm in cells:
+                block[: mm.shape[0], a:e] = mm
+            parts.append(block)
+            plan.append((rows0, cells))
+            rows0 += rows
+        masks.append(torch.cat(parts))
+        plans.append(plan)
+    lp, calls = _block_log_probs(model, toks, masks, token_budget=token_budget,
+                                 batch_size=batch_size, progress=progress,
+                                 desc="MPT curve (blocks)")
+    lengths = np.array([len(t) for t in toks], dtype=np.float64)
+    scores, var, sizes = np.zeros((n, k)), np.zeros((n, k)), np.zeros((n, k), dtype=np.int64)
+    exact = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        for j, (rows0, cells) in enumerate(plans[i]):
+            for a, e, m, mm in cells:
+                s = lp[i][rows0:rows0 + mm.shape[0], a:e].sum(1) / m  # S_hat per mask
+                kb = e - a
+                scores[i, j] += kb * s.mean()
+                sizes[i, j] += m
+                if mm.shape[0] == math.comb(kb, m):
+                    exact[i] += 1
+                else:
+                    var[i, j] += kb ** 2 * (s.var(ddof=1) / len(s) if len(s) > 1 else math.nan)
+    scores /= lengths[:, None]
+    scores_se = np.sqrt(var) / lengths[:, None]
+    lml = lengths * scores.mean(1)
+    lml_se = lengths / k * np.sqrt((scores_se ** 2).sum(1))
+    return {"scores": scores, "scores_stderr": scores_se, "sizes": sizes, "lml": lml,
+            "lml_stderr": lml_se, "rows": np.array([int(m.shape[0]) for m in masks]),
+            "calls": calls, "num_blocks": np.array([len(sp) for sp in spans]),
+            "exact": exact, "lengths": lengths.astype(np.int64)}

@@ -47,6 +47,7 @@ from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .allocation import check_target, plan_remedy
 from .api import given, ragged_seed, refuse_for_ragged
+from .block import block_curve, block_model
 from .cumulative import Cumulative
 from .rates import check_rates, mask_sizes, rate_widths
 from .results import (
@@ -56,7 +57,7 @@ from .results import (
     warn_single_datum,
     warn_target_missed,
 )
-from .riemann import GridScores, Riemann, rate_grid_scores
+from .riemann import GridScores, Riemann, rate_counts, rate_grid_scores
 from .runs import DenseRun
 from .sequential import weighted_rounds
 from .stats import cell_error, cell_sums, mean_stderr, strata_stderr
@@ -191,6 +192,9 @@ def mpt_curve(model: MaskedModel | RaggedMaskedModel, x: Any, *, num_masks: int 
         curve = dict(rates=rates, nominal_length=nominal_length, cumulative=cumulative,
                      whole_word=whole_word, ids=ids)
         to_target = None if target_se is None else (target_se, max_masks, allocation)
+        if block_model(model):  # the masks drawn inside each block
+            return _announce(_block_model_curve(model, x, num_masks, ragged_seed(seed),
+                                                **curve, **run, to_target=to_target))
         res = _ragged_curve(model, x, num_masks, ragged_seed(seed), **curve, **run,
                             to_target=to_target)
         return _announce(res)
@@ -281,6 +285,55 @@ def _dense_curve(data: DenseRun, sizes: Sequence[int] | None, target_se: float |
         res.target_se, res.allocation = target_se, target["allocation"]
         res.stop_reason = target["stop"]
         res.extra["masks_per_size"] = [int(c) for c in target["counts"]]
+    return res
+
+
+# ---------------------------------------------------------------------- block models
+def _block_model_curve(model: Any, sequences: Any, num_masks: Any, seed: int, *,
+                       rates: Any, nominal_length: float | None, cumulative: bool,
+                       whole_word: bool, ids: list[str] | None,
+                       to_target: Any, **run: Any) -> MPTCurve:
+    """A block-diffusion LM's curve: rate r_k masks ``max(1, round(r_k |b|))`` tokens of
+    every block b, scored block-causally (:func:`~mptlml.estimators.block.block_curve`);
+    ``S_ik = (1 / D_i) sum_b |b| S_hat_b(x_i; M_bk)``, ``lml`` ``D_i mean_k S_ik``."""
+    if to_target is not None or cumulative or whole_word or run.get("checkpoint_dir"):
+        raise ValueError(
+            f"{model.name} is a block-diffusion LM: its curve draws the masks inside each "
+            "block in one run; target_se, cumulative, whole_word and checkpoint_dir do not "
+            "apply to it here. Drop them (estimate_lml(model, texts, 'learned-rate', "
+            "target_se=...) gives the block bound at a target).")
+    from ..models.sequence_input import encode
+
+    grid_rates = check_rates(rates)
+    counts = rate_counts(num_masks, grid_rates.size)
+    toks = encode(model, list(sequences))
+    out = block_curve(model, toks, grid_rates, counts, seed,
+                      token_budget=run["token_budget"], batch_size=run["batch_size"],
+                      progress=run["progress"])
+    scores, lengths = out["scores"], out["lengths"]
+    length = float(lengths.mean()) if nominal_length is None else float(nominal_length)
+    curve_mean, curve_se = mean_stderr(scores, axis=0)
+    area_mean, area_se = mean_stderr(length * (scores * rate_widths(grid_rates)).sum(1), axis=0)
+    res = MPTCurve(
+        sizes=torch.from_numpy(out["sizes"]), rates=grid_rates.tolist(),
+        mean=as_float64(curve_mean), stderr=as_float64(curve_se), per_sample=as_float64(scores),
+        area=float(area_mean), area_stderr=float(area_se), area_is_exact_sum=False,
+        num_tokens=torch.from_numpy(lengths), num_masks=int(counts.max()),
+        num_model_calls=out["calls"], seed=int(seed),
+        lml_stderr_mean=float(np.sqrt(np.sum(out["lml_stderr"] ** 2))) / len(toks),
+        per_sample_stderr=as_float64(out["scores_stderr"]), lml=as_float64(out["lml"]),
+        lml_stderr=as_float64(out["lml_stderr"]), nominal_length=length, model=model.name,
+        corruption=model.fingerprint().get("corruption"), ids=ids,
+        extra={"num_blocks": out["num_blocks"].tolist(),
+               "exact_cells": out["exact"].tolist()})
+    res.num_masked_rows = int(out["rows"].sum())
+    res.num_masked_rows_per_sample = torch.from_numpy(out["rows"])
+    if len(set(counts.tolist())) > 1:
+        res.extra["masks_per_rate"] = counts.tolist()
+    announce_nonfinite(res.per_sample, "the MPT curve", "sequences", stacklevel=4)
+    announce_nonfinite(res.lml_stderr, "the block curve's standard error (one mask per "
+                       "rate of a drawn block; num_masks >= 2 gives it)", "sequences",
+                       stacklevel=4)
     return res
 
 

@@ -39,6 +39,7 @@ from .._scoring.ragged import encode_units, run_pairs, targeted, unit_counts, wo
 from .._validation import check_checkpoint_dir, check_options
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
+from .block import block_model, block_pll
 from .results import TokenScores, announce_nonfinite
 
 __all__ = ["VARIANTS", "pll"]
@@ -80,6 +81,14 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
         Classifier-free guidance by ``context``, as in :func:`mptlml.estimate_lml`: a
         guided score, not a pseudo-log-likelihood of the model. 0: none.
 
+    On a block-diffusion LM (:attr:`~mptlml.models.MaskedLM.block_size`) the PLL is
+    block-causal: ``sum_b sum_{j in b} log p(x_j | x_{b - j}, x_<b)``, each token masked
+    alone with its own block's other tokens and the earlier blocks visible and the later
+    blocks not (``|b| S_b(x; 1)`` summed over the blocks), every block of a row scored in
+    one forward where the layout allows (:func:`~mptlml.estimators.block.block_pll`);
+    ``whole_word``, ``variant="word_l2r"``, ``cfg_scale`` and ``checkpoint_dir`` are
+    refused there.
+
     Returns
     -------
     torch.Tensor
@@ -101,6 +110,13 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
         if per_token or whole_word or variant != "original":
             raise ValueError("context= scores the continuation's tokens one at a time; it does "
                              "not combine with per_token, whole_word or variant='word_l2r'.")
+    block = block_model(model)
+    if block and (whole_word or variant != "original" or cfg_scale != 0
+                  or checkpoint_dir is not None):
+        raise ValueError(
+            f"{getattr(model, 'name', 'this model')} is a block-diffusion LM: its PLL masks each "
+            "token alone inside its block (block-causal); whole_word, variant='word_l2r', "
+            "cfg_scale and checkpoint_dir do not apply to it here. Drop them.")
     model = with_context(model, context, cfg_scale=cfg_scale)
     if per_token:
         word_model(model, "per-token output")  # token strings: refused before the run
@@ -128,9 +144,14 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
     spec: dict[str, Any] = {"kind": "pll", "total_pairs": int(unit_counts(ids, units).sum())}
     if name != "original":
         spec["variant"] = name
-    out = run_pairs(scorer, ids, make, seed=0, tag=tag, spec=spec, desc="PLL", units=units,
-                    chunk_size=chunk_size, token_budget=token_budget, batch_size=batch_size,
-                    checkpoint_dir=checkpoint_dir, progress=progress)
+    if block:  # block-causal: its own block's other tokens and the earlier blocks visible
+        sums = block_pll(model, ids, token_budget=token_budget, batch_size=batch_size,
+                         progress=progress)[0]
+    else:
+        sums = run_pairs(scorer, ids, make, seed=0, tag=tag, spec=spec, desc="PLL",
+                         units=units, chunk_size=chunk_size, token_budget=token_budget,
+                         batch_size=batch_size, checkpoint_dir=checkpoint_dir,
+                         progress=progress).sums
     tokens: list[list[str]] = []
     if per_token:
         tokens = (texts if whole_word else  # type: ignore[assignment]
@@ -138,8 +159,8 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
     unit_words = (None if words is None else
                   [torch.arange(int(w.max()) + 1) for w in words] if whole_word else words)
     res = TokenScores(
-        total=torch.tensor([float(v.sum()) for v in out.sums], dtype=torch.float64),
-        log_probs=[np.asarray(v, dtype=np.float64) for v in out.sums], tokens=tokens,
+        total=torch.tensor([float(v.sum()) for v in sums], dtype=torch.float64),
+        log_probs=[np.asarray(v, dtype=np.float64) for v in sums], tokens=tokens,
         unit=unit, variant=name, words=unit_words, word_texts=texts,
         model=getattr(model, "name", None))
     announce_nonfinite(res.total, "the PLL", "sequences")
