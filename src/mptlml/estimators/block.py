@@ -314,7 +314,7 @@ def _block_log_probs(model: Any, toks: list[torch.Tensor], masks: list[torch.Ten
                      token_budget: int, batch_size: int | None, progress: bool, desc: str
                      ) -> tuple[list[np.ndarray], int]:
     """Each row's per-position block-causal log-probs
-    (:meth:`~mptlml.models.MaskedLM.block_position_log_probs`) and the forwards spent."""
+    (the model's ``block_position_log_probs``) and the forwards spent."""
     bar = progress_bar(None, enabled=progress, desc=desc, total=sum(int(m.shape[0])
                                                                      for m in masks))
     sink = _Forwards(bar)

@@ -81,19 +81,21 @@ def pll(model: RaggedMaskedModel, sequences: Sequence[str] | Sequence[Sequence[i
         Classifier-free guidance by ``context``, as in :func:`mptlml.estimate_lml`: a
         guided score, not a pseudo-log-likelihood of the model. 0: none.
 
-    On a block-diffusion LM (:attr:`~mptlml.models.MaskedLM.block_size`) the PLL is
+    Returns
+    -------
+    torch.Tensor
+        float64, shape ``(N,)``; a :class:`~mptlml.estimators.results.TokenScores`
+        with ``per_token=True``.
+
+    Notes
+    -----
+    On a block-diffusion LM (a model with a ``block_size``) the PLL is
     block-causal: ``sum_b sum_{j in b} log p(x_j | x_{b - j}, x_<b)``, each token masked
     alone with its own block's other tokens and the earlier blocks visible and the later
     blocks not (``|b| S_b(x; 1)`` summed over the blocks), every block of a row scored in
     one forward where the layout allows (:func:`~mptlml.estimators.block.block_pll`);
     ``whole_word``, ``variant="word_l2r"``, ``cfg_scale`` and ``checkpoint_dir`` are
     refused there.
-
-    Returns
-    -------
-    torch.Tensor
-        float64, shape ``(N,)``; a :class:`~mptlml.estimators.results.TokenScores`
-        with ``per_token=True``.
     """
     check_options("pll", per_token=per_token, whole_word=whole_word, token_budget=token_budget,
                   chunk_size=chunk_size, batch_size=batch_size, progress=progress)
