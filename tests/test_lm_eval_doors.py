@@ -70,7 +70,7 @@ def test_peer_model_names_run_published_command_lines(tiny_dir, tmp_path, own_ta
     config = res["config"]["mptlml"]
     assert (config["mc_num"], config["max_masks"], config["cfg"]) == (128, 128, 0.0)
     assert res["config"]["model"] == "dream"
-    for model, bad in (("llada_dist", "gen_length=256"), ("dream", "sampling_eps=0.001")):
+    for model, bad in (("llada_dist", "remasking=entropy"), ("dream", "sampling_eps=0.001")):
         with pytest.raises((TypeError, ValueError), match=bad.split("=")[0]):
             lm_eval.simple_evaluate(model=model, model_args=f"pretrained={tiny_dir},{bad}",
                                     tasks=["toy_mc"], task_manager=_manager(tasks))
