@@ -31,7 +31,6 @@ ICLR 2025.
 
 from __future__ import annotations
 
-import itertools
 import math
 import numbers
 from typing import Any
@@ -40,7 +39,7 @@ import numpy as np
 import torch
 
 from .._progress import progress_bar
-from ..masks import every_mask
+from ..masks import all_masks, every_mask
 from ..models.sequence_input import encode
 from ..seeds import spawn
 from .results import LMLEstimate, announce_estimate, as_float64
@@ -389,12 +388,8 @@ def block_curve(model: Any, toks: list[torch.Tensor], rates: np.ndarray, counts:
             for a, e in sp:
                 kb = e - a
                 m = int(min(max(math.floor(r * kb + 0.5), 1), kb))
-                if math.comb(kb, m) <= p:
-                    mm = torch.zeros(math.comb(kb, m), kb, dtype=torch.bool)
-                    for q, sub in enumerate(itertools.combinations(range(kb), m)):
-                        mm[q, list(sub)] = True
-                else:
-                    mm = torch.rand(int(p), kb, generator=g).argsort(1) < m
+                mm = (all_masks(kb, m) if math.comb(kb, m) <= p
+                      else torch.rand(int(p), kb, generator=g).argsort(1) < m)
                 cells.append((a, e, m, mm))
             rows = max(c[3].shape[0] for c in cells)
             block = torch.zeros(rows, len(t), dtype=torch.bool)
@@ -416,12 +411,13 @@ def block_curve(model: Any, toks: list[torch.Tensor], rates: np.ndarray, counts:
             for a, e, m, mm in cells:
                 s = lp[i][rows0:rows0 + mm.shape[0], a:e].sum(1) / m  # S_hat per mask
                 kb = e - a
-                scores[i, j] += kb * s.mean()
+                mean, se = mean_stderr(s)
+                scores[i, j] += kb * mean
                 sizes[i, j] += m
                 if mm.shape[0] == math.comb(kb, m):
                     exact[i] += 1
                 else:
-                    var[i, j] += kb ** 2 * (s.var(ddof=1) / len(s) if len(s) > 1 else math.nan)
+                    var[i, j] += kb ** 2 * se ** 2
     scores /= lengths[:, None]
     scores_se = np.sqrt(var) / lengths[:, None]
     lml = lengths * scores.mean(1)
