@@ -104,16 +104,16 @@ def test_the_rate_draws_whole_continuation_counts(tiny):
 
 def test_a_cap_below_the_first_round_is_refused_in_masked_inputs(tiny):
     with pytest.raises(ValueError, match=r"max_masks=8 \(masked inputs per candidate\) is "
-                                         r"below the first round's 9: num_masks=8 draws"):
+                                         r"below the first round's 9: 8 draws"):
         mptlml.compare(tiny, [CONTEXT], [MIXED], num_masks=8, max_masks=8)
-    with pytest.raises(ValueError, match=r"below the first round's 40: num_masks=4 draws of a "
+    with pytest.raises(ValueError, match=r"below the first round's 40: 4 draws of a "
                                          r"10-token candidate .*'cumulative', 10 masked"):
         mptlml.compare(tiny, [CONTEXT], [MIXED], num_masks=4, max_masks=30,
                        estimator="cumulative")
     # the same refusal at estimate_lml's ragged target (it drew past the cap before)
     with pytest.raises(ValueError, match=r"max_masks=30 \(masked inputs per sequence\) is "
-                                         r"below the first round's 40: num_masks=4 draws of "
-                                         r"sequence 0 \(10 tokens\)"):
+                                         r"below the first round's 40: 4 draws of a 10-token "
+                                         r"sequence \(sequence 0\)"):
         mptlml.estimate_lml(tiny, [MIXED[3]], "cumulative", context=CONTEXT, num_masks=4,
                             target_se=1e-4, max_masks=30, seed=0)
     # candidates all scored on every mask: no draw to cap

@@ -84,7 +84,7 @@ def test_the_reference_is_llada_s_within_size_variance_and_llada_s_spread_is_at_
     ids = scorer.encode([A, b])
     draw = RateDraw(16, "uniform", 4)
     run_rounds(draw, scorer, ids, [[0, 1]], [(0, 0), (0, 0)], num_masks=16,
-               max_masks=[2000], rule=fixed_rule, run={})
+               caps=[2000], rule=fixed_rule, run={})
     g = torch.Generator().manual_seed(0)
     for i, cand in enumerate((A, b)):
         exact = within_size_variance(TOY, TOY_CONTEXT, cand)

@@ -258,7 +258,7 @@ def test_a_round_s_sequences_are_scored_in_one_batched_call(tiny_dir, name, opti
             for rule, cap in ((target_rule([0.4] * n), 32), (fixed_rule, 16)):
                 forwards.clear()
                 out = run_rounds(kind(est), tiny, toks, [[i] for i in range(n)],
-                                 [(3, i) for i in range(n)], num_masks=4, max_masks=[cap] * n,
+                                 [(3, i) for i in range(n)], num_masks=4, caps=[cap] * n,
                                  rule=rule, run=run)
                 outs[kind, cap] = (out, len(forwards))
     finally:
@@ -295,7 +295,7 @@ def test_a_dense_round_gives_strata_stderr_s_estimate_se_and_dof(shared):
     x = model.sample(9, generator=0)
     est = Cumulative(3, share_masks=shared)
     draw = DenseDraw(est, 6, 9, torch.Generator().manual_seed(0), Counter())
-    out = run_rounds(draw, model, [x], [[0]], [(0, 0)], num_masks=3, max_masks=[3],
+    out = run_rounds(draw, model, [x], [[0]], [(0, 0)], num_masks=3, caps=[3],
                      rule=fixed_rule, run={})
     assert out.rounds == [1] and out.stop_reason == ["fixed"]
     mean, se, dof = out.tallies[0].stats()
@@ -329,7 +329,7 @@ def test_dense_rounds_learn_neyman_s_counts_pooled_over_rounds_and_data():
     for allocation in ("neyman", "uniform"):
         draw = DenseDraw(Cumulative(), 8, 12, torch.Generator().manual_seed(0), Counter(),
                          allocation=allocation)
-        out = run_rounds(draw, model, [x], [[0]], [(0, 0)], num_masks=4, max_masks=[32],
+        out = run_rounds(draw, model, [x], [[0]], [(0, 0)], num_masks=4, caps=[32],
                          rule=fixed_rule, run={})
         assert out.drawn == [32] and sorted(draw.per_datum) == [0, 1, 2, 3]
         for r in range(1, 4):

@@ -324,7 +324,20 @@ class Estimator:
         round of ``num_masks`` draws per sequence
         (:class:`~mptlml.estimators.sequential.CellDraw` of :meth:`with_draws`, its rows
         allocated by ``allocation``); the rate draw overrides it
-        (:class:`~mptlml.estimators.learned_rate.RateDraw`)."""
+        (:class:`~mptlml.estimators.learned_rate.RateDraw`). An estimator drawing whole
+        batches (``draw_unit`` b > 1, LLaDA's) is refused a round that is not at least two
+        whole batches."""
+        unit = int(getattr(self, "draw_unit", 1))
+        if unit > 1 and (num_masks % unit or num_masks // unit < 2):
+            # its draw is a batch of b masks, its SE the spread of the batch means (sd /
+            # sqrt(n) on n - 1 dof): a part batch would draw more than the result says, one
+            # batch has no spread (a NaN standard error, which would read as a decision)
+            raise ValueError(
+                f"estimator {self.name!r} draws whole batches of {unit} masks and its standard "
+                f"error is the spread of the batch means: num_masks={num_masks} is "
+                + (f"not a multiple of {unit}" if num_masks % unit else "one batch (no spread)")
+                + f". Pass num_masks a multiple of {unit}, at least {2 * unit} (LLaDA's own: "
+                "num_masks=128), or an instance with a smaller batch (LLaDA(128, batch=8)).")
         return CellDraw(self.with_draws(int(num_masks)), allocation or "neyman")
 
     def scored_rows(self, num_tokens: int, counts: np.ndarray) -> int:

@@ -49,7 +49,9 @@ from .sequential import (
     RateDensity,
     RoundDraw,
     density_of,
+    draw_caps,
     fixed_rule,
+    merge_stops,
     round_seed,
     run_rounds,
     stratified_rates,
@@ -164,6 +166,9 @@ class BlockDraw(RoundDraw):
     def draws_within(self, length: int, rows: int) -> int:
         return int(rows) - 1  # the whole blocks' row, scored once, counts
 
+    def draw_text(self, length: int, draws: int) -> str:
+        return " in each block, and the whole blocks' row"
+
     def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
               run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
                                             int]:
@@ -277,13 +282,12 @@ def block_estimate(est: Any, model: Any, sequences: Any, *, seed: int, progress:
     if target_se is None:
         caps, rule = [p] * n, fixed_rule
     else:
-        cap = MAX_TARGET_DRAWS if max_masks is None else draw.draws_within(0, int(max_masks))
-        if cap < p:
-            raise ValueError(f"max_masks={max_masks} (masked rows per sequence) is below the "
-                             f"first round's {p + 1}: raise it, or lower num_masks.")
-        caps, rule = [cap] * n, target_rule([target_se * math.sqrt(n)] * n)
+        lengths = np.array([len(t) for t in toks], dtype=np.int64)
+        caps = draw_caps(draw, p, lengths, [[i] for i in range(n)], max_masks,
+                         default=MAX_TARGET_DRAWS)
+        rule = target_rule([target_se * math.sqrt(n)] * n)
     out = run_rounds(draw, model, toks, [[i] for i in range(n)], keys, num_masks=p,
-                     max_masks=caps, rule=rule, run=run,
+                     caps=caps, rule=rule, run=run,
                      what=f"the block bound ({est.name!r} inside each block)",
                      remedy="lower num_masks or max_masks")
     stats = [t.stats() for t in out.tallies]
@@ -294,8 +298,7 @@ def block_estimate(est: Any, model: Any, sequences: Any, *, seed: int, progress:
     drawn = se_i > 0
     blocks = np.array([draw.blocks.get(i, (0, 0)) for i in range(n)], dtype=np.int64)
     exact_all = bool((blocks[:, 0] == blocks[:, 1]).all())
-    stop = None if target_se is None else (
-        "exact" if exact_all else "budget" if "budget" in out.stop_reason else "target")
+    stop = None if target_se is None else "exact" if exact_all else merge_stops(out.stop_reason)
     return announce_estimate(LMLEstimate(
         estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se_i),
         mean=float(lml.mean()), stderr=float(np.sqrt(np.sum(se_i ** 2))) / n,

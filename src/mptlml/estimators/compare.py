@@ -88,8 +88,8 @@ from .sequential import (  # EXACT_LENGTH: compare's, for its callers
     TARGET_MIN_DOF,
     RoundDraw,
     Tally,
+    draw_caps,
     fixed_rule,
-    next_draws,
     paired,
     round_sizes,
     run_rounds,
@@ -406,9 +406,9 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
     _check_lengths(draw, lengths, owner)
     # draws per member, per question (by default with target_se: MAX_TARGET_DRAWS, as
     # estimate_lml's target)
-    caps = _whole_batches(draw, p, _draw_caps(draw, p, lengths, members, max_masks)
-                          if max_masks is not None or not to_target
-                          else [MAX_TARGET_DRAWS] * len(members))
+    caps = draw_caps(draw, p, lengths, members, max_masks, noun="candidate",
+                     group_noun="question",
+                     default=MAX_TARGET_DRAWS if to_target else draw.round_size(p))
     # Bonferroni over the looks each question may take within its own cap
     tails = [alpha / (2 * len(round_sizes(p, c))) if decide else alpha / 2 for c in caps]
 
@@ -457,7 +457,7 @@ def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[A
 
     out = run_rounds(draw, scorer, ids, members, _keys(seeds, members, lengths, common_masks,
                                                        isinstance(draw, RateDraw | BlockDraw)),
-                     num_masks=p, max_masks=caps, rule=rule,
+                     num_masks=p, caps=caps, rule=rule,
                      run=dict(chunk_size=chunk_size, token_budget=token_budget,
                               batch_size=batch_size, progress=progress),
                      what=f"compare ({len(cands)} questions, {_cap_text(max_masks, to_target, p)})",
@@ -521,7 +521,6 @@ def _draw_of(estimator: Any, num_masks: int, allocation: str) -> RoundDraw:
                          f"{est.name!r}: its draw is one term, nothing to allocate (the rate "
                          "density is allocated by estimator='learned-rate', the sizes by "
                          "'cumulative'). Drop allocation, or change estimator.")
-    _check_whole_units(est, num_masks)
     return est.round_draw(num_masks, allocation)
 
 
@@ -539,81 +538,6 @@ def _check_lengths(draw: RoundDraw, lengths: np.ndarray, owner: list[tuple[int, 
             q, k = owner[int(np.flatnonzero(lengths == d)[0])]
             raise ValueError(f"compare(estimator={est.name!r}): candidate {k} of question {q} "
                              f"has {int(d)} tokens; {exc}") from None
-
-
-def _check_whole_units(est: Any, num_masks: int) -> None:
-    """Refuse a round an estimator drawing whole batches (LLaDA's, ``draw_unit`` b) cannot
-    draw as asked, or that gives no standard error.
-
-    Its draw is a batch of b masks, and its standard error the spread of the batch means
-    (``sd / sqrt(n)`` on n - 1 dof): ``num_masks`` must be a whole number of batches (else
-    it would draw more than the result says), and at least two (one batch mean has no
-    spread: a NaN standard error, which would read as a decision).
-    """
-    unit = int(getattr(est, "draw_unit", 1))
-    if unit > 1 and (num_masks % unit or num_masks // unit < 2):
-        raise ValueError(
-            f"estimator {est.name!r} draws whole batches of {unit} masks and its standard "
-            f"error is the spread of the batch means: num_masks={num_masks} is "
-            + (f"not a multiple of {unit}" if num_masks % unit else "one batch (no spread)")
-            + f". Pass num_masks a multiple of {unit}, at least {2 * unit} (LLaDA's own: "
-            "num_masks=128), or an instance with a smaller batch (LLaDA(128, batch=8)).")
-
-
-def _whole_batches(draw: RoundDraw, p: int, caps: list[int]) -> list[int]:
-    """Caps (draws per candidate) at which every round of an estimator drawing whole batches
-    (``draw_unit`` b > 1, LLaDA's) holds at least two batches.
-
-    The rounds double the draws so far (:func:`~.sequential.next_draws`) and the last takes
-    what is left of the cap: a last round of one batch would have no spread of its batch
-    means, a NaN standard error. The cap is lowered to the draws before such a round (and to
-    a whole number of batches); other draws pass unchanged.
-    """
-    unit = int(getattr(getattr(draw, "est", None), "draw_unit", 1))
-    if unit == 1:
-        return caps
-    out = []
-    for cap in caps:
-        cap = int(cap) // unit * unit
-        drawn = draw.round_size(p)
-        while drawn + 2 <= cap:
-            nxt = draw.round_size(next_draws(drawn, cap))
-            if nxt < 2 * unit:
-                cap = drawn
-                break
-            drawn += nxt
-        out.append(max(cap, draw.round_size(p)))
-    return out
-
-
-def _draw_caps(draw: RoundDraw, p: int, lengths: np.ndarray, members: list[list[int]],
-               max_masks: int | None) -> list[int]:
-    """``max_masks`` (masked inputs per candidate) as the engine's cap: the draws per member
-    of each question (:meth:`~mptlml.estimators.sequential.RoundDraw.draws_within`) that keep
-    every candidate it draws within it, the fewest over the question's candidates (they draw
-    together); a candidate the draw enumerates (2^T - 1 masks) is exempt. None: one round of
-    ``num_masks``. Refused, naming the candidate, when the first round alone passes the cap."""
-    first = draw.round_size(p)
-    if max_masks is None:
-        return [first] * len(members)
-    caps = []
-    for q, idx in enumerate(members):
-        drawn = {int(lengths[i]) for i in idx if not draw.enumerates(int(lengths[i]))}
-        if not drawn:  # every candidate exact: nothing to cap
-            caps.append(first)
-            continue
-        t = min(drawn, key=lambda d: (draw.draws_within(d, max_masks), -d))
-        cap = draw.draws_within(t, max_masks)
-        if cap < first:
-            need = draw.most_rows(t, first)
-            how = (" and the whole continuation's row" if isinstance(draw, RateDraw) else
-                   f" of estimator {draw.name!r}, {need // first} masked inputs each")
-            raise ValueError(
-                f"max_masks={max_masks} (masked inputs per candidate) is below the first "
-                f"round's {need}: num_masks={p} draws of a {t}-token candidate (question {q})"
-                f"{how}. Raise max_masks to at least {need}, or lower num_masks.")
-        caps.append(cap)
-    return caps
 
 
 def _keys(seeds: list[tuple[int, int]], members: list[list[int]], lengths: np.ndarray,

@@ -59,7 +59,7 @@ from .results import (
 )
 from .riemann import GridScores, Riemann, rate_counts, rate_grid_scores
 from .runs import DenseRun
-from .sequential import weighted_rounds
+from .sequential import merge_stops, weighted_rounds
 from .stats import cell_error, cell_sums, mean_stderr, strata_stderr
 
 __all__ = ["mpt_curve"]
@@ -393,7 +393,7 @@ def _ragged_curve(model: RaggedMaskedModel, sequences: Any, num_masks: Any, seed
         res.num_masked_rows = int(rows.sum())
         res.num_masked_rows_per_sample = torch.from_numpy(rows)
         res.target_se = target_se
-        res.stop_reason = "budget" if "budget" in out.stop_reason else "target"
+        res.stop_reason = merge_stops(out.stop_reason)
         res.extra["rounds"] = list(out.rounds)
     elif len(set(counts.tolist())) > 1:  # an allocation over the rates
         res.extra["masks_per_rate"] = counts.tolist()
@@ -427,7 +427,7 @@ def _draws_to_target(model: RaggedMaskedModel, sequences: Any, target_se: float,
         raise ValueError(f"allocation={allocation!r} does not apply to a ragged curve at a "
                          "target: its rounds draw every rate of the grid alike. Drop it.")
     from ..models.sequence_input import encode
-    from .sequential import MAX_TARGET_DRAWS, CellDraw, run_rounds, target_rule
+    from .sequential import MAX_TARGET_DRAWS, CellDraw, draw_caps, run_rounds, target_rule
 
     grid_rates = check_rates(curve.get("rates"))
     k = grid_rates.size
@@ -436,19 +436,15 @@ def _draws_to_target(model: RaggedMaskedModel, sequences: Any, target_se: float,
     p = max(2, int(num_masks))
     est = Riemann(p, rates=grid_rates)
     draw = CellDraw(est)
-    caps = [MAX_TARGET_DRAWS] * n  # the default: MAX_TARGET_DRAWS draws of every rate
-    if max_masks is not None:  # masked inputs per sequence, K per draw
-        caps = [draw.draws_within(len(t), int(max_masks)) for t in toks]
-        if min(caps) < p:
-            raise ValueError(f"max_masks={max_masks} (masked inputs per sequence) is below the "
-                             f"first round's {p * k}: num_masks={p} draws of the {k} rates. "
-                             f"Raise max_masks to at least {p * k}, or lower num_masks.")
+    lengths = np.array([len(t) for t in toks], dtype=np.int64)
+    # max_masks: masked inputs per sequence, K per draw (by default MAX_TARGET_DRAWS draws)
+    caps = draw_caps(draw, p, lengths, [[i] for i in range(n)], max_masks,
+                     default=MAX_TARGET_DRAWS)
     out = run_rounds(draw, model, toks, [[i] for i in range(n)],
-                     [(seed, i) for i in range(n)], num_masks=p, max_masks=caps,
+                     [(seed, i) for i in range(n)], num_masks=p, caps=caps,
                      rule=target_rule([target_se * math.sqrt(n)] * n), run=run,
                      what=f"the curve at target_se={target_se:g}",
                      remedy=plan_remedy("sequence"))
-    lengths = np.array([len(t) for t in toks], dtype=np.int64)
     scores, scores_se = np.zeros((n, k)), np.zeros((n, k))
     for i, t in enumerate(out.tallies):
         weighted = weighted_rounds(t.rounds)

@@ -186,6 +186,9 @@ class RateDraw(RoundDraw):
     def draws_within(self, length: int, rows: int) -> int:
         return int(rows) - 1  # the whole continuation's row, scored once, counts
 
+    def draw_text(self, length: int, draws: int) -> str:
+        return " and the whole continuation's row"
+
     def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
               run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
                                             int]:
@@ -290,7 +293,7 @@ class LearnedRate(Estimator):
         n = len(toks)
         out = run_rounds(RateDraw(self.num_masks, "uniform", EXACT_LENGTH), model, toks,
                          [[i] for i in range(n)], [(seed, i) for i in range(n)],
-                         num_masks=self.num_masks, max_masks=[self.num_masks] * n,
+                         num_masks=self.num_masks, caps=[self.num_masks] * n,
                          rule=fixed_rule, run={**run, "progress": progress})
         stats = [t.stats() for t in out.tallies]
         se = np.array([s for _, s, _ in stats])

@@ -54,6 +54,8 @@ from .sequential import (
     MAX_TARGET_DRAWS,
     DenseDraw,
     SequentialRun,
+    draw_caps,
+    merge_stops,
     run_rounds,
     target_rule,
 )
@@ -195,28 +197,23 @@ class DenseRun:
         :data:`~mptlml.estimators.sequential.TARGET_MIN_DOF` degrees of freedom
         (``"target"``) or the cap is spent (``"budget"``). The cap: ``max_masks // m``
         draws per stratum (``max_masks`` masked inputs per datum, ``m`` those of one draw of
-        every stratum), refused before any draw beyond ``mptlml.settings.max_masked_inputs``
-        or below 2; without ``max_masks``,
+        every stratum: :func:`~mptlml.estimators.sequential.draw_caps`), refused before any
+        draw beyond ``mptlml.settings.max_masked_inputs`` or below 2; without ``max_masks``,
         :data:`~mptlml.estimators.sequential.MAX_TARGET_DRAWS`, lowered to what the setting
         allows for these N data.
         """
         est, n, d = self.est, self.n, self.d
         draw = DenseDraw(est, d, n, self.generator, self.counter, progress=self.progress,
                          allocation=allocation, sizes=sizes, scale=scale)
-        if max_masks is None:
-            cap = max(2, min(MAX_TARGET_DRAWS,
-                             settings.max_masked_inputs.value() // (draw.per_draw * n)))
-        else:
-            cap = int(max_masks) // draw.per_draw
-            if cap < 2:
-                raise ValueError(
-                    f"max_masks={max_masks} is too small: every stratum needs at least 2 draws "
-                    f"({2 * draw.per_draw} masked inputs per datum). Raise max_masks to at "
-                    f"least {2 * draw.per_draw}.")
+        # the first round: num_masks draws per stratum (at least 2), fewer within a cap
+        # asked for (2 at least: refused below)
+        cap = draw_caps(draw, 2, np.array([d]), [[0]], max_masks, noun="datum", group_noun="",
+                        default=min(MAX_TARGET_DRAWS, settings.max_masked_inputs.value()
+                                    // (draw.per_draw * n)))[0]
         p = min(max(2, int(est.num_masks)), cap)
         with torch.no_grad(), self.model.reuse_data():
             out = run_rounds(draw, self.model, [self.x], [[0]], [(0, 0)], num_masks=p,
-                             max_masks=[cap], rule=target_rule([float(target_se)]), run={},
+                             caps=[cap], rule=target_rule([float(target_se)]), run={},
                              what=f"{what} at target_se={target_se:g}",
                              remedy=plan_remedy("datum"))
         return out, draw
@@ -368,23 +365,10 @@ def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed
     whole = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
     n_mc = int((~whole).sum())
     t_i = target_se * n / math.sqrt(max(n_mc, 1))
-    # max_masks: masked inputs per sequence (the rate draw's whole-sequence row counts), as
-    # draws (the draw's own conversion, compare's too); by default MAX_TARGET_DRAWS draws, as
-    # compare's with target_se (a cap asked for is refused below the first round)
-    if max_masks is None:
-        caps, short = [MAX_TARGET_DRAWS] * n, []
-    else:
-        caps = [max(p, draw.draws_within(int(d), int(max_masks)) // 2 * 2) for d in lengths]
-        short = [i for i in range(n)
-                 if not whole[i] and draw.draws_within(int(lengths[i]), int(max_masks)) < p]
-    if short:
-        need = draw.most_rows(int(lengths[short[0]]), p)
-        raise ValueError(f"max_masks={max_masks} (masked inputs per sequence) is below the first "
-                         f"round's {need}: num_masks={p} draws of sequence {short[0]} "
-                         f"({int(lengths[short[0]])} tokens). Raise max_masks to at least "
-                         f"{need}, or lower num_masks.")
+    caps = draw_caps(draw, p, lengths, [[i] for i in range(n)], max_masks,
+                     default=MAX_TARGET_DRAWS)
     out = run_rounds(draw, model, toks, [[i] for i in range(n)], [(seed, i) for i in range(n)],
-                     num_masks=p, max_masks=caps, rule=target_rule([t_i] * n), run=run,
+                     num_masks=p, caps=caps, rule=target_rule([t_i] * n), run=run,
                      what=f"the {est.name!r} estimate at target_se={target_se:g}",
                      remedy=plan_remedy("sequence"))
     stats = [t.stats() for t in out.tallies]
@@ -394,8 +378,7 @@ def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed
     rows = np.array([t.rows for t in out.tallies], dtype=np.int64)
     stderr = float(np.sqrt(np.sum(se_i ** 2))) / n
     drawn = se_i > 0
-    reasons = set(out.stop_reason)
-    stop = ("budget" if "budget" in reasons else "exact" if reasons == {"exact"} else "target")
+    stop = merge_stops(out.stop_reason)
     return announce_estimate(LMLEstimate(
         estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se_i),
         mean=float(lml.mean()), stderr=stderr, stderr_data=float(mean_stderr(lml)[1]),

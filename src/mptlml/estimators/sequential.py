@@ -51,7 +51,8 @@ from .stats import ExactCell, cell_error, enumerated_sum, welch_dof
 __all__ = ["DENSITY_FLOOR", "EXACT_LENGTH", "MAX_TARGET_DRAWS", "NEED_MARGIN", "NUM_RATE_BINS",
            "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "DenseDraw", "RateDensity", "RoundDraw",
            "Rule", "SequentialRun", "Tally", "at_target", "cells_error", "check_run_fingerprint",
-           "combine_rounds", "complement_cells", "density_of", "draws_needed", "fixed_rule",
+           "combine_rounds", "complement_cells", "density_of", "draw_caps", "draws_needed",
+           "fixed_rule", "merge_stops",
            "masks_at_rates",
            "neyman_counts", "neyman_sd", "next_draws", "paired", "round_seed",
            "round_sizes", "run_rounds", "scores_every_mask", "stratified_rates", "stratum_cells",
@@ -172,16 +173,16 @@ def combine_rounds(terms: list[list[np.ndarray]]) -> tuple[float, float, float]:
     return est, math.sqrt(float(v.sum())), welch_dof(torch.from_numpy(v), torch.from_numpy(d))
 
 
-def round_sizes(p: int, max_masks: int) -> list[int]:
-    """Masks per candidate of each round: p, p, 2p, 4p, ... (the total doubles), <= max_masks.
+def round_sizes(p: int, cap: int) -> list[int]:
+    """Draws per member of each round: p, p, 2p, 4p, ... (the total doubles), <= ``cap``.
 
-    Few looks (about log2(max_masks / p)) keep the Bonferroni threshold low, and
-    every round's pairs add degrees of freedom fast; the last round takes what is left
-    of ``max_masks`` (rounded down to an even count).
+    Few looks (about log2(cap / p)) keep the Bonferroni threshold low, and every round's
+    pairs add degrees of freedom fast; the last round takes what is left of the cap
+    (rounded down to an even count).
     """
     sizes, total = [p], p
-    while total + 2 <= max_masks:
-        sizes.append(next_draws(total, max_masks))
+    while total + 2 <= cap:
+        sizes.append(next_draws(total, cap))
         total += sizes[-1]
     return sizes
 
@@ -241,15 +242,15 @@ def neyman_counts(sd: np.ndarray, draws: int) -> np.ndarray:
     return np.maximum(2, np.round(draws * len(w) * w / w.sum())).astype(np.int64)
 
 
-def next_draws(drawn: int, max_masks: int, need: float | None = None) -> int:
-    """Masks per candidate of the next round: double the draws so far, within ``max_masks``.
+def next_draws(drawn: int, cap: int, need: float | None = None) -> int:
+    """Draws per member of the next round: double the draws so far, within ``cap``.
 
     Towards a target standard error (``need``: the draws it needs, ``n (se /
     target)^2`` from the draws so far, SE^2 falling as 1 / n), no more than the
     predicted remainder, with a margin of :data:`NEED_MARGIN`: the last round
     stops near the target instead of overshooting it up to twofold.
     """
-    nxt = min(drawn, max_masks - drawn) // 2 * 2
+    nxt = min(drawn, cap - drawn) // 2 * 2
     if need is not None and math.isfinite(need):
         nxt = min(nxt, 2 * math.ceil(NEED_MARGIN * (need - drawn) / 2))
     return max(2, nxt)
@@ -448,6 +449,16 @@ class RoundDraw:
         engine's cap in draws (a whole number of :meth:`round_size` units)."""
         raise NotImplementedError
 
+    def fit_cap(self, first: int, cap: int) -> int:
+        """A cap (draws per member) every round within which the draw can take, from a first
+        round of ``first`` draws: unchanged unless overridden (:meth:`CellDraw.fit_cap`)."""
+        return int(cap)
+
+    def draw_text(self, length: int, draws: int) -> str:
+        """How ``draws`` draws of a sequence of ``length`` score their masked inputs, for a
+        refusal (the rate draw: the whole continuation's row besides)."""
+        return ""
+
     def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
               run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
                                             int]:
@@ -514,6 +525,32 @@ class CellDraw(RoundDraw):
     def draws_within(self, length: int, rows: int) -> int:
         unit = int(getattr(self.est, "draw_unit", 1))
         return int(rows) // int(self.est.masks_per_draw(int(length))) // unit * unit
+
+    def draw_text(self, length: int, draws: int) -> str:
+        return (f" of estimator {self.name!r}, "
+                f"{int(self.est.masks_per_draw(int(length)))} masked inputs each")
+
+    def fit_cap(self, first: int, cap: int) -> int:
+        """The cap at which every round of an estimator drawing whole batches (``draw_unit``
+        b > 1, LLaDA's) holds at least two batches.
+
+        The rounds double the draws so far (:func:`next_draws`) and the last takes what is
+        left of the cap: a last round of one batch would have no spread of its batch means,
+        a NaN standard error. The cap is lowered to the draws before such a round (and to a
+        whole number of batches); other draws pass unchanged.
+        """
+        unit = int(getattr(self.est, "draw_unit", 1))
+        if unit == 1:
+            return int(cap)
+        cap = int(cap) // unit * unit
+        drawn = self.round_size(first)
+        while drawn + 2 <= cap:
+            nxt = self.round_size(next_draws(drawn, cap))
+            if nxt < 2 * unit:
+                cap = drawn
+                break
+            drawn += nxt
+        return max(cap, self.round_size(first))
 
     def counts(self, i: int, p: int) -> np.ndarray:
         """Draws per row of sequence i's round of ``p``: ``p`` each, or Neyman's."""
@@ -638,6 +675,13 @@ class DenseDraw(RoundDraw):
     def most_rows(self, length: int, draws: int) -> int:
         return self.per_draw * int(draws)
 
+    def draws_within(self, length: int, rows: int) -> int:
+        return int(rows) // self.per_draw
+
+    def draw_text(self, length: int, draws: int) -> str:
+        return (f" of every stratum, {self.per_draw} masked inputs per datum each"
+                if self.num_strata > 1 else f", {self.per_draw} masked inputs per datum each")
+
     def counts(self, p: int) -> np.ndarray:
         """Draws per stratum of a round of ``p``: ``p`` each, or Neyman's within ``p H``."""
         h = self.num_strata
@@ -725,7 +769,7 @@ class SequentialRun:
 
 def check_run_fingerprint(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor],
                           groups: list[list[int]], keys: list[tuple[int, ...]], num_masks: int,
-                          max_masks: Sequence[int], run: dict[str, Any]) -> None:
+                          caps: Sequence[int], run: dict[str, Any]) -> None:
     """Refuse, before the first round, a ``checkpoint_dir`` that holds another run's rounds.
 
     The run's fingerprint is everything that decides its draws: the draw
@@ -745,7 +789,7 @@ def check_run_fingerprint(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor],
     model = scorer.fingerprint() if hasattr(scorer, "fingerprint") else {}
     meta = {**draw.fingerprint(), "seeds": [[int(k) for k in key] for key in keys],
             "groups": [[int(i) for i in m] for m in groups], "num_masks": int(num_masks),
-            "max_masks": [int(c) for c in max_masks], "data_sha256": h.hexdigest(),
+            "caps": [int(c) for c in caps], "data_sha256": h.hexdigest(),
             "model": model}
     ckpt = Path(run["checkpoint_dir"]) / "sequential"
     ckpt.mkdir(parents=True, exist_ok=True)
@@ -774,12 +818,67 @@ def target_rule(targets: Sequence[float]) -> Rule:
 
 def fixed_rule(q: int, members: list[int], tallies: list[Tally], at_cap: bool
                ) -> tuple[set[int], str | None, float | None]:
-    """No stop rule: draw until the cap (``max_masks``, or one round of ``num_masks``)."""
+    """No stop rule: draw until the cap (:func:`draw_caps`: ``max_masks``, or one round of
+    ``num_masks``)."""
     return {i for i in members if not tallies[i].enumerated}, "fixed" if at_cap else None, None
 
 
+def draw_caps(draw: RoundDraw, num_masks: int, lengths: np.ndarray, groups: list[list[int]],
+              max_masks: int | None, *, default: int, noun: str = "sequence",
+              group_noun: str = "sequence") -> list[int]:
+    """``max_masks`` (masked inputs per member) as the engine's caps: draws per member of each
+    group; the one conversion, and the one refusal below the first round.
+
+    A group's cap is the most draws (:meth:`RoundDraw.draws_within`) that keep every member
+    it draws within ``max_masks``, the fewest over its members (they draw together); a member
+    the draw enumerates (2^T - 1 masks) is exempt, and a group of such members gets the first
+    round. Without ``max_masks``, ``default`` draws (at least the first round's). Each cap is
+    then fitted to the draw (:meth:`RoundDraw.fit_cap`: an estimator drawing whole batches).
+
+    Raises
+    ------
+    ValueError
+        Before any draw, naming the member, when the first round alone (``num_masks`` draws,
+        :meth:`RoundDraw.round_size`) passes ``max_masks``.
+    """
+    first = draw.round_size(int(num_masks))
+    if max_masks is None:
+        caps = [max(first, int(default))] * len(groups)
+    else:
+        caps = []
+        for q, idx in enumerate(groups):
+            drawn = {int(lengths[i]) for i in idx if not draw.enumerates(int(lengths[i]))}
+            if not drawn:  # every member exact: nothing to cap
+                caps.append(first)
+                continue
+            t = min(drawn, key=lambda d: (draw.draws_within(d, max_masks), -d))
+            cap = draw.draws_within(t, max_masks)
+            if cap < first:
+                need = draw.most_rows(t, first)
+                where = f" ({group_noun} {q})" if group_noun else ""
+                raise ValueError(
+                    f"max_masks={max_masks} (masked inputs per {noun}) is below the first "
+                    f"round's {need}: {first} draws of a {t}-token {noun}{where}"
+                    f"{draw.draw_text(t, first)}. Raise max_masks to at least {need}, or "
+                    "lower num_masks.")
+            caps.append(cap)
+    return [draw.fit_cap(first, c) for c in caps]
+
+
+def merge_stops(reasons: Sequence[str]) -> str | None:
+    """The stop reason of a result over several groups: ``"budget"`` when any group spent
+    its cap, ``"exact"`` when every one was exact, else the first other reason (``"target"``,
+    ``"fixed"``, ...); None for no group."""
+    reasons = [str(r) for r in reasons]
+    if not reasons:
+        return None
+    if "budget" in reasons:
+        return "budget"
+    return next((r for r in reasons if r != "exact"), reasons[0])
+
+
 def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: list[list[int]],
-               keys: list[tuple[int, ...]], *, num_masks: int, max_masks: Sequence[int],
+               keys: list[tuple[int, ...]], *, num_masks: int, caps: Sequence[int],
                rule: Rule, run: dict[str, Any], what: str = "the sequential draws",
                remedy: str | None = "lower max_masks") -> SequentialRun:
     """The sequential engine: rounds of ``draw`` over groups of sequences until each stops.
@@ -789,7 +888,7 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
     once, exact); after each round the draw learns (the rate density, pooled over the call)
     and ``rule`` says which members go on drawing and whether the group stops; the next
     round doubles the draws so far (:func:`next_draws`), or draws what the rule predicts it
-    needs, within ``max_masks[q]`` draws per member (at the cap the rule names the stop).
+    needs, within ``caps[q]`` draws per member (at the cap the rule names the stop).
     The rounds of all active groups are scored together (one batch of masks per round).
 
     Parameters
@@ -809,14 +908,15 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
         :func:`round_seed` ``(keys[i], r)``.
     num_masks : int
         Draws per member in the first round.
-    max_masks : list of int
-        Most draws per member of each group.
+    caps : list of int
+        Most draws per member of each group (:func:`draw_caps`: ``max_masks``, masked inputs
+        per member, converted).
     rule : callable
         :func:`target_rule`, :func:`fixed_rule` or the caller's (compare's decision).
     run : dict
         The runner's options (``token_budget``, ``batch_size``, ``chunk_size``, ``progress``).
     what : str
-        The run, named in the refusal, before any draw, of a run whose cap (``max_masks``
+        The run, named in the refusal, before any draw, of a run whose cap (``caps[q]``
         draws of every member) could score more than ``mptlml.settings.max_masked_inputs``
         masked inputs (:meth:`RoundDraw.check_size`).
     remedy : str, optional
@@ -828,10 +928,10 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
     """
     lengths = draw.lengths_of(ids)
     if run.get("checkpoint_dir") is not None:
-        check_run_fingerprint(draw, scorer, ids, groups, keys, num_masks, max_masks, run)
+        check_run_fingerprint(draw, scorer, ids, groups, keys, num_masks, caps, run)
     draw.bind(lengths, groups, keys)
     enumerated = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
-    cap = {i: max_masks[q] for q, m in enumerate(groups) for i in m}
+    cap = {i: caps[q] for q, m in enumerate(groups) for i in m}
     draw.check_size(lengths, [cap[i] for i in range(len(lengths))], what, remedy)
     tallies = [Tally() for _ in ids]
     n = len(groups)
@@ -865,7 +965,7 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
             if enumerated[groups[q]].all():  # nothing to draw: every member exact
                 status[q] = "exact"
                 continue
-            at_cap = drawn[q] + 2 > max_masks[q]
+            at_cap = drawn[q] + 2 > caps[q]
             drawing[q], stop, need = rule(q, groups[q], tallies, at_cap)
             drawing[q] -= {i for i in groups[q] if enumerated[i]}
             if stop is None and at_cap:
@@ -874,6 +974,6 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
                 status[q] = stop
                 continue
             still.append(q)
-            round_draws[q] = draw.round_size(next_draws(drawn[q], max_masks[q], need))
+            round_draws[q] = draw.round_size(next_draws(drawn[q], caps[q], need))
         active = still
     return SequentialRun(tallies, rounds, drawn, status, calls, enumerated)
