@@ -42,7 +42,8 @@ from .._progress import progress_bar
 from ..masks import all_masks, every_mask
 from ..models.sequence_input import encode
 from ..seeds import spawn
-from .results import LMLEstimate, announce_estimate, as_float64
+from .results import LMLEstimate
+from .runs import rounds_estimate
 from .sequential import (
     MAX_TARGET_DRAWS,
     NUM_RATE_BINS,
@@ -58,7 +59,7 @@ from .sequential import (
     stratum_cells,
     target_rule,
 )
-from .stats import enumerated_sum, mean_stderr, welch_dof
+from .stats import enumerated_sum, mean_stderr
 
 __all__ = ["BlockDraw", "antithetic_pairs", "block_curve", "block_estimate", "block_model",
            "block_pll", "refuse_block_model"]
@@ -290,26 +291,14 @@ def block_estimate(est: Any, model: Any, sequences: Any, *, seed: int, progress:
                      caps=caps, rule=rule, run=run,
                      what=f"the block bound ({est.name!r} inside each block)",
                      remedy="lower num_masks or max_masks")
-    stats = [t.stats() for t in out.tallies]
-    lml = np.array([e for e, _, _ in stats])
-    se_i = np.array([s for _, s, _ in stats])
-    dofs = np.array([d for _, _, d in stats])
-    rows = np.array([t.rows for t in out.tallies], dtype=np.int64)
-    drawn = se_i > 0
     blocks = np.array([draw.blocks.get(i, (0, 0)) for i in range(n)], dtype=np.int64)
     exact_all = bool((blocks[:, 0] == blocks[:, 1]).all())
     stop = None if target_se is None else "exact" if exact_all else merge_stops(out.stop_reason)
-    return announce_estimate(LMLEstimate(
-        estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se_i),
-        mean=float(lml.mean()), stderr=float(np.sqrt(np.sum(se_i ** 2))) / n,
-        stderr_data=float(mean_stderr(lml)[1]), sizes=None, size_scores=None,
-        num_masks=int(max(out.drawn)), num_model_calls=out.num_model_calls,
-        num_masked_rows=int(rows.sum()), num_masked_rows_per_sample=torch.as_tensor(rows),
-        stderr_dof=welch_dof(torch.from_numpy(se_i[drawn] ** 2), torch.from_numpy(dofs[drawn]))
-        if drawn.any() else math.inf, target_se=target_se, stop_reason=stop,
+    return rounds_estimate(
+        est, out, target_se=target_se, stop_reason=stop,
         allocation=draw.allocation if target_se is not None else None, seed=int(seed),
         model=getattr(model, "name", None), num_blocks=torch.as_tensor(blocks[:, 0]),
-        exact_blocks=torch.as_tensor(blocks[:, 1])))
+        exact_blocks=torch.as_tensor(blocks[:, 1]))
 
 
 def _block_log_probs(model: Any, toks: list[torch.Tensor], masks: list[torch.Tensor], *,

@@ -480,7 +480,7 @@ def warn_target_missed(what: str, reason: str | None, stderr: float, target: flo
     return True
 
 
-def announce_estimate(est: LMLEstimate) -> LMLEstimate:
+def announce_estimate(est: LMLEstimate, depth: int = 0) -> LMLEstimate:
     """Never let an estimate leave unannounced: NaN, an unknown SE, few dof, a missed target.
 
     Warns (:class:`NonFiniteWarning`) when the estimate is not finite, and
@@ -488,20 +488,21 @@ def announce_estimate(est: LMLEstimate) -> LMLEstimate:
     rests on fewer than :data:`MIN_STDERR_DOF` effective degrees of freedom,
     or when a target standard error was missed (:func:`warn_target_missed`).
     Returns ``est``. The warnings name the line that called
-    :func:`mptlml.estimate_lml` (through ``Estimator.estimate`` and its run).
+    :func:`mptlml.estimate_lml` (through ``Estimator.estimate`` and its run; ``depth``
+    more frames between the run and this call).
     """
     bad = announce_nonfinite(est.per_sample, f"the {est.estimator!r} estimate of log p(x)",
-                             stacklevel=6)
+                             stacklevel=6 + depth)
     warn_single_datum(int(np.asarray(_numpy(est.per_sample)).size),
-                      f"the {est.estimator!r} estimate", "stderr_data", stacklevel=6)
+                      f"the {est.estimator!r} estimate", "stderr_data", stacklevel=6 + depth)
     if not bad and math.isnan(est.stderr):
         warnings.warn(
             f"the standard error of the {est.estimator!r} estimate cannot be computed from "
             f"{est.num_masks} Monte Carlo draw(s) per datum (it needs at least 2); stderr is "
             "NaN. Pass num_masks >= 2 to know how precise the estimate is.", RuntimeWarning,
-            stacklevel=5)
+            stacklevel=5 + depth)
     elif (not warn_target_missed("stderr", est.stop_reason, est.stderr, est.target_se,
-                                 stacklevel=6)
+                                 stacklevel=6 + depth)
           and est.stderr_dof is not None and est.stderr_dof < MIN_STDERR_DOF
           and est.stderr > 1e-9 * max(1.0, abs(est.mean))):  # not an exact sum
         warnings.warn(
@@ -510,5 +511,5 @@ def announce_estimate(est: LMLEstimate) -> LMLEstimate:
             "|mean - truth| > 2 stderr will happen far more often than 5% of the time. Use "
             "more masks (num_masks)" + (" or independent masks (share_masks=False)"
                                         if est.shared_masks else "") + ".",
-            RuntimeWarning, stacklevel=5)
+            RuntimeWarning, stacklevel=5 + depth)
     return est

@@ -61,8 +61,8 @@ from .sequential import (
 )
 from .stats import enumerated_sum, mean_stderr, strata_stderr, sum_stderr, welch_dof
 
-__all__ = ["EXACT_LENGTH", "DenseRun", "RaggedRun", "ragged_to_target", "run_what",
-           "score_every_mask", "start_run"]
+__all__ = ["EXACT_LENGTH", "DenseRun", "RaggedRun", "build_estimate", "ragged_to_target",
+           "rounds_estimate", "run_what", "score_every_mask", "start_run"]
 
 
 def score_every_mask(model: RaggedMaskedModel, toks: list[torch.Tensor], seed: int, *,
@@ -101,6 +101,53 @@ def run_what(est: Any, whole: list[int], drawn: list[int]) -> str:
     return (f"{what} ({len(whole)} sequence(s) scored on every mask, 2^D - 1 = {each} "
             f"masked inputs each: exact, always up to {EXACT_LENGTH} units, longer ones "
             f"where their draws would cost as much{rest})")
+
+
+def build_estimate(est: Any, lml: Any, lml_stderr: Any, *, stderr: float, dof: float,
+                   calls: int, rows: int, rows_per_sample: Any, **fields: Any) -> LMLEstimate:
+    """The one builder of an :class:`~mptlml.estimators.results.LMLEstimate`, announced.
+
+    Every run's result ends here (:meth:`DenseRun.result`, :meth:`DenseRun.to_target`,
+    :meth:`RaggedRun.result`, :func:`rounds_estimate`): ``lml`` and ``lml_stderr`` are the
+    per-datum estimates and their Monte Carlo standard errors, ``stderr`` and ``dof`` the
+    mean's standard error and its effective degrees of freedom (the run's own: pooled over
+    strata, or the engine's rounds), ``calls`` and ``rows`` the model calls and masked
+    inputs, ``rows_per_sample`` those per datum (None when not known per datum); ``mean``
+    and ``stderr_data`` (the spread over the data) are derived here, and the estimate is
+    announced (:func:`~mptlml.estimators.results.announce_estimate`: NaN, an unknown SE,
+    few dof, a missed target). ``fields`` are the result's other fields.
+    """
+    lml = as_float64(lml)
+    fields.setdefault("sizes", None)
+    fields.setdefault("size_scores", None)
+    return announce_estimate(LMLEstimate(
+        estimator=est.name, per_sample=lml, per_sample_stderr=as_float64(lml_stderr),
+        mean=float(lml.mean()), stderr=float(stderr), stderr_data=float(mean_stderr(lml)[1]),
+        num_model_calls=int(calls), num_masked_rows=int(rows),
+        num_masked_rows_per_sample=None if rows_per_sample is None
+        else torch.as_tensor(np.asarray(rows_per_sample), dtype=torch.long),
+        stderr_dof=dof, **fields), depth=1)
+
+
+def rounds_estimate(est: Any, out: SequentialRun, **fields: Any) -> LMLEstimate:
+    """The estimate of an engine's run whose groups are single sequences: per sequence its
+    tally's estimate, SE and dof (:meth:`~mptlml.estimators.sequential.Tally.stats`), the
+    mean's standard error ``sqrt(sum_i se_i^2) / N`` on the Welch dof of the drawn sequences
+    (inf when every one is exact), the masked inputs each scored, the draws of the most-drawn
+    group (``num_masks``) and the groups' merged stop reason
+    (:func:`~mptlml.estimators.sequential.merge_stops`, unless ``fields`` say)."""
+    stats = [t.stats() for t in out.tallies]
+    lml = np.array([e for e, _, _ in stats])
+    se_i = np.array([s for _, s, _ in stats])
+    dofs = np.array([d for _, _, d in stats])
+    rows = np.array([t.rows for t in out.tallies], dtype=np.int64)
+    drawn = se_i > 0
+    fields.setdefault("stop_reason", merge_stops(out.stop_reason))
+    return build_estimate(
+        est, lml, se_i, stderr=float(np.sqrt(np.sum(se_i ** 2))) / len(lml),
+        dof=welch_dof(torch.from_numpy(se_i[drawn] ** 2), torch.from_numpy(dofs[drawn]))
+        if drawn.any() else math.inf, calls=out.num_model_calls, rows=int(rows.sum()),
+        rows_per_sample=rows, num_masks=int(max(out.drawn)), **fields)
 
 
 def start_run(est: Any, model: Any, x: Any, *, seed: Any, progress: bool,
@@ -172,16 +219,13 @@ class DenseRun:
             pooled = out.cells if out.cells is not None else out.samples[None]
             per_se, stderr, dof = strata_stderr(pooled, shared=est.share_masks)
         mean = float(per_sample.mean())
-        return announce_estimate(LMLEstimate(
-            estimator=est.name, per_sample=per_sample.cpu(), per_sample_stderr=per_se.cpu(),
-            mean=mean, stderr=stderr, stderr_data=float(mean_stderr(per_sample)[1]),
-            sizes=out.sizes, size_scores=out.size_scores.cpu(),
-            num_masks=out.samples.shape[0], num_model_calls=counter.calls,
-            num_masked_rows=counter.rows, num_masked_rows_per_sample=self._rows_per_datum(),
-            stderr_dof=dof, rate=est.recorded_rate(d), exact=exact,
-            bias=None if exact is None else mean - exact,
+        return build_estimate(
+            est, per_sample.cpu(), per_se.cpu(), stderr=stderr, dof=dof, calls=counter.calls,
+            rows=counter.rows, rows_per_sample=self._rows_per_datum(), sizes=out.sizes,
+            size_scores=out.size_scores.cpu(), num_masks=out.samples.shape[0],
+            rate=est.recorded_rate(d), exact=exact, bias=None if exact is None else mean - exact,
             shared_masks=est.share_masks or out.exact,
-            nested=bool(getattr(est, "nested", False)), seed=self.seed))
+            nested=bool(getattr(est, "nested", False)), seed=self.seed)
 
     def rounds(self, target_se: float, max_masks: int | None, allocation: str, what: str, *,
                sizes: list[int] | None = None, scale: float = 1.0
@@ -237,18 +281,16 @@ class DenseRun:
         mean = float(per_sample.mean())
         with torch.no_grad(), self.model.reuse_data():
             exact = self._exact()
-        return announce_estimate(LMLEstimate(
-            estimator=est.name, per_sample=per_sample,
-            per_sample_stderr=torch.from_numpy(np.sqrt(var.sum(0))), mean=mean,
-            stderr=stderr, stderr_data=float(mean_stderr(per_sample)[1]), sizes=self.strata,
+        return build_estimate(
+            est, per_sample, np.sqrt(var.sum(0)), stderr=stderr, dof=dof,
+            calls=self.counter.calls, rows=self.counter.rows,
+            rows_per_sample=self._rows_per_datum(), sizes=self.strata,
             size_scores=None if self.strata is None else torch.from_numpy(means.mean(1)),
-            num_masks=int(counts.max()), num_model_calls=self.counter.calls,
-            num_masked_rows=self.counter.rows,
-            num_masked_rows_per_sample=self._rows_per_datum(), stderr_dof=dof,
-            rate=est.recorded_rate(d), exact=exact, bias=None if exact is None else mean - exact,
-            shared_masks=est.share_masks, nested=bool(getattr(est, "nested", False)),
-            seed=self.seed, target_se=float(target_se), stop_reason=out.stop_reason[0],
-            allocation=draw.allocation, masks_per_size=counts.tolist()))
+            num_masks=int(counts.max()), rate=est.recorded_rate(d), exact=exact,
+            bias=None if exact is None else mean - exact, shared_masks=est.share_masks,
+            nested=bool(getattr(est, "nested", False)), seed=self.seed,
+            target_se=float(target_se), stop_reason=out.stop_reason[0],
+            allocation=draw.allocation, masks_per_size=counts.tolist())
 
 
 class RaggedRun:
@@ -317,17 +359,13 @@ class RaggedRun:
         mc_rows = (None if out is None else out.rows_per_sequence)
         rows = None if out is not None and mc_rows is None else self._merge(
             ex_rows, np.zeros(0, dtype=np.int64) if mc_rows is None else mc_rows)
-        return announce_estimate(LMLEstimate(
-            estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se),
-            mean=float(lml.mean()), stderr=float(sum_stderr(se)) / n,
-            stderr_data=float(mean_stderr(lml)[1]), sizes=None, size_scores=None,
-            num_masks=est.num_masks,
-            num_model_calls=ex_calls + (0 if out is None else out.num_model_calls),
-            num_masked_rows=int(ex_rows.sum()) + (0 if out is None else out.num_masked_rows),
-            num_masked_rows_per_sample=None if rows is None
-            else torch.as_tensor(rows, dtype=torch.long),
-            stderr_dof=math.inf if out is None else out.dof, seed=self.seed,
-            model=self.model.name))
+        return build_estimate(
+            est, lml, se, stderr=float(sum_stderr(se)) / n,
+            dof=math.inf if out is None else out.dof,
+            calls=ex_calls + (0 if out is None else out.num_model_calls),
+            rows=int(ex_rows.sum()) + (0 if out is None else out.num_masked_rows),
+            rows_per_sample=rows, num_masks=est.num_masks, seed=self.seed,
+            model=self.model.name)
 
 
 def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed: int,
@@ -371,21 +409,5 @@ def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed
                      num_masks=p, caps=caps, rule=target_rule([t_i] * n), run=run,
                      what=f"the {est.name!r} estimate at target_se={target_se:g}",
                      remedy=plan_remedy("sequence"))
-    stats = [t.stats() for t in out.tallies]
-    lml = np.array([e for e, _, _ in stats])
-    se_i = np.array([s for _, s, _ in stats])
-    dofs = np.array([d for _, _, d in stats])
-    rows = np.array([t.rows for t in out.tallies], dtype=np.int64)
-    stderr = float(np.sqrt(np.sum(se_i ** 2))) / n
-    drawn = se_i > 0
-    stop = merge_stops(out.stop_reason)
-    return announce_estimate(LMLEstimate(
-        estimator=est.name, per_sample=as_float64(lml), per_sample_stderr=as_float64(se_i),
-        mean=float(lml.mean()), stderr=stderr, stderr_data=float(mean_stderr(lml)[1]),
-        sizes=None, size_scores=None, num_masks=int(max(out.drawn)),
-        num_model_calls=out.num_model_calls, num_masked_rows=int(rows.sum()),
-        num_masked_rows_per_sample=torch.as_tensor(rows),
-        stderr_dof=welch_dof(torch.from_numpy(se_i[drawn] ** 2),
-                             torch.from_numpy(dofs[drawn])) if drawn.any() else math.inf,
-        target_se=target_se, stop_reason=stop, allocation=draw.allocation,
-        seed=seed, model=model.name))
+    return rounds_estimate(est, out, target_se=target_se, allocation=draw.allocation,
+                           seed=seed, model=model.name)
