@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from sklearn.decomposition import PCA  # noqa: E402
 
 import mptlml  # noqa: E402
-from mptlml.estimators.compare import Comparison  # noqa: E402
+from mptlml.estimators.results import Comparison  # noqa: E402
 from mptlml.models import PPCA  # noqa: E402
 
 

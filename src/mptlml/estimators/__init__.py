@@ -47,7 +47,7 @@ from .adaptive_size import AdaptiveSize
 from .api import available, create, estimate_lml, get, register, unregister
 from .base import Draws, Estimator, RaggedScores, accepted_options
 from .chain_rule import ChainRule
-from .compare import Comparison, compare
+from .compare import compare
 from .cumulative import Cumulative
 from .curve import mpt_curve
 from .exhaustive import Exhaustive
@@ -57,7 +57,14 @@ from .llada import LLaDA, llada_scores
 from .pseudo_likelihood import pll
 from .random_size import RandomSize
 from .rates import mpt_area
-from .results import LLaDAScores, LMLEstimate, MPTCurve, NonFiniteWarning, TokenScores
+from .results import (
+    Comparison,
+    LLaDAScores,
+    LMLEstimate,
+    MPTCurve,
+    NonFiniteWarning,
+    TokenScores,
+)
 from .riemann import Riemann
 
 __all__ = [

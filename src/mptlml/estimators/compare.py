@@ -69,19 +69,17 @@ import math
 import numbers
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from scipy import special
 
-from .._optional import require
 from .._validation import ALLOCATIONS, SEED_INT, Options, check_options
 from ..models.conditional import with_context
 from ..models.protocols import RaggedMaskedModel
 from .block import BlockDraw, block_model, refuse_block_model
 from .learned_rate import RateDraw
-from .results import MIN_STDERR_DOF, _Result, announce_nonfinite
+from .results import MIN_STDERR_DOF, Comparison, announce_nonfinite
 from .sequential import (  # EXACT_LENGTH: compare's, for its callers
     EXACT_LENGTH,  # noqa: F401
     MAX_TARGET_DRAWS,
@@ -112,108 +110,6 @@ DELTA = 0.5
 _OPTIONS: dict[str, list[Any]] = {"seed": [SEED_INT, "int sequence"],
                                   "allocation": [Options(ALLOCATIONS)],
                                   "precision": ["boolean"]}
-
-
-@dataclass
-class Comparison(_Result):
-    """Conditional bounds of the candidates of each question, compared on common masks.
-
-    Attributes
-    ----------
-    scores : list of float64 arrays ``(K_q,)``
-        Estimate of log p(candidate | context) (the conditional MPT bound).
-    stderr : list of arrays ``(K_q,)``
-        Its Monte Carlo standard error.
-    choice : list of int
-        Index of the leader (largest estimate) of each question.
-    paired_stderr : list of arrays ``(K_q,)``
-        Standard error of ``scores[choice] - scores[k]`` from the paired draws
-        (0 for the leader itself).
-    margin_z : list of float
-        Smallest ``(leader - other) / paired_stderr`` over the other candidates.
-    decided : list of bool
-        Whether the leader is ahead of every other candidate by ``z_threshold``
-        paired standard errors.
-    z_threshold : list of float
-        The threshold of ``decided`` of each question (:func:`compare`'s
-        sequential rule: a t quantile at the paired SEs' degrees of freedom).
-    exact : list of arrays ``(K_q,)`` of bool
-        Whether a candidate's bound is an exact sum over every mask (a short
-        continuation): its standard error 0 is then exact, not an estimate.
-    stderr_dof : list of float
-        Effective degrees of freedom of each question's standard errors (smallest).
-    num_masked_rows : list of int
-        Masked inputs scored for each question (all its candidates): its cost.
-    candidate_masked_rows : list of int arrays ``(K_q,)``
-        The same per candidate (an exact candidate's cost is its 2^T - 1 masks).
-    rounds : list of int
-        Rounds of draws each question took.
-    tied : list of arrays ``(K_q,)`` of bool
-        With ``decide``: whether a candidate is confidently within ``delta`` of
-        the leader at the end (``|diff| + z paired_stderr < delta``, a practical
-        tie; :func:`compare`'s guarantee covers it).
-    stop_reason : list of str
-        One of :data:`~mptlml.estimators.sequential.STOP_REASONS`: ``"fixed"`` (no
-        ``decide``, no target: ``num_masks``, or ``max_masks`` alone, spent whole),
-        ``"decided"``, ``"tied"`` (with ``decide``: every other candidate behind the
-        leader or tied with it, at least one tied), ``"target"``, ``"budget"``
-        (``max_masks`` spent before a decision or the target), or ``"exact"`` (every
-        candidate short enough to be scored on every mask).
-    num_model_calls : int
-        Forward passes of the whole call.
-    """
-
-    contexts: list[Any]
-    candidates: list[list[Any]]
-    scores: list[np.ndarray]
-    stderr: list[np.ndarray]
-    choice: list[int]
-    paired_stderr: list[np.ndarray]
-    margin_z: list[float]
-    decided: list[bool]
-    tied: list[np.ndarray]
-    z_threshold: list[float]
-    exact: list[np.ndarray]
-    stderr_dof: list[float]
-    num_masked_rows: list[int]
-    candidate_masked_rows: list[np.ndarray]
-    rounds: list[int]
-    stop_reason: list[str]
-    num_model_calls: int = 0
-    common_masks: bool = True
-    seed: Any = None
-    model: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def plot(self, question: int | None = None, *, ax: Any = None) -> Any:
-        """One question's candidates with their SEs (:func:`~.plots.plot_comparison`); the Axes."""
-        from .plots import plot_comparison
-
-        return plot_comparison(self, question, ax=ax)
-
-    def to_pandas(self) -> Any:
-        """One row per (question, candidate): score, SE, paired SE to the leader, choice, cost.
-
-        ``num_masked_rows`` is the candidate's own cost (``candidate_masked_rows``).
-        """
-        require("pandas", "Comparison.to_pandas()")
-        import pandas as pd
-
-        rows = []
-        for q, cands in enumerate(self.candidates):
-            lead = self.choice[q]
-            for k, cand in enumerate(cands):
-                rows.append({
-                    "question": q, "candidate": k,
-                    "continuation": cand if isinstance(cand, str) else list(cand),
-                    "score": float(self.scores[q][k]), "stderr": float(self.stderr[q][k]),
-                    "diff_to_leader": float(self.scores[q][k] - self.scores[q][lead]),
-                    "paired_stderr": float(self.paired_stderr[q][k]),
-                    "exact": bool(self.exact[q][k]), "chosen": k == lead,
-                    "decided": bool(self.decided[q]), "tied": bool(self.tied[q][k]),
-                    "num_masked_rows": int(self.candidate_masked_rows[q][k]),
-                    "stop_reason": self.stop_reason[q]})
-        return pd.DataFrame(rows)
 
 
 def compare(model: Any, contexts: Sequence[Any], candidates: Sequence[Sequence[Any]], *,

@@ -2,7 +2,7 @@
 (:func:`plot_comparison`).
 
 :meth:`MPTCurve.plot <mptlml.estimators.results.MPTCurve.plot>` and
-:meth:`Comparison.plot <mptlml.estimators.compare.Comparison.plot>` draw through
+:meth:`Comparison.plot <mptlml.estimators.results.Comparison.plot>` draw through
 these, and so do the figures of ``mptlml curve``, ``mptlml demo`` and the
 reproduced masked-LM parts: one plotter per kind of figure. Each draws on the
 ``ax`` given (else on a new figure of ``matplotlib.pyplot``, whatever its
@@ -165,7 +165,7 @@ def _short(text: Any, width: int = 24) -> str:
 
 
 def plot_comparison(res: Any, question: int | None = None, *, ax: Any = None) -> Any:
-    """The candidates of one question of a :class:`~mptlml.estimators.compare.Comparison`.
+    """The candidates of one question of a :class:`~mptlml.estimators.results.Comparison`.
 
     Each candidate's estimate of log p(candidate | context) with a bar of ±2
     standard errors (none for an exact candidate), the leader marked, and beside

@@ -81,6 +81,7 @@ from typing import Any
 import numpy as np
 
 from ..estimators.results import MIN_STDERR_DOF
+from ..estimators.sequential import merge_stops
 from ..estimators.stats import sum_stderr
 
 #: lm-eval's logger namespace: these lines show where lm-eval's own do
@@ -306,19 +307,10 @@ def rolling_records(keys: Sequence[Any], num_tokens: Sequence[int], windows: Seq
             "idx": k.idx, "loglikelihood": float(ll[w:w + n].sum()),
             "stderr": float(sum_stderr(se[w:w + n])), "exact": all(exact[w:w + n]),
             "masked_inputs": sum(rows[w:w + n]), "num_tokens": int(t), "windows": n,
-            "stop_reason": _worst(stops[w:w + n]),
+            "stop_reason": merge_stops(stops[w:w + n]),
             "words": len(re.split(r"\s+", text)), "bytes": len(text.encode("utf-8"))}
         w += n
     return records
-
-
-def _worst(reasons: list[str]) -> str | None:
-    """The stop reason of a text scored in windows: "budget" if any window ran out."""
-    if not reasons:
-        return None
-    if "budget" in reasons:
-        return "budget"
-    return next((r for r in reasons if r != "exact"), reasons[0])
 
 
 #: lm-eval's metrics and the summary entry of their Monte Carlo standard error: absolute
