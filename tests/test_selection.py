@@ -23,7 +23,7 @@ def test_synthetic_recovers_true_k(true_k):
     assert res.choices["MPT"] == res.choices["Exact"]
     assert res.resolved
     # MPT estimates the exact held-out LML: within a few Monte Carlo SE at every K
-    for m, s, e in zip(res.mpt, res.mpt_stderr, res.exact, strict=True):
+    for m, s, e in zip(res.mpt, res.mpt_stderr, res.exact_lml, strict=True):
         assert abs(m - e) < 5 * s + 1e-9, (m, e, s)
 
 
@@ -32,7 +32,7 @@ def test_exact_scores_are_held_out_log_likelihoods():
     x, _ = load_dataset("synthetic", true_k=2, num_data=200, num_tokens=8, seed=0)
     xtr, xte = x[:150], x[150:]
     res = select_latent_dim(xtr, 4, x_test=xte, num_masks=4, max_num_masks=4)
-    for k, e in zip(res.ks, res.exact, strict=True):
+    for k, e in zip(res.ks, res.exact_lml, strict=True):
         # MLE of Tipping & Bishop from the sample covariance (numpy, independently)
         mean = xtr.mean(0)
         cov = np.cov(xtr.T, bias=True)
@@ -141,7 +141,7 @@ def test_bernoulli_synthetic_mpt_agrees_with_exact(tmp_path, capsys):
     assert "Minka" not in out
     res = json.loads((tmp_path / "b" / "results.json").read_text())["results"]
     assert res["family"] == "bernoulli" and res["resolved"]
-    for m, s, e in zip(res["mpt"], res["mpt_stderr"], res["exact"], strict=True):
+    for m, s, e in zip(res["mpt"], res["mpt_stderr"], res["exact_lml"], strict=True):
         assert abs(m - e) < 5 * s, (m, e, s)  # unbiased for the quadrature LML
 
 

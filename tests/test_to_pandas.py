@@ -100,7 +100,7 @@ def test_selection_result_one_row_per_k():
     df = res.to_pandas()
     assert df["K"].tolist() == res.ks == [1, 2]
     np.testing.assert_allclose(df["mpt_lml"], res.mpt)
-    np.testing.assert_allclose(df["exact_lml"], res.exact)
+    np.testing.assert_allclose(df["exact_lml"], res.exact_lml)
 
 
 def test_run_dir_csv_through_pandas(tmp_path):

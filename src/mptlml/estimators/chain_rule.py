@@ -59,7 +59,7 @@ class ChainRule(Estimator):
     >>> model = PPCA.random(6, 2, sigma2=0.2, seed=0)
     >>> est = mptlml.estimate_lml(model, model.sample(10, generator=0), "chain-rule",
     ...                           num_masks=2, seed=0)
-    >>> abs(est.mean - est.exact) < 1e-8
+    >>> abs(est.mean - est.exact_lml) < 1e-8
     True
     """
 

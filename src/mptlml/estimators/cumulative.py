@@ -62,7 +62,7 @@ class Cumulative(Estimator):
     >>> model = PPCA.random(6, 2, sigma2=0.2, seed=0)
     >>> x = model.sample(30, generator=0)
     >>> est = mptlml.estimate_lml(model, x, "cumulative", num_masks=8, seed=0)
-    >>> abs(est.mean - est.exact) < 5 * est.stderr + 1e-9
+    >>> abs(est.mean - est.exact_lml) < 5 * est.stderr + 1e-9
     True
     """
 

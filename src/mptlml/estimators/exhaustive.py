@@ -42,7 +42,7 @@ class Exhaustive(Estimator):
     >>> from mptlml.models import PPCA
     >>> model = PPCA.random(5, 2, sigma2=0.2, seed=0)
     >>> est = mptlml.estimate_lml(model, model.sample(10, generator=0), "exhaustive")
-    >>> abs(est.mean - est.exact) < 1e-9
+    >>> abs(est.mean - est.exact_lml) < 1e-9
     True
     """
 

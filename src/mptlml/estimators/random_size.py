@@ -79,7 +79,7 @@ class RandomSize(Estimator):
     >>> model = PPCA.random(8, 2, sigma2=0.2, seed=0)
     >>> x = model.sample(20, generator=0)
     >>> est = mptlml.estimate_lml(model, x, "random-size", num_masks=16, seed=0)
-    >>> abs(est.mean - est.exact) < 5 * est.stderr + 1e-9
+    >>> abs(est.mean - est.exact_lml) < 5 * est.stderr + 1e-9
     True
     """
 

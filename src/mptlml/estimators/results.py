@@ -100,10 +100,10 @@ class LMLEstimate(_Result):
         then the most draws of a sequence.
     rate : float or None
         Masking rate (fixed-rate only).
-    exact : float or None
+    exact_lml : float or None
         Mean exact log p(x) when the model has an exact ``log_marginal``.
     bias : float or None
-        ``mean - exact`` when ``exact`` is known.
+        ``mean - exact_lml`` when ``exact_lml`` is known.
     shared_masks, nested : bool
     seed : int or None
     model : str or None
@@ -132,7 +132,7 @@ class LMLEstimate(_Result):
     allocation: str | None = None
     masks_per_size: list[int] | None = None
     rate: float | None = None
-    exact: float | None = None
+    exact_lml: float | None = None
     bias: float | None = None
     shared_masks: bool = False
     nested: bool = False

@@ -223,8 +223,8 @@ class DenseRun:
             est, per_sample.cpu(), per_se.cpu(), stderr=stderr, dof=dof, calls=counter.calls,
             rows=counter.rows, rows_per_sample=self._rows_per_datum(), sizes=out.sizes,
             size_scores=out.size_scores.cpu(), num_masks=out.samples.shape[0],
-            rate=est.recorded_rate(d), exact=exact, bias=None if exact is None else mean - exact,
-            shared_masks=est.share_masks or out.exact,
+            rate=est.recorded_rate(d), exact_lml=exact,
+            bias=None if exact is None else mean - exact, shared_masks=est.share_masks or out.exact,
             nested=bool(getattr(est, "nested", False)), seed=self.seed)
 
     def rounds(self, target_se: float, max_masks: int | None, allocation: str, what: str, *,
@@ -286,7 +286,7 @@ class DenseRun:
             calls=self.counter.calls, rows=self.counter.rows,
             rows_per_sample=self._rows_per_datum(), sizes=self.strata,
             size_scores=None if self.strata is None else torch.from_numpy(means.mean(1)),
-            num_masks=int(counts.max()), rate=est.recorded_rate(d), exact=exact,
+            num_masks=int(counts.max()), rate=est.recorded_rate(d), exact_lml=exact,
             bias=None if exact is None else mean - exact, shared_masks=est.share_masks,
             nested=bool(getattr(est, "nested", False)), seed=self.seed,
             target_se=float(target_se), stop_reason=out.stop_reason[0],

@@ -154,7 +154,7 @@ def plot_scores(res: SelectionResult, desc: str, run: RunDir, stem: str = "score
     fig, (ax, ax2) = pyplot().subplots(1, 2, figsize=(10, 3.8))
     ks = np.asarray(res.ks)
     mpt, se = np.asarray(res.mpt), np.asarray(res.mpt_stderr)
-    ax.plot(ks, res.exact, "k--o", ms=3, label=f"exact (K={res.choices['Exact']})")
+    ax.plot(ks, res.exact_lml, "k--o", ms=3, label=f"exact (K={res.choices['Exact']})")
     ax.errorbar(ks, mpt, yerr=2 * np.nan_to_num(se), color="C0", marker="s", ms=3, capsize=2,
                 label=f"MPT, P={res.num_masks} (K={res.choices['MPT']})")
     ax.set_xlabel("latent dimension K")

@@ -62,7 +62,7 @@ class SelectionResult:
     mpt, mpt_stderr : list of float
         MPT estimate of the mean held-out log p(x) per datum, and its Monte
         Carlo standard error.
-    exact : list of float
+    exact_lml : list of float
         Exact mean held-out log p(x) per datum.
     bic : list of float
         BIC on the training split (smaller is better).
@@ -78,7 +78,7 @@ class SelectionResult:
     ks: list[int]
     mpt: list[float]
     mpt_stderr: list[float]
-    exact: list[float]
+    exact_lml: list[float]
     bic: list[float]
     choices: dict[str, int]
     resolved: bool
@@ -105,7 +105,7 @@ class SelectionResult:
     def rows(self) -> list[dict[str, Any]]:
         """One row per K (for scores.csv and the printed table)."""
         return [{"K": k, "mpt_lml": m, "mpt_stderr": s, "exact_lml": e, "bic": b}
-                for k, m, s, e, b in zip(self.ks, self.mpt, self.mpt_stderr, self.exact,
+                for k, m, s, e, b in zip(self.ks, self.mpt, self.mpt_stderr, self.exact_lml,
                                          self.bic, strict=True)]
 
 
@@ -247,7 +247,7 @@ def select_latent_dim(x: Any, k_max: int, *, x_test: Any = None, test_fraction: 
             notes.append(f"MPT choice not resolved at P={p}: the best K leads the runner-up "
                          f"by only {min_z:.1f} paired SE (raise max_num_masks)")
     return SelectionResult(
-        ks=ks, mpt=mpt.tolist(), mpt_stderr=mpt_se.tolist(), exact=exact, bic=bic,
+        ks=ks, mpt=mpt.tolist(), mpt_stderr=mpt_se.tolist(), exact_lml=exact, bic=bic,
         choices=choices, resolved=bool(min_z > z), min_paired_z=float(min_z), num_masks=p,
         family=family, n_train=n_tr, n_test=x_te.shape[0], num_tokens=d, seed=seed,
         notes=notes,
