@@ -10,6 +10,7 @@ import torch
 from mptlml import estimate_lml
 from mptlml.estimators import create
 from mptlml.estimators.chain_rule import distinct_orders
+from mptlml.estimators.sequential import round_seed
 from mptlml.hf import (
     DataCollatorForMPT,
     mpt_batch_loss,
@@ -223,7 +224,7 @@ def test_weighted_loss_is_unbiased_for_the_mpt_sum(tiny):
 def test_chain_rule_matches_a_hand_written_random_order(tiny):
     """estimate_lml(mlm, ., "chain-rule") = mean over orders of sum_t log q(x_pi(t) | x_pi(t+1..D)).
 
-    Orders are drawn per sequence from the generator seeded by (seed, i), like
+    Orders are drawn per sequence from round 0 of its engine stream (seed, i), like
     every ragged mask; here they are scored one prefix mask at a time through
     ``log_conditionals`` (every masked position scored), keeping pi(t).
     """
@@ -238,7 +239,9 @@ def test_chain_rule_matches_a_hand_written_random_order(tiny):
     per_order = torch.zeros(2, 2, dtype=torch.float64)
     for i, s in enumerate(seqs):
         d = len(s)
-        orders = distinct_orders(d, 2, torch.Generator().manual_seed(spawn(5, i)))
+        # round 0 of sequence i's stream (5, i) on the engine, as CellDraw seeds it
+        orders = distinct_orders(d, 2, torch.Generator().manual_seed(
+            spawn(round_seed((5, i), 0), 0)))
         assert not torch.equal(orders[0], orders[1])  # without replacement from the 6! orders
         lc = mlm.log_conditionals([s], [prefix_masks(orders).reshape(2 * d, d)])[0]
         for q in range(2):

@@ -19,6 +19,8 @@ import torch
 
 import mptlml
 import mptlml.lm_eval as mle
+from mptlml.estimators.sequential import round_seed
+from mptlml.seeds import spawn
 
 from .diffusion_helpers import MASK_WORD, make_word_tokenizer, save_remote_code_model
 
@@ -208,11 +210,15 @@ def test_llada_scheme_has_the_mean_and_variance_derived_for_it(tiny, tiny_dir):
     assert abs(got.mean() - want_mean) < 4 * math.sqrt(want_var / pairs)
     assert 0.7 < got.var(ddof=1) / want_var < 1.4  # chi2_399 / 399: sd 0.07
     assert 0.7 < np.mean(res.stderr ** 2) / want_var < 1.4  # its SE from the batch means
-    # the registered estimator draws the same masks from the same seeds
-    with pytest.warns(RuntimeWarning, match="about 1.0 effective degrees of freedom"):
+    # the registered estimator draws the same masks from the same seeds: sequence i's round
+    # 0 of its engine stream (11, i), given to llada_scores as pair i's own seed
+    with pytest.warns(RuntimeWarning, match="effective degrees of freedom"):
         est = mptlml.estimate_lml(tiny, [target] * 3, "llada", num_masks=mc_num, batch=b,
                                   context=[context] * 3, seed=11)
-    np.testing.assert_allclose(est.per_sample.numpy(), got[:3], rtol=0, atol=1e-9)
+    same = llada_scores(tiny, [context] * 3, [target] * 3, mc_num=mc_num, batch=b,
+                        seed=[spawn(round_seed((11, i), 0), 0) for i in range(3)])
+    np.testing.assert_allclose(est.per_sample.numpy(), same.scores, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(est.per_sample_stderr.numpy(), same.stderr, rtol=0, atol=1e-9)
     assert est.estimator == "llada" and est.num_masked_rows == 3 * mc_num
 
 

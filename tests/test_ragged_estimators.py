@@ -31,6 +31,7 @@ import torch
 import mptlml
 from mptlml._scoring.checkpoints import CheckpointError
 from mptlml.estimators import AdaptiveSize
+from mptlml.estimators.sequential import round_seed
 from mptlml.masks import all_masks, distinct_masks, fixed_rate_size, sample_masks
 from mptlml.models import PPCA
 from mptlml.seeds import spawn
@@ -149,7 +150,8 @@ def test_fixed_rate_is_d_times_s_at_its_one_size(tiny, tiny_dir, exact):
     runs = _runs(tiny, "fixed-rate", 6, rate=0.5)
     _centred(np.stack([r.per_sample.numpy() for r in runs]), truth, "fixed-rate")
     assert not np.allclose(truth, [s.sum() for s in exact], atol=0.5)  # the bias is there
-    # each estimate: the masks of (seed, sequence), each scored by transformers directly
+    # each estimate: the masks of round 0 of sequence i's stream (seed, i) on the engine, as
+    # CellDraw seeds them, each scored by transformers directly
     tok = BertTokenizer.from_pretrained(tiny_dir)
     net = BertForMaskedLM.from_pretrained(tiny_dir).eval()
     est = runs[3]
@@ -157,7 +159,7 @@ def test_fixed_rate_is_d_times_s_at_its_one_size(tiny, tiny_dir, exact):
         # 6 distinct masks among C(D, M) = 20, or all C(5, 2) = 10 (no more than 15: exact)
         pop = math.comb(d, m)
         masks = all_masks(d, m) if pop <= 15 else distinct_masks(
-            d, m, 6, torch.Generator().manual_seed(spawn(3, i)))
+            d, m, 6, torch.Generator().manual_seed(spawn(round_seed((3, i), 0), 0)))
         assert len({k.numpy().tobytes() for k in masks}) == len(masks)
         ids = torch.tensor(tok(text)["input_ids"])
         draws = []

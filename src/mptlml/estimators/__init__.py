@@ -45,7 +45,7 @@ The masks are scored by :mod:`mptlml._scoring`, which knows no estimator.
 
 from .adaptive_size import AdaptiveSize
 from .api import available, create, estimate_lml, get, register, unregister
-from .base import Draws, Estimator, RaggedScores, accepted_options
+from .base import Draws, Estimator, accepted_options
 from .chain_rule import ChainRule
 from .compare import compare
 from .cumulative import Cumulative
@@ -82,7 +82,6 @@ __all__ = [
     "LearnedRate",
     "MPTCurve",
     "NonFiniteWarning",
-    "RaggedScores",
     "RandomSize",
     "Riemann",
     "TokenScores",

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from .._scoring.dense import Counter, score_masks
-from .._scoring.ragged import check_run_size, run_pairs, sequence_seed
+from .._scoring.ragged import run_pairs, sequence_seed
 from .._validation import check_positive_int, make_generator
 from ..masks import sample_masks
 from ..models.base import MaskedModel
@@ -64,11 +64,11 @@ from ..models.protocols import RaggedMaskedModel
 from .allocation import check_target
 from .block import block_estimate, block_model, refuse_block_model
 from .results import LMLEstimate
-from .runs import DenseRun, ragged_to_target, start_run
+from .runs import DenseRun, start_run
 from .sequential import EXACT_LENGTH, CellDraw, RoundDraw, scores_every_mask
-from .stats import cell_sums, welch_dof
+from .stats import cell_sums
 
-__all__ = ["Draws", "Estimator", "RaggedScores", "accepted_options", "check_size_rule"]
+__all__ = ["Draws", "Estimator", "accepted_options", "check_size_rule"]
 
 
 @dataclass
@@ -98,33 +98,6 @@ class Draws:
     size_scores: torch.Tensor
     exact: bool = False
     cells: torch.Tensor | None = None
-
-
-@dataclass
-class RaggedScores:
-    """Per-sequence estimates of an estimator on ragged sequences (a masked LM).
-
-    Attributes
-    ----------
-    lml, stderr : numpy.ndarray, (N,)
-        Estimate of log p(x_i) per sequence and its Monte Carlo standard error.
-    num_model_calls : int
-        Forward passes.
-    num_masked_rows : int
-        (sequence, masked input) pairs scored.
-    rows_per_sequence : numpy.ndarray, (N,), optional
-        Masked inputs scored per sequence (sums to ``num_masked_rows``).
-    dof : float, optional
-        Welch-Satterthwaite degrees of freedom of the standard error of the
-        mean over sequences (None when a stratum holds a single draw).
-    """
-
-    lml: np.ndarray
-    stderr: np.ndarray
-    num_model_calls: int
-    num_masked_rows: int
-    rows_per_sequence: np.ndarray | None = None
-    dof: float | None = None
 
 
 class Estimator:
@@ -431,7 +404,7 @@ class Estimator:
         sequential engine of :func:`mptlml.compare`
         (:func:`~mptlml.estimators.sequential.run_rounds`, no pilot):
 
-        - ragged sequences (:func:`~mptlml.estimators.runs.ragged_to_target`): rounds of
+        - ragged sequences (:meth:`~mptlml.estimators.runs.RaggedRun.to_target`): rounds of
           the estimator's draws per sequence until each one's SE is at
           ``target_se N / sqrt(N_mc)``;
         - dense data (:meth:`~mptlml.estimators.runs.DenseRun.to_target`): the data set is
@@ -502,14 +475,12 @@ class Estimator:
                 f"{'ragged sequences' if ragged else 'dense data'} at a target: its draw is "
                 "one term, nothing to allocate (the rate density is learned by "
                 "estimator='learned-rate', the sizes by 'cumulative'). Drop allocation.")
-        if target_se is not None and ragged:  # the sequential engine: rounds, no pilot
-            return ragged_to_target(self, model, x, seed=seed, progress=progress, run=run,
-                                    target_se=target_se, max_masks=budget, allocation=asked)
         data = start_run(self, model, x, seed=seed, progress=progress, run=run)
         if target_se is None:
             return data.result()
-        assert isinstance(data, DenseRun)
-        return data.to_target(target_se, budget, allocation)
+        if isinstance(data, DenseRun):
+            return data.to_target(target_se, budget, allocation)
+        return data.to_target(target_se, budget, asked)
 
     def check_targetable(self) -> None:
         """Refuse a target standard error where it does not apply (a biased estimator)."""
@@ -555,32 +526,6 @@ class Estimator:
         """One sequence's estimate, its SE, and the variances and dof the call's Welch dof
         pools: :func:`~mptlml.estimators.stats.cell_sums` unless overridden."""
         return cell_sums(cells, single_draws)
-
-    def score_sequences(self, model: RaggedMaskedModel, toks: list[torch.Tensor], seed: int,
-                        progress: bool, run: dict[str, Any]) -> RaggedScores:
-        """Per-sequence estimates on ragged sequences (their content ids): P draws per row.
-
-        ``lml_i`` sums the means of the rows of a draw, its standard error
-        their errors (successive differences over the rows when P = 1, see
-        :func:`~mptlml.estimators.stats.sum_stderr`).
-        """
-        lengths = np.array([len(t) for t in toks], dtype=np.int64)
-        p = self.num_masks
-        strata, _ = self.ragged_strata(lengths)
-        rows = np.array([self.masks_per_draw(int(d)) for d in lengths], dtype=np.int64) * p
-        check_run_size(rows.tolist(), lengths, f"the {self.name!r} estimate",
-                       "lower num_masks" if p > 1 else None)
-        counts = [np.full(len(s), p) for s in strata]
-        rows = np.array([self.scored_rows(int(d), c) for d, c in zip(lengths, counts,
-                                                                     strict=True)],
-                        dtype=np.int64)
-        cells, calls = self.sequence_cells(model, toks, counts, seed, progress=progress, **run)
-        sums = [self.sequence_error(c, p == 1) for c in cells]
-        tot, tse = [t for t, _, _, _ in sums], [e for _, e, _, _ in sums]
-        var, dofs = [v for _, _, v, _ in sums], [d for _, _, _, d in sums]
-        dof = (welch_dof(torch.from_numpy(np.concatenate(var)),
-                         torch.from_numpy(np.concatenate(dofs))) if p > 1 and var else None)
-        return RaggedScores(np.array(tot), np.array(tse), calls, int(rows.sum()), rows, dof)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

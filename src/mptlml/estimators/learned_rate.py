@@ -40,7 +40,7 @@ from .._scoring.ragged import run_pairs
 from ..masks import every_mask
 from ..models.protocols import RaggedMaskedModel
 from .api import register
-from .base import Estimator, RaggedScores
+from .base import Estimator
 from .sequential import (
     EXACT_LENGTH,
     NUM_RATE_BINS,
@@ -48,15 +48,13 @@ from .sequential import (
     RoundDraw,
     _round_dir,
     density_of,
-    fixed_rule,
     masks_at_rates,
     round_seed,
-    run_rounds,
     scores_every_mask,
     stratified_rates,
     stratum_cells,
 )
-from .stats import enumerated_sum, welch_dof
+from .stats import enumerated_sum
 
 __all__ = ["PRIOR_PAIRS", "LearnedRate", "RateDraw", "learned_density", "pair_spread", "rate_bin"]
 
@@ -287,25 +285,8 @@ class LearnedRate(Estimator):
         (``"neyman"``) or kept uniform."""
         return RateDraw(int(num_masks), allocation or "neyman", EXACT_LENGTH)
 
-    def score_sequences(self, model: RaggedMaskedModel, toks: list[torch.Tensor], seed: int,
-                        progress: bool, run: dict[str, Any]) -> RaggedScores:
-        """One round of P stratified draws per sequence (uniform q), and the whole mask."""
-        n = len(toks)
-        out = run_rounds(RateDraw(self.num_masks, "uniform", EXACT_LENGTH), model, toks,
-                         [[i] for i in range(n)], [(seed, i) for i in range(n)],
-                         num_masks=self.num_masks, caps=[self.num_masks] * n,
-                         rule=fixed_rule, run={**run, "progress": progress})
-        stats = [t.stats() for t in out.tallies]
-        se = np.array([s for _, s, _ in stats])
-        dof = np.array([d for _, _, d in stats])
-        rows = np.array([t.rows for t in out.tallies], dtype=np.int64)
-        return RaggedScores(np.array([e for e, _, _ in stats]), se, out.num_model_calls,
-                            int(rows.sum()), rows,
-                            welch_dof(torch.from_numpy(se ** 2), torch.from_numpy(dof))
-                            if n else None)
-
     def sequence_cells(self, model: RaggedMaskedModel, toks: list[torch.Tensor],
                        counts: Sequence[np.ndarray], seed: int,
                        **run: Any) -> tuple[list[list[np.ndarray]], int]:
-        raise NotImplementedError("'learned-rate' draws in rounds (score_sequences, or the "
-                                  "sequential engine's RateDraw).")
+        raise NotImplementedError("'learned-rate' draws in rounds: the sequential engine's "
+                                  "RateDraw (round_draw).")

@@ -24,7 +24,7 @@ from .._validation import check_positive_int
 from ..masks import all_masks, distinct_masks, sample_masks
 from ..models.protocols import RaggedMaskedModel
 from .api import register
-from .base import Estimator, RaggedScores
+from .base import Estimator
 from .rates import check_rates, mask_sizes
 from .stats import mean_stderr, sum_stderr, welch_dof
 
@@ -226,12 +226,3 @@ class Riemann(Estimator):
     def masks_per_draw(self, num_tokens: int) -> int:
         """One mask per rate of the grid."""
         return int(check_rates(self.rates).size)
-
-    def score_sequences(self, model: RaggedMaskedModel, toks: list[torch.Tensor], seed: int,
-                        progress: bool, run: dict[str, Any]) -> RaggedScores:
-        """``D_i * mean_k S_ik`` per sequence, its standard error and degrees of freedom."""
-        grid, _, _ = rate_grid_scores(model, toks, self.rates, self.num_masks, seed,
-                                      progress=progress, encoded=True, **run)
-        rows = np.full(grid.lengths.size, int(grid.counts.sum()), dtype=np.int64)
-        return RaggedScores(grid.lml, grid.lml_stderr, grid.num_model_calls, int(rows.sum()),
-                            rows, grid.dof)

@@ -41,9 +41,7 @@ import torch
 
 from .. import settings
 from .._scoring.dense import Counter, check_masked_inputs
-from .._scoring.ragged import check_run_size, run_pairs
 from .._validation import make_generator
-from ..masks import every_mask
 from ..models.base import MaskedModel
 from ..models.protocols import RaggedMaskedModel
 from ..models.sequence_input import encode
@@ -53,37 +51,18 @@ from .sequential import (
     EXACT_LENGTH,
     MAX_TARGET_DRAWS,
     DenseDraw,
+    RoundDraw,
     SequentialRun,
     draw_caps,
+    fixed_rule,
     merge_stops,
     run_rounds,
     target_rule,
 )
-from .stats import enumerated_sum, mean_stderr, strata_stderr, sum_stderr, welch_dof
+from .stats import mean_stderr, strata_stderr, welch_dof
 
-__all__ = ["EXACT_LENGTH", "DenseRun", "RaggedRun", "build_estimate", "ragged_to_target",
-           "rounds_estimate", "run_what", "score_every_mask", "start_run"]
-
-
-def score_every_mask(model: RaggedMaskedModel, toks: list[torch.Tensor], seed: int, *,
-                     progress: bool = False, run: Mapping[str, Any] | None = None
-                     ) -> tuple[np.ndarray, np.ndarray, int]:
-    """The exhaustive MPT sum of each sequence, every mask scored once (Proposition 1).
-
-    Returns ``(lml (N,), masked inputs (N,), model calls)``: ``lml_i = sum_M mean over the
-    C(D_i, M) masks of size M of their mean log-probability``
-    (:func:`~mptlml.estimators.stats.enumerated_sum`), exact.
-    """
-    if not toks:
-        return np.zeros(0), np.zeros(0, dtype=np.int64), 0
-    total = int(sum(2 ** len(t) - 1 for t in toks))
-    out = run_pairs(model, toks, lambda i, d, g: every_mask(d), seed=seed, tag="every_mask",
-                    spec={"kind": "every_mask", "total_pairs": total},
-                    desc="every mask", progress=progress, **dict(run or {}))
-    lml = np.array([enumerated_sum(np.asarray(s), every_mask(len(t)).sum(1).numpy())
-                    for s, t in zip(out.sums, toks, strict=True)])
-    rows = np.array([2 ** len(t) - 1 for t in toks], dtype=np.int64)
-    return lml, rows, out.num_model_calls
+__all__ = ["EXACT_LENGTH", "DenseRun", "RaggedRun", "build_estimate", "rounds_estimate",
+           "run_what", "start_run"]
 
 
 def run_what(est: Any, whole: list[int], drawn: list[int]) -> str:
@@ -135,7 +114,8 @@ def rounds_estimate(est: Any, out: SequentialRun, **fields: Any) -> LMLEstimate:
     mean's standard error ``sqrt(sum_i se_i^2) / N`` on the Welch dof of the drawn sequences
     (inf when every one is exact), the masked inputs each scored, the draws of the most-drawn
     group (``num_masks``) and the groups' merged stop reason
-    (:func:`~mptlml.estimators.sequential.merge_stops`, unless ``fields`` say)."""
+    (:func:`~mptlml.estimators.sequential.merge_stops`), unless ``fields`` say (``dof``
+    too)."""
     stats = [t.stats() for t in out.tallies]
     lml = np.array([e for e, _, _ in stats])
     se_i = np.array([s for _, s, _ in stats])
@@ -143,11 +123,13 @@ def rounds_estimate(est: Any, out: SequentialRun, **fields: Any) -> LMLEstimate:
     rows = np.array([t.rows for t in out.tallies], dtype=np.int64)
     drawn = se_i > 0
     fields.setdefault("stop_reason", merge_stops(out.stop_reason))
+    fields.setdefault("num_masks", int(max(out.drawn)))
+    fields.setdefault("dof", welch_dof(torch.from_numpy(se_i[drawn] ** 2),
+                                       torch.from_numpy(dofs[drawn]))
+                      if drawn.any() else math.inf)
     return build_estimate(
         est, lml, se_i, stderr=float(np.sqrt(np.sum(se_i ** 2))) / len(lml),
-        dof=welch_dof(torch.from_numpy(se_i[drawn] ** 2), torch.from_numpy(dofs[drawn]))
-        if drawn.any() else math.inf, calls=out.num_model_calls, rows=int(rows.sum()),
-        rows_per_sample=rows, num_masks=int(max(out.drawn)), **fields)
+        calls=out.num_model_calls, rows=int(rows.sum()), rows_per_sample=rows, **fields)
 
 
 def start_run(est: Any, model: Any, x: Any, *, seed: Any, progress: bool,
@@ -294,16 +276,19 @@ class DenseRun:
 
 
 class RaggedRun:
-    """An estimate on ragged sequences: their content ids, the run's seed and runner options.
+    """An estimate on ragged sequences, on the sequential engine: each sequence one member.
 
     Parameters
     ----------
     est : Estimator
-        The estimator (:class:`mptlml.estimators.Estimator`: its hooks draw).
+        The estimator (:class:`mptlml.estimators.Estimator`): its draw
+        (:meth:`~mptlml.estimators.Estimator.round_draw`) is what the engine runs.
     model : RaggedMaskedModel
     sequences : list of texts or token-id sequences
     seed : int
-        The masks of sequence i come from a generator seeded by (seed, i).
+        Round r of sequence i draws from ``round_seed((seed, i), r)``
+        (:func:`~mptlml.estimators.sequential.round_seed`), as question i of
+        :func:`mptlml.compare` does.
     progress : bool
     run : mapping, optional
         The runner's options (``token_budget``, ``batch_size``, ``chunk_size``,
@@ -314,100 +299,71 @@ class RaggedRun:
                  seed: Any, progress: bool, run: Mapping[str, Any] | None = None) -> None:
         if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
             raise TypeError(f"for ragged sequences pass an int seed, got {seed!r}.")
-        self.est, self.model, self.seed, self.progress = est, model, int(seed), progress
-        self.run = dict(run or {})
-        toks = encode(model, sequences)
-        #: all N sequences; those short enough are scored on every mask (exact), once
-        self.n_all = len(toks)
-        lengths = np.array([len(t) for t in toks], dtype=np.int64)
-        for d in np.unique(lengths):
-            est.check_num_tokens(int(d))
-        self.whole = np.array([est.enumerates_sequence(int(d)) for d in lengths], dtype=bool)
-        self.exact_toks = [t for t, w in zip(toks, self.whole, strict=True) if w]
-        #: the sequences the estimator draws on (Monte Carlo)
-        self.mc = np.flatnonzero(~self.whole)
-        self.toks = [toks[i] for i in self.mc]
+        self.est, self.model, self.seed = est, model, int(seed)
+        self.run = {**dict(run or {}), "progress": progress}
+        self.toks = encode(model, sequences)
         self.n = len(self.toks)
-        self.lengths = lengths[self.mc]
+        self.lengths = np.array([len(t) for t in self.toks], dtype=np.int64)
+        for d in np.unique(self.lengths):
+            est.check_num_tokens(int(d))
 
-    def _merge(self, exact: np.ndarray, drawn: np.ndarray) -> np.ndarray:
-        """Per-sequence values back in the order of the N sequences: the exact ones
-        (``self.whole``) and the Monte Carlo ones (``self.mc``)."""
-        out = np.zeros(self.n_all, dtype=np.result_type(exact, drawn))
-        out[self.whole] = exact
-        out[self.mc] = drawn
-        return out
+    def _rounds(self, draw: RoundDraw, p: int, caps: list[int], rule: Any, what: str,
+                remedy: str | None) -> SequentialRun:
+        n = self.n
+        return run_rounds(draw, self.model, self.toks, [[i] for i in range(n)],
+                          [(self.seed, i) for i in range(n)], num_masks=p, caps=caps,
+                          rule=rule, run=self.run, what=what, remedy=remedy)
 
     def result(self) -> LMLEstimate:
-        """The estimate: the estimator's own per-sequence scores (``num_masks`` draws each),
-        those short enough scored on every mask."""
-        est, n = self.est, self.n_all
-        # the whole run's size, exact sequences included, before any work
-        p = est.num_masks
-        whole = [2 ** int(len(t)) - 1 for t in self.exact_toks]
-        drawn = [est.masks_per_draw(int(d)) * p for d in self.lengths]
-        lengths = [len(t) for t in self.exact_toks] + self.lengths.tolist()
-        fewer = p > 1 and (drawn or max(whole) > 2 ** EXACT_LENGTH - 1)
-        check_run_size(whole + drawn, lengths, run_what(est, whole, drawn),
-                       "lower num_masks" if fewer else None)
-        ex_lml, ex_rows, ex_calls = score_every_mask(
-            self.model, self.exact_toks, self.seed, progress=self.progress, run=self.run)
-        out = est.score_sequences(self.model, self.toks, self.seed, self.progress,
-                                  self.run) if self.n else None
-        lml = self._merge(ex_lml, np.zeros(0) if out is None else out.lml)
-        se = self._merge(np.zeros(len(ex_lml)), np.zeros(0) if out is None else out.stderr)
-        mc_rows = (None if out is None else out.rows_per_sequence)
-        rows = None if out is not None and mc_rows is None else self._merge(
-            ex_rows, np.zeros(0, dtype=np.int64) if mc_rows is None else mc_rows)
-        return build_estimate(
-            est, lml, se, stderr=float(sum_stderr(se)) / n,
-            dof=math.inf if out is None else out.dof,
-            calls=ex_calls + (0 if out is None else out.num_model_calls),
-            rows=int(ex_rows.sum()) + (0 if out is None else out.num_masked_rows),
-            rows_per_sample=rows, num_masks=est.num_masks, seed=self.seed,
-            model=self.model.name)
+        """The plain estimate: one round of ``num_masks`` draws per sequence under the fixed
+        rule (:func:`~mptlml.estimators.sequential.fixed_rule`); a sequence the draw
+        enumerates is scored on every mask (exact). Each sequence's SE is the estimator's
+        own error of its cells (:meth:`~mptlml.estimators.sequential.RoundDraw.round_error`);
+        with one draw a cell, from the successive differences over the rows, its degrees of
+        freedom unknown (None)."""
+        est, p = self.est, int(self.est.num_masks)
+        draw = est.round_draw(p, "uniform")
+        first = draw.round_size(p)
+        whole = [2 ** int(d) - 1 for d in self.lengths if draw.enumerates(int(d))]
+        drawn = [draw.most_rows(int(d), first) for d in self.lengths
+                 if not draw.enumerates(int(d))]
+        fewer = p > 1 and bool(drawn or max(whole) > 2 ** EXACT_LENGTH - 1)
+        out = self._rounds(draw, p, [first] * self.n, fixed_rule, run_what(est, whole, drawn),
+                           "lower num_masks" if fewer else None)
+        single = p == 1 and any(not t.enumerated for t in out.tallies)
+        return rounds_estimate(est, out, stop_reason=None, num_masks=p, seed=self.seed,
+                               model=self.model.name, **({"dof": None} if single else {}))
 
+    def to_target(self, target_se: float, max_masks: int | None,
+                  allocation: str | None) -> LMLEstimate:
+        """The estimate at a target standard error of the mean, on the sequential engine.
 
-def ragged_to_target(est: Any, model: RaggedMaskedModel, sequences: Any, *, seed: int,
-                     progress: bool, run: Mapping[str, Any] | None, target_se: float,
-                     max_masks: int | None, allocation: str | None) -> LMLEstimate:
-    """Ragged sequences at a target standard error of the mean, on the sequential engine.
+        Each sequence is drawn in rounds (:func:`~mptlml.estimators.sequential.run_rounds`)
+        by the estimator's own draws (:class:`~mptlml.estimators.sequential.CellDraw`; the
+        rate draw of :class:`~mptlml.estimators.LearnedRate`, the draw of
+        :func:`mptlml.compare`, with the rate density learned over the rounds, pooled over
+        the call) until its standard error is at most
 
-    Each sequence is drawn in rounds (:func:`~mptlml.estimators.sequential.run_rounds`) by
-    the estimator's own draws (:class:`~mptlml.estimators.sequential.CellDraw`; the rate
-    draw of :class:`~mptlml.estimators.LearnedRate`, the draw of :func:`mptlml.compare`,
-    with the rate density learned over the rounds, pooled over the call) until its standard
-    error is at most
+            t_i = target_se * N / sqrt(N_mc)
 
-        t_i = target_se * N / sqrt(N_mc)
-
-    on at least :data:`~mptlml.estimators.sequential.TARGET_MIN_DOF` degrees of freedom
-    (N sequences, N_mc of them drawn, the others scored on every mask, exactly), so that
-    ``se(mean) = sqrt(sum_i se_i^2) / N <= target_se``; or until ``max_masks`` masked
-    inputs per sequence are spent (``stop_reason="budget"``). No pilot: each round is
-    unbiased given the past and the rounds are combined by their draws. A sequence of one
-    question costs here what it costs in :func:`mptlml.compare` (same draws, same rounds,
-    same seed: sequence i draws from ``(seed, i)`` as question i does there).
-    """
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-        raise TypeError(f"for ragged sequences pass an int seed, got {seed!r}.")
-    run = {**dict(run or {}), "progress": progress}
-    toks = encode(model, sequences)
-    lengths = np.array([len(t) for t in toks], dtype=np.int64)
-    for d in np.unique(lengths):
-        est.check_num_tokens(int(d))
-    p = max(2, 2 * math.ceil(est.num_masks / 2))
-    allocation = allocation or "neyman"
-    draw = est.round_draw(p, allocation)
-    n = len(toks)
-    whole = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
-    n_mc = int((~whole).sum())
-    t_i = target_se * n / math.sqrt(max(n_mc, 1))
-    caps = draw_caps(draw, p, lengths, [[i] for i in range(n)], max_masks,
-                     default=MAX_TARGET_DRAWS)
-    out = run_rounds(draw, model, toks, [[i] for i in range(n)], [(seed, i) for i in range(n)],
-                     num_masks=p, caps=caps, rule=target_rule([t_i] * n), run=run,
-                     what=f"the {est.name!r} estimate at target_se={target_se:g}",
-                     remedy=plan_remedy("sequence"))
-    return rounds_estimate(est, out, target_se=target_se, allocation=draw.allocation,
-                           seed=seed, model=model.name)
+        on at least :data:`~mptlml.estimators.sequential.TARGET_MIN_DOF` degrees of freedom
+        (N sequences, N_mc of them drawn, the others scored on every mask, exactly), so that
+        ``se(mean) = sqrt(sum_i se_i^2) / N <= target_se``; or until ``max_masks`` masked
+        inputs per sequence are spent (``stop_reason="budget"``; the conversion and the
+        refusal below the first round: :func:`~mptlml.estimators.sequential.draw_caps`). No
+        pilot: each round is unbiased given the past and the rounds are combined by their
+        draws. A sequence of one question costs here what it costs in
+        :func:`mptlml.compare` (same draws, same rounds, same seed).
+        """
+        est, n = self.est, self.n
+        p = max(2, 2 * math.ceil(est.num_masks / 2))
+        draw = est.round_draw(p, allocation or "neyman")
+        n_mc = sum(not draw.enumerates(int(d)) for d in self.lengths)
+        t_i = target_se * n / math.sqrt(max(n_mc, 1))
+        caps = draw_caps(draw, p, self.lengths, [[i] for i in range(n)], max_masks,
+                         default=MAX_TARGET_DRAWS)
+        out = self._rounds(draw, p, caps, target_rule([t_i] * n),
+                           f"the {est.name!r} estimate at target_se={target_se:g}",
+                           plan_remedy("sequence"))
+        return rounds_estimate(est, out, target_se=target_se, allocation=draw.allocation,
+                               seed=self.seed, model=self.model.name)

@@ -50,13 +50,12 @@ from .stats import ExactCell, cell_error, enumerated_sum, welch_dof
 
 __all__ = ["DENSITY_FLOOR", "EXACT_LENGTH", "MAX_TARGET_DRAWS", "NEED_MARGIN", "NUM_RATE_BINS",
            "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "DenseDraw", "RateDensity", "RoundDraw",
-           "Rule", "SequentialRun", "Tally", "at_target", "cells_error", "check_run_fingerprint",
-           "combine_rounds", "complement_cells", "density_of", "draw_caps", "draws_needed",
-           "fixed_rule", "merge_stops",
-           "masks_at_rates",
-           "neyman_counts", "neyman_sd", "next_draws", "paired", "round_seed",
-           "round_sizes", "run_rounds", "scores_every_mask", "stratified_rates", "stratum_cells",
-           "target_rule", "weighted_rounds"]
+           "RoundError", "Rule", "SequentialRun", "Tally", "at_target", "cells_error",
+           "check_run_fingerprint", "combine_rounds", "complement_cells", "density_of",
+           "draw_caps", "draws_needed", "fixed_rule", "merge_stops", "masks_at_rates",
+           "neyman_counts", "neyman_sd", "next_draws", "paired", "round_seed", "round_sizes",
+           "run_rounds", "scores_every_mask", "stratified_rates", "stratum_cells", "target_rule",
+           "weighted_rounds"]
 
 #: rate bins: of the learned rate density (its strata), and of a ragged draw's rows
 #: (``cumulative``'s sizes M of D_i, by the rate M / D_i):
@@ -159,11 +158,23 @@ def weighted_rounds(rounds: dict[int, tuple[int, list[np.ndarray]]]
         if total else {}
 
 
-def combine_rounds(terms: list[list[np.ndarray]]) -> tuple[float, float, float]:
-    """Sum of rounds' (weighted) cells: estimate, standard error, Welch dof."""
+#: a round's error from its cells: ``error(cells) -> (estimate, variances, dofs)`` (the
+#: variances of independent parts of the round, each on its dof): :func:`cells_error`, or an
+#: estimator's own (:meth:`RoundDraw.round_error`)
+RoundError = Callable[[list[np.ndarray]], tuple[float, np.ndarray, np.ndarray]]
+
+
+def combine_rounds(terms: list[list[np.ndarray]], error: RoundError | None = None
+                   ) -> tuple[float, float, float]:
+    """Sum of rounds' (weighted) cells: estimate, standard error, Welch dof.
+
+    Each round's error is ``error(cells)`` (default :func:`cells_error`); the rounds are
+    independent, so their variances add, and the dof are Welch-Satterthwaite's over every
+    round's parts."""
+    error = error or cells_error
     est, var, dof = 0.0, [], []
     for cells in terms:
-        m, v, d = cells_error(cells)
+        m, v, d = error(cells)
         est += m
         var.append(v)
         dof.append(d)
@@ -356,6 +367,8 @@ class Tally:
     rounds: dict[int, tuple[int, list[np.ndarray]]] = field(default_factory=dict)
     rows: int = 0
     enumerated: bool = False
+    #: a round's error from its cells (the draw's :meth:`RoundDraw.round_error`)
+    error: RoundError | None = field(default=None, repr=False, compare=False)
 
     def stats(self) -> tuple[float, float, float]:
         """Estimate ``exact + sum_r w_r est_r`` (``w_r`` its share of the draws), SE, dof.
@@ -363,7 +376,7 @@ class Tally:
         A standard error 0 from draws that are not all enumerations (every pair of a few
         draws fell on one mask) says nothing of the spread: its dof are 0, so it is never
         taken as at a target (:func:`at_target`)."""
-        est, se, dof = combine_rounds(list(weighted_rounds(self.rounds).values()))
+        est, se, dof = combine_rounds(list(weighted_rounds(self.rounds).values()), self.error)
         if se == 0 and any(not isinstance(c, ExactCell)
                            for _, cells in self.rounds.values() for c in cells):
             dof = 0.0
@@ -454,6 +467,12 @@ class RoundDraw:
         round of ``first`` draws: unchanged unless overridden (:meth:`CellDraw.fit_cap`)."""
         return int(cap)
 
+    def round_error(self, cells: list[np.ndarray]) -> tuple[float, np.ndarray, np.ndarray]:
+        """A round's estimate of one sequence, and the variances and dof of its independent
+        parts: :func:`cells_error` (each cell's ``var(ddof=1) / n``) unless overridden
+        (:meth:`CellDraw.round_error`: the estimator's own)."""
+        return cells_error(cells)
+
     def draw_text(self, length: int, draws: int) -> str:
         """How ``draws`` draws of a sequence of ``length`` score their masked inputs, for a
         refusal (the rate draw: the whole continuation's row besides)."""
@@ -525,6 +544,19 @@ class CellDraw(RoundDraw):
     def draws_within(self, length: int, rows: int) -> int:
         unit = int(getattr(self.est, "draw_unit", 1))
         return int(rows) // int(self.est.masks_per_draw(int(length))) // unit * unit
+
+    def round_error(self, cells: list[np.ndarray]) -> tuple[float, np.ndarray, np.ndarray]:
+        """The estimator's own error of a sequence's cells
+        (:meth:`~mptlml.estimators.Estimator.sequence_error`: ``cumulative``'s pooled sizes
+        at two draws a size; with one draw a cell, the successive differences over the rows,
+        on unknown (NaN) degrees of freedom), as one variance on its Welch dof."""
+        drawn = [c for c in cells if not isinstance(c, ExactCell)]
+        single = bool(drawn) and all(np.asarray(c).shape[0] == 1 for c in drawn)
+        tot, se, var, dofs = self.est.sequence_error(cells, single)
+        dof = math.nan if single else welch_dof(
+            torch.as_tensor(np.asarray(var, dtype=np.float64)),
+            torch.as_tensor(np.asarray(dofs, dtype=np.float64)))
+        return tot, np.array([se * se]), np.array([dof], dtype=np.float64)
 
     def draw_text(self, length: int, draws: int) -> str:
         return (f" of estimator {self.name!r}, "
@@ -933,7 +965,7 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
     enumerated = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
     cap = {i: caps[q] for q, m in enumerate(groups) for i in m}
     draw.check_size(lengths, [cap[i] for i in range(len(lengths))], what, remedy)
-    tallies = [Tally() for _ in ids]
+    tallies = [Tally(error=draw.round_error) for _ in ids]
     n = len(groups)
     rounds, drawn = [0] * n, [0] * n
     round_draws = [draw.round_size(int(num_masks))] * n
