@@ -50,7 +50,8 @@ class Exhaustive(Estimator):
     summary = "every mask of every size; exact; 2^D - 1 masks"
     dense_only = ("share_masks", "max_masks")
     #: ragged sequences (and continuations) too: each scored on its 2^D_i - 1 masks
-    #: (:func:`~mptlml.estimators.runs.score_every_mask`), refused past ``max_masks``
+    #: (:meth:`~mptlml.estimators.Estimator.enumerates_sequence`: the engine scores every
+    #: mask), refused past ``max_masks``
     ragged = True
 
     def __init__(self, num_masks: int = 1, *, max_masks: int | None = None,

@@ -7,18 +7,21 @@ standard error, rounds of the sequential engine
 kinds lives here:
 
 - the data made ready: validated ``(N, D)`` data with the run's generator
-  (:class:`DenseRun`), or the sequences' content ids with the run's seed, the
-  masks of sequence i being drawn from (seed, i) (:class:`RaggedRun`);
-- :meth:`DenseRun.result` / :meth:`RaggedRun.result`: the estimator's
-  ``num_masks`` draws per stratum, summed into per-datum estimates with
-  standard errors pooled over the strata and their effective degrees of
-  freedom (:mod:`mptlml.estimators.stats`), as an announced
-  :class:`~mptlml.estimators.results.LMLEstimate`;
+  (:class:`DenseRun`), or the sequences' content ids with the run's seed, round r
+  of sequence i drawing from ``round_seed((seed, i), r)`` (:class:`RaggedRun`);
+- the plain estimate: on dense data the estimator's ``num_masks`` draws per
+  stratum (:meth:`DenseRun.result`: its evaluation, shared or nested masks
+  included, standard errors pooled over the strata,
+  :func:`~mptlml.estimators.stats.strata_stderr`); on ragged sequences one round
+  of the engine under the fixed rule (:meth:`RaggedRun.result`);
 - at a target: :meth:`DenseRun.to_target` (the data set is one member of the
   engine, :class:`~mptlml.estimators.sequential.DenseDraw`: rounds of draws per
-  stratum, Neyman's counts learned over the rounds) and :func:`ragged_to_target`
+  stratum, Neyman's counts learned over the rounds) and :meth:`RaggedRun.to_target`
   (each sequence a member, :class:`~mptlml.estimators.sequential.CellDraw` or
-  :class:`~mptlml.estimators.learned_rate.RateDraw`).
+  :class:`~mptlml.estimators.learned_rate.RateDraw`);
+- the result: :func:`build_estimate`, the one builder of an announced
+  :class:`~mptlml.estimators.results.LMLEstimate`, and :func:`rounds_estimate`
+  (an engine run of single sequences).
 
 The strata pool differently: on dense data each stratum's spread is pooled
 over the data (or taken from the data means with shared masks); on ragged
