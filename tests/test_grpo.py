@@ -292,3 +292,28 @@ def test_a_lora_policy_is_its_own_reference_with_kl_zero_at_step_zero(fresh, tmp
     for key in ("reward", "reward_std", "logratio_mc_se", "masked_inputs", "drift/bound_gap"):
         assert key in logs[0]
     assert logs[0]["masked_inputs"] == 8 * (4 + 1)
+    plans = trainer._rollout.plans  # the estimator of policy_logratios' defaults
+    assert plans.control_variate and not plans.complement
+
+
+def test_the_trainer_s_path_is_policy_logratios(pair):
+    """common_plans + scores + difference (what the trainer runs on a rollout) give
+    policy_logratios' estimate, SE and dof on the same generators."""
+    from mptlml.hf import common_plans
+    from mptlml.models.sequence_input import encode_with_context
+
+    tok, pol, old = pair
+    lp, lo = MaskedLM(pol, tok), MaskedLM(old, tok)
+    comps = [" sat on a big red mat", " ran far"]
+
+    def gens():
+        return [torch.Generator().manual_seed(40 + i) for i in range(2)]
+
+    with torch.no_grad():
+        r = policy_logratios(lp, lo, PROMPTS, comps, seed=gens(), exact_length=0)
+        ids, n = encode_with_context(lp, PROMPTS, comps)
+        plans = common_plans(lp, ids, n, seed=gens(), exact_length=0)
+        est, se, dof = plans.difference(plans.scores(lp), plans.scores(lo))
+    torch.testing.assert_close(est, r.logratio)
+    np.testing.assert_array_equal(se, r.logratio_stderr)
+    assert np.all(dof == 7) and np.all(se > 0)
