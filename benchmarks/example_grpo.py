@@ -4,8 +4,9 @@ A 2-layer BERT (random weights, built here; nothing downloaded) completes prompt
 ``"<frame> X"`` with 4 tokens; the reward is the share of them equal to the word that X
 asks for (cat -> red, dog -> blue, house -> big, tree -> small), which a random model earns
 about once in the vocabulary's size. :class:`mptlml.hf.MPTGRPOTrainer` trains it
-(8 completions per prompt, 2 prompts per step, complementary masks on the policy, the old
-policy and the adapter-free reference); the held-out reward (other frames, greedy
+(8 completions per prompt, 2 prompts per step, common masks on the policy, the old
+policy and the adapter-free reference: stratified draws with the whole-completion row as
+their control variate); the held-out reward (other frames, greedy
 completions) is measured before and after. Runs in a few minutes on 2 CPU cores::
 
     PYTHONPATH=src python benchmarks/example_grpo.py --steps 60

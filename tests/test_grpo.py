@@ -2,10 +2,14 @@
 
 References: the exhaustive conditional MPT sum of each completion by direct forwards of the
 BERT (:func:`tests.mlm_helpers.exhaustive_masked_sum`), never numbers mptlml printed; the
-complementary draw checked mask by mask.
+complementary draw checked mask by mask; the control variate's expectation by enumerating
+every mask a draw can make, each with its probability.
 """
 
 from __future__ import annotations
+
+import itertools
+import math
 
 import numpy as np
 import pytest
@@ -75,21 +79,115 @@ def test_complementary_draws_are_complements_at_mirrored_stratified_rates():
         stratified_rates(g, 6, 9, density, complement=True)
 
 
-def test_an_enumerable_completion_s_logratio_is_exact_with_se_zero(pair):
+@pytest.mark.parametrize("control_variate", [True, False])
+def test_an_enumerable_completion_s_logratio_is_exact_with_se_zero(pair, control_variate):
     tok, pol, old = pair
     comps = [" sat on", " ran far away"]  # 2 and 3 tokens: every mask
-    r = policy_logratios(MaskedLM(pol, tok), MaskedLM(old, tok), PROMPTS, comps)
+    r = policy_logratios(MaskedLM(pol, tok), MaskedLM(old, tok), PROMPTS, comps,
+                         control_variate=control_variate)
     exact = [_exact_logratio(tok, pol, old, p, c) for p, c in zip(PROMPTS, comps, strict=True)]
     np.testing.assert_allclose(r.logratio.detach().numpy(), exact, atol=1e-10)
     assert r.exact.all() and np.all(r.logratio_stderr == 0) and r.masked_inputs == 3 + 7
 
 
+def test_per_token_scores_sum_to_the_row_sums(pair):
+    from mptlml.hf import masked_sums
+    from mptlml.hf.preference import plan_inputs
+
+    tok, pol, _ = pair
+    lm = MaskedLM(pol, tok)
+    ids = torch.tensor(tok(" the cat sat on a mat")["input_ids"][1:-1])
+    masks = torch.tensor([[1, 0, 1, 0, 0, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    x, lab = plan_inputs(lm, ids, 1, masks[:, :5])
+    rows = [x[0], x[1][:-1]]  # two lengths: padded to the longest
+    tg = [lab[0], lab[1][:-1]]
+    tok_s = masked_sums(pol, lm, rows, tg, grad=False, per_token=True)
+    assert tok_s.shape == (2, x.shape[1])
+    assert torch.all(tok_s[torch.nn.utils.rnn.pad_sequence(tg, batch_first=True,
+                                                           padding_value=-100) == -100] == 0)
+    torch.testing.assert_close(tok_s.sum(1), masked_sums(pol, lm, rows, tg, grad=False))
+    with torch.no_grad():  # a direct forward: log_softmax at each scored position
+        lp = pol(x[:1]).logits.double().log_softmax(-1)[0]
+    j = (lab[0] != -100).nonzero().flatten()
+    torch.testing.assert_close(tok_s[0, j], lp[j, lab[0, j]])
+
+
+@pytest.mark.parametrize("control_variate", [True, False])
+def test_the_draw_s_expectation_over_every_mask_is_the_exact_logratio(pair, monkeypatch,
+                                                                      control_variate):
+    """Each draw is a uniform rate (P = 2: one stratum) and a uniform mask of its size
+    ceil(r (T - 1)): the estimate's expectation, every mask of sizes 1..T-1 scored through
+    policy_logratios (both draws on it) and weighted by its probability, equals the exact
+    log-ratio and each model's exact bound (every mask, direct forwards)."""
+    import mptlml.hf.logratio as lr
+
+    tok, pol, old = pair
+    prompt, comp = "the cat", " sat on a big red"
+    t = len(tok(comp, add_special_tokens=False)["input_ids"])
+    assert t == 5
+    lp, lo = MaskedLM(pol, tok), MaskedLM(old, tok)
+    forced = {}
+
+    def rates(g, p, tmax, density, complement=False):  # both draws on the forced mask
+        m, mask = forced["size"], forced["mask"]
+        order = torch.tensor(list(mask) + [j for j in range(tmax) if j not in mask])
+        return (np.zeros(2, dtype=np.int64), np.full(2, (m - 0.5) / (tmax - 1)),
+                order.expand(2, -1).clone())
+
+    monkeypatch.setattr(lr, "stratified_rates", rates)
+    expect = np.zeros(3)
+    with torch.no_grad():
+        for m in range(1, t):
+            for mask in itertools.combinations(range(t), m):
+                forced.update(size=m, mask=mask)
+                r = policy_logratios(lp, lo, [prompt], [comp], num_masks=2, exact_length=0,
+                                     control_variate=control_variate)
+                got = r.policy_bound.numpy()[0], r.old_bound.numpy()[0], r.logratio.numpy()[0]
+                expect += np.array(got) / ((t - 1) * math.comb(t, m))
+    ids = torch.tensor(tok(prompt + comp)["input_ids"])
+    n = len(tok(prompt)["input_ids"]) - 1
+    exact = [exhaustive_masked_sum(ids, list(range(n, len(ids) - 1)), tok.mask_token_id,
+                                   lambda x, net=net: net(x).logits.double().log_softmax(-1))
+             for net in (pol, old)]
+    np.testing.assert_allclose(expect, [exact[0], exact[1], exact[0] - exact[1]], atol=1e-9)
+
+
+@pytest.mark.slow
+def test_the_control_variate_s_per_completion_se_is_calibrated(pair):
+    """Four 6-token completions, 8 stratified draws with the control variate, 150 seeds: each
+    completion's |z| = |estimate - exact| / se exceeds 2 in at most 12% of the seeds overall
+    (the SE on 7 dof), the mean is within 4 SE of the exact log-ratio, and the mean squared
+    error is within the reported variance's range (the SE reads stratified draws as
+    independent: conservative, not far off)."""
+    tok, pol, old = pair
+    prompts = PROMPTS * 2
+    comps = [" sat on a big red mat", " ran far away with the cat", " was under the big tree",
+             " and the dog sat on a"]
+    exact = np.array([_exact_logratio(tok, pol, old, p, c)
+                      for p, c in zip(prompts, comps, strict=True)])
+    lp, lo = MaskedLM(pol, tok), MaskedLM(old, tok)
+    est, se = [], []
+    with torch.no_grad():
+        for s in range(150):
+            r = policy_logratios(lp, lo, prompts, comps, num_masks=8, seed=s)
+            assert np.all(r.dof == 7)
+            est.append(r.logratio.numpy())
+            se.append(r.logratio_stderr)
+    est, se = np.array(est), np.array(se)
+    err = est - exact
+    assert np.all(np.abs(err.mean(0)) < 4 * err.std(0) / np.sqrt(len(err)))
+    z = err / se
+    assert np.mean(np.abs(z) > 2) <= 0.12, np.mean(np.abs(z) > 2, axis=0)
+    ratio = (err ** 2).mean(0) / (se ** 2).mean(0)
+    assert np.all((ratio > 0.4) & (ratio < 1.6)), ratio
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("masks", ["complement", "stratified"])
 def test_the_logratio_is_unbiased_and_its_se_calibrated(pair, masks):
-    """6-token completions, 8 draws: over 150 seeds the mean is within 4 SE of the exact
-    log-ratio, the mean squared error matches the mean reported variance, and the batch mean's
-    |z| > 2 rate is at most 10%."""
+    """6-token completions, 8 draws without the control variate: over 150 seeds the mean is
+    within 4 SE of the exact log-ratio, the mean squared error matches the mean reported
+    variance, and the batch mean's |z| > 2 rate is at most 10%."""
     tok, pol, old = pair
     comps = [" sat on a big red mat", " ran far away with the cat"]
     exact = np.array([_exact_logratio(tok, pol, old, p, c)
@@ -98,7 +196,8 @@ def test_the_logratio_is_unbiased_and_its_se_calibrated(pair, masks):
     est, se = [], []
     with torch.no_grad():
         for s in range(150):
-            r = policy_logratios(lp, lo, PROMPTS, comps, num_masks=8, seed=s, masks=masks)
+            r = policy_logratios(lp, lo, PROMPTS, comps, num_masks=8, seed=s, masks=masks,
+                                 control_variate=False)
             est.append(r.logratio.numpy())
             se.append(r.logratio_stderr)
     est, se = np.array(est), np.array(se)
@@ -119,7 +218,10 @@ def test_the_policy_gets_the_gradient_and_the_old_policy_none(pair):
     assert all(p.grad is None for p in old.parameters())
     pol.zero_grad()
     with pytest.raises(ValueError, match="multiple of 4"):
-        policy_logratios(MaskedLM(pol, tok), MaskedLM(old, tok), PROMPTS, comps, num_masks=6)
+        policy_logratios(MaskedLM(pol, tok), MaskedLM(old, tok), PROMPTS, comps, num_masks=6,
+                         masks="complement")
+    with pytest.raises(ValueError, match="two draws per stratum"):
+        policy_logratios(MaskedLM(pol, tok), MaskedLM(old, tok), PROMPTS, comps, num_masks=5)
     with pytest.raises(ValueError, match="one prompt per completion"):
         policy_logratios(MaskedLM(pol, tok), MaskedLM(old, tok), PROMPTS, comps[:1])
 
@@ -190,3 +292,28 @@ def test_a_lora_policy_is_its_own_reference_with_kl_zero_at_step_zero(fresh, tmp
     for key in ("reward", "reward_std", "logratio_mc_se", "masked_inputs", "drift/bound_gap"):
         assert key in logs[0]
     assert logs[0]["masked_inputs"] == 8 * (4 + 1)
+    plans = trainer._rollout.plans  # the estimator of policy_logratios' defaults
+    assert plans.control_variate and not plans.complement
+
+
+def test_the_trainer_s_path_is_policy_logratios(pair):
+    """common_plans + scores + difference (what the trainer runs on a rollout) give
+    policy_logratios' estimate, SE and dof on the same generators."""
+    from mptlml.hf import common_plans
+    from mptlml.models.sequence_input import encode_with_context
+
+    tok, pol, old = pair
+    lp, lo = MaskedLM(pol, tok), MaskedLM(old, tok)
+    comps = [" sat on a big red mat", " ran far"]
+
+    def gens():
+        return [torch.Generator().manual_seed(40 + i) for i in range(2)]
+
+    with torch.no_grad():
+        r = policy_logratios(lp, lo, PROMPTS, comps, seed=gens(), exact_length=0)
+        ids, n = encode_with_context(lp, PROMPTS, comps)
+        plans = common_plans(lp, ids, n, seed=gens(), exact_length=0)
+        est, se, dof = plans.difference(plans.scores(lp), plans.scores(lo))
+    torch.testing.assert_close(est, r.logratio)
+    np.testing.assert_array_equal(se, r.logratio_stderr)
+    assert np.all(dof == 7) and np.all(se > 0)

@@ -17,11 +17,14 @@ Each of ``per_device_train_batch_size / num_generations`` prompts is completed
 ``num_generations`` times by LLaDA's sampler (:func:`mptlml.generate`, at
 ``temperature``); the rewards ``r_i`` (summed over the reward functions) give the
 group-normalised advantages ``A_i = (r_i - mean_g r) / (sd_g r + 1e-4)``. Each completion
-gets one plan of masks (:func:`~mptlml.hf.logratio.common_plans`: complementary stratified
-draws, or every mask of a short completion), on which the old policy (the model as it is at
-the rollout), the policy and the reference are all scored: one set of masked inputs, three
-models. The old policy's and the reference's sums are kept (no grad); the policy is scored
-again with gradients at each of the ``num_iterations`` updates that reuse the rollout.
+gets one plan of masks (:func:`~mptlml.hf.logratio.common_plans`: stratified draws and the
+whole completion's mask, whose per-token scores control the draws; or every mask of a short
+completion), on which the old policy (the model as it is at the rollout), the policy and
+the reference are all scored: one set of masked inputs, three models. The old policy's and
+the reference's scores are kept (no grad); the policy is scored again with gradients at
+each of the ``num_iterations`` updates that reuse the rollout. The bounds below are those
+of :func:`~mptlml.hf.policy_logratios` with the same options (``masks``,
+``control_variate``), and so are the standard errors logged.
 
 The loss of an update, over the B completions,
 
@@ -126,8 +129,10 @@ class MPTGRPOConfig(TrainingArguments):
         The sampler's remasking.
     num_masks : int
         Draws per completion and step, besides the whole completion's mask.
-    masks : {"complement", "stratified"}
+    masks : {"stratified", "complement"}
         How the draws are made (:mod:`mptlml.hf.logratio`).
+    control_variate : bool
+        The whole-mask row's per-token scores control the draws (:mod:`mptlml.hf.logratio`).
     exact_length : int
         Completions of at most this many tokens are scored on every mask.
     logratio_target_se : float, optional
@@ -148,7 +153,8 @@ class MPTGRPOConfig(TrainingArguments):
     block_length: int | None = None
     remasking: str = "low_confidence"
     num_masks: int = 8
-    masks: str = "complement"
+    masks: str = "stratified"
+    control_variate: bool = True
     exact_length: int = EXACT_LENGTH
     logratio_target_se: float | None = None
     max_num_masks: int = 64
@@ -176,6 +182,9 @@ class MPTGRPOConfig(TrainingArguments):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}.")
         if self.masks not in LOGRATIO_MASKS:
             raise ValueError(f"masks must be one of {LOGRATIO_MASKS}, got {self.masks!r}.")
+        if not isinstance(self.control_variate, bool):
+            raise ValueError(f"control_variate must be True or False, got "
+                             f"{self.control_variate!r}.")
         if self.remasking not in REMASKING:
             raise ValueError(f"remasking must be one of {REMASKING}, got {self.remasking!r}.")
         if self.logratio_target_se is not None and not (
@@ -190,7 +199,7 @@ class MPTGRPOConfig(TrainingArguments):
 
 @dataclass
 class _Rollout:
-    """One rollout: completions, advantages, plans and the frozen models' row sums."""
+    """One rollout: completions, advantages, plans and the frozen models' per-token scores."""
 
     prompts: list[Any]
     completions: list[str]
@@ -318,14 +327,14 @@ class MPTGRPOTrainer(Trainer):
 
     def _score_frozen(self, module: torch.nn.Module, plans: CommonPlans
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        old = plans.sums(self.policy_lm, module)
+        old = plans.scores(self.policy_lm, module)
         if self.args.beta == 0:
             return old, None
         if self.adapter_reference:
             with module.disable_adapter():
-                return old, plans.sums(self.policy_lm, module)
+                return old, plans.scores(self.policy_lm, module)
         assert self.ref_lm is not None
-        return old, plans.sums(self.ref_lm)
+        return old, plans.scores(self.ref_lm)
 
     def _new_rollout(self, module: torch.nn.Module, rows: list[Mapping[str, Any]]) -> _Rollout:
         a, step = self.args, int(self.state.global_step)
@@ -346,7 +355,7 @@ class MPTGRPOTrainer(Trainer):
                 for i in range(len(rows))]
         plans = common_plans(self.policy_lm, ids, [len(p) for p in gen.prompt_ids],
                              num_masks=self.num_masks_now, seed=gens, masks=a.masks,
-                             exact_length=a.exact_length)
+                             control_variate=a.control_variate, exact_length=a.exact_length)
         old, ref = self._score_frozen(module, plans)
         self.rollouts += 1
         return _Rollout(prompts, gen.texts, rewards,
@@ -369,7 +378,7 @@ class MPTGRPOTrainer(Trainer):
         if self._rollout is None or int(self.state.global_step) % a.num_iterations == 0:
             self._rollout = self._new_rollout(module, inputs["rows"])
         ro = self._rollout
-        s_pol = ro.plans.sums(self.policy_lm, model, grad=True)
+        s_pol = ro.plans.scores(self.policy_lm, model, grad=True)
         lr, lr_se, _ = ro.plans.difference(s_pol, ro.old)
         adv = ro.advantages.to(lr)
         ratio = torch.exp(lr)
@@ -419,10 +428,12 @@ class MPTGRPOTrainer(Trainer):
                  for i in range(len(keep))]
         with torch.no_grad():
             est_plans = common_plans(lm, full, ctx, num_masks=self.num_masks_now, seed=seeds,
-                                     masks=self.args.masks, exact_length=0)
+                                     masks=self.args.masks,
+                                     control_variate=self.args.control_variate,
+                                     exact_length=0)
             exact_plans = common_plans(lm, full, ctx, exact_length=n)
-            est = est_plans.bounds(est_plans.sums(lm, model)).double().cpu().numpy()
-            ex = exact_plans.bounds(exact_plans.sums(lm, model)).double().cpu().numpy()
+            est = est_plans.bounds(est_plans.scores(lm, model)).double().cpu().numpy()
+            ex = exact_plans.bounds(exact_plans.scores(lm, model)).double().cpu().numpy()
         gap = est - ex
         return {"drift/bound_gap": float(gap.mean()),
                 "drift/bound_rmse": float(np.sqrt(np.mean(gap ** 2)))}

@@ -337,7 +337,8 @@ def plan_inputs(lm: Any, ids: torch.Tensor, num_context: int, masks: torch.Tenso
 
 
 def masked_sums(module: torch.nn.Module, lm: Any, inputs: list[torch.Tensor],
-                targets: list[torch.Tensor], *, grad: bool) -> torch.Tensor:
+                targets: list[torch.Tensor], *, grad: bool,
+                per_token: bool = False) -> torch.Tensor:
     """Summed log-probabilities of the masked targets of each model input, ``(R,)``.
 
     ``inputs[r]`` is a full model input (special tokens included, masks applied) and
@@ -346,7 +347,9 @@ def masked_sums(module: torch.nn.Module, lm: Any, inputs: list[torch.Tensor],
     the module takes no ``attention_mask``), with gradients when ``grad`` (and gradients
     are on), else under ``torch.no_grad``; the per-row sums are minus
     :func:`~mptlml.hf.mpt_loss` with unit weights. With ``lm.shift_logits`` position i is
-    read from the logits at i - 1.
+    read from the logits at i - 1. With ``per_token`` the log-probabilities themselves,
+    ``(R, L)`` (L the longest input): entry ``[r, i]`` is ``log p(targets[r][i] | inputs[r])``
+    at a scored position i and 0 elsewhere (its rows sum to the sums).
     """
     # the unwrapped model's signature (a DistributedDataParallel wrapper takes **kwargs)
     takes_mask = accepts_keyword(getattr(lm, "model", module), "attention_mask")
@@ -368,8 +371,17 @@ def masked_sums(module: torch.nn.Module, lm: Any, inputs: list[torch.Tensor],
             logits = logits_of(module(input_ids=ids.to(dev), **extra), "the model", ids.shape)
             if lm.shift_logits:  # Dream's head: position i predicted at i - 1
                 logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-            parts.append(-mpt_loss(logits, lab, torch.ones(len(sel), device=dev),
-                                   reduction="none"))
+            if per_token:
+                lab = lab.to(dev)
+                scored = lab != IGNORE_INDEX
+                dt = torch.float64 if logits.dtype == torch.float64 else torch.float32
+                tok = torch.zeros(lab.shape, dtype=dt, device=dev)
+                tok[scored] = -F.cross_entropy(logits[scored].to(dt), lab[scored],
+                                               reduction="none")
+                parts.append(F.pad(tok, (0, int(lengths.max()) - tok.shape[1])))
+            else:
+                parts.append(-mpt_loss(logits, lab, torch.ones(len(sel), device=dev),
+                                       reduction="none"))
             order.append(rows)
     out = torch.cat(parts)
     return out[torch.cat(order).argsort().to(out.device)]
