@@ -296,7 +296,9 @@ class Estimator:
         """The estimator's draw as the sequential engine runs it on ragged sequences: a
         round of ``num_masks`` draws per sequence
         (:class:`~mptlml.estimators.sequential.CellDraw` of :meth:`with_draws`, its rows
-        allocated by ``allocation``); the rate draw overrides it
+        allocated by ``allocation`` over a target's rounds; None: a plain estimate's one
+        round, nothing allocated, each sequence's error the estimator's own,
+        :meth:`sequence_error`); the rate draw overrides it
         (:class:`~mptlml.estimators.learned_rate.RateDraw`). An estimator drawing whole
         batches (``draw_unit`` b > 1, LLaDA's) is refused a round that is not at least two
         whole batches."""
@@ -311,7 +313,7 @@ class Estimator:
                 + (f"not a multiple of {unit}" if num_masks % unit else "one batch (no spread)")
                 + f". Pass num_masks a multiple of {unit}, at least {2 * unit} (LLaDA's own: "
                 "num_masks=128), or an instance with a smaller batch (LLaDA(128, batch=8)).")
-        return CellDraw(self.with_draws(int(num_masks)), allocation or "neyman")
+        return CellDraw(self.with_draws(int(num_masks)), allocation)
 
     def scored_rows(self, num_tokens: int, counts: np.ndarray) -> int:
         """Masked inputs :meth:`ragged_cells` scores for a sequence of ``num_tokens`` units

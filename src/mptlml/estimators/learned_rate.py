@@ -283,7 +283,7 @@ class LearnedRate(Estimator):
     def round_draw(self, num_masks: int, allocation: str | None = "neyman") -> RoundDraw:
         """The rate draw: rounds of ``num_masks`` stratified draws, the density learned
         (``"neyman"``) or kept uniform."""
-        return RateDraw(int(num_masks), allocation or "neyman", EXACT_LENGTH)
+        return RateDraw(int(num_masks), allocation or "uniform", EXACT_LENGTH)
 
     def sequence_cells(self, model: RaggedMaskedModel, toks: list[torch.Tensor],
                        counts: Sequence[np.ndarray], seed: int,

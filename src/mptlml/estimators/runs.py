@@ -325,7 +325,7 @@ class RaggedRun:
         with one draw a cell, from the successive differences over the rows, its degrees of
         freedom unknown (None)."""
         est, p = self.est, int(self.est.num_masks)
-        draw = est.round_draw(p, "uniform")
+        draw = est.round_draw(p, None)
         first = draw.round_size(p)
         whole = [2 ** int(d) - 1 for d in self.lengths if draw.enumerates(int(d))]
         drawn = [draw.most_rows(int(d), first) for d in self.lengths

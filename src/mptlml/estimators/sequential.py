@@ -514,8 +514,10 @@ class CellDraw(RoundDraw):
     the largest); each round is unbiased given the counts, fixed before its draws.
     """
 
-    def __init__(self, est: Any, allocation: str = "neyman") -> None:
+    def __init__(self, est: Any, allocation: str | None = "neyman") -> None:
         self.est, self.allocation, self.name = est, allocation, est.name
+        #: a plain estimate's one round (no allocation): the estimator's own error
+        self.plain = allocation is None
 
     def bind(self, lengths: np.ndarray, groups: list[list[int]],
              keys: list[tuple[int, ...]]) -> None:
@@ -546,10 +548,16 @@ class CellDraw(RoundDraw):
         return int(rows) // int(self.est.masks_per_draw(int(length))) // unit * unit
 
     def round_error(self, cells: list[np.ndarray]) -> tuple[float, np.ndarray, np.ndarray]:
-        """The estimator's own error of a sequence's cells
-        (:meth:`~mptlml.estimators.Estimator.sequence_error`: ``cumulative``'s pooled sizes
-        at two draws a size; with one draw a cell, the successive differences over the rows,
-        on unknown (NaN) degrees of freedom), as one variance on its Welch dof."""
+        """A plain estimate's round (``allocation=None``): the estimator's own error of a
+        sequence's cells (:meth:`~mptlml.estimators.Estimator.sequence_error`:
+        ``cumulative``'s pooled sizes at two draws a size; with one draw a cell, the
+        successive differences over the rows, on unknown (NaN) degrees of freedom), as one
+        variance on its Welch dof. A target's rounds: the cells' (:func:`cells_error`), the
+        error the stop rule reads round after round (``cumulative``'s pooled error exists
+        for two draws a size, a target's first round only: taking it there would raise
+        the first round's SE alone and draw a round more)."""
+        if not self.plain:
+            return cells_error(cells)
         drawn = [c for c in cells if not isinstance(c, ExactCell)]
         single = bool(drawn) and all(np.asarray(c).shape[0] == 1 for c in drawn)
         tot, se, var, dofs = self.est.sequence_error(cells, single)
