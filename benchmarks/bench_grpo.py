@@ -195,8 +195,8 @@ def main() -> None:
         return run
 
     rows = {"d1 (one step, prompt 15%)": (d1, 8), "coupled-GRPO (mask + complement)": (coupled, 8),
-            "mptlml control variate, num_masks=6": (ours(6, "stratified", True), 7),
-            "mptlml control variate, num_masks=8": (ours(8, "stratified", True), 9),
+            "mptlml control variate, num_masks=7 (the default)": (ours(7, "stratified", True), 8),
+            "mptlml control variate, num_masks=15": (ours(15, "stratified", True), 16),
             "mptlml complement + control variate, num_masks=4": (ours(4, "complement", True), 5),
             "mptlml complement + control variate, num_masks=8": (ours(8, "complement", True), 9),
             "mptlml complement, no control variate, num_masks=8":

@@ -268,8 +268,13 @@ def next_draws(drawn: int, cap: int, need: float | None = None) -> int:
 
 
 def stratified_rates(g: torch.Generator, p: int, tmax: int, density: RateDensity,
-                     complement: bool = False) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+                     complement: bool = False, per_stratum: int = 2
+                     ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
     """Stratified rates (two per stratum of equal q-mass) and a random order of positions.
+
+    ``per_stratum=1``: P strata of one draw each (any P; no variance estimator of the
+    stratified mean is unbiased then, the draws' i.i.d. one errs on the large side), for
+    the GRPO log-ratios' draw (:mod:`mptlml.hf.logratio`).
 
     With ``complement`` (P a multiple of 4, q symmetric: ``q(r) = q(1 - r)``) only the lower
     half of the strata draw: stratum ``H - 1 - h`` takes the rates ``1 - r`` of stratum h
@@ -278,6 +283,13 @@ def stratified_rates(g: torch.Generator, p: int, tmax: int, density: RateDensity
     the order, for every T): antithetic draws, each still a uniform mask at a stratified
     rate, whose pair sums :func:`complement_cells` reads.
     """
+    if per_stratum == 1 and not complement:
+        v = torch.rand(p, generator=g, dtype=torch.float64).numpy()
+        rates = density.inverse((np.arange(p) + v) / p)
+        return np.arange(p), rates, torch.rand(p, tmax, generator=g).argsort(dim=1)
+    if per_stratum != 2:
+        raise ValueError(f"per_stratum must be 1 (not with complement) or 2, got "
+                         f"{per_stratum!r}.")
     h = p // 2
     if complement:
         if p % 4 or not np.allclose(density.mass, density.mass[::-1]):

@@ -3,7 +3,7 @@
 Constructed as TRL's ``GRPOTrainer``::
 
     args = MPTGRPOConfig(output_dir=..., num_generations=8, max_completion_length=16,
-                         beta=0.04, num_masks=8, max_steps=200)
+                         beta=0.04, num_masks=7, max_steps=200)
     trainer = MPTGRPOTrainer(model=model, reward_funcs=[reward], args=args,
                              train_dataset=prompts, processing_class=tokenizer)
 
@@ -128,7 +128,8 @@ class MPTGRPOConfig(TrainingArguments):
     remasking : {"low_confidence", "random"}
         The sampler's remasking.
     num_masks : int
-        Draws per completion and step, besides the whole completion's mask.
+        Draws per completion and step, besides the whole completion's mask (7: 8 masked
+        inputs per model and completion).
     masks : {"stratified", "complement"}
         How the draws are made (:mod:`mptlml.hf.logratio`).
     control_variate : bool
@@ -152,7 +153,7 @@ class MPTGRPOConfig(TrainingArguments):
     steps: int | None = None
     block_length: int | None = None
     remasking: str = "low_confidence"
-    num_masks: int = 8
+    num_masks: int = 7
     masks: str = "stratified"
     control_variate: bool = True
     exact_length: int = EXACT_LENGTH
@@ -407,7 +408,7 @@ class MPTGRPOTrainer(Trainer):
         target = self.args.logratio_target_se
         if target is None or se <= 0:
             return
-        step = 4 if self.args.masks == "complement" else 2
+        step = 4 if self.args.masks == "complement" else 1
         want = self.num_masks_now * (se / target) ** 2
         p = int(math.ceil(want / step) * step)
         self.num_masks_now = int(min(max(p, 4), self.args.max_num_masks // step * step))

@@ -33,13 +33,14 @@ mean of P terms read as independent, ``var(y, ddof=1) / P`` on P - 1 degrees of 
 (conservative for stratified and antithetic draws, whose terms are not positively
 correlated).
 
-**The draw** (``masks=``): ``"stratified"`` (default), two uniform rates per stratum of
-equal q-mass, each with its own order of positions
-(:func:`~mptlml.estimators.sequential.stratified_rates`); or ``"complement"``, the upper
-half of the strata mirroring the lower half, each mask's complement scored beside it
-(antithetic pairs). Without the control variate the standard error comes from the cells of
-the draw: two draws per stratum (:func:`~mptlml.estimators.sequential.stratum_cells`) or
-the pairs of antithetic units per mirrored stratum pair
+**The draw** (``masks=``): ``"stratified"`` (default), P strata of equal q-mass with one
+uniform rate each, each with its own order of positions
+(:func:`~mptlml.estimators.sequential.stratified_rates` with ``per_stratum=1``: any P of
+at least 2; the i.i.d. standard error above, which errs on the large side); or
+``"complement"``, two rates per stratum, the upper half of the strata mirroring the lower
+half, each mask's complement scored beside it (antithetic pairs, P a multiple of 4).
+Without the control variate the complementary draw's standard error comes from the pairs of
+antithetic units per mirrored stratum pair
 (:func:`~mptlml.estimators.sequential.complement_cells`).
 
 A completion of at most ``exact_length`` tokens is scored on all its 2^T - 1 masks: its
@@ -72,7 +73,6 @@ from ..estimators.sequential import (
     cells_error,
     complement_cells,
     stratified_rates,
-    stratum_cells,
 )
 from ..models.sequence_input import encode_with_context
 from .preference import (
@@ -197,27 +197,27 @@ class CommonPlans:
         est = self.bounds(diff)
         se = np.zeros(len(self.plans))
         dof = np.full(len(self.plans), math.inf)
-        cells_of = complement_cells if self.complement else stratum_cells
         for i, p in enumerate(self.plans):
             if p.draw_coef.shape[0] == 0:
                 continue
             y = self.draws(diff, i)
-            if self.control_variate:
+            if self.control_variate or not self.complement:
                 se[i], dof[i] = math.sqrt(float(y.var(ddof=1)) / len(y)), float(len(y) - 1)
             else:
-                _, var, df = cells_error(cells_of(y))
+                _, var, df = cells_error(complement_cells(y))
                 se[i], dof[i] = math.sqrt(float(var.sum())), float(df.sum())
         return est, se, dof
 
 
 def common_plans(lm: Any, ids: Sequence[torch.Tensor], num_context: Sequence[int], *,
-                 num_masks: int = 8, seed: Any = 0, masks: str = "stratified",
+                 num_masks: int = 7, seed: Any = 0, masks: str = "stratified",
                  control_variate: bool = True,
                  exact_length: int = EXACT_LENGTH) -> CommonPlans:
     """The plans of completions ``ids[i][num_context[i]:]`` (content ids of prompt + completion).
 
     Completion i draws from the stream (seed, i) or the i-th generator; P = ``num_masks``
-    draws (even for ``"stratified"``, a multiple of 4 for ``"complement"``) at uniform
+    draws (at least 2, a multiple of 4 for ``"complement"``; the default 7 and the whole
+    mask: 8 masked inputs) at uniform
     stratified rates, plus the whole completion's mask; at most ``exact_length`` tokens:
     every mask. ``control_variate``: the bounds and SEs read off the plans use the
     whole-mask row's token scores as a control (module docstring).
@@ -227,11 +227,12 @@ def common_plans(lm: Any, ids: Sequence[torch.Tensor], num_context: Sequence[int
         raise ValueError(f"masks must be one of {LOGRATIO_MASKS}, got {masks!r}.")
     if not isinstance(control_variate, bool):
         raise TypeError(f"control_variate must be True or False, got {control_variate!r}.")
-    step, why = ((4, "two antithetic pairs per mirrored pair of strata")
-                 if masks == "complement" else (2, "two draws per stratum"))
-    if p % step:
-        raise ValueError(f"num_masks must be a multiple of {step} for masks={masks!r} "
-                         f"({why}), got {p}.")
+    if masks == "complement" and p % 4:
+        raise ValueError(f"num_masks must be a multiple of 4 for masks='complement' (two "
+                         f"antithetic pairs per mirrored pair of strata), got {p}.")
+    if p < 2:
+        raise ValueError(f"num_masks must be at least 2 (a standard error needs two draws), "
+                         f"got {p}.")
     if isinstance(exact_length, bool) or not isinstance(exact_length, numbers.Integral) \
             or exact_length < 0:
         raise ValueError(f"exact_length must be an int >= 0, got {exact_length!r}.")
@@ -246,8 +247,9 @@ def common_plans(lm: Any, ids: Sequence[torch.Tensor], num_context: Sequence[int
         if t <= max(int(exact_length), 1):
             plan = _exact_plan(t)
         else:
-            strata, rates, order = stratified_rates(gens[i], p, t, density,
-                                                    complement=masks == "complement")
+            strata, rates, order = stratified_rates(
+                gens[i], p, t, density, complement=masks == "complement",
+                per_stratum=2 if masks == "complement" else 1)
             plan = _rate_plan(t, rates, order, strata, density)
         x, lab = plan_inputs(lm, full, int(n), plan.masks, gens[i])
         starts.append(len(inputs))
@@ -295,7 +297,7 @@ class LogRatios:
 
 
 def policy_logratios(policy: Any, old_policy: Any, prompts: Sequence[Any],
-                     completions: Sequence[Any], *, num_masks: int = 8, seed: Any = 0,
+                     completions: Sequence[Any], *, num_masks: int = 7, seed: Any = 0,
                      masks: str = "stratified", control_variate: bool = True,
                      exact_length: int = EXACT_LENGTH,
                      policy_module: torch.nn.Module | None = None) -> LogRatios:
