@@ -27,7 +27,8 @@ old and new always on the same masks, as every peer does):
   summed (``sum_{j in M} log p + sum_{j not in M} log p``), 4 pairs averaged;
 - ``mptlml``: :func:`mptlml.hf.policy_logratios` as it runs by default: stratified draws
   plus the whole completion's mask, whose per-token scores are the draws' control variate
-  (``num_masks=6``: 7 forwards; ``8``: 9 forwards); and, for comparison, the complementary
+  (P strata of one draw each; ``num_masks=7``: 8 forwards, the default; ``15``: 16); and,
+  for comparison, the complementary
   draw with the control variate (``masks="complement"``, ``num_masks=4``: 5 forwards; ``8``: 9)
   and without it (the former default, ``masks="complement", control_variate=False``,
   ``num_masks=8``: 9 forwards).
@@ -41,15 +42,15 @@ P draws and the whole-completion row.
 Reported: MSE of each against L over completions and repeats, forwards, the ratios to d1's
 and coupled-GRPO's MSE, and MSE x forwards / 8 (the MSE at 8 forwards of an unbiased
 estimator whose variance falls as 1 / forwards) with its ratio to coupled-GRPO's; and the
-calibration of mptlml's ``logratio_stderr``: |z| > 2 per completion (on its ``dof``: 7 for
-the control variate at ``num_masks=8``, 2 for the complementary draw) and of the mean over
+calibration of mptlml's ``logratio_stderr``: |z| > 2 per completion (on its ``dof``: 6 for
+the control variate at ``num_masks=7``, 2 for the complementary draw) and of the mean over
 the completions (the ``logratio_mc_se`` a trainer logs), and the mean se^2 over the MSE.
 
-Measured (``--repeats 40 --completions 16 --train-steps 150``, 4.4 min on 2 shared CPU
+Measured (``--repeats 40 --completions 16 --train-steps 150``, 8.2 min on 2 shared CPU
 cores; the table is in the guide "GRPO and generation"): coupled-GRPO's MSE 0.6018, d1's
-5.33; the default, control variate at ``num_masks=6`` (7 forwards), 0.3236 (0.538x
-coupled-GRPO's), at ``num_masks=8`` (9 forwards) 0.2475 (0.411x); |z| > 2 per completion
-10.2% and 10.6%. With ``--seed 1``: 0.527x and 0.348x, 9.7% and 6.9%.
+5.33; the default (``num_masks=7``, 8 forwards) 0.2625, 0.436x coupled-GRPO's and 0.049x
+d1's, |z| > 2 per completion 9.4%. With ``--seed 1``: 0.375x coupled-GRPO's, 0.034x d1's,
+6.4%.
 """
 
 from __future__ import annotations
