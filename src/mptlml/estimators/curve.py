@@ -451,7 +451,7 @@ def _draws_to_target(model: RaggedMaskedModel, sequences: Any, target_se: float,
     lengths = np.array([len(t) for t in toks], dtype=np.int64)
     scores, scores_se = np.zeros((n, k)), np.zeros((n, k))
     for i, t in enumerate(out.tallies):
-        weighted = weighted_rounds(t.rounds)
+        weighted = weighted_rounds(t.rounds, t.by_cell)
         for j in range(k):
             cells = [w[j] for w in weighted.values()]
             scores[i, j] = sum(float(c.mean()) for c in cells) * k / lengths[i]
