@@ -166,8 +166,8 @@ def weighted_rounds(rounds: dict[int, tuple[int, list[np.ndarray]]], by_cell: bo
     round r weighs its own share of that stratum's draws, ``a_rk / sum_s a_sk``
     (:func:`cell_draws`): each stratum's draws pooled over the rounds, as if drawn at once,
     whatever the rounds' allocations (with equal counts, ``a_rk = n_r``, the same weights).
-    Each weight is fixed by the counts, which are fixed before a round's draws: the sum
-    stays unbiased given them.
+    Each round stays unbiased given its counts, fixed before its draws; the weights depend
+    on the counts of every round, as a round's share does on where the rule stops.
     """
     total = sum(n for n, _ in rounds.values())
     if not total:
