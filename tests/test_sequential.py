@@ -20,12 +20,14 @@ from mptlml.estimators import FixedRate, LLaDA, RandomSize, Riemann, register, u
 from mptlml.estimators.sequential import (
     STOP_REASONS,
     CellDraw,
+    combine_rounds,
     fixed_rule,
     round_seed,
     run_rounds,
     target_rule,
+    weighted_rounds,
 )
-from mptlml.estimators.stats import ExactCell
+from mptlml.estimators.stats import ExactCell, exact_cell
 
 from .test_compare import exhaustive_conditional
 
@@ -217,10 +219,11 @@ class _OneByOne(CellDraw):
             calls += c
             res[i] = (list(cells[0]), 0.0, int(est.scored_rows(int(self.lengths[i]), counts)))
             if len(self.strata[i]) == len(cells[0]):
+                q = self.group_of[i]  # the spread by stratum of the sequence's group
                 for h, cell in zip(self.strata[i], cells[0], strict=True):
                     if not isinstance(cell, ExactCell) and cell.size > 1:
-                        self.spread_sum[h] += float(np.var(cell, ddof=1))
-                        self.spread_n[h] += 1
+                        self.spread_sum[q, h] += float(np.var(cell, ddof=1))
+                        self.spread_n[q, h] += 1
         return res, calls
 
 
@@ -384,3 +387,34 @@ def test_one_rate_bin_convention_and_one_exactness_rule():
     assert scores_every_mask(EXACT_LENGTH, 1) and not scores_every_mask(EXACT_LENGTH + 1, 1)
     assert scores_every_mask(6, 63) and not scores_every_mask(6, 62)
     assert scores_every_mask(1, 0)
+
+
+def test_rounds_of_neyman_s_counts_are_combined_stratum_by_stratum():
+    """With counts allocated per stratum (``by_cell``), cell k of round r weighs its share of
+    stratum k's draws over the rounds, ``a_rk / sum_s a_sk``: the estimate is each stratum's
+    draws pooled (their plain mean, as if drawn at once), its variance
+    ``sum_k sum_r w_rk^2 var_rk / a_rk``; an exact cell weighs its round's draws. With
+    equal counts the weights are the rounds' shares, bit for bit."""
+    rng = np.random.default_rng(3)
+    counts = {0: [2, 2, 2], 1: [2, 9, 3], 2: [4, 30, 2]}
+    rounds = {r: (2 * (r + 1), [rng.normal(size=c) for c in cs]) for r, cs in counts.items()}
+    rounds[1][1][2] = exact_cell([0.5, 0.5, 0.5])  # an exact cell in round 1
+    est, se, _ = combine_rounds(list(weighted_rounds(rounds, by_cell=True).values()))
+    want, var = 0.0, 0.0
+    for k in range(3):
+        draws = [(rounds[r][0] if isinstance(rounds[r][1][k], ExactCell) else counts[r][k])
+                 for r in rounds]
+        for r, a in zip(rounds, draws, strict=True):
+            w = a / sum(draws)
+            cell = np.asarray(rounds[r][1][k])
+            want += w * cell.mean()
+            if not isinstance(rounds[r][1][k], ExactCell):
+                var += w ** 2 * cell.var(ddof=1) / cell.size
+    assert math.isclose(est, want, rel_tol=1e-12) and math.isclose(se, math.sqrt(var))
+    # stratum 1 drawn in every round: its weighted means are the plain mean of its 41 draws
+    pooled = sum(c[1].mean() for c in weighted_rounds(rounds, by_cell=True).values())
+    assert math.isclose(pooled, np.concatenate([rounds[r][1][1] for r in rounds]).mean())
+    equal = {r: (n, [rng.normal(size=n) for _ in range(3)]) for r, n in ((0, 2), (1, 2), (2, 4))}
+    by_cell, by_round = weighted_rounds(equal, by_cell=True), weighted_rounds(equal)
+    assert all(np.array_equal(a, b) for r in equal
+               for a, b in zip(by_cell[r], by_round[r], strict=True))

@@ -88,11 +88,10 @@ def test_the_curve_rounds_each_mask_size_half_up(tiny):
 def test_neyman_counts_give_the_least_variance_of_their_draws_by_brute_force():
     """A round's counts (the sequential engine's, dense strata and ragged rows alike) are
     Neyman's: of every integer allocation of the same draws (at least 2 per stratum) none
-    has a variance ``sum_h sd_h^2 / c_h`` below theirs by more than rounding, and the
-    spreads floored at DENSITY_FLOOR of the largest keep a small stratum's draws. Counts
-    in proportion to the variances (not the SDs) give 1.3 times the variance here.
+    has a variance ``sum_h sd_h^2 / c_h`` below theirs by more than rounding. Counts in
+    proportion to the variances (not the SDs) give 1.3 times the variance here.
     """
-    from mptlml.estimators.sequential import DENSITY_FLOOR, neyman_counts, neyman_sd
+    from mptlml.estimators.sequential import neyman_counts, neyman_sd
 
     sd = np.array([1.0, 4.0, 10.0])
     for p in (7, 20, 33):
@@ -106,10 +105,42 @@ def test_neyman_counts_give_the_least_variance_of_their_draws_by_brute_force():
         assert var <= best * 1.02, (p, counts, var, best)
     by_var = np.round(60 * sd ** 2 / (sd ** 2).sum())
     assert float((sd ** 2 / by_var).sum()) > 1.3 * float((sd ** 2 / neyman_counts(sd, 20)).sum())
-    # the spreads, pooled and floored: a stratum of no spread keeps DENSITY_FLOOR of the most
-    pooled = neyman_sd(np.array([0.0, 2 * 16.0, 3 * 100.0]), np.array([1.0, 2.0, 3.0]))
-    assert np.allclose(pooled, [DENSITY_FLOOR * 10.0, 4.0, 10.0])
+    # the spreads, pooled (the mean of the variances measured), a stratum never measured
+    # given the largest; not floored: a stratum of no spread keeps only its 2 draws a round
+    pooled = neyman_sd(np.array([0.0, 2 * 16.0, 3 * 100.0, 0.0]), np.array([1.0, 2.0, 3.0, 0]))
+    assert np.allclose(pooled, [0.0, 4.0, 10.0, 10.0])
     assert neyman_sd(np.zeros(3), np.zeros(3)) is None
+
+
+def test_neyman_counts_follow_spreads_that_differ_beyond_the_density_floor():
+    """Pins the counts' spreads unfloored (the rate density alone keeps DENSITY_FLOOR):
+    spreads 1 : 4 : 40 (the smallest below DENSITY_FLOOR of the largest, by more than
+    three times) give counts ``c_h = P H sd_h / sum_k sd_k`` exactly where that is a whole
+    number of at least 2, so the quiet stratum does not take the loud one's draws; a
+    group's own variances are shrunk toward the call's as if by PRIOR_PAIRS measures,
+    ``(s_h + PRIOR_PAIRS v_h) / (n_h + PRIOR_PAIRS)``, and a stratum the call never
+    measured (NaN) is given the largest."""
+    from mptlml.estimators.sequential import (
+        DENSITY_FLOOR,
+        PRIOR_PAIRS,
+        density_of,
+        neyman_counts,
+        neyman_sd,
+    )
+
+    sd = neyman_sd(np.array([1.0, 16.0, 1600.0]) * 3, np.full(3, 3.0))
+    assert np.allclose(sd, [1.0, 4.0, 40.0]) and sd[0] < DENSITY_FLOOR * sd[-1] / 3
+    counts = neyman_counts(sd, 45)  # P H = 135 draws: 135 * (1, 4, 40) / 45
+    assert counts.tolist() == [3, 12, 120]
+    assert np.allclose(counts / counts.sum(), sd / sd.sum())
+    # the rate density of the same spreads is floored (its importance weights stay bounded)
+    mass = density_of(np.array([1.0, 16.0, 1600.0])).mass
+    assert np.isclose(mass[0] / mass[-1], DENSITY_FLOOR)
+    own_s, own_n = np.array([2.0, 0.0, 9.0]), np.array([2.0, 0.0, 1.0])
+    prior = np.array([4.0, 25.0, np.nan])
+    shrunk = neyman_sd(own_s, own_n, prior)
+    want = np.sqrt([(2.0 + PRIOR_PAIRS * 4.0) / (2 + PRIOR_PAIRS), 25.0, 9.0])
+    assert np.allclose(shrunk, want)
 
 
 # ------------------------------------------------------------------ systematic sizes

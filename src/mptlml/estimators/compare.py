@@ -28,7 +28,7 @@ Variance reduction, all unbiased:
   q is proportional to the spread of a mask's score by rate (Neyman), that
   of the question's own draws shrunk toward the spread pooled over every
   candidate of the call, as if the pooled one were
-  :data:`~mptlml.estimators.learned_rate.PRIOR_PAIRS` pairs per rate bin: a
+  :data:`~mptlml.estimators.sequential.PRIOR_PAIRS` pairs per rate bin: a
   question's first rounds borrow the call's profile, its later ones follow its
   own (no pilot per sequence); each round is
   unbiased on its own and rounds are combined with weights in proportion

@@ -447,7 +447,7 @@ def _draws_to_target(model: RaggedMaskedModel, sequences: Any, target_se: float,
                      remedy=plan_remedy("sequence"))
     scores, scores_se = np.zeros((n, k)), np.zeros((n, k))
     for i, t in enumerate(out.tallies):
-        weighted = weighted_rounds(t.rounds)
+        weighted = weighted_rounds(t.rounds, t.by_cell)
         for j in range(k):
             cells = [w[j] for w in weighted.values()]
             scores[i, j] = sum(float(c.mean()) for c in cells) * k / lengths[i]

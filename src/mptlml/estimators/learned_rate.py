@@ -25,7 +25,8 @@ Its parts are public, for every door that draws rates (the DPO margin of
 (:func:`pair_spread`: a stratum's two draws' ``(y_1 - y_2)^2 / 2`` in the bin of their
 rate, :func:`rate_bin`) and the density learned from it
 (:func:`learned_density`: Neyman, floored, a group's own spread shrunk toward the pooled
-one by :data:`PRIOR_PAIRS`); :class:`RateDraw` is the engine's round of them.
+one by :data:`~mptlml.estimators.sequential.PRIOR_PAIRS`); :class:`RateDraw` is the engine's
+round of them.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from .base import Estimator
 from .sequential import (
     EXACT_LENGTH,
     NUM_RATE_BINS,
+    PRIOR_PAIRS,
     RateDensity,
     RoundDraw,
     _round_dir,
@@ -56,10 +58,8 @@ from .sequential import (
 )
 from .stats import enumerated_sum
 
-__all__ = ["PRIOR_PAIRS", "LearnedRate", "RateDraw", "learned_density", "pair_spread", "rate_bin"]
+__all__ = ["LearnedRate", "RateDraw", "learned_density", "pair_spread", "rate_bin"]
 
-#: a group's spread by rate is shrunk toward the call's as if by this many pairs per bin
-PRIOR_PAIRS = 8
 
 
 def rate_bin(rates: np.ndarray, bins: int = NUM_RATE_BINS) -> np.ndarray:
@@ -101,9 +101,10 @@ def learned_density(spread_sum: np.ndarray, spread_n: np.ndarray,
     standard deviation, floored, :func:`~mptlml.estimators.sequential.density_of`).
 
     ``var_b = spread_sum[b] / spread_n[b]``; with ``prior`` (the pooled variances of the
-    call) a group's own is shrunk toward it as if that were :data:`PRIOR_PAIRS` pairs per
-    bin, ``(spread_sum[b] + PRIOR_PAIRS prior[b]) / (spread_n[b] + PRIOR_PAIRS)``. Uniform
-    while a bin has no evidence (and no prior).
+    call) a group's own is shrunk toward it as if that were
+    :data:`~mptlml.estimators.sequential.PRIOR_PAIRS` pairs per bin,
+    ``(spread_sum[b] + PRIOR_PAIRS prior[b]) / (spread_n[b] + PRIOR_PAIRS)``. Uniform while
+    a bin has no evidence (and no prior).
     """
     s, n = np.asarray(spread_sum, dtype=np.float64), np.asarray(spread_n, dtype=np.float64)
     if prior is not None:
@@ -124,7 +125,8 @@ class RateDraw(RoundDraw):
     sequence, whose ``2^T - 2`` other masks are no more than ``max(P, 2^EXACT_LENGTH - 2)``,
     is scored on every mask instead (exact). With ``allocation="neyman"`` q follows the
     spread of a mask's score by rate bin (Neyman, :func:`density_of`), a group's own spread
-    shrunk toward the call's as if that were :data:`PRIOR_PAIRS` pairs per bin.
+    shrunk toward the call's as if that were
+    :data:`~mptlml.estimators.sequential.PRIOR_PAIRS` pairs per bin.
     """
 
     name = "learned-rate"

@@ -49,13 +49,13 @@ from ..seeds import spawn
 from .stats import ExactCell, cell_error, enumerated_sum, welch_dof
 
 __all__ = ["DENSITY_FLOOR", "EXACT_LENGTH", "MAX_TARGET_DRAWS", "NEED_MARGIN", "NUM_RATE_BINS",
-           "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "DenseDraw", "RateDensity", "RoundDraw",
-           "RoundError", "Rule", "SequentialRun", "Tally", "at_target", "cells_error",
-           "check_run_fingerprint", "combine_rounds", "complement_cells", "density_of",
-           "draw_caps", "draws_needed", "fixed_rule", "merge_stops", "masks_at_rates",
-           "neyman_counts", "neyman_sd", "next_draws", "paired", "round_seed", "round_sizes",
-           "run_rounds", "scores_every_mask", "stratified_rates", "stratum_cells", "target_rule",
-           "weighted_rounds"]
+           "PRIOR_PAIRS", "STOP_REASONS", "TARGET_MIN_DOF", "CellDraw", "DenseDraw",
+           "RateDensity", "RoundDraw", "RoundError", "Rule", "SequentialRun", "Tally",
+           "at_target", "cell_draws", "cells_error", "check_run_fingerprint", "combine_rounds",
+           "complement_cells", "density_of", "draw_caps", "draws_needed", "fixed_rule",
+           "masks_at_rates", "merge_stops", "next_draws", "neyman_counts", "neyman_sd", "paired",
+           "round_seed", "round_sizes", "run_rounds", "scores_every_mask", "stratified_rates",
+           "stratum_cells", "target_rule", "weighted_rounds"]
 
 #: rate bins: of the learned rate density (its strata), and of a ragged draw's rows
 #: (``cumulative``'s sizes M of D_i, by the rate M / D_i):
@@ -65,8 +65,14 @@ NUM_RATE_BINS = 10
 #: standard error 0): their 2^D - 1 <= 15 masks cost no more than a few draws
 EXACT_LENGTH = 4
 #: the learned density never falls below this share of its largest bin (keeps every rate,
-#: and bounds the importance weights: heavy tails make standard errors unstable)
+#: and bounds the importance weights: heavy tails make standard errors unstable). The rate
+#: density's only: Neyman's counts (:func:`neyman_sd`) are not floored, their draws weigh
+#: nothing by importance and every stratum keeps at least 2 draws a round
 DENSITY_FLOOR = 0.3
+#: a group's own spread by rate bin is shrunk toward the call's as if by this many measures
+#: per bin (the rate density's pairs, :func:`~mptlml.estimators.learned_rate.learned_density`;
+#: Neyman's counts of a draw's rows, :func:`neyman_sd`)
+PRIOR_PAIRS = 8
 #: a standard error counts as at its target only on at least this many degrees of freedom
 TARGET_MIN_DOF = 10
 #: a round towards a target SE draws this times the predicted remainder (fewer extra rounds)
@@ -150,12 +156,37 @@ def complement_cells(y: np.ndarray) -> list[np.ndarray]:
     return list(pairs[: h // 2] + pairs[h // 2:][::-1])
 
 
-def weighted_rounds(rounds: dict[int, tuple[int, list[np.ndarray]]]
+def weighted_rounds(rounds: dict[int, tuple[int, list[np.ndarray]]], by_cell: bool = False
                     ) -> dict[int, list[np.ndarray]]:
-    """Each round's cells times its weight (its share of the draws): ``sum_r w_r est_r``."""
+    """Each round's cells times its weight: ``sum_r w_r est_r``.
+
+    ``w_r`` is the round's share of the draws (``n_r / sum_s n_s``). With ``by_cell`` (the
+    cells of every round are the same strata in the same order, their draws allocated per
+    round: :attr:`RoundDraw.cells_are_strata`) and as many cells in every round, cell k of
+    round r weighs its own share of that stratum's draws, ``a_rk / sum_s a_sk``
+    (:func:`cell_draws`): each stratum's draws pooled over the rounds, as if drawn at once,
+    whatever the rounds' allocations (with equal counts, ``a_rk = n_r``, the same weights).
+    Each round stays unbiased given its counts, fixed before its draws; the weights depend
+    on the counts of every round, as a round's share does on where the rule stops.
+    """
     total = sum(n for n, _ in rounds.values())
-    return {r: [c * (n / total) for c in cells] for r, (n, cells) in rounds.items()} \
-        if total else {}
+    if not total:
+        return {}
+    sizes = {len(cells) for _, cells in rounds.values()}
+    if not by_cell or len(sizes) != 1:
+        return {r: [c * (n / total) for c in cells] for r, (n, cells) in rounds.items()}
+    draws = {r: [cell_draws(c, n) for c in cells] for r, (n, cells) in rounds.items()}
+    per_cell = [sum(a[k] for a in draws.values()) for k in range(sizes.pop())]
+    return {r: [c * (draws[r][k] / per_cell[k]) for k, c in enumerate(cells)]
+            for r, (_, cells) in rounds.items()}
+
+
+def cell_draws(cell: np.ndarray, asked: int) -> int:
+    """The draws of a cell that weigh it among the rounds (:func:`weighted_rounds`): its
+    rows (a cell of ``(P_h,)`` or ``(P_h, N)`` draws), or the round's ``asked`` draws for an
+    :class:`~mptlml.estimators.stats.ExactCell` (its mean is the term itself, whatever it
+    weighs)."""
+    return int(asked) if isinstance(cell, ExactCell) else int(np.shape(cell)[0])
 
 
 #: a round's error from its cells: ``error(cells) -> (estimate, variances, dofs)`` (the
@@ -224,20 +255,38 @@ def density_of(variance: np.ndarray) -> RateDensity:
                     else np.ones(NUM_RATE_BINS))
 
 
-def neyman_sd(spread_sum: np.ndarray, spread_n: np.ndarray) -> np.ndarray | None:
-    """Each stratum's spread of one draw for Neyman's counts, pooled, floored.
+def neyman_sd(spread_sum: np.ndarray, spread_n: np.ndarray,
+              prior: np.ndarray | None = None) -> np.ndarray | None:
+    """Each stratum's spread of one draw for Neyman's counts, pooled, not floored.
 
     ``sd_h = sqrt(spread_sum[h] / spread_n[h])`` (the variances of one draw measured so far,
-    averaged), a stratum never measured given the largest, every one floored at
-    :data:`DENSITY_FLOOR` of the largest (a stratum whose spread was underestimated keeps
-    draws). None when nothing was measured or every spread is 0 (then equal counts).
+    averaged); with ``prior`` (the call's variances, a group's own shrunk toward them as
+    the rate density's are) ``sqrt((spread_sum[h] + PRIOR_PAIRS prior[h]) / (spread_n[h] +
+    PRIOR_PAIRS))``; a stratum never measured is given the largest. None when nothing was
+    measured or every spread is 0 (then equal counts).
+
+    Notes
+    -----
+    Unlike the rate density (:func:`density_of`) the spreads are not floored at
+    :data:`DENSITY_FLOOR` of the largest: a count does not weigh a draw by importance, so a
+    small one cannot make the standard error heavy-tailed, and every stratum keeps at least
+    2 draws a round (:func:`neyman_counts`). Spreads across a draw's rows differ by far more
+    than ``1 / DENSITY_FLOOR`` (``cumulative`` on AntiBERTy's germlines: about 10 times
+    between the rate bins), where a floor gave the quiet strata the draws the loud ones
+    needed.
     """
-    seen = spread_n > 0
+    s, n = np.asarray(spread_sum, dtype=np.float64), np.asarray(spread_n, dtype=np.float64)
+    if prior is not None:
+        p = np.asarray(prior, dtype=np.float64)
+        known = np.isfinite(p)
+        s = s + np.where(known, PRIOR_PAIRS * np.nan_to_num(p), 0.0)
+        n = n + np.where(known, PRIOR_PAIRS, 0.0)
+    seen = n > 0
     if not seen.any():
         return None
-    sd = np.sqrt(spread_sum / np.maximum(spread_n, 1))
+    sd = np.sqrt(s / np.maximum(n, 1e-300))
     sd[~seen] = sd[seen].max()
-    return np.maximum(sd, DENSITY_FLOOR * sd.max()) if sd.max() > 0 else None
+    return sd if sd.max() > 0 else None
 
 
 def neyman_counts(sd: np.ndarray, draws: int) -> np.ndarray:
@@ -372,13 +421,16 @@ class Tally:
     ``exact``: the terms known exactly, added once (the whole-continuation term of the rate
     draw, or the enumerated sum of a sequence scored on every mask); ``rounds``: round index
     -> (draws, cells), each round an unbiased estimate of the rest; ``rows``: masked inputs
-    scored for it; ``enumerated``: scored on every mask (exact, no rounds).
+    scored for it; ``enumerated``: scored on every mask (exact, no rounds); ``by_cell``: its
+    rounds' cells are strata whose draws were allocated (:attr:`RoundDraw.cells_are_strata`),
+    combined cell by cell (:func:`weighted_rounds`).
     """
 
     exact: float = 0.0
     rounds: dict[int, tuple[int, list[np.ndarray]]] = field(default_factory=dict)
     rows: int = 0
     enumerated: bool = False
+    by_cell: bool = False
     #: a round's error from its cells (the draw's :meth:`RoundDraw.round_error`)
     error: RoundError | None = field(default=None, repr=False, compare=False)
 
@@ -388,7 +440,8 @@ class Tally:
         A standard error 0 from draws that are not all enumerations (every pair of a few
         draws fell on one mask) says nothing of the spread: its dof are 0, so it is never
         taken as at a target (:func:`at_target`)."""
-        est, se, dof = combine_rounds(list(weighted_rounds(self.rounds).values()), self.error)
+        est, se, dof = combine_rounds(list(weighted_rounds(self.rounds, self.by_cell).values()),
+                                      self.error)
         if se == 0 and any(not isinstance(c, ExactCell)
                            for _, cells in self.rounds.values() for c in cells):
             dof = 0.0
@@ -407,8 +460,8 @@ def paired(lead: Tally, other: Tally) -> tuple[float, float, float]:
     """
     ra, rb = set(lead.rounds), set(other.rounds)
     common = ra & rb if ra and rb else ra | rb
-    a = weighted_rounds({r: lead.rounds[r] for r in common if r in ra})
-    b = weighted_rounds({r: other.rounds[r] for r in common if r in rb})
+    a = weighted_rounds({r: lead.rounds[r] for r in common if r in ra}, lead.by_cell)
+    b = weighted_rounds({r: other.rounds[r] for r in common if r in rb}, other.by_cell)
     diff = []
     for r in sorted(common):
         ca, cb = a.get(r, []), b.get(r, [])
@@ -431,6 +484,14 @@ class RoundDraw:
     allocation: str | None = None
     #: the estimator whose draws these are (None: the rate draw)
     name: str | None = None
+
+    @property
+    def cells_are_strata(self) -> bool:
+        """Whether every round's cells are the same strata, in the same order, with draws
+        allocated to each (Neyman's counts): the rounds are then combined cell by cell
+        (:func:`weighted_rounds`). False here (the rate draw's cells are its round's own
+        strata of equal q-mass)."""
+        return False
 
     def bind(self, lengths: np.ndarray, groups: list[list[int]],
              keys: list[tuple[int, ...]]) -> None:
@@ -521,9 +582,12 @@ class CellDraw(RoundDraw):
     1..D_i of ``cumulative``, pooled in the strata of
     :meth:`~mptlml.estimators.Estimator.ragged_strata`) gets, after the first round, the
     ``R P`` masks of a round over its R rows in proportion to the spread of a row's term in
-    its stratum, pooled over the call (Neyman: ``c_k = R P s_h(k) / sum_j s_h(j)``, at least
-    2, ``s_h`` floored at :data:`DENSITY_FLOOR` of the largest, a stratum never drawn given
-    the largest); each round is unbiased given the counts, fixed before its draws.
+    its stratum (Neyman: ``c_k = R P s_h(k) / sum_j s_h(j)``, at least 2, not floored:
+    :func:`neyman_sd`), the spread its group's own (its sequences' rows so far), shrunk
+    toward the call's by :data:`PRIOR_PAIRS`, a stratum never drawn given the largest; each
+    round is unbiased given the counts, fixed before its draws, and the rounds are combined
+    row by row, each row's draws pooled over the rounds (:func:`weighted_rounds` with
+    ``by_cell``).
     """
 
     def __init__(self, est: Any, allocation: str | None = "neyman") -> None:
@@ -531,12 +595,19 @@ class CellDraw(RoundDraw):
         #: a plain estimate's one round (no allocation): the estimator's own error
         self.plain = allocation is None
 
+    @property
+    def cells_are_strata(self) -> bool:
+        """A round's cells are the rows of a draw, allocated by Neyman's counts."""
+        return self.allocation == "neyman"
+
     def bind(self, lengths: np.ndarray, groups: list[list[int]],
              keys: list[tuple[int, ...]]) -> None:
         super().bind(lengths, groups, keys)
         self.strata, h = self.est.ragged_strata(lengths)
-        self.spread_sum, self.spread_n = np.zeros(h), np.zeros(h)
-        self.sd: np.ndarray | None = None
+        #: each group's spread of a row's term by stratum (sum of variances, their number)
+        self.spread_sum, self.spread_n = np.zeros((len(groups), h)), np.zeros((len(groups), h))
+        #: each group's spreads for Neyman's counts (None: equal counts)
+        self.sd: list[np.ndarray | None] = [None] * len(groups)
         if h < 2:  # one row per draw: nothing to allocate
             self.allocation = None
 
@@ -607,9 +678,10 @@ class CellDraw(RoundDraw):
     def counts(self, i: int, p: int) -> np.ndarray:
         """Draws per row of sequence i's round of ``p``: ``p`` each, or Neyman's."""
         rows = self.strata[i]
-        if self.sd is None or len(rows) < 2:
+        sd = self.sd[self.group_of[i]]
+        if sd is None or len(rows) < 2:
             return np.full(len(rows), int(p), dtype=np.int64)
-        return neyman_counts(self.sd[rows], p)
+        return neyman_counts(sd[rows], p)
 
     def score(self, scorer: Any, ids: list[torch.Tensor], todo: list[tuple[int, int]], r: int,
               run: dict[str, Any]) -> tuple[dict[int, tuple[list[np.ndarray] | None, float, int]],
@@ -643,17 +715,21 @@ class CellDraw(RoundDraw):
             for i, cnt, cl in zip(seqs, counts, cells, strict=True):
                 res[i] = (list(cl), 0.0, int(est.scored_rows(int(self.lengths[i]), cnt)))
                 if len(self.strata[i]) == len(cl):
+                    q = self.group_of[i]
                     for h, cell in zip(self.strata[i], cl, strict=True):
                         if not isinstance(cell, ExactCell) and cell.size > 1:
-                            self.spread_sum[h] += float(np.var(cell, ddof=1))
-                            self.spread_n[h] += 1
+                            self.spread_sum[q, h] += float(np.var(cell, ddof=1))
+                            self.spread_n[q, h] += 1
         return res, calls
 
     def learn(self, active: list[int]) -> None:
-        if self.allocation != "neyman" or len(self.spread_n) < 2 or not (self.spread_n > 0).any():
+        n = self.spread_n.sum(0)
+        if self.allocation != "neyman" or len(n) < 2 or not (n > 0).any():
             return
-        # a stratum never drawn (enumerated rows) keeps the most
-        self.sd = neyman_sd(self.spread_sum, self.spread_n)
+        # the call's variances (NaN where never drawn); a stratum never drawn keeps the most
+        pooled = np.where(n > 0, self.spread_sum.sum(0) / np.maximum(n, 1), np.nan)
+        for q in active:  # its own spread, shrunk toward the call's by PRIOR_PAIRS
+            self.sd[q] = neyman_sd(self.spread_sum[q], self.spread_n[q], pooled)
 
 
 class DenseDraw(RoundDraw):
@@ -670,10 +746,12 @@ class DenseDraw(RoundDraw):
     ``(P_h,)`` (``var / P_h``). After each round the spread of one draw of each stratum
     (averaged over the data, or of the data means with shared masks) is pooled over the
     rounds, and the next round's counts are Neyman's (:func:`neyman_sd`,
-    :func:`neyman_counts`: ``c_h = P H sd_h / sum_k sd_k``, at least 2, ``sd_h`` floored at
-    :data:`DENSITY_FLOOR` of the largest), trimmed from the largest so that a round never
-    draws more than ``P H`` (``max_masks`` stays a bound); ``allocation="uniform"`` keeps
-    ``P`` each. Each round is unbiased given its counts, fixed before its draws.
+    :func:`neyman_counts`: ``c_h = P H sd_h / sum_k sd_k``, at least 2, not floored),
+    trimmed from the largest so that a round never draws more than ``P H`` (``max_masks``
+    stays a bound), and the rounds are combined stratum by stratum, each stratum's draws
+    pooled over the rounds (:func:`weighted_rounds` with ``by_cell``);
+    ``allocation="uniform"`` keeps ``P`` each. Each round is unbiased given its counts,
+    fixed before its draws.
 
     Parameters
     ----------
@@ -708,6 +786,11 @@ class DenseDraw(RoundDraw):
         self.per_datum: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         if self.num_strata < 2:  # one stratum: nothing to allocate
             self.allocation = None
+
+    @property
+    def cells_are_strata(self) -> bool:
+        """A round's cells are the strata of a draw, allocated by Neyman's counts."""
+        return self.allocation == "neyman"
 
     def lengths_of(self, ids: list[Any]) -> np.ndarray:
         return np.array([self.d] * len(ids), dtype=np.int64)
@@ -776,17 +859,21 @@ class DenseDraw(RoundDraw):
 
     def combined(self, tally: Tally) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per stratum and datum, the rounds' means combined by their draws (the weights of
-        :func:`weighted_rounds`), the variance of that (``sum_r w_r^2 var_r``), and the
-        draws of each stratum over the rounds: ``(H, N)``, ``(H, N)``, ``(H,)``."""
+        :func:`weighted_rounds`: a round's share of the draws, or with Neyman's counts
+        (:attr:`cells_are_strata`) a stratum's round's share of that stratum's draws), the
+        variance of that (``sum_r w_r^2 var_r``), and the draws of each stratum over the
+        rounds: ``(H, N)``, ``(H, N)``, ``(H,)``."""
         total = sum(n for n, _ in tally.rounds.values())
+        counts = np.zeros(self.num_strata, dtype=np.int64)
+        for r in tally.rounds:
+            counts += self.per_datum[r][2]
         mean = np.zeros((self.num_strata, self.n))
         var = np.zeros((self.num_strata, self.n))
-        counts = np.zeros(self.num_strata, dtype=np.int64)
         for r, (n, _) in tally.rounds.items():
             m, v, c = self.per_datum[r]
-            mean += m * (n / total)
-            var += v * (n / total) ** 2
-            counts += c
+            w = (c / counts)[:, None] if tally.by_cell else n / total
+            mean += m * w
+            var += v * w ** 2
         return mean, var, counts
 
 
@@ -985,7 +1072,7 @@ def run_rounds(draw: RoundDraw, scorer: Any, ids: list[torch.Tensor], groups: li
     enumerated = np.array([draw.enumerates(int(d)) for d in lengths], dtype=bool)
     cap = {i: caps[q] for q, m in enumerate(groups) for i in m}
     draw.check_size(lengths, [cap[i] for i in range(len(lengths))], what, remedy)
-    tallies = [Tally(error=draw.round_error) for _ in ids]
+    tallies = [Tally(by_cell=draw.cells_are_strata, error=draw.round_error) for _ in ids]
     n = len(groups)
     rounds, drawn = [0] * n, [0] * n
     round_draws = [draw.round_size(int(num_masks))] * n
