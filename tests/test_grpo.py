@@ -153,6 +153,23 @@ def test_the_draw_s_expectation_over_every_mask_is_the_exact_logratio(pair, monk
     np.testing.assert_allclose(expect, [exact[0], exact[1], exact[0] - exact[1]], atol=1e-9)
 
 
+def _seeded_errors(pair, prompts, comps, seeds=150, **kw):
+    """``policy_logratios`` over seeds 0..seeds-1: its errors against the exact log-ratio,
+    its standard errors and dof, each ``(seeds, completions)``."""
+    tok, pol, old = pair
+    exact = np.array([_exact_logratio(tok, pol, old, p, c)
+                      for p, c in zip(prompts, comps, strict=True)])
+    lp, lo = MaskedLM(pol, tok), MaskedLM(old, tok)
+    est, se, dof = [], [], []
+    with torch.no_grad():
+        for s in range(seeds):
+            r = policy_logratios(lp, lo, prompts, comps, seed=s, **kw)
+            est.append(r.logratio.numpy())
+            se.append(r.logratio_stderr)
+            dof.append(r.dof)
+    return np.array(est) - exact, np.array(se), np.array(dof)
+
+
 @pytest.mark.slow
 def test_the_control_variate_s_per_completion_se_is_calibrated(pair):
     """Four 6-token completions, the default 7 stratified draws (one a stratum) with the
@@ -160,22 +177,11 @@ def test_the_control_variate_s_per_completion_se_is_calibrated(pair):
     at most 10% of the seeds overall (the SE on 6 dof), the mean is within 4 SE of the exact
     log-ratio, and the mean squared error is within the reported variance's range (the SE
     reads stratified draws as independent: conservative, not far off)."""
-    tok, pol, old = pair
     prompts = PROMPTS * 2
     comps = [" sat on a big red mat", " ran far away with the cat", " was under the big tree",
              " and the dog sat on a"]
-    exact = np.array([_exact_logratio(tok, pol, old, p, c)
-                      for p, c in zip(prompts, comps, strict=True)])
-    lp, lo = MaskedLM(pol, tok), MaskedLM(old, tok)
-    est, se = [], []
-    with torch.no_grad():
-        for s in range(150):
-            r = policy_logratios(lp, lo, prompts, comps, seed=s)
-            assert np.all(r.dof == 6)
-            est.append(r.logratio.numpy())
-            se.append(r.logratio_stderr)
-    est, se = np.array(est), np.array(se)
-    err = est - exact
+    err, se, dof = _seeded_errors(pair, prompts, comps)
+    assert np.all(dof == 6)
     assert np.all(np.abs(err.mean(0)) < 4 * err.std(0) / np.sqrt(len(err)))
     z = err / se
     assert np.mean(np.abs(z) > 2) <= 0.10, np.mean(np.abs(z) > 2, axis=0)
@@ -189,20 +195,9 @@ def test_the_logratio_is_unbiased_and_its_se_calibrated(pair, masks):
     """6-token completions, 8 draws without the control variate: over 150 seeds the mean is
     within 4 SE of the exact log-ratio, the mean squared error matches the mean reported
     variance, and the batch mean's |z| > 2 rate is at most 10%."""
-    tok, pol, old = pair
     comps = [" sat on a big red mat", " ran far away with the cat"]
-    exact = np.array([_exact_logratio(tok, pol, old, p, c)
-                      for p, c in zip(PROMPTS, comps, strict=True)])
-    lp, lo = MaskedLM(pol, tok), MaskedLM(old, tok)
-    est, se = [], []
-    with torch.no_grad():
-        for s in range(150):
-            r = policy_logratios(lp, lo, PROMPTS, comps, num_masks=8, seed=s, masks=masks,
-                                 control_variate=False)
-            est.append(r.logratio.numpy())
-            se.append(r.logratio_stderr)
-    est, se = np.array(est), np.array(se)
-    err = est - exact
+    err, se, _ = _seeded_errors(pair, PROMPTS, comps, num_masks=8, masks=masks,
+                                control_variate=False)
     assert np.all(np.abs(err.mean(0)) < 4 * err.std(0) / np.sqrt(len(err)))
     ratio = (err ** 2).mean(0) / (se ** 2).mean(0)
     assert np.all((ratio > 0.6) & (ratio < 1.6)), ratio
