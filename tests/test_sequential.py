@@ -374,16 +374,18 @@ def test_a_checkpoint_of_another_run_is_refused_by_name_at_the_first_round(tiny,
 
 
 def test_one_rate_bin_convention_and_one_exactness_rule():
-    """rate_bin: bin b holds (b/B, (b+1)/B]; cumulative's rows are binned by M / D through it;
-    scores_every_mask: 2^D - 1 masks no more than those asked, or 2^EXACT_LENGTH - 1."""
+    """rate_bin: bin b holds (b/B, (b+1)/B] (the rate draw's spreads, the DPO margin's);
+    cumulative's rows are its sizes, size M stratum M - 1 whatever D; scores_every_mask:
+    2^D - 1 masks no more than those asked, or 2^EXACT_LENGTH - 1."""
     from mptlml.estimators import create
     from mptlml.estimators.learned_rate import rate_bin
     from mptlml.estimators.sequential import EXACT_LENGTH, scores_every_mask
 
     assert rate_bin(np.array([0.0, 0.05, 0.1, 0.1000001, 0.95, 1.0])).tolist() == [0, 0, 0, 1,
                                                                                    9, 9]
-    strata, h = create("cumulative").ragged_strata(np.array([20]))
-    assert h == 10 and strata[0].tolist() == [m // 2 - (m % 2 == 0) for m in range(1, 21)]
+    strata, h = create("cumulative").ragged_strata(np.array([20, 7]))
+    assert h == 20 and strata[0].tolist() == list(range(20)) and strata[1].tolist() == list(
+        range(7))
     assert scores_every_mask(EXACT_LENGTH, 1) and not scores_every_mask(EXACT_LENGTH + 1, 1)
     assert scores_every_mask(6, 63) and not scores_every_mask(6, 62)
     assert scores_every_mask(1, 0)

@@ -5,7 +5,7 @@ A target standard error runs on the sequential engine
 and ragged sequences alike (:meth:`mptlml.estimators.Estimator.estimate`,
 :func:`mptlml.mpt_curve`, :func:`mptlml.compare`): rounds of draws that double,
 and between rounds the draws of each stratum (a mask size of ``cumulative`` on
-dense data; a bin of the rate M / D_i of its rows on ragged sequences) set in
+dense data and of its ragged rows) set in
 proportion to its spread so far (Neyman: for strata of equal cost, ``c_h = P H
 sd_h / sum_k sd_k`` minimises the round's variance ``sum_h sd_h^2 / c_h`` at P H
 draws; :func:`~mptlml.estimators.sequential.neyman_counts`). What is here:

@@ -66,8 +66,7 @@ def rate_bin(rates: np.ndarray, bins: int = NUM_RATE_BINS) -> np.ndarray:
     """The bin of each rate in (0, 1]: bin b holds ``(b / B, (b + 1) / B]``, i.e.
     ``ceil(B r) - 1`` (a rate within 1e-9 of an edge falls in the lower bin), clipped to
     ``0..B-1``. The one convention of the rate density's strata (the rate draw's spread,
-    :func:`pair_spread`) and of a ragged draw's rows (the
-    size M of D_i at the rate M / D_i, ``cumulative``)."""
+    :func:`pair_spread`, the DPO margin's and the block draw's)."""
     r = np.asarray(rates, dtype=np.float64)
     return np.clip(np.ceil(bins * r - 1e-9).astype(np.int64) - 1, 0, bins - 1)
 

@@ -25,8 +25,8 @@ kinds lives here:
 
 The strata pool differently: on dense data each stratum's spread is pooled
 over the data (or taken from the data means with shared masks); on ragged
-sequences the rows of a draw (the sizes 1..D_i of ``cumulative``) are pooled
-over the sequences within a stratum (a bin of the rate M / D_i).
+sequences each sequence learns the spreads of the rows of a draw (the sizes 1..D_i of
+``cumulative``), shrunk toward the call's of the same stratum.
 
 Reference: Moreno-Munoz, Recasens, Hauberg, "On Masked Pre-training and the
 Marginal Likelihood", NeurIPS 2023, Proposition 1.

@@ -18,7 +18,7 @@ error, Welch degrees of freedom).
 The same engine (:func:`run_rounds`) runs any estimator's own draws: on ragged
 sequences (:class:`CellDraw`, each sequence a member) and on dense ``(N, D)``
 data (:class:`DenseDraw`, the data set one member), their draws per stratum (a
-mask size of ``cumulative``, a rate bin of its ragged rows) Neyman's after each
+mask size of ``cumulative``, dense or ragged) Neyman's after each
 round (:func:`neyman_sd`, :func:`neyman_counts`). Every target standard error
 (:func:`mptlml.estimate_lml`, :func:`mptlml.mpt_curve`) and
 :func:`mptlml.compare` run on it (compare's own are the questions, common random
@@ -57,8 +57,7 @@ __all__ = ["DENSITY_FLOOR", "EXACT_LENGTH", "MAX_TARGET_DRAWS", "NEED_MARGIN", "
            "round_seed", "round_sizes", "run_rounds", "scores_every_mask", "stratified_rates",
            "stratum_cells", "target_rule", "weighted_rounds"]
 
-#: rate bins: of the learned rate density (its strata), and of a ragged draw's rows
-#: (``cumulative``'s sizes M of D_i, by the rate M / D_i):
+#: rate bins of the learned rate density (its strata):
 #: :func:`~mptlml.estimators.learned_rate.rate_bin`
 NUM_RATE_BINS = 10
 #: sequences (continuations) of at most this many units are scored on every mask (exact,
