@@ -158,6 +158,12 @@ class Estimator:
             raise TypeError(f"share_masks must be True or False, got {share_masks!r}.")
         self.share_masks = share_masks
 
+    @property
+    def draw_unit(self) -> int:
+        """Masks that come as one unit of a draw: the engine's rounds are whole multiples of
+        it (1; LLaDA's estimator: its batch)."""
+        return 1
+
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items())
         return f"{type(self).__name__}({opts})"
@@ -302,7 +308,7 @@ class Estimator:
         (:class:`~mptlml.estimators.learned_rate.RateDraw`). An estimator drawing whole
         batches (``draw_unit`` b > 1, LLaDA's) is refused a round that is not at least two
         whole batches."""
-        unit = int(getattr(self, "draw_unit", 1))
+        unit = int(self.draw_unit)
         if unit > 1 and (num_masks % unit or num_masks // unit < 2):
             # its draw is a batch of b masks, its SE the spread of the batch means (sd /
             # sqrt(n) on n - 1 dof): a part batch would draw more than the result says, one

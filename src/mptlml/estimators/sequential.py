@@ -617,7 +617,7 @@ class CellDraw(RoundDraw):
         return {**super().fingerprint(), "estimator": self.est.fingerprint()}
 
     def round_size(self, draws: int) -> int:
-        unit = int(getattr(self.est, "draw_unit", 1))
+        unit = int(self.est.draw_unit)
         return -(-int(draws) // unit) * unit
 
     def most_rows(self, length: int, draws: int) -> int:
@@ -626,7 +626,7 @@ class CellDraw(RoundDraw):
         return int(self.est.masks_per_draw(int(length))) * int(draws)
 
     def draws_within(self, length: int, rows: int) -> int:
-        unit = int(getattr(self.est, "draw_unit", 1))
+        unit = int(self.est.draw_unit)
         return int(rows) // int(self.est.masks_per_draw(int(length))) // unit * unit
 
     def round_error(self, cells: list[np.ndarray]) -> tuple[float, np.ndarray, np.ndarray]:
@@ -661,7 +661,7 @@ class CellDraw(RoundDraw):
         a NaN standard error. The cap is lowered to the draws before such a round (and to a
         whole number of batches); other draws pass unchanged.
         """
-        unit = int(getattr(self.est, "draw_unit", 1))
+        unit = int(self.est.draw_unit)
         if unit == 1:
             return int(cap)
         cap = int(cap) // unit * unit

@@ -201,11 +201,12 @@ class CommonPlans:
             if p.draw_coef.shape[0] == 0:
                 continue
             y = self.draws(diff, i)
-            if self.control_variate or not self.complement:
-                se[i], dof[i] = math.sqrt(float(y.var(ddof=1)) / len(y)), float(len(y) - 1)
-            else:
-                _, var, df = cells_error(complement_cells(y))
-                se[i], dof[i] = math.sqrt(float(var.sum())), float(df.sum())
+            # the P terms as one cell of independent draws (var(ddof=1) / P on P - 1 dof), or
+            # the complementary draw's antithetic units
+            cells = ([y] if self.control_variate or not self.complement
+                     else complement_cells(y))
+            _, var, df = cells_error(cells)
+            se[i], dof[i] = math.sqrt(float(var.sum())), float(df.sum())
         return est, se, dof
 
 
